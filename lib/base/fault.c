@@ -1,0 +1,153 @@
+/*
+ * fault.c — deterministic fault injection (shared/TESTING.md).
+ *
+ * CKPT_FAULT=<point>[:<nth>][:<action>] with CKPT_FAULT_RANK=<r>. The table below is
+ * the one list of fault points; the crash matrix in tests/integration walks it.
+ * A fault point costs one load and a branch when no fault is armed.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt_internal.h"
+
+static const char *const fault_points[CKPT_FP_COUNT_] = {
+	[CKPT_FP_AFTER_CHUNK_WRITE]       = "after_chunk_write",
+	[CKPT_FP_BEFORE_FDATASYNC]        = "before_fdatasync",
+	[CKPT_FP_AFTER_FDATASYNC]         = "after_fdatasync",
+	[CKPT_FP_AFTER_PREPARE_SENT]      = "after_prepare_sent",
+	[CKPT_FP_COORD_BEFORE_COMMIT_TXN] = "coord_before_commit_txn",
+	[CKPT_FP_COORD_AFTER_COMMIT_TXN]  = "coord_after_commit_txn",
+	[CKPT_FP_BEFORE_DECISION_SEND]    = "before_decision_send",
+	[CKPT_FP_AFTER_FOOTER_WRITE]      = "after_footer_write",
+	[CKPT_FP_MSG_SEND]                = "msg_send",
+};
+
+/* The armed fault (at most one per process), and the hit counter of its point. */
+static struct {
+	pthread_mutex_t lock;
+	bool            loaded;
+	int             point;     /* -1: none */
+	unsigned long   nth;
+	int             action;
+	unsigned        delay_ms;
+	int             only_rank; /* -1: any */
+	int             my_rank;
+	atomic_ulong    hits;
+} fault = { .lock = PTHREAD_MUTEX_INITIALIZER, .point = -1, .only_rank = -1, .my_rank = -1 };
+
+const char *ckpt_fault_point_name(enum ckpt_fault_point p)
+{
+	return (unsigned)p < CKPT_FP_COUNT_ ? fault_points[p] : "?";
+}
+
+static void fault_parse(void)
+{
+	fault.point = -1;
+	fault.nth = 1;
+	fault.action = CKPT_FA_CRASH;
+	fault.delay_ms = 0;
+	atomic_store(&fault.hits, 0);
+	const char *r = ckpt_env("CKPT_FAULT_RANK");
+	fault.only_rank = r ? atoi(r) : -1;
+	const char *e = ckpt_env("CKPT_FAULT");
+	if (!e)
+		return;
+	char spec[256];
+	snprintf(spec, sizeof spec, "%s", e);
+	char *save = NULL;
+	char *name = strtok_r(spec, ":", &save);
+	for (int i = 0; name && i < CKPT_FP_COUNT_; i++)
+		if (!strcmp(name, fault_points[i]))
+			fault.point = i;
+	if (fault.point < 0) {
+		ckpt_log(CKPT_LOG_ERROR, "CKPT_FAULT: unknown fault point '%s' (ignored)", e);
+		return;
+	}
+	char *tok = strtok_r(NULL, ":", &save);
+	if (tok && tok[0] >= '0' && tok[0] <= '9') {
+		fault.nth = strtoul(tok, NULL, 10);
+		if (fault.nth == 0)
+			fault.nth = 1;
+		tok = strtok_r(NULL, ":", &save);
+	}
+	if (!tok || !strcmp(tok, "crash")) fault.action = CKPT_FA_CRASH;
+	else if (!strcmp(tok, "eio")) fault.action = CKPT_FA_EIO;
+	else if (!strcmp(tok, "enospc")) fault.action = CKPT_FA_ENOSPC;
+	else if (!strcmp(tok, "drop")) fault.action = CKPT_FA_DROP;
+	else if (!strcmp(tok, "delay")) {
+		fault.action = CKPT_FA_DELAY;
+		tok = strtok_r(NULL, ":", &save);
+		fault.delay_ms = tok ? (unsigned)strtoul(tok, NULL, 10) : 1000;
+	} else {
+		ckpt_log(CKPT_LOG_ERROR, "CKPT_FAULT: unknown action '%s' (ignored)", tok);
+		fault.point = -1;
+	}
+}
+
+static void fault_load(void)
+{
+	pthread_mutex_lock(&fault.lock);
+	if (!fault.loaded) {
+		fault_parse();
+		fault.loaded = true;
+	}
+	pthread_mutex_unlock(&fault.lock);
+}
+
+void ckpt_fault_reload(void)
+{
+	pthread_mutex_lock(&fault.lock);
+	fault_parse();
+	fault.loaded = true;
+	pthread_mutex_unlock(&fault.lock);
+}
+
+void ckpt_fault_set_rank(int rank)
+{
+	fault.my_rank = rank;
+}
+
+int ckpt_fault(enum ckpt_fault_point p)
+{
+	if (!fault.loaded)
+		fault_load();
+	if (fault.point != (int)p)
+		return 0;
+	if (fault.only_rank >= 0 && fault.only_rank != fault.my_rank)
+		return 0;
+	if (atomic_fetch_add(&fault.hits, 1) + 1 != fault.nth)
+		return 0;
+	const char *name = fault_points[p];
+	switch (fault.action) {
+	case CKPT_FA_CRASH: {
+		char line[128];
+		int n = snprintf(line, sizeof line, "libckpt[%d]: fault injected: crash at %s\n",
+		                 (int)getpid(), name);
+		ssize_t w = write(2, line, (size_t)(n > 0 ? n : 0));
+		(void)w;
+		_exit(CKPT_FAULT_CRASH_STATUS);
+	}
+	case CKPT_FA_EIO:
+		return ckpt_err(-EIO, "fault injected at %s", name);
+	case CKPT_FA_ENOSPC:
+		return ckpt_err(-ENOSPC, "fault injected at %s", name);
+	case CKPT_FA_DROP:
+		ckpt_log(CKPT_LOG_WARN, "fault injected: drop at %s", name);
+		return CKPT_FA_DROP;
+	case CKPT_FA_DELAY: {
+		struct timespec ts = { fault.delay_ms / 1000, (long)(fault.delay_ms % 1000) * 1000000L };
+		ckpt_log(CKPT_LOG_WARN, "fault injected: delay %u ms at %s", fault.delay_ms, name);
+		while (nanosleep(&ts, &ts) && errno == EINTR)
+			;
+		return 0;
+	}
+	default:
+		return 0;
+	}
+}

@@ -1,0 +1,158 @@
+/*
+ * ckpt_internal.h — the shared-internal tier: what every module of libckpt may use.
+ *
+ * The base layer below io, manifest, net, snapshot and commit: error messages,
+ * logging, fault injection, overflow-checked arithmetic, environment access and
+ * clocks. It depends on nothing else of ours. Implemented in lib/base/.
+ */
+#ifndef CKPT_INTERNAL_H
+#define CKPT_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt/ckpt.h"
+
+#define CKPT_ALIGN      4096u   /* O_DIRECT alignment of offsets, lengths and buffers */
+#define CKPT_HASH_BYTES 16u     /* XXH3-128 */
+
+#define CKPT_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define CKPT_UNUSED(x) ((void)(x))
+#define CKPT_PRINTF(f, a) __attribute__((format(printf, f, a)))
+
+/* ------------------------------------------------------------------ errors
+ * Every failing internal function that knows the object at fault records a
+ * message in this thread's buffer and returns the code, in one statement:
+ *     return ckpt_err(CKPT_ECORRUPT, "chunk %u of '%s': hash mismatch", i, name);
+ * A caller that adds context prefixes the existing message: ckpt_err_prefix(). */
+int  ckpt_err(int code, const char *fmt, ...) CKPT_PRINTF(2, 3);
+int  ckpt_err_prefix(int code, const char *fmt, ...) CKPT_PRINTF(2, 3);
+const char *ckpt_err_msg(void);          /* this thread's message */
+void ckpt_err_clear(void);
+/* Copy a message into this thread's buffer (carrying a worker's error to the waiter). */
+void ckpt_err_restore(const char *msg);
+
+/* ------------------------------------------------------------------ log */
+enum ckpt_log_level { CKPT_LOG_ERROR = 0, CKPT_LOG_WARN, CKPT_LOG_INFO, CKPT_LOG_DEBUG };
+/* To stderr, prefixed "libckpt[pid]: ", when level <= CKPT_LOG (default WARN). */
+void ckpt_log(int level, const char *fmt, ...) CKPT_PRINTF(2, 3);
+
+/* ------------------------------------------------------------------ fault injection
+ * CKPT_FAULT=<point>[:<nth>][:<action>], CKPT_FAULT_RANK=<r> (default: any rank).
+ * Points are listed once, in lib/base/fault.c. Actions: crash (_exit(86) at that
+ * point), eio, enospc, delay:<ms>, drop. nth counts hits of the point in this
+ * process from 1 (default 1); the fault fires on the nth hit only. */
+enum ckpt_fault_point {
+	CKPT_FP_AFTER_CHUNK_WRITE = 0,
+	CKPT_FP_BEFORE_FDATASYNC,
+	CKPT_FP_AFTER_FDATASYNC,
+	CKPT_FP_AFTER_PREPARE_SENT,
+	CKPT_FP_COORD_BEFORE_COMMIT_TXN,
+	CKPT_FP_COORD_AFTER_COMMIT_TXN,
+	CKPT_FP_BEFORE_DECISION_SEND,
+	CKPT_FP_AFTER_FOOTER_WRITE,
+	CKPT_FP_MSG_SEND,
+	CKPT_FP_COUNT_
+};
+enum ckpt_fault_action { CKPT_FA_NONE = 0, CKPT_FA_CRASH, CKPT_FA_EIO, CKPT_FA_ENOSPC,
+                         CKPT_FA_DELAY, CKPT_FA_DROP };
+#define CKPT_FAULT_CRASH_STATUS 86
+/* Call at a fault point. Returns 0 (no fault, or a delay that has been served),
+ * -EIO, -ENOSPC, or CKPT_FA_DROP (positive: the caller drops the message). A crash
+ * never returns. The message names the point. */
+int ckpt_fault(enum ckpt_fault_point p);
+const char *ckpt_fault_point_name(enum ckpt_fault_point p);
+/* Tell the fault table which rank this process is (for CKPT_FAULT_RANK). */
+void ckpt_fault_set_rank(int rank);
+/* Re-read CKPT_FAULT (tests). */
+void ckpt_fault_reload(void);
+
+/* ------------------------------------------------------------------ arithmetic
+ * Overflow-checked helpers: return false on overflow (and leave *out unspecified). */
+static inline bool ckpt_add_u64(uint64_t a, uint64_t b, uint64_t *out)
+{ return !__builtin_add_overflow(a, b, out); }
+static inline bool ckpt_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
+{ return !__builtin_mul_overflow(a, b, out); }
+static inline uint64_t ckpt_align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+/* Is [off, off+len) inside [0, total)? Overflow-safe. */
+static inline bool ckpt_range_ok(uint64_t off, uint64_t len, uint64_t total)
+{ return off <= total && len <= total - off; }
+
+/* Elements of a shape (1 for ndim 0). false on overflow. */
+bool ckpt_shape_elems(unsigned ndim, const uint64_t *shape, uint64_t *out);
+
+/* ------------------------------------------------------------------ little-endian
+ * On-disk and on-wire integers are little-endian; manifest keys big-endian. */
+static inline void ckpt_put_le16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void ckpt_put_le32(uint8_t *p, uint32_t v)
+{ for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline void ckpt_put_le64(uint8_t *p, uint64_t v)
+{ for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline uint16_t ckpt_get_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t ckpt_get_le32(const uint8_t *p)
+{ uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static inline uint64_t ckpt_get_le64(const uint8_t *p)
+{ uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static inline void ckpt_put_be64(uint8_t *p, uint64_t v)
+{ for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (56 - 8 * i)); }
+static inline uint64_t ckpt_get_be64(const uint8_t *p)
+{ uint64_t v = 0; for (int i = 0; i < 8; i++) v = v << 8 | p[i]; return v; }
+static inline void ckpt_put_be32(uint8_t *p, uint32_t v)
+{ for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (24 - 8 * i)); }
+static inline uint32_t ckpt_get_be32(const uint8_t *p)
+{ uint32_t v = 0; for (int i = 0; i < 4; i++) v = v << 8 | p[i]; return v; }
+
+/* Bounded cursor for decoding untrusted bytes: every get checks the remaining
+ * length first; after the first failure ok is false and every get returns 0. */
+struct ckpt_cursor { const uint8_t *p; size_t left; bool ok; };
+static inline void ckpt_cursor_init(struct ckpt_cursor *c, const void *p, size_t n)
+{ c->p = (const uint8_t *)p; c->left = n; c->ok = true; }
+static inline const uint8_t *ckpt_cursor_take(struct ckpt_cursor *c, size_t n)
+{
+	if (!c->ok || n > c->left) { c->ok = false; return NULL; }
+	const uint8_t *r = c->p; c->p += n; c->left -= n; return r;
+}
+static inline uint8_t ckpt_cursor_u8(struct ckpt_cursor *c)
+{ const uint8_t *p = ckpt_cursor_take(c, 1); return p ? p[0] : 0; }
+static inline uint16_t ckpt_cursor_u16(struct ckpt_cursor *c)
+{ const uint8_t *p = ckpt_cursor_take(c, 2); return p ? ckpt_get_le16(p) : 0; }
+static inline uint32_t ckpt_cursor_u32(struct ckpt_cursor *c)
+{ const uint8_t *p = ckpt_cursor_take(c, 4); return p ? ckpt_get_le32(p) : 0; }
+static inline uint64_t ckpt_cursor_u64(struct ckpt_cursor *c)
+{ const uint8_t *p = ckpt_cursor_take(c, 8); return p ? ckpt_get_le64(p) : 0; }
+
+/* Growable output buffer for encoding. On allocation failure ok becomes false. */
+struct ckpt_buf { uint8_t *p; size_t len, cap; bool ok; };
+void ckpt_buf_init(struct ckpt_buf *b);
+void ckpt_buf_free(struct ckpt_buf *b);
+void ckpt_buf_put(struct ckpt_buf *b, const void *p, size_t n);
+void ckpt_buf_u8(struct ckpt_buf *b, uint8_t v);
+void ckpt_buf_u16(struct ckpt_buf *b, uint16_t v);
+void ckpt_buf_u32(struct ckpt_buf *b, uint32_t v);
+void ckpt_buf_u64(struct ckpt_buf *b, uint64_t v);
+
+/* ------------------------------------------------------------------ environment
+ * The only place that reads the environment (STYLE rule 3). */
+const char *ckpt_env(const char *name);                     /* NULL if unset or empty */
+/* Parse a size with optional K/M/G/T suffix (binary). -EINVAL if malformed. */
+int ckpt_parse_size(const char *s, uint64_t *out);
+
+/* ------------------------------------------------------------------ clocks */
+uint64_t ckpt_now_ns(void);        /* CLOCK_MONOTONIC */
+uint64_t ckpt_wall_ns(void);       /* CLOCK_REALTIME */
+
+/* ------------------------------------------------------------------ paths */
+/* Layout of a checkpoint root (docs/format.md §1). Return -ENAMETOOLONG on overflow. */
+#define CKPT_MANIFEST_DIR "manifest"
+int ckpt_path_step_dir(char *out, size_t cap, const char *root, uint64_t step);
+int ckpt_path_shard(char *out, size_t cap, const char *root, uint64_t step, uint32_t rank);
+/* The shard file name relative to the root, as recorded in the manifest. */
+int ckpt_path_shard_rel(char *out, size_t cap, uint64_t step, uint32_t rank);
+/* Parse "step-NNNNNNNNNNNNNNNNNNNN" -> step; false if not that form. */
+bool ckpt_path_parse_step_dir(const char *name, uint64_t *step);
+/* fsync a directory by path. */
+int ckpt_fsync_dir(const char *path);
+
+#endif /* CKPT_INTERNAL_H */

@@ -1,0 +1,190 @@
+/*
+ * io.h — lib/io's interface to the rest of libckpt: the buffer pool, the io_uring
+ * engine, the shard file (writer and reader) and the shard index codec.
+ *
+ * The shard index is the self-describing table of one rank's shard file (its
+ * footer, docs/format.md §3). The same bytes travel in PREPARE and are stored in
+ * the manifest, so one bounds-checked decoder serves file, network and manifest.
+ *
+ * Threads: io_pool is thread-safe. An io_engine, and every writer and reader
+ * opened on it, belongs to one thread at a time.
+ */
+#ifndef CKPT_IO_H
+#define CKPT_IO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt_internal.h"
+
+#define IO_FORMAT_VERSION    1u
+#define IO_HEADER_BYTES      4096u            /* first block of every shard file */
+#define IO_TRAILER_BYTES     64u              /* last bytes of every shard file */
+#define IO_MAX_CHUNK_BYTES   (1ull << 30)     /* largest raw chunk a reader accepts */
+#define IO_MAX_FOOTER_BYTES  (1ull << 30)
+
+enum io_codec { IO_CODEC_RAW = 0, IO_CODEC_ZSTD = 1 };
+enum io_tensor_flags { IO_TENSOR_BLOB = 1u << 0 };
+
+/* ------------------------------------------------------------------ shard index */
+
+struct io_tensor_entry {
+	const char *name;          /* NUL-terminated, valid (ckpt_name_check); owned by the index */
+	uint16_t    name_len;
+	uint8_t     kind, dtype, policy, flags, ndim;
+	uint64_t    global_shape[CKPT_MAX_NDIM];
+	uint64_t    offset[CKPT_MAX_NDIM];     /* this shard's box */
+	uint64_t    extent[CKPT_MAX_NDIM];
+	uint64_t    raw_bytes;                 /* elems(extent) * dtype size; blob: its length */
+	uint32_t    first_chunk, nchunks;      /* chunks [first, first+n) cover raw_bytes in order */
+};
+
+struct io_chunk_entry {
+	uint32_t tensor;           /* index into tensors */
+	uint8_t  codec;            /* enum io_codec */
+	uint64_t raw_offset;       /* byte offset inside the tensor's box (row-major) */
+	uint64_t raw_len;
+	uint64_t file_offset;      /* multiple of CKPT_ALIGN */
+	uint64_t stored_len;       /* bytes on disk, before padding to CKPT_ALIGN */
+	uint8_t  hash[CKPT_HASH_BYTES];  /* XXH3-128 of the raw bytes, canonical form */
+};
+
+struct io_shard_index {
+	uint64_t step;
+	uint32_t rank, world;
+	uint64_t data_end;         /* first byte after the last chunk (footer starts here) */
+	uint32_t ntensors, nchunks;
+	struct io_tensor_entry *tensors;
+	struct io_chunk_entry  *chunks;
+};
+
+/* Encode into a freshly malloc'd buffer (caller frees). -ENOMEM. */
+int  io_index_encode(const struct io_shard_index *ix, void **out, size_t *len);
+/* Decode untrusted bytes. Every count, length and offset is checked: chunk runs
+ * contiguous and covering raw_bytes, file ranges inside [IO_HEADER_BYTES, data_end),
+ * boxes inside shapes, sizes without overflow, names valid, enums known.
+ * Errors: CKPT_EFORMAT (malformed; the message says which field), CKPT_EVERSION. */
+int  io_index_decode(const void *buf, size_t len, struct io_shard_index **out);
+void io_index_free(struct io_shard_index *ix);
+/* Index of the tensor named name, or -1. Linear; callers build their own maps. */
+int  io_index_find(const struct io_shard_index *ix, const char *name);
+
+/* ------------------------------------------------------------------ codec */
+
+void io_hash128(const void *p, size_t n, uint8_t out[CKPT_HASH_BYTES]);
+/* Hex of a hash into out (33 bytes). */
+void io_hash_hex(const uint8_t h[CKPT_HASH_BYTES], char out[2 * CKPT_HASH_BYTES + 1]);
+/* zstd one-shot. compress returns the compressed size, or 0 if it would not fit in
+ * cap (the caller stores raw). decompress returns -CKPT_ECORRUPT-style codes on a bad
+ * frame or a size other than raw_len. */
+size_t io_codec_compress(void *dst, size_t cap, const void *src, size_t n, int level);
+int    io_codec_decompress(void *dst, size_t raw_len, const void *src, size_t n);
+
+/* ------------------------------------------------------------------ pool */
+
+/* Memory provider for the pool (lib/snapshot supplies a CUDA pinned one). */
+struct io_pool_alloc {
+	void *(*alloc)(size_t bytes, void *arg);    /* CKPT_ALIGN-aligned; NULL on failure */
+	void  (*free)(void *p, size_t bytes, void *arg);
+	void  *arg;
+};
+
+struct io_pool;
+/* nbufs buffers of buf_bytes (multiple of CKPT_ALIGN). NULL alloc: page-aligned
+ * anonymous memory, pre-faulted. Errors: -EINVAL, -ENOMEM. */
+int      io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_alloc *alloc,
+                        struct io_pool **out);
+void     io_pool_destroy(struct io_pool *p);      /* every buffer must be back */
+/* Take a free buffer; blocks up to timeout_ms (<0: forever). Index >= 0, or -ETIMEDOUT. */
+int      io_pool_get(struct io_pool *p, int timeout_ms);
+void     io_pool_put(struct io_pool *p, unsigned idx);
+void    *io_pool_addr(const struct io_pool *p, unsigned idx);
+size_t   io_pool_buf_bytes(const struct io_pool *p);
+unsigned io_pool_nbufs(const struct io_pool *p);
+unsigned io_pool_nfree(struct io_pool *p);
+
+/* ------------------------------------------------------------------ engine */
+
+struct io_engine;
+/* An io_uring of depth entries. The pool's buffers are registered as fixed buffers
+ * when the kernel allows (else plain reads/writes, logged once at INFO).
+ * Errors: -ENOMEM, -ENOSYS (no io_uring), other -errno from setup. */
+int  io_engine_create(struct io_pool *pool, unsigned depth, struct io_engine **out);
+void io_engine_destroy(struct io_engine *e);
+struct io_pool *io_engine_pool(const struct io_engine *e);
+
+/* ------------------------------------------------------------------ shard writer */
+
+struct io_tensor_desc {
+	const char     *name;
+	uint8_t         kind, dtype, policy, flags, ndim;
+	const uint64_t *global_shape, *offset, *extent;   /* ndim entries each */
+	uint64_t        raw_bytes;                        /* checked against the shape */
+};
+
+struct io_shard_result {
+	struct io_shard_index *index;      /* caller frees: io_index_free */
+	void    *footer;                   /* encoded index, caller frees: free() */
+	size_t   footer_len;
+	uint8_t  footer_hash[CKPT_HASH_BYTES];
+	uint64_t file_size;
+	uint64_t logical_bytes, stored_bytes;
+};
+
+struct io_shard_writer;
+/*
+ * Create path (O_DIRECT where the file system allows, replacing an existing file),
+ * sized to size_hint bytes up front (ftruncate: extending O_DIRECT writes are slow).
+ * zstd_level 0 stores raw. Errors: -errno naming the path.
+ */
+int io_shard_writer_open(struct io_engine *e, const char *path, uint64_t step, uint32_t rank,
+                         uint32_t world, uint64_t size_hint, int zstd_level,
+                         struct io_shard_writer **out);
+/* Declare the next tensor; returns its index (>= 0). Errors: CKPT_ENAME, CKPT_ESHAPE,
+ * -EINVAL, -EEXIST (same name twice in this shard). */
+int io_shard_writer_add_tensor(struct io_shard_writer *w, const struct io_tensor_desc *t);
+/* Append the next chunk of tensor t: len raw bytes in pool buffer buf. Ownership of
+ * buf passes to the writer in every case (success or failure); it returns to the pool
+ * when its write completes. Hashes, compresses when enabled and smaller, queues the
+ * write; blocks only while the engine's queue is full. Chunks of a tensor are
+ * appended in order; a tensor's chunks are consecutive. Errors: -EIO, -ENOSPC, ... */
+int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len);
+/* Durability point of the shard: waits for every write, writes footer and trailer,
+ * truncates to the final size, fdatasync()s the file, fsync()s its directory. Only
+ * after 0 may the shard be voted for. The writer is freed in every case. */
+int io_shard_writer_finish(struct io_shard_writer *w, struct io_shard_result *res);
+/* Waits for writes in flight, closes, unlinks the file, frees. NULL: no-op. */
+void io_shard_writer_abort(struct io_shard_writer *w);
+
+/* ------------------------------------------------------------------ shard reader */
+
+struct io_shard_reader;
+/* Open a shard file. index NULL: read and verify trailer and footer from the file
+ * (CKPT_EFORMAT, CKPT_ECORRUPT, CKPT_EVERSION naming the path). index given (from the
+ * manifest): the reader borrows it (it must outlive the reader) and checks only that
+ * the file is large enough to hold the data it describes. */
+int  io_shard_reader_open(struct io_engine *e, const char *path,
+                          const struct io_shard_index *index, struct io_shard_reader **out);
+const struct io_shard_index *io_shard_reader_index(const struct io_shard_reader *r);
+const char *io_shard_reader_path(const struct io_shard_reader *r);
+void io_shard_reader_close(struct io_shard_reader *r);
+
+/* One chunk to read, and where its raw bytes go. */
+struct io_read_req {
+	struct io_shard_reader *reader;
+	uint32_t chunk;
+	void    *arg;                 /* passed back to the callback */
+};
+/* Called once per chunk, in completion order, with the verified raw bytes (valid only
+ * during the call). A non-zero return stops the batch and is returned. */
+typedef int (*io_chunk_cb)(void *arg, const struct io_read_req *req, const void *raw,
+                           size_t len);
+/* Read the chunks with up to the engine's depth in flight (over any number of files),
+ * verify each hash after decompression, and hand each to cb. Errors: CKPT_ECORRUPT
+ * (names tensor, chunk, file and offset), -EIO, or cb's return. Buffers always return
+ * to the pool. */
+int io_read_batch(struct io_engine *e, const struct io_read_req *reqs, size_t n,
+                  io_chunk_cb cb);
+
+#endif /* CKPT_IO_H */

@@ -1,0 +1,98 @@
+/*
+ * manifest.h — lib/manifest's interface: the LMDB manifest of a checkpoint root.
+ *
+ * The manifest is the single source of truth for visibility (DESIGN §3): a step
+ * exists for readers if and only if its COMMITTED step record is here, and that
+ * record is written together with every rank's shard record in ONE durable write
+ * transaction (manifest_commit). Shard records carry the rank's encoded shard
+ * index as opaque bytes (the footer encoding, decoded by lib/io), so this module
+ * depends on nothing of ours but the base tier.
+ *
+ * Threads: a struct manifest may be used from any number of threads; LMDB
+ * serialises writers. One process opens a given root once (an LMDB rule).
+ */
+#ifndef CKPT_MANIFEST_H
+#define CKPT_MANIFEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt_internal.h"
+
+#define MANIFEST_FORMAT_VERSION 1u
+#define MANIFEST_MAX_JOB_ID     256u
+#define MANIFEST_MAX_PATH       1024u
+
+enum manifest_open_flags {
+	MANIFEST_RDONLY = 1u << 0,   /* no writes; fails with -ENOENT if absent */
+	MANIFEST_CREATE = 1u << 1,   /* create the environment if absent */
+};
+
+struct manifest;
+
+/*
+ * Open <root>/manifest. Errors: -ENOENT (absent and not MANIFEST_CREATE),
+ * CKPT_ENOTROOT (the directory exists but is not a manifest), CKPT_EVERSION
+ * (written by a newer format), CKPT_EFORMAT, -EACCES, -ENOMEM. Messages name the path.
+ */
+int  manifest_open(const char *root, unsigned flags, struct manifest **out);
+void manifest_close(struct manifest *m);            /* NULL: no-op */
+
+/* One checkpoint (step) record. */
+struct manifest_step {
+	uint64_t step;
+	uint32_t state;            /* enum ckpt_step_state */
+	uint32_t trust;            /* enum ckpt_trust */
+	uint32_t world;
+	uint32_t ntensors;
+	uint64_t logical_bytes, stored_bytes;
+	uint64_t commit_time_ns;
+	char     job_id[MANIFEST_MAX_JOB_ID + 1];
+};
+
+/* One rank's shard record. In results, path and index point into memory owned by
+ * the caller's struct (freed by manifest_shard_free). */
+struct manifest_shard {
+	uint32_t    rank;
+	const char *path;          /* relative to the root */
+	uint64_t    file_size;
+	uint8_t     footer_hash[CKPT_HASH_BYTES];
+	const void *index;         /* encoded shard index (opaque here) */
+	size_t      index_len;
+	void       *owned_;        /* private */
+};
+void manifest_shard_free(struct manifest_shard *s);
+
+/*
+ * The commit: ONE write transaction that stores every shard record and the step
+ * record with state COMMITTED, committed durably (LMDB's synced commit) before
+ * this returns 0. Errors: -EEXIST (step already committed; nothing changed),
+ * -EINVAL (nshards != rec->world, ranks not 0..world-1), -ENOSPC (map full),
+ * -EIO. The fault points coord_before_commit_txn / coord_after_commit_txn are
+ * the caller's (lib/commit), not this function's.
+ */
+int manifest_commit(struct manifest *m, const struct manifest_step *rec,
+                    const struct manifest_shard *shards, uint32_t nshards);
+
+/* Record an aborted step (diagnostics for ckpt-inspect list --all). Never replaces a
+ * committed record (-EEXIST). */
+int manifest_record_abort(struct manifest *m, uint64_t step, uint32_t world, const char *why);
+
+/* Step record of step (any state). CKPT_ENOTFOUND. */
+int manifest_step_get(struct manifest *m, uint64_t step, struct manifest_step *out);
+/* Latest COMMITTED step. CKPT_ENOTFOUND if none. */
+int manifest_step_latest(struct manifest *m, uint64_t *step);
+/* COMMITTED steps ascending (all states if all): fills up to cap, returns the count. */
+int manifest_steps_list(struct manifest *m, bool all, uint64_t *steps, size_t cap);
+/* Shard record of (step, rank), copied out. CKPT_ENOTFOUND, CKPT_EFORMAT. */
+int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
+                       struct manifest_shard *out);
+/* Mark a committed step's trust level (ckpt-inspect verify). CKPT_ENOTFOUND. */
+int manifest_set_trust(struct manifest *m, uint64_t step, uint32_t trust);
+/* Remove a step's records. Retention calls this BEFORE removing the step's files, so
+ * that a crash in between leaves orphan files (GC removes them), never a visible
+ * step whose files are gone. */
+int manifest_step_delete(struct manifest *m, uint64_t step);
+
+#endif /* CKPT_MANIFEST_H */

@@ -1,0 +1,180 @@
+/*
+ * test_base.c — the base tier: names, sizes, errors, fault table, cursor, buffer, paths.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ckpt_internal.h"
+#include "testutil.h"
+
+START_TEST(names)
+{
+	ck_assert_int_eq(ckpt_name_check("model/layers.0/weight", 21), 0);
+	ck_assert_int_eq(ckpt_name_check("a", 1), 0);
+	ck_assert_int_eq(ckpt_name_check("", 0), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check("a/../b", 6), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check("..", 2), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check("./a", 3), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check("/a", 2), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check("a//b", 4), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check("a/", 2), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check("a\0b", 3), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check("a\nb", 3), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check("..a/b..", 7), 0);
+	char *big = malloc(65536);
+	memset(big, 'x', 65536);
+	ck_assert_int_eq(ckpt_name_check(big, 65536), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check(big, CKPT_MAX_NAME), 0);
+	ck_assert_int_eq(ckpt_name_check(big, CKPT_MAX_NAME + 1), CKPT_ENAME);
+	free(big);
+}
+END_TEST
+
+START_TEST(sizes)
+{
+	uint64_t v;
+	ck_assert_int_eq(ckpt_parse_size("4096", &v), 0); ck_assert_uint_eq(v, 4096);
+	ck_assert_int_eq(ckpt_parse_size("16M", &v), 0); ck_assert_uint_eq(v, 16u << 20);
+	ck_assert_int_eq(ckpt_parse_size("4GiB", &v), 0); ck_assert_uint_eq(v, 4ull << 30);
+	ck_assert_int_eq(ckpt_parse_size("2k", &v), 0); ck_assert_uint_eq(v, 2048);
+	ck_assert_int_eq(ckpt_parse_size("", &v), -EINVAL);
+	ck_assert_int_eq(ckpt_parse_size("-1", &v), -EINVAL);
+	ck_assert_int_eq(ckpt_parse_size("12Q", &v), -EINVAL);
+	ck_assert_int_eq(ckpt_parse_size("99999999999T", &v), -EINVAL);
+	uint64_t shape[3] = { 1ull << 32, 1ull << 32, 2 };
+	ck_assert(!ckpt_shape_elems(3, shape, &v));
+	ck_assert(ckpt_shape_elems(2, shape + 1, &v));
+	ck_assert_uint_eq(v, 1ull << 33);
+	ck_assert(ckpt_shape_elems(0, NULL, &v));
+	ck_assert_uint_eq(v, 1);
+	ck_assert(ckpt_range_ok(10, 5, 15));
+	ck_assert(!ckpt_range_ok(10, 6, 15));
+	ck_assert(!ckpt_range_ok(UINT64_MAX, 2, UINT64_MAX));
+}
+END_TEST
+
+START_TEST(errors)
+{
+	ck_assert_str_eq(ckpt_strerror(-ENOSPC), "No space left on device");
+	ck_assert_ptr_nonnull(strstr(ckpt_strerror(CKPT_ECORRUPT), "corrupt"));
+	ck_assert_str_eq(ckpt_strerror(-99999), "unknown error");
+	ck_assert_str_eq(ckpt_strerror(12345), "unknown error");
+	int rc = ckpt_err(CKPT_ENOTFOUND, "step %d", 7);
+	ck_assert_int_eq(rc, CKPT_ENOTFOUND);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "step 7"));
+	ckpt_err_prefix(CKPT_ENOTFOUND, "load of root /x");
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "load of root /x: step 7"));
+	for (int d = 1; d <= CKPT_DTYPE_MAX_; d++) {
+		ck_assert_uint_gt(ckpt_dtype_size(d), 0);
+		ck_assert_str_ne(ckpt_dtype_name(d), "?");
+	}
+	ck_assert_uint_eq(ckpt_dtype_size(0), 0);
+	ck_assert_uint_eq(ckpt_dtype_size(CKPT_DTYPE_MAX_ + 1), 0);
+}
+END_TEST
+
+START_TEST(fault_table)
+{
+	for (int p = 0; p < CKPT_FP_COUNT_; p++)
+		ck_assert_str_ne(ckpt_fault_point_name((enum ckpt_fault_point)p), "?");
+	setenv("CKPT_FAULT", "before_fdatasync:2:eio", 1);
+	unsetenv("CKPT_FAULT_RANK");
+	ckpt_fault_reload();
+	ck_assert_int_eq(ckpt_fault(CKPT_FP_AFTER_CHUNK_WRITE), 0);
+	ck_assert_int_eq(ckpt_fault(CKPT_FP_BEFORE_FDATASYNC), 0);   /* first hit */
+	ck_assert_int_eq(ckpt_fault(CKPT_FP_BEFORE_FDATASYNC), -EIO); /* second */
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "before_fdatasync"));
+	ck_assert_int_eq(ckpt_fault(CKPT_FP_BEFORE_FDATASYNC), 0);
+	setenv("CKPT_FAULT", "after_prepare_sent:drop", 1);
+	setenv("CKPT_FAULT_RANK", "3", 1);
+	ckpt_fault_reload();
+	ckpt_fault_set_rank(2);
+	ck_assert_int_eq(ckpt_fault(CKPT_FP_AFTER_PREPARE_SENT), 0);
+	ckpt_fault_set_rank(3);
+	ckpt_fault_reload();
+	ck_assert_int_eq(ckpt_fault(CKPT_FP_AFTER_PREPARE_SENT), CKPT_FA_DROP);
+	setenv("CKPT_FAULT", "coord_after_commit_txn", 1);
+	unsetenv("CKPT_FAULT_RANK");
+	ckpt_fault_reload();
+	pid_t pid = fork();
+	if (pid == 0) {
+		ckpt_fault(CKPT_FP_COORD_AFTER_COMMIT_TXN);
+		_exit(0);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	ck_assert(WIFEXITED(st));
+	ck_assert_int_eq(WEXITSTATUS(st), CKPT_FAULT_CRASH_STATUS);
+	unsetenv("CKPT_FAULT");
+	ckpt_fault_reload();
+}
+END_TEST
+
+START_TEST(cursor_and_buf)
+{
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	ckpt_buf_u8(&b, 7);
+	ckpt_buf_u16(&b, 0xBEEF);
+	ckpt_buf_u32(&b, 0xDEADBEEF);
+	ckpt_buf_u64(&b, 0x0123456789ABCDEFull);
+	for (int i = 0; i < 1000; i++)
+		ckpt_buf_u32(&b, (uint32_t)i);
+	ck_assert(b.ok);
+	ck_assert_uint_eq(b.len, 15 + 4000);
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, b.p, b.len);
+	ck_assert_uint_eq(ckpt_cursor_u8(&c), 7);
+	ck_assert_uint_eq(ckpt_cursor_u16(&c), 0xBEEF);
+	ck_assert_uint_eq(ckpt_cursor_u32(&c), 0xDEADBEEF);
+	ck_assert_uint_eq(ckpt_cursor_u64(&c), 0x0123456789ABCDEFull);
+	for (int i = 0; i < 1000; i++)
+		ck_assert_uint_eq(ckpt_cursor_u32(&c), (uint32_t)i);
+	ck_assert(c.ok);
+	ck_assert_uint_eq(ckpt_cursor_u8(&c), 0);
+	ck_assert(!c.ok);
+	ck_assert_ptr_null(ckpt_cursor_take(&c, 0));
+	ckpt_buf_free(&b);
+}
+END_TEST
+
+START_TEST(paths)
+{
+	char p[64];
+	uint64_t s;
+	ck_assert_int_eq(ckpt_path_step_dir(p, sizeof p, "/r", 42), 0);
+	ck_assert_str_eq(p, "/r/step-00000000000000000042");
+	ck_assert(ckpt_path_parse_step_dir(p + 3, &s));
+	ck_assert_uint_eq(s, 42);
+	ck_assert_int_eq(ckpt_path_shard_rel(p, sizeof p, UINT64_MAX, 3), 0);
+	ck_assert_str_eq(p, "step-18446744073709551615/rank-000003.shard");
+	ck_assert(ckpt_path_parse_step_dir("step-18446744073709551615", &s));
+	ck_assert_uint_eq(s, UINT64_MAX);
+	ck_assert(!ckpt_path_parse_step_dir("step-18446744073709551616", &s));
+	ck_assert(!ckpt_path_parse_step_dir("step-0000000000000000004x", &s));
+	ck_assert(!ckpt_path_parse_step_dir("manifest", &s));
+	ck_assert_int_eq(ckpt_path_step_dir(p, 10, "/r", 1), -ENAMETOOLONG);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("base");
+	TCase *tc = tcase_create("base");
+	tcase_add_test(tc, names);
+	tcase_add_test(tc, sizes);
+	tcase_add_test(tc, errors);
+	tcase_add_test(tc, fault_table);
+	tcase_add_test(tc, cursor_and_buf);
+	tcase_add_test(tc, paths);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

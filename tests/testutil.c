@@ -1,0 +1,141 @@
+/*
+ * testutil.c — helpers shared by the test programs (see testutil.h).
+ */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+char *tu_tmpdir(const char *tag)
+{
+	const char *base = getenv("TMPDIR");
+	char path[4096];
+	if (!base || !*base)
+		base = "/var/tmp";
+	snprintf(path, sizeof path, "%s/ckpt-test-%s-XXXXXX", base, tag);
+	if (!mkdtemp(path)) {
+		fprintf(stderr, "mkdtemp %s: %s\n", path, strerror(errno));
+		abort();
+	}
+	return strdup(path);
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb; (void)flag; (void)ftw;
+	return remove(p);
+}
+
+void tu_rmtree(const char *path)
+{
+	if (path)
+		nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+uint64_t tu_rand(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+	return z ^ (z >> 31);
+}
+
+uint64_t tu_seed(void)
+{
+	static uint64_t seed;
+	static int done;
+	if (!done) {
+		const char *e = getenv("CKPT_TEST_SEED");
+		seed = e ? strtoull(e, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)getpid() << 32;
+		fprintf(stderr, "test seed: CKPT_TEST_SEED=%llu\n", (unsigned long long)seed);
+		done = 1;
+	}
+	return seed;
+}
+
+void tu_fill(void *p, size_t n, uint64_t seed, uint64_t stream)
+{
+	uint64_t s = seed ^ (stream * 0xD1B54A32D192ED03ull);
+	unsigned char *b = p;
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		uint64_t v = tu_rand(&s);
+		memcpy(b + i, &v, 8);
+	}
+	if (i < n) {
+		uint64_t v = tu_rand(&s);
+		memcpy(b + i, &v, n - i);
+	}
+}
+
+int tu_read_file(const char *path, void **out, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return -errno;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	void *p = malloc(n > 0 ? (size_t)n : 1);
+	if (!p || fread(p, 1, (size_t)n, f) != (size_t)n) {
+		free(p);
+		fclose(f);
+		return -EIO;
+	}
+	fclose(f);
+	*out = p;
+	*len = (size_t)n;
+	return 0;
+}
+
+int tu_write_file(const char *path, const void *p, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return -errno;
+	size_t w = fwrite(p, 1, len, f);
+	int rc = fclose(f);
+	return (w == len && rc == 0) ? 0 : -EIO;
+}
+
+int tu_flip_bit(const char *path, uint64_t off, int bit)
+{
+	int fd = open(path, O_RDWR);
+	if (fd < 0)
+		return -errno;
+	unsigned char c;
+	if (pread(fd, &c, 1, (off_t)off) != 1) {
+		close(fd);
+		return -EIO;
+	}
+	c ^= (unsigned char)(1u << bit);
+	int rc = pwrite(fd, &c, 1, (off_t)off) == 1 ? 0 : -EIO;
+	close(fd);
+	return rc;
+}
+
+static int count_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	static int *counter;
+	(void)p; (void)ftw;
+	if (!sb) { counter = (int *)(void *)p; return 0; }
+	if (flag == FTW_F)
+		(*counter)++;
+	return 0;
+}
+
+int tu_count_files(const char *path)
+{
+	int n = 0;
+	count_cb((const char *)(void *)&n, NULL, 0, NULL);
+	nftw(path, count_cb, 16, FTW_PHYS);
+	return n;
+}

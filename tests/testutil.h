@@ -1,0 +1,30 @@
+/*
+ * testutil.h — helpers shared by the test programs: temporary roots, seeded data,
+ * recursive removal, and running a child process.
+ */
+#ifndef CKPT_TESTUTIL_H
+#define CKPT_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A fresh directory under $TMPDIR (or /var/tmp: a real disk, so O_DIRECT works).
+ * Returns a malloc'd path; aborts the test on failure. */
+char *tu_tmpdir(const char *tag);
+/* rm -rf path (used on success; failed tests keep their root for inspection). */
+void tu_rmtree(const char *path);
+/* The run's seed: CKPT_TEST_SEED or time-based, printed once to stderr. */
+uint64_t tu_seed(void);
+/* Deterministic bytes from (seed, stream). */
+void tu_fill(void *p, size_t n, uint64_t seed, uint64_t stream);
+/* splitmix64 step. */
+uint64_t tu_rand(uint64_t *state);
+/* Read a whole file (malloc'd) / write one. -errno. */
+int tu_read_file(const char *path, void **out, size_t *len);
+int tu_write_file(const char *path, const void *p, size_t len);
+/* Flip one bit of a file at byte offset off. -errno. */
+int tu_flip_bit(const char *path, uint64_t off, int bit);
+/* Count regular files below path. */
+int tu_count_files(const char *path);
+
+#endif
