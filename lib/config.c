@@ -1,0 +1,207 @@
+/*
+ * config.c — resolve options: the caller's struct first, then the environment with
+ * the launcher conventions users already have (torchrun: RANK, WORLD_SIZE,
+ * MASTER_ADDR, MASTER_PORT; Slurm: SLURM_PROCID, SLURM_NTASKS), then CKPT_*, then
+ * defaults. Options structs may come from an older caller (a smaller size): fields
+ * past its size take their defaults.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "glue.h"
+
+#define DEFAULT_POOL_BYTES  (256ull << 20)
+#define DEFAULT_CHUNK_BYTES (16ull << 20)
+#define DEFAULT_PORT        29600u
+
+void ckpt_opts_init(struct ckpt_opts *o, size_t size)
+{
+	struct ckpt_opts d;
+	memset(&d, 0, sizeof d);
+	d.size = size < sizeof d ? size : sizeof d;
+	d.rank = -1;
+	d.world = -1;
+	d.zstd_level = -1;
+	memcpy(o, &d, d.size);
+}
+
+/* Read field f of the caller's struct if it lies within the size they declared. */
+#define OPT(o, f, dflt) \
+	((o)->size >= offsetof(struct ckpt_opts, f) + sizeof((o)->f) ? (o)->f : (dflt))
+
+static int env_int(const char *name, long lo, long hi, long *out)
+{
+	const char *v = ckpt_env(name);
+	if (!v)
+		return 0;
+	char *end;
+	errno = 0;
+	long x = strtol(v, &end, 10);
+	if (errno || *end || x < lo || x > hi)
+		return ckpt_err(-EINVAL, "environment %s='%s' is not an integer in [%ld, %ld]",
+		                name, v, lo, hi);
+	*out = x;
+	return 1;
+}
+
+static int env_size(const char *name, uint64_t *out)
+{
+	const char *v = ckpt_env(name);
+	if (!v)
+		return 0;
+	if (ckpt_parse_size(v, out))
+		return ckpt_err(-EINVAL, "environment %s='%s' is not a size", name, v);
+	return 1;
+}
+
+static int resolve_rank_world(const struct ckpt_opts *o, struct glue_config *cfg)
+{
+	long rank = OPT(o, rank, -1), world = OPT(o, world, -1), v;
+	int rc;
+	if (rank < 0) {
+		if ((rc = env_int("RANK", 0, INT32_MAX, &v)) < 0) return rc;
+		if (!rc && (rc = env_int("SLURM_PROCID", 0, INT32_MAX, &v)) < 0) return rc;
+		rank = rc ? v : 0;
+	}
+	if (world < 0) {
+		if ((rc = env_int("WORLD_SIZE", 1, INT32_MAX, &v)) < 0) return rc;
+		if (!rc && (rc = env_int("SLURM_NTASKS", 1, INT32_MAX, &v)) < 0) return rc;
+		world = rc ? v : 1;
+	}
+	if (world < 1 || rank >= world)
+		return ckpt_err(-EINVAL, "rank %ld is not inside world size %ld", rank, world);
+	cfg->rank = (int)rank;
+	cfg->world = (int)world;
+	return 0;
+}
+
+static char *dup_or(const char *a, const char *b)
+{
+	return strdup(a ? a : b);
+}
+
+int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
+{
+	memset(cfg, 0, sizeof *cfg);
+	if (!o || o->size < offsetof(struct ckpt_opts, flags))
+		return ckpt_err(-EINVAL, "options: size field not set (use ckpt_opts_init)");
+	int rc = resolve_rank_world(o, cfg);
+	if (rc)
+		return rc;
+	const char *root = OPT(o, root, NULL);
+	if (!root)
+		root = ckpt_env("CKPT_ROOT");
+	if (!root)
+		return ckpt_err(-EINVAL, "no checkpoint root (option root or CKPT_ROOT)");
+	cfg->flags = OPT(o, flags, 0u);
+
+	const char *addr = OPT(o, coord_addr, NULL);
+	if (!addr) addr = ckpt_env("CKPT_COORD_ADDR");
+	if (!addr) addr = ckpt_env("MASTER_ADDR");
+	long v;
+	cfg->coord_port = OPT(o, coord_port, 0u);
+	if (!cfg->coord_port) {
+		if ((rc = env_int("CKPT_COORD_PORT", 1, 65535, &v)) < 0) return rc;
+		if (rc) {
+			cfg->coord_port = (unsigned)v;
+		} else {
+			/* MASTER_PORT belongs to the launcher's rendezvous: take the next one. */
+			if ((rc = env_int("MASTER_PORT", 1, 65534, &v)) < 0) return rc;
+			cfg->coord_port = rc ? (unsigned)v + 1 : DEFAULT_PORT;
+		}
+	}
+	cfg->transport = OPT(o, transport, CKPT_TRANSPORT_AUTO);
+	if (cfg->transport == CKPT_TRANSPORT_AUTO) {
+		const char *t = ckpt_env("CKPT_TRANSPORT");
+		if (!t || !strcmp(t, "tcp")) cfg->transport = CKPT_TRANSPORT_TCP;
+		else if (!strcmp(t, "rdma")) cfg->transport = CKPT_TRANSPORT_RDMA;
+		else return ckpt_err(-EINVAL, "CKPT_TRANSPORT='%s': expected tcp or rdma", t);
+	}
+	const char *job = OPT(o, job_id, NULL);
+	if (!job) job = ckpt_env("CKPT_JOB_ID");
+	const void *secret = OPT(o, secret, NULL);
+	size_t secret_len = OPT(o, secret_len, (size_t)0);
+	if (!secret) {
+		secret = ckpt_env("CKPT_JOB_SECRET");
+		secret_len = secret ? strlen(secret) : 0;
+	}
+
+	uint64_t sz;
+	cfg->pool_bytes = OPT(o, pool_bytes, (size_t)0);
+	if (!cfg->pool_bytes) {
+		if ((rc = env_size("CKPT_POOL_BYTES", &sz)) < 0) return rc;
+		cfg->pool_bytes = rc ? sz : DEFAULT_POOL_BYTES;
+	}
+	cfg->chunk_bytes = OPT(o, chunk_bytes, (size_t)0);
+	if (!cfg->chunk_bytes) {
+		if ((rc = env_size("CKPT_CHUNK_BYTES", &sz)) < 0) return rc;
+		cfg->chunk_bytes = rc ? sz : DEFAULT_CHUNK_BYTES;
+	}
+	if (cfg->chunk_bytes % CKPT_ALIGN || cfg->chunk_bytes > IO_MAX_CHUNK_BYTES)
+		return ckpt_err(-EINVAL, "chunk size %zu: must be a multiple of %u and at most %llu",
+		                cfg->chunk_bytes, CKPT_ALIGN, (unsigned long long)IO_MAX_CHUNK_BYTES);
+	/* The pool must hold at least a few chunks to keep writes in flight. */
+	if (cfg->pool_bytes < 2 * cfg->chunk_bytes)
+		return ckpt_err(-EINVAL, "pool of %zu bytes is smaller than two chunks of %zu",
+		                cfg->pool_bytes, cfg->chunk_bytes);
+	cfg->zstd_level = OPT(o, zstd_level, -1);
+	if (cfg->zstd_level < 0) {
+		const char *z = ckpt_env("CKPT_COMPRESS");
+		cfg->zstd_level = 0;
+		if (z && !strncmp(z, "zstd", 4)) {
+			cfg->zstd_level = 3;
+			if (z[4] == ':')
+				cfg->zstd_level = atoi(z + 5);
+		} else if (z && strcmp(z, "none") != 0) {
+			return ckpt_err(-EINVAL, "CKPT_COMPRESS='%s': expected none or zstd[:LEVEL]", z);
+		}
+	}
+	if (cfg->zstd_level < 0 || cfg->zstd_level > 22)
+		return ckpt_err(-EINVAL, "zstd level %d: expected 0 (off) to 22", cfg->zstd_level);
+	cfg->max_inflight = OPT(o, max_inflight, 0u);
+	if (!cfg->max_inflight)
+		cfg->max_inflight = 2;
+	cfg->timeout_ms = OPT(o, timeout_ms, 0u);
+	if (!cfg->timeout_ms) {
+		if ((rc = env_int("CKPT_TIMEOUT_MS", 1, INT32_MAX, &v)) < 0) return rc;
+		cfg->timeout_ms = rc ? (unsigned)v : 120000u;
+	}
+	cfg->queue_depth = OPT(o, queue_depth, 0u);
+	if (!cfg->queue_depth)
+		cfg->queue_depth = 8;
+	if (cfg->queue_depth > 4096)
+		return ckpt_err(-EINVAL, "queue depth %u: at most 4096", cfg->queue_depth);
+
+	cfg->root = strdup(root);
+	cfg->coord_addr = dup_or(addr, "127.0.0.1");
+	cfg->job_id = dup_or(job, "default");
+	if (strlen(cfg->job_id) > MANIFEST_MAX_JOB_ID) {
+		config_free(cfg);
+		return ckpt_err(-EINVAL, "job id longer than %u bytes", MANIFEST_MAX_JOB_ID);
+	}
+	if (secret_len) {
+		cfg->secret = malloc(secret_len);
+		if (cfg->secret)
+			memcpy(cfg->secret, secret, secret_len);
+		cfg->secret_len = secret_len;
+	}
+	if (!cfg->root || !cfg->coord_addr || !cfg->job_id || (secret_len && !cfg->secret)) {
+		config_free(cfg);
+		return ckpt_err(-ENOMEM, "options");
+	}
+	return 0;
+}
+
+void config_free(struct glue_config *cfg)
+{
+	free(cfg->root);
+	free(cfg->coord_addr);
+	free(cfg->job_id);
+	if (cfg->secret) {
+		/* The job secret does not outlive the context in freed heap memory. */
+		explicit_bzero(cfg->secret, cfg->secret_len);
+		free(cfg->secret);
+	}
+	memset(cfg, 0, sizeof *cfg);
+}

@@ -1,0 +1,207 @@
+/*
+ * ctx.c — the context: opening a checkpoint root, the buffer pool, the manifest,
+ * and the save worker thread that runs submitted saves in step order.
+ *
+ * Roles: the coordinator (rank 0 in the embedded default) owns the manifest for
+ * writing and garbage-collects at open; every other rank only writes its shard
+ * files and opens the manifest read-only, lazily, for loads.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "glue.h"
+
+bool glue_is_coordinator(const ckpt_ctx *c)
+{
+	return c->cfg.rank == 0 && !(c->cfg.flags & CKPT_OPEN_READONLY);
+}
+
+int ckpt_rank(const ckpt_ctx *c) { return c ? c->cfg.rank : -1; }
+int ckpt_world(const ckpt_ctx *c) { return c ? c->cfg.world : -1; }
+
+/* mkdir -p, one component at a time (the root's parents may not exist yet). */
+static int mkdir_p(const char *path)
+{
+	char tmp[4096];
+	size_t n = strlen(path);
+	if (n >= sizeof tmp)
+		return ckpt_err(-ENAMETOOLONG, "root path too long");
+	memcpy(tmp, path, n + 1);
+	for (size_t i = 1; i <= n; i++) {
+		if (tmp[i] != '/' && tmp[i] != '\0')
+			continue;
+		char c = tmp[i];
+		tmp[i] = '\0';
+		if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+			return ckpt_err(-errno, "create directory %s", tmp);
+		tmp[i] = c;
+	}
+	return 0;
+}
+
+/* Is the root a directory we may make a checkpoint root of? An existing non-empty
+ * directory without a manifest is somebody else's data: refuse it. */
+static int root_prepare(const struct glue_config *cfg)
+{
+	struct stat st;
+	bool ro = cfg->flags & CKPT_OPEN_READONLY;
+	if (stat(cfg->root, &st) < 0) {
+		if (errno != ENOENT || ro)
+			return ckpt_err(-errno, "checkpoint root %s", cfg->root);
+		return mkdir_p(cfg->root);
+	}
+	if (!S_ISDIR(st.st_mode))
+		return ckpt_err(CKPT_ENOTROOT, "checkpoint root %s is not a directory", cfg->root);
+	if (!ro && access(cfg->root, W_OK | X_OK) < 0)
+		return ckpt_err(-errno, "checkpoint root %s is not writable", cfg->root);
+	if (ro || cfg->rank != 0)
+		return 0;
+	char mpath[4200];
+	snprintf(mpath, sizeof mpath, "%s/%s", cfg->root, CKPT_MANIFEST_DIR);
+	if (access(mpath, F_OK) == 0)
+		return 0;
+	DIR *d = opendir(cfg->root);
+	if (!d)
+		return ckpt_err(-errno, "checkpoint root %s", cfg->root);
+	struct dirent *e;
+	int rc = 0;
+	while ((e = readdir(d))) {
+		uint64_t step;
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		/* Step directories without a manifest: a crashed first save; GC takes them. */
+		if (ckpt_path_parse_step_dir(e->d_name, &step))
+			continue;
+		rc = ckpt_err(CKPT_ENOTROOT, "%s is not empty and has no manifest: not a checkpoint root"
+		              " (found '%s')", cfg->root, e->d_name);
+		break;
+	}
+	closedir(d);
+	return rc;
+}
+
+static void *worker_main(void *arg)
+{
+	ckpt_ctx *c = arg;
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		while (!c->queue_head && !c->stopping)
+			pthread_cond_wait(&c->cond, &c->lock);
+		struct ckpt_save *s = c->queue_head;
+		if (!s)
+			break;               /* stopping and drained */
+		c->queue_head = s->next;
+		if (!c->queue_head)
+			c->queue_tail = NULL;
+		s->state = SAVE_RUNNING;
+		pthread_mutex_unlock(&c->lock);
+		save_run(c, s);
+		pthread_mutex_lock(&c->lock);
+	}
+	pthread_mutex_unlock(&c->lock);
+	io_engine_destroy(c->save_engine);
+	c->save_engine = NULL;
+	return NULL;
+}
+
+int glue_manifest(ckpt_ctx *c, struct manifest **out)
+{
+	int rc = 0;
+	pthread_mutex_lock(&c->manifest_lock);
+	if (!c->manifest) {
+		rc = manifest_open(c->cfg.root, MANIFEST_RDONLY, &c->manifest);
+		if (rc == -ENOENT)
+			rc = ckpt_err(CKPT_ENOTROOT, "%s has no manifest: not a checkpoint root "
+			              "(or nothing was ever committed there)", c->cfg.root);
+	}
+	*out = c->manifest;
+	pthread_mutex_unlock(&c->manifest_lock);
+	return rc;
+}
+
+void ckpt_close(ckpt_ctx *c)
+{
+	if (!c)
+		return;
+	if (c->worker_started) {
+		pthread_mutex_lock(&c->lock);
+		c->stopping = true;
+		pthread_cond_broadcast(&c->cond);
+		pthread_mutex_unlock(&c->lock);
+		pthread_join(c->worker, NULL);
+	}
+	io_engine_destroy(c->load_engine);
+	io_pool_destroy(c->pool);
+	manifest_close(c->manifest);
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->cond);
+	pthread_mutex_destroy(&c->load_lock);
+	pthread_mutex_destroy(&c->manifest_lock);
+	config_free(&c->cfg);
+	free(c);
+}
+
+int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
+{
+	if (!out)
+		return ckpt_err(-EINVAL, "ckpt_open: out is NULL");
+	*out = NULL;
+	ckpt_err_clear();
+	ckpt_ctx *c = calloc(1, sizeof *c);
+	if (!c)
+		return ckpt_err(-ENOMEM, "ckpt_open");
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
+	pthread_mutex_init(&c->load_lock, NULL);
+	pthread_mutex_init(&c->manifest_lock, NULL);
+	int rc = config_resolve(o, &c->cfg);
+	if (rc)
+		goto fail;
+	ckpt_fault_set_rank(c->cfg.rank);
+	if ((rc = root_prepare(&c->cfg)))
+		goto fail;
+	bool ro = c->cfg.flags & CKPT_OPEN_READONLY;
+	if (ro) {
+		if ((rc = glue_manifest(c, &c->manifest)))
+			goto fail;
+	} else if (glue_is_coordinator(c)) {
+		rc = manifest_open(c->cfg.root, MANIFEST_CREATE, &c->manifest);
+		if (rc)
+			goto fail;
+		if (!(c->cfg.flags & CKPT_OPEN_NO_GC)) {
+			uint64_t removed = 0;
+			rc = gc_orphans(c, &removed);
+			if (rc)
+				goto fail;
+			if (removed)
+				ckpt_log(CKPT_LOG_INFO, "%s: removed %llu uncommitted step(s)",
+				         c->cfg.root, (unsigned long long)removed);
+		}
+	}
+	/* A read-only context only loads: a few buffers are enough. */
+	size_t nbufs = c->cfg.pool_bytes / c->cfg.chunk_bytes;
+	if (ro && nbufs > 2u * c->cfg.queue_depth)
+		nbufs = 2u * c->cfg.queue_depth;
+	if ((rc = io_pool_create(c->cfg.chunk_bytes, (unsigned)nbufs, NULL, &c->pool))) {
+		ckpt_err_prefix(rc, "buffer pool of %zu x %zu bytes", nbufs, c->cfg.chunk_bytes);
+		goto fail;
+	}
+	if (!ro) {
+		if ((rc = pthread_create(&c->worker, NULL, worker_main, c))) {
+			rc = ckpt_err(-rc, "start the save worker");
+			goto fail;
+		}
+		c->worker_started = true;
+	}
+	*out = c;
+	return 0;
+fail:
+	ckpt_err_prefix(rc, "open %s", c->cfg.root ? c->cfg.root : "checkpoint root");
+	ckpt_close(c);
+	return rc;
+}

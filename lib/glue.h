@@ -1,0 +1,96 @@
+/*
+ * glue.h — private to the glue (lib/ctx.c, save.c, load.c, ...): the context, save and load handles, and the
+ * resolved configuration. The glue wires io, manifest, commit and snapshot into
+ * the public API; no module folder includes this header.
+ */
+#ifndef CKPT_GLUE_H
+#define CKPT_GLUE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ckpt_internal.h"
+#include "commit/commit.h"
+#include "io/io.h"
+#include "manifest/manifest.h"
+
+/* Options after defaults and the environment were applied (lib/config.c). */
+struct glue_config {
+	char    *root;
+	unsigned flags;
+	int      rank, world;
+	char    *coord_addr;
+	unsigned coord_port;
+	int      transport;
+	char    *job_id;
+	uint8_t *secret;
+	size_t   secret_len;
+	size_t   pool_bytes, chunk_bytes;
+	int      zstd_level;
+	unsigned max_inflight, timeout_ms, queue_depth;
+};
+int  config_resolve(const struct ckpt_opts *o, struct glue_config *cfg);
+void config_free(struct glue_config *cfg);
+
+/* One item added to a save: a tensor box or a blob. Owned by its save. */
+struct save_item {
+	char       *name;
+	uint8_t     kind, dtype, policy, flags, ndim;
+	uint64_t    global_shape[CKPT_MAX_NDIM], offset[CKPT_MAX_NDIM], extent[CKPT_MAX_NDIM];
+	uint64_t    raw_bytes;
+	const void *data;
+	int         mem;
+};
+
+enum save_state { SAVE_OPEN = 0, SAVE_QUEUED, SAVE_RUNNING, SAVE_DONE };
+
+/* Written by the caller's thread until submit, then by the worker; the fields
+ * under "shared" are read by waiters under ctx->lock. */
+struct ckpt_save {
+	ckpt_ctx         *ctx;
+	uint64_t          step;
+	struct save_item *items;
+	size_t            nitems, cap;
+	uint64_t         *name_hashes;    /* open-addressing set of item names */
+	size_t            hash_cap;
+	uint64_t          logical_bytes;
+	struct ckpt_save *next;           /* worker queue */
+	/* shared, under ctx->lock */
+	enum save_state   state;
+	bool              snapshot_done;
+	int               rc;             /* outcome once state == SAVE_DONE */
+	char              msg[1024];      /* ckpt_last_error of the outcome */
+	uint64_t          t_submit, t_snapshot, t_durable, t_commit;
+	uint64_t          stored_bytes;
+};
+
+struct ckpt_ctx {
+	struct glue_config cfg;
+	struct manifest   *manifest;      /* RW on the coordinator; opened RDONLY lazily elsewhere */
+	pthread_mutex_t    manifest_lock; /* lazy open */
+	struct io_pool    *pool;
+	pthread_mutex_t    load_lock;     /* serialises use of load_engine */
+	struct io_engine  *load_engine;
+
+	/* save worker */
+	pthread_t          worker;
+	bool               worker_started;
+	pthread_mutex_t    lock;
+	pthread_cond_t     cond;
+	struct ckpt_save  *queue_head, *queue_tail;
+	unsigned           inflight;      /* begun and not yet done */
+	bool               stopping;
+	struct io_engine  *save_engine;   /* owned by the worker thread */
+};
+
+bool glue_is_coordinator(const ckpt_ctx *c);
+/* The manifest, opening it read-only on first use where this process is not the
+ * coordinator. */
+int  glue_manifest(ckpt_ctx *c, struct manifest **out);
+/* Run the save worker's job for one save (lib/save.c). */
+void save_run(ckpt_ctx *c, struct ckpt_save *s);
+/* Remove step directories with no committed record (lib/gc.c). */
+int  gc_orphans(ckpt_ctx *c, uint64_t *removed);
+
+#endif /* CKPT_GLUE_H */

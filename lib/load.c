@@ -1,0 +1,562 @@
+/*
+ * load.c — reading a committed step: the catalog of its tensors, and the read of
+ * any box of any tensor whatever sharding it was saved with.
+ *
+ * For each saved piece (one rank's box) that overlaps the requested box, only the
+ * chunks that hold overlapping bytes are read (io_read_batch: many in flight over
+ * all shard files), verified, and the overlap is copied run by run into the
+ * destination. Resharding is therefore a property of load.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "glue.h"
+
+struct load_piece {
+	uint32_t rank;
+	uint32_t tensor;             /* index in that rank's shard index */
+};
+
+struct load_entry {
+	const struct io_tensor_entry *meta;   /* the first piece's record */
+	struct load_piece *pieces;
+	uint32_t npieces;
+	uint64_t stored_bytes;
+	uint32_t nchunks;
+};
+
+struct ckpt_load {
+	ckpt_ctx                *ctx;
+	struct manifest_step     rec;
+	struct manifest_shard   *shards;     /* [world] */
+	struct io_shard_index  **ix;         /* [world] */
+	struct io_shard_reader **readers;    /* [world], opened on first use */
+	struct load_entry       *entries;    /* sorted by name */
+	uint32_t                 nentries;
+	struct load_piece       *piece_store;
+};
+
+/* ------------------------------------------------------------------ open / close */
+
+void ckpt_load_close(ckpt_load *l)
+{
+	if (!l)
+		return;
+	uint32_t world = l->rec.world;
+	for (uint32_t r = 0; r < world; r++) {
+		if (l->readers)
+			io_shard_reader_close(l->readers[r]);
+		if (l->ix)
+			io_index_free(l->ix[r]);
+		if (l->shards)
+			manifest_shard_free(&l->shards[r]);
+	}
+	free(l->readers);
+	free(l->ix);
+	free(l->shards);
+	free(l->entries);
+	free(l->piece_store);
+	free(l);
+}
+
+static int piece_cmp(const void *a, const void *b, void *arg)
+{
+	const ckpt_load *l = arg;
+	const struct load_piece *x = a, *y = b;
+	int c = strcmp(l->ix[x->rank]->tensors[x->tensor].name, l->ix[y->rank]->tensors[y->tensor].name);
+	if (c)
+		return c;
+	return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+/* Group every rank's tensors by name into entries. */
+static int load_build_catalog(ckpt_load *l)
+{
+	uint64_t total = 0;
+	for (uint32_t r = 0; r < l->rec.world; r++)
+		total += l->ix[r]->ntensors;
+	l->piece_store = malloc((total ? total : 1) * sizeof *l->piece_store);
+	l->entries = malloc((total ? total : 1) * sizeof *l->entries);
+	if (!l->piece_store || !l->entries)
+		return ckpt_err(-ENOMEM, "catalog of step %llu", (unsigned long long)l->rec.step);
+	size_t n = 0;
+	for (uint32_t r = 0; r < l->rec.world; r++)
+		for (uint32_t t = 0; t < l->ix[r]->ntensors; t++)
+			l->piece_store[n++] = (struct load_piece){ r, t };
+	qsort_r(l->piece_store, n, sizeof *l->piece_store, piece_cmp, l);
+	l->nentries = 0;
+	for (size_t i = 0; i < n;) {
+		const struct io_tensor_entry *m = &l->ix[l->piece_store[i].rank]->tensors[l->piece_store[i].tensor];
+		struct load_entry *e = &l->entries[l->nentries++];
+		memset(e, 0, sizeof *e);
+		e->meta = m;
+		e->pieces = &l->piece_store[i];
+		while (i < n) {
+			const struct load_piece *p = &l->piece_store[i];
+			const struct io_shard_index *ix = l->ix[p->rank];
+			const struct io_tensor_entry *t = &ix->tensors[p->tensor];
+			if (strcmp(t->name, m->name))
+				break;
+			/* Validated at commit; re-checked because the manifest is on disk. */
+			if (t->dtype != m->dtype || t->ndim != m->ndim || t->policy != m->policy ||
+			    t->flags != m->flags)
+				return ckpt_err(CKPT_ECORRUPT, "step %llu: tensor '%s' differs between ranks",
+				                (unsigned long long)l->rec.step, m->name);
+			e->npieces++;
+			e->nchunks += t->nchunks;
+			for (uint32_t k = 0; k < t->nchunks; k++)
+				e->stored_bytes += ix->chunks[t->first_chunk + k].stored_len;
+			i++;
+		}
+	}
+	return 0;
+}
+
+int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
+{
+	if (!out)
+		return ckpt_err(-EINVAL, "ckpt_load_open: out is NULL");
+	*out = NULL;
+	if (!c)
+		return ckpt_err(-EINVAL, "ckpt_load_open: context is NULL");
+	ckpt_err_clear();
+	struct manifest *m;
+	int rc = glue_manifest(c, &m);
+	if (rc)
+		return rc;
+	if (step == CKPT_LATEST && (rc = manifest_step_latest(m, &step)))
+		return ckpt_err(rc, "%s has no committed step", c->cfg.root);
+	ckpt_load *l = calloc(1, sizeof *l);
+	if (!l)
+		return ckpt_err(-ENOMEM, "load of step %llu", (unsigned long long)step);
+	l->ctx = c;
+	rc = manifest_step_get(m, step, &l->rec);
+	if (rc == 0 && l->rec.state != CKPT_STATE_COMMITTED)
+		rc = CKPT_ENOTFOUND;
+	if (rc) {
+		if (rc == CKPT_ENOTFOUND)
+			ckpt_err(rc, "step %llu is not a committed step of %s", (unsigned long long)step,
+			         c->cfg.root);
+		l->rec.world = 0;
+		ckpt_load_close(l);
+		return rc;
+	}
+	uint32_t world = l->rec.world;
+	l->shards = calloc(world, sizeof *l->shards);
+	l->ix = calloc(world, sizeof *l->ix);
+	l->readers = calloc(world, sizeof *l->readers);
+	if (!l->shards || !l->ix || !l->readers) {
+		rc = ckpt_err(-ENOMEM, "load of step %llu", (unsigned long long)step);
+		goto fail;
+	}
+	for (uint32_t r = 0; r < world; r++) {
+		if ((rc = manifest_shard_get(m, step, r, &l->shards[r])))
+			goto fail;
+		if ((rc = io_index_decode(l->shards[r].index, l->shards[r].index_len, &l->ix[r])))
+			goto fail;
+		if (l->ix[r]->rank != r || l->ix[r]->world != world || l->ix[r]->step != step) {
+			rc = ckpt_err(CKPT_ECORRUPT, "shard record of rank %u describes step %llu rank %u "
+			              "of %u", r, (unsigned long long)l->ix[r]->step, l->ix[r]->rank,
+			              l->ix[r]->world);
+			goto fail;
+		}
+	}
+	if ((rc = load_build_catalog(l)))
+		goto fail;
+	*out = l;
+	return 0;
+fail:
+	ckpt_err_prefix(rc, "open step %llu of %s", (unsigned long long)step, c->cfg.root);
+	ckpt_load_close(l);
+	return rc;
+}
+
+uint64_t ckpt_load_step(const ckpt_load *l)
+{
+	return l ? l->rec.step : CKPT_LATEST;
+}
+
+static const struct load_entry *load_find(const ckpt_load *l, const char *name)
+{
+	size_t lo = 0, hi = l->nentries;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c = strcmp(l->entries[mid].meta->name, name);
+		if (c == 0)
+			return &l->entries[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+/* ------------------------------------------------------------------ the overlap copy */
+
+/*
+ * How one saved piece P maps onto the requested box R through their intersection I.
+ * Dimensions after k are covered whole by P, R and I alike, so one run of
+ * ie[k] * inner elements is contiguous in both P and R; dimensions before k are
+ * walked row by row ("rows" of P are its index over dims 0..k-1).
+ */
+struct copy_plan {
+	unsigned ndim, k;
+	size_t   esize;
+	uint64_t po[CKPT_MAX_NDIM], pe[CKPT_MAX_NDIM];
+	uint64_t ro[CKPT_MAX_NDIM], re[CKPT_MAX_NDIM];
+	uint64_t io[CKPT_MAX_NDIM], ie[CKPT_MAX_NDIM];
+	uint64_t rstride[CKPT_MAX_NDIM];   /* bytes per index step of R in each dim */
+	uint64_t prow;                     /* bytes per row of P */
+	uint64_t run_off;                  /* byte offset of the run inside a row of P */
+	uint64_t run;                      /* bytes of one run */
+	uint64_t lo, hi;                   /* byte range of P holding the overlap */
+	uint8_t *dst;
+};
+
+/* Build the plan; false if P and R do not overlap. */
+static bool plan_make(struct copy_plan *p, const struct io_tensor_entry *t, unsigned ndim,
+                      const uint64_t *ro, const uint64_t *re, void *dst)
+{
+	memset(p, 0, sizeof *p);
+	p->esize = (t->flags & IO_TENSOR_BLOB) ? 1 : ckpt_dtype_size(t->dtype);
+	p->dst = dst;
+	/* A scalar is a 1-element vector. */
+	p->ndim = ndim ? ndim : 1;
+	for (unsigned d = 0; d < p->ndim; d++) {
+		p->po[d] = ndim ? t->offset[d] : 0;
+		p->pe[d] = ndim ? t->extent[d] : 1;
+		p->ro[d] = ndim ? ro[d] : 0;
+		p->re[d] = ndim ? re[d] : 1;
+		uint64_t a = p->po[d] > p->ro[d] ? p->po[d] : p->ro[d];
+		uint64_t pend = p->po[d] + p->pe[d], rend = p->ro[d] + p->re[d];
+		uint64_t b = pend < rend ? pend : rend;
+		if (b <= a)
+			return false;
+		p->io[d] = a;
+		p->ie[d] = b - a;
+	}
+	unsigned k = p->ndim - 1;
+	while (k > 0 && p->ie[k] == p->pe[k] && p->ie[k] == p->re[k])
+		k--;
+	p->k = k;
+	uint64_t inner = 1;
+	for (unsigned d = k + 1; d < p->ndim; d++)
+		inner *= p->pe[d];
+	uint64_t s = p->esize;
+	for (unsigned d = p->ndim; d-- > 0;) {
+		p->rstride[d] = s;
+		s *= p->re[d];
+	}
+	p->prow = p->pe[k] * inner * p->esize;
+	p->run_off = (p->io[k] - p->po[k]) * inner * p->esize;
+	p->run = p->ie[k] * inner * p->esize;
+	/* First and last rows of P that meet I, as linear row indices. */
+	uint64_t first = 0, last = 0;
+	for (unsigned d = 0; d < k; d++) {
+		first = first * p->pe[d] + (p->io[d] - p->po[d]);
+		last = last * p->pe[d] + (p->io[d] + p->ie[d] - 1 - p->po[d]);
+	}
+	p->lo = first * p->prow + p->run_off;
+	p->hi = last * p->prow + p->run_off + p->run;
+	return true;
+}
+
+/* Copy the part of the overlap held by P's bytes [cb, cb+len) from raw. */
+static void plan_copy(const struct copy_plan *p, uint64_t cb, const uint8_t *raw, size_t len)
+{
+	uint64_t ce = cb + len;
+	if (ce <= p->lo || cb >= p->hi)
+		return;
+	uint64_t r0 = cb / p->prow, r1 = (ce - 1) / p->prow;
+	for (uint64_t r = r0; r <= r1; r++) {
+		/* Row index -> index over dims 0..k-1 of P; skip rows outside I. */
+		uint64_t rem = r, dst_off = 0;
+		bool inside = true;
+		for (unsigned d = p->k; d-- > 0;) {
+			uint64_t m = rem % p->pe[d];
+			rem /= p->pe[d];
+			uint64_t g = p->po[d] + m;
+			if (g < p->io[d] || g >= p->io[d] + p->ie[d]) {
+				inside = false;
+				break;
+			}
+			dst_off += (g - p->ro[d]) * p->rstride[d];
+		}
+		if (!inside)
+			continue;
+		dst_off += (p->io[p->k] - p->ro[p->k]) * p->rstride[p->k];
+		uint64_t s = r * p->prow + p->run_off, e = s + p->run;
+		uint64_t a = s > cb ? s : cb, b = e < ce ? e : ce;
+		if (a < b)
+			memcpy(p->dst + dst_off + (a - s), raw + (a - cb), (size_t)(b - a));
+	}
+}
+
+struct load_job {
+	struct copy_plan plan;
+	const struct io_shard_index *ix;
+};
+
+static int load_chunk_cb(void *arg, const struct io_read_req *req, const void *raw, size_t len)
+{
+	CKPT_UNUSED(arg);
+	const struct load_job *j = req->arg;
+	const struct io_chunk_entry *ch = &j->ix->chunks[req->chunk];
+	plan_copy(&j->plan, ch->raw_offset, raw, len);
+	return 0;
+}
+
+static int load_reader(ckpt_load *l, uint32_t rank, struct io_shard_reader **out)
+{
+	if (!l->readers[rank]) {
+		char path[4400];
+		snprintf(path, sizeof path, "%s/%s", l->ctx->cfg.root, l->shards[rank].path);
+		int rc = io_shard_reader_open(l->ctx->load_engine, path, l->ix[rank], &l->readers[rank]);
+		if (rc)
+			return rc;
+	}
+	*out = l->readers[rank];
+	return 0;
+}
+
+/* Choose the pieces to read for entry e on behalf of this rank. */
+static int load_pick(const ckpt_load *l, const struct load_entry *e, uint32_t *first,
+                     uint32_t *count)
+{
+	const ckpt_ctx *c = l->ctx;
+	*first = 0;
+	*count = e->npieces;
+	if (e->meta->policy == CKPT_SHARDED)
+		return 0;
+	if (e->meta->policy == CKPT_RANK_BOUND && (uint32_t)c->cfg.world != l->rec.world)
+		return ckpt_err(CKPT_ERANKBOUND, "'%s' is rank-bound and was saved by %u ranks; this "
+		                "job has %d", e->meta->name, l->rec.world, c->cfg.world);
+	/* Replicated: this rank's copy if it has one (local disk first), else the first. */
+	for (uint32_t i = 0; i < e->npieces; i++) {
+		if (e->pieces[i].rank == (uint32_t)c->cfg.rank) {
+			*first = i;
+			*count = 1;
+			return 0;
+		}
+	}
+	if (e->meta->policy == CKPT_RANK_BOUND)
+		return ckpt_err(CKPT_ERANKBOUND, "'%s' is rank-bound and rank %d saved none",
+		                e->meta->name, c->cfg.rank);
+	*count = 1;
+	return 0;
+}
+
+/* Read the box (ro, re) of entry e into dst. */
+static int load_box(ckpt_load *l, const struct load_entry *e, const uint64_t *ro,
+                    const uint64_t *re, void *dst)
+{
+	uint32_t first, count;
+	int rc = load_pick(l, e, &first, &count);
+	if (rc)
+		return rc;
+	unsigned ndim = e->meta->ndim;
+	struct load_job *jobs = calloc(count, sizeof *jobs);
+	if (!jobs)
+		return ckpt_err(-ENOMEM, "load of '%s'", e->meta->name);
+	size_t nreq = 0, cap = 0;
+	struct io_read_req *reqs = NULL;
+	uint64_t covered = 0, want = 1;
+	for (unsigned d = 0; d < ndim; d++)
+		want *= re[d];
+
+	ckpt_ctx *c = l->ctx;
+	pthread_mutex_lock(&c->load_lock);
+	if (!c->load_engine && (rc = io_engine_create(c->pool, c->cfg.queue_depth, &c->load_engine)))
+		goto out;
+	for (uint32_t i = first; i < first + count; i++) {
+		const struct load_piece *pc = &e->pieces[i];
+		const struct io_shard_index *ix = l->ix[pc->rank];
+		const struct io_tensor_entry *t = &ix->tensors[pc->tensor];
+		struct load_job *j = &jobs[i - first];
+		j->ix = ix;
+		if (!plan_make(&j->plan, t, ndim, ro, re, dst))
+			continue;
+		uint64_t vol = 1;
+		for (unsigned d = 0; d < j->plan.ndim; d++)
+			vol *= j->plan.ie[d];
+		covered += vol;
+		struct io_shard_reader *rd;
+		if ((rc = load_reader(l, pc->rank, &rd)))
+			goto out;
+		for (uint32_t k = 0; k < t->nchunks; k++) {
+			uint32_t ci = t->first_chunk + k;
+			const struct io_chunk_entry *ch = &ix->chunks[ci];
+			if (ch->raw_offset + ch->raw_len <= j->plan.lo || ch->raw_offset >= j->plan.hi)
+				continue;
+			if (nreq == cap) {
+				cap = cap ? cap * 2 : 64;
+				struct io_read_req *n = realloc(reqs, cap * sizeof *n);
+				if (!n) {
+					rc = ckpt_err(-ENOMEM, "load of '%s'", e->meta->name);
+					goto out;
+				}
+				reqs = n;
+			}
+			reqs[nreq++] = (struct io_read_req){ .reader = rd, .chunk = ci, .arg = j };
+		}
+	}
+	/* Commit-time validation guarantees the pieces tile the shape; a manifest that
+	 * says otherwise is damaged, and a partly filled buffer must not pass as data. */
+	if (covered != want && !(ndim == 0 && covered == 1)) {
+		rc = ckpt_err(CKPT_ECORRUPT, "'%s': saved pieces cover %llu of %llu requested elements",
+		              e->meta->name, (unsigned long long)covered, (unsigned long long)want);
+		goto out;
+	}
+	if (nreq)
+		rc = io_read_batch(c->load_engine, reqs, nreq, load_chunk_cb);
+out:
+	pthread_mutex_unlock(&c->load_lock);
+	free(reqs);
+	free(jobs);
+	return rc;
+}
+
+int ckpt_load_tensor(ckpt_load *l, const char *name, int dtype, unsigned ndim,
+                     const uint64_t *offset, const uint64_t *extent, void *dst, int mem)
+{
+	if (!l || !name)
+		return ckpt_err(-EINVAL, "ckpt_load_tensor: NULL argument");
+	ckpt_err_clear();
+	const struct load_entry *e = load_find(l, name);
+	if (!e)
+		return ckpt_err(CKPT_ENOTFOUND, "tensor '%.200s' is not in step %llu", name,
+		                (unsigned long long)l->rec.step);
+	const struct io_tensor_entry *t = e->meta;
+	if (mem == CKPT_MEM_DEVICE)
+		return ckpt_err(CKPT_ENODEV, "tensor '%s': device memory needs a CUDA build", name);
+	if (dtype != t->dtype)
+		return ckpt_err(CKPT_EDTYPE, "tensor '%s' is %s, asked for %s", name,
+		                ckpt_dtype_name(t->dtype), ckpt_dtype_name(dtype));
+	if (ndim != t->ndim)
+		return ckpt_err(CKPT_ESHAPE, "tensor '%s' has %u dimensions, asked for %u", name,
+		                t->ndim, ndim);
+	uint64_t ro[CKPT_MAX_NDIM], re[CKPT_MAX_NDIM];
+	for (unsigned d = 0; d < ndim; d++) {
+		ro[d] = offset ? offset[d] : 0;
+		re[d] = extent ? extent[d] : t->global_shape[d];
+		uint64_t end;
+		if (!ckpt_add_u64(ro[d], re[d], &end) || end > t->global_shape[d])
+			return ckpt_err(CKPT_ESHAPE, "tensor '%s': slice [%llu, +%llu) outside dimension %u "
+			                "of size %llu", name, (unsigned long long)ro[d],
+			                (unsigned long long)re[d], d,
+			                (unsigned long long)t->global_shape[d]);
+		if (re[d] == 0)
+			return 0;    /* an empty box: nothing to read */
+	}
+	if (!dst)
+		return ckpt_err(-EINVAL, "tensor '%s': destination is NULL", name);
+	int rc = load_box(l, e, ro, re, dst);
+	if (rc)
+		ckpt_err_prefix(rc, "load of step %llu", (unsigned long long)l->rec.step);
+	return rc;
+}
+
+int ckpt_load_blob(ckpt_load *l, const char *name, void *dst, size_t cap, size_t *len)
+{
+	if (!l || !name)
+		return ckpt_err(-EINVAL, "ckpt_load_blob: NULL argument");
+	ckpt_err_clear();
+	const struct load_entry *e = load_find(l, name);
+	if (!e)
+		return ckpt_err(CKPT_ENOTFOUND, "blob '%.200s' is not in step %llu", name,
+		                (unsigned long long)l->rec.step);
+	uint32_t first, count;
+	int rc = load_pick(l, e, &first, &count);
+	if (rc)
+		return rc;
+	const struct load_piece *pc = &e->pieces[first];
+	const struct io_tensor_entry *t = &l->ix[pc->rank]->tensors[pc->tensor];
+	if (!(t->flags & IO_TENSOR_BLOB))
+		return ckpt_err(CKPT_EDTYPE, "'%s' is a tensor, not a blob", name);
+	if (len)
+		*len = (size_t)t->raw_bytes;
+	if (t->raw_bytes > cap)
+		return ckpt_err(-ENOSPC, "blob '%s' is %llu bytes; the buffer holds %zu", name,
+		                (unsigned long long)t->raw_bytes, cap);
+	if (!t->raw_bytes)
+		return 0;
+	if (!dst)
+		return ckpt_err(-EINVAL, "blob '%s': destination is NULL", name);
+	/* One piece only: load_box on a sub-entry that holds just that piece. */
+	struct load_entry one = *e;
+	one.meta = t;
+	one.pieces = (struct load_piece *)pc;
+	one.npieces = 1;
+	uint64_t zero = 0, n = t->raw_bytes;
+	rc = load_box(l, &one, &zero, &n, dst);
+	if (rc)
+		ckpt_err_prefix(rc, "load of step %llu", (unsigned long long)l->rec.step);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ catalog */
+
+int ckpt_load_count(const ckpt_load *l)
+{
+	return l ? (int)l->nentries : ckpt_err(-EINVAL, "load handle is NULL");
+}
+
+int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_info *out)
+{
+	if (!l || !out)
+		return ckpt_err(-EINVAL, "ckpt_load_info: NULL argument");
+	if (i >= l->nentries)
+		return ckpt_err(CKPT_ENOTFOUND, "entry %u of %u", i, l->nentries);
+	const struct load_entry *e = &l->entries[i];
+	const struct io_tensor_entry *t = e->meta;
+	memset(out, 0, sizeof *out);
+	out->name = t->name;
+	out->kind = t->kind;
+	out->dtype = t->dtype;
+	out->policy = t->policy;
+	out->ndim = t->ndim;
+	memcpy(out->global_shape, t->global_shape, sizeof out->global_shape);
+	out->nshards = e->npieces;
+	out->nchunks = e->nchunks;
+	for (uint32_t k = 0; k < e->npieces; k++)
+		out->logical_bytes += l->ix[e->pieces[k].rank]->tensors[e->pieces[k].tensor].raw_bytes;
+	out->stored_bytes = e->stored_bytes;
+	return 0;
+}
+
+int ckpt_steps(ckpt_ctx *c, uint64_t *steps, size_t cap)
+{
+	if (!c)
+		return ckpt_err(-EINVAL, "ckpt_steps: context is NULL");
+	struct manifest *m;
+	int rc = glue_manifest(c, &m);
+	return rc ? rc : manifest_steps_list(m, false, steps, cap);
+}
+
+int ckpt_step_info(ckpt_ctx *c, uint64_t step, struct ckpt_step_info *out)
+{
+	if (!c || !out)
+		return ckpt_err(-EINVAL, "ckpt_step_info: NULL argument");
+	struct manifest *m;
+	int rc = glue_manifest(c, &m);
+	if (rc)
+		return rc;
+	struct manifest_step rec;
+	if (step == CKPT_LATEST && (rc = manifest_step_latest(m, &step)))
+		return ckpt_err(rc, "%s has no committed step", c->cfg.root);
+	if ((rc = manifest_step_get(m, step, &rec)))
+		return rc;
+	memset(out, 0, sizeof *out);
+	out->step = rec.step;
+	out->state = (int)rec.state;
+	out->trust = (int)rec.trust;
+	out->world = rec.world;
+	out->ntensors = rec.ntensors;
+	out->logical_bytes = rec.logical_bytes;
+	out->stored_bytes = rec.stored_bytes;
+	out->commit_time_ns = rec.commit_time_ns;
+	return 0;
+}

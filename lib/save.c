@@ -1,0 +1,477 @@
+/*
+ * save.c — a save from begin to committed: item validation in the caller's
+ * thread, then on the save worker the pipeline
+ *     snapshot (copy into a pool buffer) -> hash -> [zstd] -> io_uring write
+ * -> footer -> fdatasync -> fsync dir -> vote -> commit decision.
+ *
+ * The snapshot point is reached when the last byte of the caller's data has been
+ * copied into the pool: from then on the caller may change its tensors. When the
+ * state is larger than the pool, buffers come back as writes complete
+ * (backpressure) and the snapshot point moves accordingly; host memory never
+ * grows past the pool.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "glue.h"
+
+/* ------------------------------------------------------------------ item checks */
+
+static int item_name_add(struct ckpt_save *s, const char *name, size_t len)
+{
+	/* Open addressing on XXH3-64 of the name; collisions are resolved by strcmp. */
+	if ((s->nitems + 1) * 2 > s->hash_cap) {
+		size_t cap = s->hash_cap ? s->hash_cap * 2 : 64;
+		uint64_t *h = calloc(cap, sizeof *h);
+		if (!h)
+			return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)s->step);
+		for (size_t i = 0; i < s->nitems; i++) {
+			uint64_t v = XXH3_64bits(s->items[i].name, strlen(s->items[i].name)) | 1;
+			size_t j = v & (cap - 1);
+			while (h[j])
+				j = (j + 1) & (cap - 1);
+			h[j] = (uint64_t)i << 32 | (v & 0xffffffffu) | 1;
+		}
+		free(s->name_hashes);
+		s->name_hashes = h;
+		s->hash_cap = cap;
+	}
+	uint64_t v = XXH3_64bits(name, len) | 1;
+	size_t j = v & (s->hash_cap - 1);
+	while (s->name_hashes[j]) {
+		uint64_t e = s->name_hashes[j];
+		if ((e & 0xffffffffu) == ((v & 0xffffffffu) | 1) &&
+		    !strcmp(s->items[e >> 32].name, name))
+			return ckpt_err(-EEXIST, "'%s' was already added to the save of step %llu",
+			                name, (unsigned long long)s->step);
+		j = (j + 1) & (s->hash_cap - 1);
+	}
+	s->name_hashes[j] = (uint64_t)s->nitems << 32 | (v & 0xffffffffu) | 1;
+	return 0;
+}
+
+static int save_check_open(const ckpt_save *s)
+{
+	if (!s)
+		return ckpt_err(-EINVAL, "save handle is NULL");
+	if (s->state != SAVE_OPEN)
+		return ckpt_err(CKPT_ESTATE, "save of step %llu was already submitted",
+		                (unsigned long long)s->step);
+	return 0;
+}
+
+static int save_push(struct ckpt_save *s, struct save_item *it)
+{
+	size_t len = strlen(it->name);
+	int rc = item_name_add(s, it->name, len);
+	if (rc)
+		return rc;
+	if (s->nitems == s->cap) {
+		size_t cap = s->cap ? s->cap * 2 : 32;
+		struct save_item *n = realloc(s->items, cap * sizeof *n);
+		if (!n)
+			return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)s->step);
+		s->items = n;
+		s->cap = cap;
+	}
+	it->name = strdup(it->name);
+	if (!it->name)
+		return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)s->step);
+	s->items[s->nitems++] = *it;
+	s->logical_bytes += it->raw_bytes;
+	return 0;
+}
+
+int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t)
+{
+	int rc = save_check_open(s);
+	if (rc)
+		return rc;
+	if (!t || !t->name)
+		return ckpt_err(-EINVAL, "tensor or its name is NULL");
+	size_t nlen = strnlen(t->name, CKPT_MAX_NAME + 1);
+	if (ckpt_name_check(t->name, nlen))
+		return ckpt_err(CKPT_ENAME, "tensor name '%.64s%s' is invalid (empty, too long, "
+		                "'.'/'..' or empty component, leading '/', control bytes)",
+		                t->name, nlen > 64 ? "..." : "");
+	if (t->kind < 1 || t->kind > CKPT_KIND_MAX_ || t->policy < 1 || t->policy > CKPT_POLICY_MAX_)
+		return ckpt_err(-EINVAL, "tensor '%s': unknown kind %d or policy %d", t->name,
+		                t->kind, t->policy);
+	size_t esize = ckpt_dtype_size(t->dtype);
+	if (!esize)
+		return ckpt_err(-EINVAL, "tensor '%s': unknown dtype %d", t->name, t->dtype);
+	if (t->ndim > CKPT_MAX_NDIM || (t->ndim && !t->global_shape))
+		return ckpt_err(CKPT_ESHAPE, "tensor '%s': ndim %u (at most %d, shape required)",
+		                t->name, t->ndim, CKPT_MAX_NDIM);
+	if (t->mem == CKPT_MEM_DEVICE)
+		return ckpt_err(CKPT_ENODEV, "tensor '%s': device memory needs a CUDA build", t->name);
+	struct save_item it;
+	memset(&it, 0, sizeof it);
+	it.name = (char *)t->name;
+	it.kind = (uint8_t)t->kind;
+	it.dtype = (uint8_t)t->dtype;
+	it.policy = (uint8_t)t->policy;
+	it.ndim = (uint8_t)t->ndim;
+	it.data = t->data;
+	it.mem = t->mem;
+	for (unsigned d = 0; d < t->ndim; d++) {
+		it.global_shape[d] = t->global_shape[d];
+		it.offset[d] = t->offset ? t->offset[d] : 0;
+		it.extent[d] = t->extent ? t->extent[d] : t->global_shape[d];
+		uint64_t end;
+		if (!ckpt_add_u64(it.offset[d], it.extent[d], &end) || end > it.global_shape[d])
+			return ckpt_err(CKPT_ESHAPE, "tensor '%s': box [%llu, +%llu) outside dimension %u "
+			                "of size %llu", t->name, (unsigned long long)it.offset[d],
+			                (unsigned long long)it.extent[d], d,
+			                (unsigned long long)it.global_shape[d]);
+		if (t->policy == CKPT_REPLICATED && (it.offset[d] || it.extent[d] != it.global_shape[d]))
+			return ckpt_err(CKPT_ESHAPE, "tensor '%s': a replicated tensor is saved whole",
+			                t->name);
+	}
+	uint64_t elems, gelems;
+	if (!ckpt_shape_elems(it.ndim, it.global_shape, &gelems) ||
+	    !ckpt_mul_u64(gelems, esize, &gelems) ||
+	    !ckpt_shape_elems(it.ndim, it.extent, &elems) ||
+	    !ckpt_mul_u64(elems, esize, &it.raw_bytes))
+		return ckpt_err(CKPT_ESHAPE, "tensor '%s': size overflows 64 bits", t->name);
+	if (it.raw_bytes && !t->data)
+		return ckpt_err(-EINVAL, "tensor '%s': data is NULL", t->name);
+	return save_push(s, &it);
+}
+
+int ckpt_save_add_blob(ckpt_save *s, const char *name, int kind, int policy,
+                       const void *data, size_t len)
+{
+	int rc = save_check_open(s);
+	if (rc)
+		return rc;
+	if (!name)
+		return ckpt_err(-EINVAL, "blob name is NULL");
+	size_t nlen = strnlen(name, CKPT_MAX_NAME + 1);
+	if (ckpt_name_check(name, nlen))
+		return ckpt_err(CKPT_ENAME, "blob name '%.64s%s' is invalid", name,
+		                nlen > 64 ? "..." : "");
+	if (kind < 1 || kind > CKPT_KIND_MAX_)
+		return ckpt_err(-EINVAL, "blob '%s': unknown kind %d", name, kind);
+	if (policy != CKPT_REPLICATED && policy != CKPT_RANK_BOUND)
+		return ckpt_err(-EINVAL, "blob '%s': policy must be replicated or rank-bound", name);
+	if (len && !data)
+		return ckpt_err(-EINVAL, "blob '%s': data is NULL", name);
+	struct save_item it;
+	memset(&it, 0, sizeof it);
+	it.name = (char *)name;
+	it.kind = (uint8_t)kind;
+	it.dtype = CKPT_U8;
+	it.policy = (uint8_t)policy;
+	it.flags = IO_TENSOR_BLOB;
+	it.ndim = 1;
+	it.global_shape[0] = it.extent[0] = len;
+	it.raw_bytes = len;
+	it.data = data;
+	it.mem = CKPT_MEM_HOST;
+	return save_push(s, &it);
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
+{
+	if (!out)
+		return ckpt_err(-EINVAL, "ckpt_save_begin: out is NULL");
+	*out = NULL;
+	if (!c)
+		return ckpt_err(-EINVAL, "ckpt_save_begin: context is NULL");
+	if (c->cfg.flags & CKPT_OPEN_READONLY)
+		return ckpt_err(CKPT_ESTATE, "%s was opened read-only", c->cfg.root);
+	if (step == CKPT_LATEST)
+		return ckpt_err(-EINVAL, "step %llu is reserved (CKPT_LATEST)",
+		                (unsigned long long)step);
+	/* A committed step is never written over: check before any file is touched. */
+	if (c->manifest) {
+		struct manifest_step rec;
+		int rc = manifest_step_get(c->manifest, step, &rec);
+		if (rc == 0 && rec.state == CKPT_STATE_COMMITTED)
+			return ckpt_err(-EEXIST, "step %llu is already committed in %s",
+			                (unsigned long long)step, c->cfg.root);
+		if (rc && rc != CKPT_ENOTFOUND)
+			return rc;
+	}
+	ckpt_save *s = calloc(1, sizeof *s);
+	if (!s)
+		return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)step);
+	s->ctx = c;
+	s->step = step;
+	/* Bound the saves in flight: wait for an older one to finish. */
+	pthread_mutex_lock(&c->lock);
+	while (c->inflight >= c->cfg.max_inflight)
+		pthread_cond_wait(&c->cond, &c->lock);
+	c->inflight++;
+	pthread_mutex_unlock(&c->lock);
+	*out = s;
+	return 0;
+}
+
+int ckpt_save_submit(ckpt_save *s)
+{
+	int rc = save_check_open(s);
+	if (rc)
+		return rc;
+	ckpt_ctx *c = s->ctx;
+	pthread_mutex_lock(&c->lock);
+	s->state = SAVE_QUEUED;
+	s->t_submit = ckpt_now_ns();
+	/* Commits are ordered by step: the worker runs the queue in submission order,
+	 * and the glue keeps it sorted by step. */
+	struct ckpt_save **pp = &c->queue_head;
+	while (*pp && (*pp)->step <= s->step)
+		pp = &(*pp)->next;
+	s->next = *pp;
+	*pp = s;
+	if (!s->next)
+		c->queue_tail = s;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+static int save_wait_until(ckpt_save *s, bool snapshot, int timeout_ms)
+{
+	if (!s)
+		return ckpt_err(-EINVAL, "save handle is NULL");
+	if (s->state == SAVE_OPEN)
+		return ckpt_err(CKPT_ESTATE, "save of step %llu was not submitted",
+		                (unsigned long long)s->step);
+	ckpt_ctx *c = s->ctx;
+	struct timespec dl;
+	if (timeout_ms >= 0) {
+		clock_gettime(CLOCK_REALTIME, &dl);
+		dl.tv_sec += timeout_ms / 1000;
+		dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+		if (dl.tv_nsec >= 1000000000L) {
+			dl.tv_sec++;
+			dl.tv_nsec -= 1000000000L;
+		}
+	}
+	int rc = 0;
+	pthread_mutex_lock(&c->lock);
+	while (s->state != SAVE_DONE && !(snapshot && s->snapshot_done)) {
+		if (timeout_ms < 0) {
+			pthread_cond_wait(&c->cond, &c->lock);
+		} else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) == ETIMEDOUT) {
+			rc = ckpt_err(-ETIMEDOUT, "save of step %llu: still in flight after %d ms",
+			              (unsigned long long)s->step, timeout_ms);
+			break;
+		}
+	}
+	if (!rc && s->state == SAVE_DONE && s->rc) {
+		rc = s->rc;
+		ckpt_err_restore(s->msg);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
+int ckpt_save_wait_snapshot(ckpt_save *s, int timeout_ms)
+{
+	return save_wait_until(s, true, timeout_ms);
+}
+
+int ckpt_save_wait(ckpt_save *s, int timeout_ms)
+{
+	return save_wait_until(s, false, timeout_ms);
+}
+
+void ckpt_save_free(ckpt_save *s)
+{
+	if (!s)
+		return;
+	ckpt_ctx *c = s->ctx;
+	if (s->state != SAVE_OPEN)
+		save_wait_until(s, false, -1);
+	pthread_mutex_lock(&c->lock);
+	c->inflight--;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	for (size_t i = 0; i < s->nitems; i++)
+		free(s->items[i].name);
+	free(s->items);
+	free(s->name_hashes);
+	free(s);
+}
+
+int ckpt_save_stats(const ckpt_save *s, struct ckpt_save_stats *st)
+{
+	if (!s || !st || st->size < sizeof(size_t))
+		return ckpt_err(-EINVAL, "ckpt_save_stats: bad arguments");
+	struct ckpt_save_stats v;
+	memset(&v, 0, sizeof v);
+	ckpt_ctx *c = s->ctx;
+	pthread_mutex_lock(&c->lock);
+	v.logical_bytes = s->logical_bytes;
+	v.stored_bytes = s->stored_bytes;
+	if (s->t_snapshot) v.snapshot_seconds = (double)(s->t_snapshot - s->t_submit) / 1e9;
+	if (s->t_durable)  v.durable_seconds = (double)(s->t_durable - s->t_submit) / 1e9;
+	if (s->t_commit)   v.commit_seconds = (double)(s->t_commit - s->t_submit) / 1e9;
+	pthread_mutex_unlock(&c->lock);
+	size_t n = st->size < sizeof v ? st->size : sizeof v;
+	v.size = st->size;
+	memcpy(st, &v, n);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ the worker's part */
+
+static void save_mark_snapshot(ckpt_ctx *c, ckpt_save *s)
+{
+	pthread_mutex_lock(&c->lock);
+	if (!s->snapshot_done) {
+		s->snapshot_done = true;
+		s->t_snapshot = ckpt_now_ns();
+		pthread_cond_broadcast(&c->cond);
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void save_finish(ckpt_ctx *c, ckpt_save *s, int rc)
+{
+	pthread_mutex_lock(&c->lock);
+	s->rc = rc;
+	if (rc)
+		snprintf(s->msg, sizeof s->msg, "%s", ckpt_err_msg());
+	else
+		s->t_commit = ckpt_now_ns();
+	if (!s->snapshot_done) {
+		s->snapshot_done = true;
+		s->t_snapshot = ckpt_now_ns();
+	}
+	s->state = SAVE_DONE;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Create the step directory, and make its entry in the root durable: the shard's
+ * own fsync of its directory covers the file's entry, not the directory's. */
+static int step_dir_create(ckpt_ctx *c, uint64_t step, char *dir, size_t cap)
+{
+	int rc = ckpt_path_step_dir(dir, cap, c->cfg.root, step);
+	if (rc)
+		return ckpt_err(rc, "step directory path");
+	if (mkdir(dir, 0755) < 0) {
+		if (errno != EEXIST)
+			return ckpt_err(-errno, "create step directory %s", dir);
+		return 0;
+	}
+	return ckpt_fsync_dir(c->cfg.root);
+}
+
+/* Stream every item through the pool into the shard writer. */
+static int save_stream(ckpt_ctx *c, ckpt_save *s, struct io_shard_writer *w)
+{
+	struct io_pool *pool = c->pool;
+	size_t chunk = c->cfg.chunk_bytes;
+	for (size_t i = 0; i < s->nitems; i++) {
+		const struct save_item *it = &s->items[i];
+		struct io_tensor_desc d = {
+			.name = it->name, .kind = it->kind, .dtype = it->dtype, .policy = it->policy,
+			.flags = it->flags, .ndim = it->ndim, .global_shape = it->global_shape,
+			.offset = it->offset, .extent = it->extent, .raw_bytes = it->raw_bytes,
+		};
+		int t = io_shard_writer_add_tensor(w, &d);
+		if (t < 0)
+			return t;
+		const uint8_t *src = it->data;
+		for (uint64_t off = 0; off < it->raw_bytes; off += chunk) {
+			size_t n = (size_t)(it->raw_bytes - off < chunk ? it->raw_bytes - off : chunk);
+			int b = io_pool_get(pool, -1);
+			if (b < 0)
+				return ckpt_err(b, "buffer pool");
+			/* The snapshot copy: after this the caller's bytes are not read again. */
+			memcpy(io_pool_addr(pool, (unsigned)b), src + off, n);
+			int rc = io_shard_writer_append(w, (uint32_t)t, (unsigned)b, n);
+			if (rc)
+				return rc;
+		}
+	}
+	return 0;
+}
+
+static uint64_t save_size_hint(const ckpt_ctx *c, const ckpt_save *s)
+{
+	uint64_t total = IO_HEADER_BYTES + 2 * CKPT_ALIGN;
+	for (size_t i = 0; i < s->nitems; i++) {
+		uint64_t b = s->items[i].raw_bytes;
+		uint64_t nchunks = (b + c->cfg.chunk_bytes - 1) / c->cfg.chunk_bytes;
+		total += ckpt_align_up(b, CKPT_ALIGN) + nchunks * CKPT_ALIGN;
+		total += 256 + strlen(s->items[i].name) + 64 * nchunks;   /* its footer records */
+	}
+	return total;
+}
+
+void save_run(ckpt_ctx *c, ckpt_save *s)
+{
+	char dir[4200], path[4300];
+	struct io_shard_writer *w = NULL;
+	struct io_shard_result res;
+	memset(&res, 0, sizeof res);
+	ckpt_err_clear();
+	int rc = 0;
+	if (!c->save_engine && (rc = io_engine_create(c->pool, c->cfg.queue_depth, &c->save_engine)))
+		goto out;
+	if ((rc = step_dir_create(c, s->step, dir, sizeof dir)))
+		goto out;
+	if ((rc = ckpt_path_shard(path, sizeof path, c->cfg.root, s->step, (uint32_t)c->cfg.rank))) {
+		rc = ckpt_err(rc, "shard path");
+		goto out;
+	}
+	rc = io_shard_writer_open(c->save_engine, path, s->step, (uint32_t)c->cfg.rank,
+	                          (uint32_t)c->cfg.world, save_size_hint(c, s), c->cfg.zstd_level, &w);
+	if (rc)
+		goto out;
+	if ((rc = save_stream(c, s, w)))
+		goto out;
+	save_mark_snapshot(c, s);
+	/* Durability point of this rank: data, footer, fdatasync, directory fsync. */
+	rc = io_shard_writer_finish(w, &res);
+	w = NULL;
+	if (rc)
+		goto out;
+	pthread_mutex_lock(&c->lock);
+	s->t_durable = ckpt_now_ns();
+	s->stored_bytes = res.stored_bytes;
+	pthread_mutex_unlock(&c->lock);
+
+	/* The vote. With one rank this process is its own coordinator. */
+	struct commit_vote v = {
+		.rank = (uint32_t)c->cfg.rank, .step = s->step, .index = res.footer,
+		.index_len = res.footer_len, .file_size = res.file_size,
+	};
+	memcpy(v.footer_hash, res.footer_hash, sizeof v.footer_hash);
+	if (c->cfg.world != 1 || !c->manifest) {
+		rc = ckpt_err(CKPT_ENODEV, "step %llu: a world of %d ranks needs the distributed "
+		              "commit, which this build does not have yet",
+		              (unsigned long long)s->step, c->cfg.world);
+		goto out;
+	}
+	rc = commit_decide(c->manifest, c->cfg.job_id, s->step, 1, &v);
+out:
+	if (w)
+		io_shard_writer_abort(w);
+	if (rc && rc != -EEXIST && res.index) {
+		/* Not committed: this rank's file is garbage now; remove it (GC would too). */
+		if (unlink(path) == 0)
+			ckpt_fsync_dir(dir);
+	}
+	if (rc)
+		ckpt_err_prefix(rc, "save of step %llu on rank %d", (unsigned long long)s->step,
+		                c->cfg.rank);
+	io_index_free(res.index);
+	free(res.footer);
+	save_finish(c, s, rc);
+}

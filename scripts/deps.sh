@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# deps.sh — install what libckpt builds and tests with, from Debian's archive.
+# Idempotent: does nothing when every package is already installed.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config liburing-dev liblmdb-dev lmdb-utils libxxhash-dev
+      libzstd-dev check libsubunit-dev libssl-dev libibverbs-dev librdmacm-dev
+      fio clang libclang-rt-14-dev python3 util-linux)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "deps.sh: installing ${missing[*]}" >&2
+SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q >/dev/null
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null

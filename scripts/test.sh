@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# test.sh — the whole test suite, as CI runs it: installs dependencies, then builds
+# and runs every test three times: a release build (all tests), ASan+UBSan (all
+# tests), and TSan (the threaded tests, label 'tsan').
+# Usage: scripts/test.sh [--quick]   (--quick: the release build only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+jobs=$(nproc)
+build() {  # build DIR CMAKE_ARGS...
+  local dir=$1; shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake --build "$dir" -j"$jobs" >/dev/null
+}
+export CKPT_TEST_SEED=${CKPT_TEST_SEED:-$(date +%s)}
+echo "== test seed: CKPT_TEST_SEED=$CKPT_TEST_SEED"
+
+echo "== release build"
+build build
+if [ "${1:-}" != "--quick" ]; then
+  echo "== ASan+UBSan build"
+  build build-asan -DCKPT_SANITIZE=address -DCKPT_BUILD_BENCH=OFF
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+     ctest --output-on-failure -j2 -LE 'slow|rdma' )
+  echo "== TSan build (threaded tests)"
+  build build-tsan -DCKPT_SANITIZE=thread -DCKPT_BUILD_BENCH=OFF
+  (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+     ctest --output-on-failure -j2 -L tsan)
+fi
+echo "== release tests"
+cd build && ctest --output-on-failure -j2

@@ -1,0 +1,619 @@
+/*
+ * test_api.c — the public API end to end on one rank: save and load round trips of
+ * every dtype and shape, slices, pool backpressure, compression, the snapshot
+ * point, and the bad inputs of shared/TESTING.md. After every failure the previous
+ * committed step must still load bit-exact.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt.h"
+#include "testutil.h"
+
+/* From the fault table (lib/base/fault.c): re-read CKPT_FAULT after setenv. */
+void ckpt_fault_reload(void);
+
+static char *root;
+
+static void setup(void)
+{
+	root = tu_tmpdir("api");
+	unsetenv("CKPT_FAULT");
+	unsetenv("RANK");
+	unsetenv("WORLD_SIZE");
+}
+
+static void teardown(void)
+{
+	tu_rmtree(root);
+	free(root);
+	root = NULL;
+}
+
+static ckpt_ctx *open_root(const char *r, unsigned flags, size_t chunk, size_t pool, int zstd)
+{
+	struct ckpt_opts o;
+	ckpt_opts_init(&o, sizeof o);
+	o.root = r;
+	o.flags = flags;
+	o.rank = 0;
+	o.world = 1;
+	o.chunk_bytes = chunk;
+	o.pool_bytes = pool;
+	o.zstd_level = zstd;
+	ckpt_ctx *c = NULL;
+	int rc = ckpt_open(&o, &c);
+	ck_assert_msg(rc == 0, "open %s: %s", r, ckpt_last_error(NULL));
+	return c;
+}
+
+/* A saved tensor and its expected bytes. */
+struct tt {
+	char name[64];
+	int dtype;
+	unsigned ndim;
+	uint64_t shape[4];
+	size_t bytes;
+	uint8_t *data;
+};
+
+static void tt_make(struct tt *t, const char *name, int dtype, unsigned ndim, const uint64_t *shape,
+                    uint64_t stream)
+{
+	memset(t, 0, sizeof *t);
+	snprintf(t->name, sizeof t->name, "%s", name);
+	t->dtype = dtype;
+	t->ndim = ndim;
+	t->bytes = ckpt_dtype_size(dtype);
+	for (unsigned d = 0; d < ndim; d++) {
+		t->shape[d] = shape[d];
+		t->bytes *= shape[d];
+	}
+	t->data = malloc(t->bytes ? t->bytes : 1);
+	tu_fill(t->data, t->bytes, tu_seed(), stream);
+}
+
+static int save_step(ckpt_ctx *c, uint64_t step, struct tt *ts, size_t n)
+{
+	ckpt_save *s;
+	int rc = ckpt_save_begin(c, step, &s);
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < n && !rc; i++) {
+		struct ckpt_tensor t = {
+			.name = ts[i].name, .kind = CKPT_KIND_MODEL, .dtype = ts[i].dtype,
+			.policy = CKPT_SHARDED, .ndim = ts[i].ndim, .global_shape = ts[i].shape,
+			.data = ts[i].data, .mem = CKPT_MEM_HOST,
+		};
+		rc = ckpt_save_add_tensor(s, &t);
+	}
+	if (!rc)
+		rc = ckpt_save_submit(s);
+	if (!rc)
+		rc = ckpt_save_wait(s, -1);
+	ckpt_save_free(s);
+	return rc;
+}
+
+static void check_step(ckpt_ctx *c, uint64_t step, struct tt *ts, size_t n)
+{
+	ckpt_load *l;
+	ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "%s", ckpt_last_error(c));
+	ck_assert_int_eq(ckpt_load_count(l), (int)n);
+	for (size_t i = 0; i < n; i++) {
+		uint8_t *got = malloc(ts[i].bytes + 1);
+		memset(got, 0x5A, ts[i].bytes + 1);
+		int rc = ckpt_load_tensor(l, ts[i].name, ts[i].dtype, ts[i].ndim, NULL, NULL, got,
+		                          CKPT_MEM_HOST);
+		ck_assert_msg(rc == 0, "%s: %s", ts[i].name, ckpt_last_error(c));
+		ck_assert_msg(!memcmp(got, ts[i].data, ts[i].bytes), "%s differs", ts[i].name);
+		ck_assert_uint_eq(got[ts[i].bytes], 0x5A);   /* nothing written past the box */
+		free(got);
+	}
+	ckpt_load_close(l);
+}
+
+static void tt_free(struct tt *ts, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(ts[i].data);
+}
+
+START_TEST(every_dtype)
+{
+	ckpt_ctx *c = open_root(root, 0, 0, 0, 0);
+	struct tt ts[CKPT_DTYPE_MAX_];
+	for (int d = 1; d <= CKPT_DTYPE_MAX_; d++) {
+		char name[32];
+		snprintf(name, sizeof name, "w/%s", ckpt_dtype_name(d));
+		uint64_t shape[2] = { 37 + (uint64_t)d, 129 };
+		tt_make(&ts[d - 1], name, d, 2, shape, (uint64_t)d);
+	}
+	ck_assert_int_eq(save_step(c, 1, ts, CKPT_DTYPE_MAX_), 0);
+	check_step(c, 1, ts, CKPT_DTYPE_MAX_);
+	uint64_t steps[4];
+	ck_assert_int_eq(ckpt_steps(c, steps, 4), 1);
+	ck_assert_uint_eq(steps[0], 1);
+	struct ckpt_step_info info;
+	ck_assert_int_eq(ckpt_step_info(c, CKPT_LATEST, &info), 0);
+	ck_assert_uint_eq(info.step, 1);
+	ck_assert_uint_eq(info.world, 1);
+	ck_assert_uint_eq(info.ntensors, CKPT_DTYPE_MAX_);
+	ck_assert_int_eq(info.state, CKPT_STATE_COMMITTED);
+	ckpt_close(c);
+	/* Reopen read-only: the same bytes. */
+	c = open_root(root, CKPT_OPEN_READONLY, 0, 0, 0);
+	check_step(c, CKPT_LATEST, ts, CKPT_DTYPE_MAX_);
+	ckpt_close(c);
+	tt_free(ts, CKPT_DTYPE_MAX_);
+}
+END_TEST
+
+START_TEST(empty_scalar_and_one)
+{
+	ckpt_ctx *c = open_root(root, 0, 0, 0, 0);
+	struct tt ts[4];
+	uint64_t s0[2] = { 0, 5 }, s1[1] = { 1 }, s3[3] = { 1, 1, 1 };
+	tt_make(&ts[0], "empty", CKPT_F32, 2, s0, 1);
+	tt_make(&ts[1], "one", CKPT_BF16, 1, s1, 2);
+	tt_make(&ts[2], "scalar", CKPT_I64, 0, NULL, 3);
+	tt_make(&ts[3], "cube", CKPT_U8, 3, s3, 4);
+	ck_assert_int_eq(save_step(c, 3, ts, 4), 0);
+	check_step(c, 3, ts, 4);
+	/* A zero-length blob and a regular one. */
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, 4, &s), 0);
+	ck_assert_int_eq(ckpt_save_add_blob(s, "nothing", CKPT_KIND_EXTRA, CKPT_REPLICATED, NULL, 0), 0);
+	ck_assert_int_eq(ckpt_save_add_blob(s, "rng", CKPT_KIND_RNG, CKPT_RANK_BOUND, "abcdef", 6), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	ck_assert_int_eq(ckpt_save_wait(s, -1), 0);
+	ckpt_save_free(s);
+	ckpt_load *l;
+	ck_assert_int_eq(ckpt_load_open(c, 4, &l), 0);
+	char buf[8];
+	size_t len = 99;
+	ck_assert_int_eq(ckpt_load_blob(l, "nothing", buf, sizeof buf, &len), 0);
+	ck_assert_uint_eq(len, 0);
+	ck_assert_int_eq(ckpt_load_blob(l, "rng", buf, sizeof buf, &len), 0);
+	ck_assert_uint_eq(len, 6);
+	ck_assert(!memcmp(buf, "abcdef", 6));
+	ck_assert_int_eq(ckpt_load_blob(l, "rng", buf, 3, &len), -ENOSPC);
+	ck_assert_uint_eq(len, 6);
+	ck_assert_int_eq(ckpt_load_blob(l, "missing", buf, sizeof buf, &len), CKPT_ENOTFOUND);
+	ckpt_load_close(l);
+	ckpt_close(c);
+	tt_free(ts, 4);
+}
+END_TEST
+
+START_TEST(larger_than_pool_and_zstd)
+{
+	/* 64 KiB chunks, a pool of two: a 5 MiB tensor must cycle buffers through writes. */
+	ckpt_ctx *c = open_root(root, 0, 64 << 10, 128 << 10, 0);
+	struct tt ts[2];
+	uint64_t big[2] = { 1311, 1000 }, odd[1] = { 100003 };
+	tt_make(&ts[0], "big", CKPT_F32, 2, big, 7);
+	tt_make(&ts[1], "odd", CKPT_U8, 1, odd, 8);
+	ck_assert_int_eq(save_step(c, 10, ts, 2), 0);
+	check_step(c, 10, ts, 2);
+	ckpt_close(c);
+	/* zstd on compressible data: stored bytes shrink, data round-trips. */
+	c = open_root(root, 0, 64 << 10, 256 << 10, 3);
+	for (size_t i = 0; i < ts[0].bytes; i += 4)
+		ts[0].data[i] = ts[0].data[i + 1] = 0;     /* half the bytes are zero */
+	ck_assert_int_eq(save_step(c, 11, ts, 2), 0);
+	check_step(c, 11, ts, 2);
+	struct ckpt_step_info info;
+	ck_assert_int_eq(ckpt_step_info(c, 11, &info), 0);
+	ck_assert_uint_lt(info.stored_bytes, info.logical_bytes);
+	ck_assert_uint_eq(info.logical_bytes, ts[0].bytes + ts[1].bytes);
+	ckpt_close(c);
+	tt_free(ts, 2);
+}
+END_TEST
+
+/* Expected bytes of the box (o, e) of a row-major tensor t. */
+static void box_expect(const struct tt *t, const uint64_t *o, const uint64_t *e, uint8_t *out)
+{
+	size_t es = ckpt_dtype_size(t->dtype);
+	uint64_t idx[4] = { 0 }, n = 1;
+	for (unsigned d = 0; d < t->ndim; d++)
+		n *= e[d];
+	for (uint64_t k = 0; k < n; k++) {
+		uint64_t rem = k, src = 0;
+		for (unsigned d = t->ndim; d-- > 0;) {
+			idx[d] = rem % e[d];
+			rem /= e[d];
+		}
+		for (unsigned d = 0; d < t->ndim; d++)
+			src = src * t->shape[d] + o[d] + idx[d];
+		memcpy(out + k * es, t->data + src * es, es);
+	}
+}
+
+START_TEST(slices_of_every_shape)
+{
+	/* Small chunks so that slices cross chunk boundaries everywhere. */
+	ckpt_ctx *c = open_root(root, 0, 8 << 10, 64 << 10, 0);
+	struct tt ts[4];
+	uint64_t s1[1] = { 10007 }, s2[2] = { 91, 77 }, s3[3] = { 13, 17, 19 }, s4[4] = { 5, 7, 3, 11 };
+	tt_make(&ts[0], "d1", CKPT_F16, 1, s1, 11);
+	tt_make(&ts[1], "d2", CKPT_F32, 2, s2, 12);
+	tt_make(&ts[2], "d3", CKPT_I8, 3, s3, 13);
+	tt_make(&ts[3], "d4", CKPT_F64, 4, s4, 14);
+	ck_assert_int_eq(save_step(c, 5, ts, 4), 0);
+	ckpt_load *l;
+	ck_assert_int_eq(ckpt_load_open(c, 5, &l), 0);
+	uint64_t rs = tu_seed() ^ 0x51ce;
+	for (int iter = 0; iter < 400; iter++) {
+		struct tt *t = &ts[iter % 4];
+		uint64_t o[4], e[4], n = ckpt_dtype_size(t->dtype);
+		for (unsigned d = 0; d < t->ndim; d++) {
+			o[d] = tu_rand(&rs) % t->shape[d];
+			e[d] = 1 + tu_rand(&rs) % (t->shape[d] - o[d]);
+			n *= e[d];
+		}
+		uint8_t *got = malloc(n), *want = malloc(n);
+		box_expect(t, o, e, want);
+		int rc = ckpt_load_tensor(l, t->name, t->dtype, t->ndim, o, e, got, CKPT_MEM_HOST);
+		ck_assert_msg(rc == 0, "%s: %s", t->name, ckpt_last_error(c));
+		ck_assert_msg(!memcmp(got, want, n), "slice %d of %s differs", iter, t->name);
+		free(got);
+		free(want);
+	}
+	ckpt_load_close(l);
+	ckpt_close(c);
+	tt_free(ts, 4);
+}
+END_TEST
+
+START_TEST(snapshot_point)
+{
+	ckpt_ctx *c = open_root(root, 0, 64 << 10, 1 << 20, 0);
+	struct tt t;
+	uint64_t shape[1] = { 3u << 20 };
+	tt_make(&t, "w", CKPT_U8, 1, shape, 21);
+	uint8_t *copy = malloc(t.bytes);
+	memcpy(copy, t.data, t.bytes);
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, 1, &s), 0);
+	struct ckpt_tensor ct = { .name = "w", .kind = CKPT_KIND_MODEL, .dtype = CKPT_U8,
+	                          .policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape,
+	                          .data = t.data };
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &ct), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &ct), CKPT_ESTATE);
+	ck_assert_int_eq(ckpt_save_wait_snapshot(s, -1), 0);
+	memset(t.data, 0xEE, t.bytes);           /* training goes on */
+	ck_assert_int_eq(ckpt_save_wait(s, -1), 0);
+	struct ckpt_save_stats st = { .size = sizeof st };
+	ck_assert_int_eq(ckpt_save_stats(s, &st), 0);
+	ck_assert_uint_eq(st.logical_bytes, t.bytes);
+	ck_assert(st.snapshot_seconds <= st.durable_seconds);
+	ck_assert(st.durable_seconds <= st.commit_seconds);
+	ckpt_save_free(s);
+	memcpy(t.data, copy, t.bytes);
+	check_step(c, 1, &t, 1);
+	ckpt_close(c);
+	free(copy);
+	tt_free(&t, 1);
+}
+END_TEST
+
+START_TEST(bad_inputs)
+{
+	ckpt_ctx *c = open_root(root, 0, 0, 0, 0);
+	struct tt t;
+	uint64_t shape[2] = { 33, 65 };
+	tt_make(&t, "good", CKPT_F32, 2, shape, 31);
+	ck_assert_int_eq(save_step(c, 7, &t, 1), 0);
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, 7, &s), -EEXIST);
+	ck_assert_ptr_null(s);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(c), "step 7"));
+	ck_assert_int_eq(ckpt_save_begin(c, 8, &s), 0);
+	struct ckpt_tensor ct = { .name = "a/../b", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
+	                          .policy = CKPT_SHARDED, .ndim = 2, .global_shape = shape,
+	                          .data = t.data };
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &ct), CKPT_ENAME);
+	char *big = malloc(65537);
+	memset(big, 'n', 65536);
+	big[65536] = 0;
+	ct.name = big;
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &ct), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_save_add_blob(s, "", CKPT_KIND_EXTRA, CKPT_REPLICATED, "x", 1), CKPT_ENAME);
+	ck_assert_int_eq(ckpt_name_check("a\0b", 3), CKPT_ENAME);
+	ct.name = "huge";
+	uint64_t huge[2] = { 1ull << 40, 1ull << 40 };
+	ct.global_shape = huge;
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &ct), CKPT_ESHAPE);
+	uint64_t off[2] = { 30, 0 }, ext[2] = { 4, 65 };
+	ct.global_shape = shape;
+	ct.offset = off;
+	ct.extent = ext;
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &ct), CKPT_ESHAPE);
+	ct.offset = ct.extent = NULL;
+	ct.dtype = 99;
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &ct), -EINVAL);
+	ct.dtype = CKPT_F32;
+	ct.ndim = CKPT_MAX_NDIM + 1;
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &ct), CKPT_ESHAPE);
+	ct.ndim = 2;
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &ct), 0);
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &ct), -EEXIST);
+	ck_assert_int_eq(ckpt_save_add_blob(s, "b", CKPT_KIND_EXTRA, CKPT_SHARDED, "x", 1), -EINVAL);
+	ckpt_save_free(s);             /* never submitted: nothing written */
+	free(big);
+
+	ckpt_load *l;
+	ck_assert_int_eq(ckpt_load_open(c, 999, &l), CKPT_ENOTFOUND);
+	ck_assert_ptr_null(l);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(c), "999"));
+	ck_assert_int_eq(ckpt_load_open(c, 7, &l), 0);
+	float buf[33 * 65];
+	ck_assert_int_eq(ckpt_load_tensor(l, "nope", CKPT_F32, 2, NULL, NULL, buf, 0), CKPT_ENOTFOUND);
+	ck_assert_int_eq(ckpt_load_tensor(l, "good", CKPT_BF16, 2, NULL, NULL, buf, 0), CKPT_EDTYPE);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(c), "good"));
+	ck_assert_int_eq(ckpt_load_tensor(l, "good", CKPT_F32, 1, NULL, NULL, buf, 0), CKPT_ESHAPE);
+	uint64_t o2[2] = { 0, 60 }, e2[2] = { 1, 6 };
+	ck_assert_int_eq(ckpt_load_tensor(l, "good", CKPT_F32, 2, o2, e2, buf, 0), CKPT_ESHAPE);
+	uint64_t o3[2] = { UINT64_MAX, 0 }, e3[2] = { 2, 1 };
+	ck_assert_int_eq(ckpt_load_tensor(l, "good", CKPT_F32, 2, o3, e3, buf, 0), CKPT_ESHAPE);
+	ckpt_load_close(l);
+	check_step(c, 7, &t, 1);
+	ckpt_close(c);
+	tt_free(&t, 1);
+}
+END_TEST
+
+START_TEST(bad_roots)
+{
+	ckpt_ctx *c = NULL;
+	struct ckpt_opts o;
+	ckpt_opts_init(&o, sizeof o);
+	o.rank = 0;
+	o.world = 1;
+	char path[4096];
+	/* Missing root, read-only open. */
+	snprintf(path, sizeof path, "%s/missing", root);
+	o.root = path;
+	o.flags = CKPT_OPEN_READONLY;
+	ck_assert_int_eq(ckpt_open(&o, &c), -ENOENT);
+	ck_assert_ptr_null(c);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "missing"));
+	/* A directory with someone else's files. */
+	snprintf(path, sizeof path, "%s/other", root);
+	mkdir(path, 0755);
+	char f[4200];
+	snprintf(f, sizeof f, "%s/notes.txt", path);
+	tu_write_file(f, "hello", 5);
+	o.flags = 0;
+	ck_assert_int_eq(ckpt_open(&o, &c), CKPT_ENOTROOT);
+	o.flags = CKPT_OPEN_READONLY;
+	ck_assert_int_eq(ckpt_open(&o, &c), CKPT_ENOTROOT);
+	/* A regular file as root. */
+	o.root = f;
+	o.flags = 0;
+	ck_assert_int_eq(ckpt_open(&o, &c), CKPT_ENOTROOT);
+	/* An unwritable place: under a regular file (ENOTDIR), and a read-only fs (/proc). */
+	snprintf(path, sizeof path, "%s/notes.txt/sub", root);
+	snprintf(path, sizeof path, "%s/sub", f);
+	o.root = path;
+	int rc = ckpt_open(&o, &c);
+	ck_assert_msg(rc == -ENOTDIR, "rc %d: %s", rc, ckpt_last_error(NULL));
+	o.root = "/proc/ckpt-root";
+	rc = ckpt_open(&o, &c);
+	ck_assert_msg(rc < 0 && c == NULL, "rc %d", rc);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "/proc/ckpt-root"));
+	/* Bad options. */
+	o.root = root;
+	o.chunk_bytes = 1000;
+	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+	o.chunk_bytes = 0;
+	o.rank = 3;
+	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+	o.size = 0;
+	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+}
+END_TEST
+
+/* A failure half-way (injected ENOSPC / EIO, or a crash) leaves the previous step
+ * intact and the broken one invisible, with no file left behind after GC. */
+static void fail_midway(const char *fault, bool crash)
+{
+	ckpt_ctx *c = open_root(root, 0, 64 << 10, 256 << 10, 0);
+	struct tt t;
+	uint64_t shape[1] = { 1u << 20 };
+	tt_make(&t, "w", CKPT_U8, 1, shape, 41);
+	ck_assert_int_eq(save_step(c, 1, &t, 1), 0);
+	setenv("CKPT_FAULT", fault, 1);
+	/* LMDB and io_uring do not survive fork: close first, work in a child. */
+	ckpt_close(c);
+	pid_t pid = fork();
+	if (pid == 0) {
+		ckpt_fault_reload();
+		ckpt_ctx *cc = open_root(root, 0, 64 << 10, 256 << 10, 0);
+		int rc = save_step(cc, 2, &t, 1);
+		int ok = (rc == -ENOSPC || rc == -EIO) && strstr(ckpt_last_error(cc), "step 2");
+		if (!ok)
+			fprintf(stderr, "rc %d: %s\n", rc, ckpt_last_error(cc));
+		ckpt_close(cc);
+		_exit(ok ? 0 : 1);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	if (crash)
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 86, "child did not crash at %s", fault);
+	else
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fault %s not reported", fault);
+	unsetenv("CKPT_FAULT");
+	c = open_root(root, 0, 64 << 10, 256 << 10, 0);   /* GC at open */
+	ckpt_load *l;
+	ck_assert_int_eq(ckpt_load_open(c, 2, &l), CKPT_ENOTFOUND);
+	check_step(c, CKPT_LATEST, &t, 1);
+	char dir[4200];
+	snprintf(dir, sizeof dir, "%s/step-%020d", root, 2);
+	ck_assert_msg(access(dir, F_OK) != 0, "%s left behind after %s", dir, fault);
+	/* The step can be saved again afterwards. */
+	ck_assert_int_eq(save_step(c, 2, &t, 1), 0);
+	check_step(c, 2, &t, 1);
+	ckpt_close(c);
+	tt_free(&t, 1);
+}
+
+START_TEST(enospc_midway) { fail_midway("after_chunk_write:3:enospc", false); }
+END_TEST
+START_TEST(eio_before_fdatasync) { fail_midway("before_fdatasync:1:eio", false); }
+END_TEST
+START_TEST(crash_after_chunk) { fail_midway("after_chunk_write:5:crash", true); }
+END_TEST
+START_TEST(crash_before_commit_txn) { fail_midway("coord_before_commit_txn:1:crash", true); }
+END_TEST
+
+START_TEST(crash_after_commit_txn)
+{
+	/* Dying right after the commit txn: the step is committed and complete. */
+	ckpt_ctx *c = open_root(root, 0, 64 << 10, 256 << 10, 0);
+	struct tt t;
+	uint64_t shape[1] = { 300000 };
+	tt_make(&t, "w", CKPT_U8, 1, shape, 51);
+	ckpt_close(c);
+	setenv("CKPT_FAULT", "coord_after_commit_txn", 1);
+	pid_t pid = fork();
+	if (pid == 0) {
+		ckpt_fault_reload();
+		ckpt_ctx *cc = open_root(root, 0, 64 << 10, 256 << 10, 0);
+		save_step(cc, 1, &t, 1);
+		_exit(0);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 86);
+	unsetenv("CKPT_FAULT");
+	c = open_root(root, 0, 64 << 10, 256 << 10, 0);
+	check_step(c, 1, &t, 1);
+	ckpt_close(c);
+	tt_free(&t, 1);
+}
+END_TEST
+
+START_TEST(corruption_found)
+{
+	ckpt_ctx *c = open_root(root, 0, 64 << 10, 256 << 10, 0);
+	struct tt ts[2];
+	uint64_t shape[1] = { 300000 };
+	tt_make(&ts[0], "a", CKPT_U8, 1, shape, 61);
+	tt_make(&ts[1], "b", CKPT_U8, 1, shape, 62);
+	ck_assert_int_eq(save_step(c, 1, ts, 2), 0);
+	ck_assert_int_eq(save_step(c, 2, ts, 2), 0);
+	ckpt_close(c);
+	char path[4200];
+	/* Flip a bit inside the second chunk of 'b' in step 2 (chunks of 64 KiB from 4 KiB on;
+	 * 'a' holds 5 chunks). */
+	snprintf(path, sizeof path, "%s/step-%020d/rank-000000.shard", root, 2);
+	ck_assert_int_eq(tu_flip_bit(path, 4096 + 6 * 65536 + 100, 3), 0);
+	c = open_root(root, CKPT_OPEN_READONLY, 64 << 10, 256 << 10, 0);
+	ckpt_load *l;
+	ck_assert_int_eq(ckpt_load_open(c, 2, &l), 0);
+	uint8_t *buf = malloc(ts[0].bytes);
+	ck_assert_int_eq(ckpt_load_tensor(l, "a", CKPT_U8, 1, NULL, NULL, buf, 0), 0);
+	int rc = ckpt_load_tensor(l, "b", CKPT_U8, 1, NULL, NULL, buf, 0);
+	ck_assert_int_eq(rc, CKPT_ECORRUPT);
+	const char *msg = ckpt_last_error(c);
+	ck_assert_msg(strstr(msg, "'b'") && strstr(msg, "chunk") && strstr(msg, "rank-000000.shard"),
+	              "message does not name tensor, chunk and file: %s", msg);
+	ckpt_load_close(l);
+	check_step(c, 1, ts, 2);         /* the other step is untouched */
+	/* Truncate step 2's shard: a specific error, not a crash. */
+	ck_assert_int_eq(truncate(path, 8192), 0);
+	ck_assert_int_eq(ckpt_load_open(c, 2, &l), 0);
+	rc = ckpt_load_tensor(l, "b", CKPT_U8, 1, NULL, NULL, buf, 0);
+	ck_assert_msg(rc == CKPT_ECORRUPT || rc == CKPT_EFORMAT, "rc %d", rc);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(c), "rank-000000.shard"));
+	ckpt_load_close(l);
+	free(buf);
+	ckpt_close(c);
+	tt_free(ts, 2);
+}
+END_TEST
+
+START_TEST(many_steps_in_flight)
+{
+	struct ckpt_opts o;
+	ckpt_opts_init(&o, sizeof o);
+	o.root = root;
+	o.rank = 0;
+	o.world = 1;
+	o.chunk_bytes = 64 << 10;
+	o.pool_bytes = 512 << 10;
+	o.max_inflight = 2;
+	ckpt_ctx *c;
+	ck_assert_int_eq(ckpt_open(&o, &c), 0);
+	struct tt ts[10];
+	ckpt_save *s[10];
+	for (int i = 0; i < 10; i++) {
+		uint64_t shape[1] = { 200000 + (uint64_t)i * 999 };
+		char name[8];
+		snprintf(name, sizeof name, "w");
+		tt_make(&ts[i], name, CKPT_U8, 1, shape, 70 + (uint64_t)i);
+	}
+	/* Two in flight at a time: begin blocks until an older save is freed. */
+	for (int i = 0; i < 10; i++) {
+		if (i >= 2) {
+			ck_assert_int_eq(ckpt_save_wait(s[i - 2], -1), 0);
+			ckpt_save_free(s[i - 2]);
+		}
+		ck_assert_int_eq(ckpt_save_begin(c, 100 + (uint64_t)i, &s[i]), 0);
+		struct ckpt_tensor ct = { .name = "w", .kind = CKPT_KIND_MODEL, .dtype = CKPT_U8,
+		                          .policy = CKPT_SHARDED, .ndim = 1, .global_shape = ts[i].shape,
+		                          .data = ts[i].data };
+		ck_assert_int_eq(ckpt_save_add_tensor(s[i], &ct), 0);
+		ck_assert_int_eq(ckpt_save_submit(s[i]), 0);
+	}
+	for (int i = 8; i < 10; i++) {
+		ck_assert_int_eq(ckpt_save_wait(s[i], -1), 0);
+		ckpt_save_free(s[i]);
+	}
+	for (int i = 0; i < 10; i++)
+		check_step(c, 100 + (uint64_t)i, &ts[i], 1);
+	uint64_t steps[16];
+	ck_assert_int_eq(ckpt_steps(c, steps, 16), 10);
+	ckpt_close(c);
+	tt_free(ts, 10);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("api");
+	TCase *tc = tcase_create("api");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, every_dtype);
+	tcase_add_test(tc, empty_scalar_and_one);
+	tcase_add_test(tc, larger_than_pool_and_zstd);
+	tcase_add_test(tc, slices_of_every_shape);
+	tcase_add_test(tc, snapshot_point);
+	tcase_add_test(tc, bad_inputs);
+	tcase_add_test(tc, bad_roots);
+	tcase_add_test(tc, enospc_midway);
+	tcase_add_test(tc, eio_before_fdatasync);
+	tcase_add_test(tc, crash_after_chunk);
+	tcase_add_test(tc, crash_before_commit_txn);
+	tcase_add_test(tc, crash_after_commit_txn);
+	tcase_add_test(tc, corruption_found);
+	tcase_add_test(tc, many_steps_in_flight);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,554 @@
+/*
+ * ckpt-synth — a synthetic training job for demos, tests and benchmarks.
+ *
+ *   ckpt-synth save   --root DIR --step N --bytes SIZE --seed S [--world W]
+ *                     [--compress zstd[:L]] [--chunk SIZE] [--pool SIZE] [--json]
+ *   ckpt-synth verify --root DIR --step N|latest --bytes SIZE --seed S [--world W]
+ *                     [--json]
+ *
+ * save forks W rank processes with the environment torchrun would give them
+ * (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or runs as one rank
+ * when RANK and WORLD_SIZE are already set (started by torchrun, srun, mpirun).
+ * verify reads every tensor back as W ranks would (any W) and compares bit for bit.
+ * Uses the public API only.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt.h"
+#include "model.h"
+
+struct args {
+	const char *cmd, *root;
+	uint64_t    step, bytes, seed, chunk, pool;
+	bool        latest, json, have_step, have_bytes;
+	unsigned    world;
+	int         zstd_level;
+};
+
+/* What each rank reports to the parent through a pipe. */
+struct rank_result {
+	int      rc;
+	uint64_t bytes, stored, tensors, verified_bytes, mismatches, skipped;
+	double   seconds, stall, durable;
+	int64_t  rss_before, rss_peak;
+	uint64_t step;
+	char     msg[512];
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+	"usage: ckpt-synth save   --root DIR --step N --bytes SIZE --seed S [--world W]\n"
+	"                         [--compress zstd[:L]] [--chunk SIZE] [--pool SIZE] [--json]\n"
+	"       ckpt-synth verify --root DIR --step N|latest --bytes SIZE --seed S [--world W] [--json]\n"
+	"\n"
+	"A deterministic synthetic model (a few dozen tensors of mixed dtypes, fp32 optimizer\n"
+	"moments, a rank-bound RNG blob per rank, a replicated scheduler blob) of about SIZE\n"
+	"bytes, sharded along the first dimension over W ranks. Contents depend only on the\n"
+	"seed, so verify may read as any number of ranks.\n"
+	"SIZE takes K, M, G, T suffixes. Exit: 0 ok, 1 failure or mismatch, 2 usage.\n");
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -1;
+	unsigned shift = 0;
+	switch (*end) {
+	case 'k': case 'K': shift = 10; end++; break;
+	case 'm': case 'M': shift = 20; end++; break;
+	case 'g': case 'G': shift = 30; end++; break;
+	case 't': case 'T': shift = 40; end++; break;
+	}
+	if (*end == 'i') end++;
+	if (*end == 'B' || *end == 'b') end++;
+	if (*end)
+		return -1;
+	*out = (uint64_t)v << shift;
+	return 0;
+}
+
+/* VmRSS / VmHWM of this process in bytes; "5" to clear_refs resets the peak. */
+static int64_t proc_status_kb(const char *key)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	int64_t v = -1;
+	size_t n = strlen(key);
+	while (f && fgets(line, sizeof line, f))
+		if (!strncmp(line, key, n))
+			v = strtoll(line + n + 1, NULL, 10) * 1024;
+	if (f)
+		fclose(f);
+	return v;
+}
+
+static void reset_peak_rss(void)
+{
+	FILE *f = fopen("/proc/self/clear_refs", "w");
+	if (f) {
+		fputs("5", f);
+		fclose(f);
+	}
+}
+
+static int open_ctx(const struct args *a, int rank, int world, unsigned flags, ckpt_ctx **c)
+{
+	struct ckpt_opts o;
+	ckpt_opts_init(&o, sizeof o);
+	o.root = a->root;
+	o.rank = rank;
+	o.world = world;
+	o.flags = flags;
+	o.zstd_level = a->zstd_level;
+	o.chunk_bytes = a->chunk;
+	o.pool_bytes = a->pool;
+	return ckpt_open(&o, c);
+}
+
+/* ------------------------------------------------------------------ save */
+
+static int save_rank(const struct args *a, int rank, int world, struct rank_result *res)
+{
+	struct synth_model m;
+	ckpt_ctx *c = NULL;
+	ckpt_save *s = NULL;
+	void **bufs = NULL;
+	int rc = synth_model_build(&m, a->bytes, a->seed);
+	if (rc)
+		return rc;
+	if ((rc = open_ctx(a, rank, world, 0, &c)))
+		goto out;
+	/* This rank's state, generated before the clock starts. */
+	bufs = calloc(m.n, sizeof *bufs);
+	uint64_t (*off)[2] = calloc(m.n, sizeof *off), (*ext)[2] = calloc(m.n, sizeof *ext);
+	if (!bufs || !off || !ext) {
+		rc = -ENOMEM;
+		goto out_free;
+	}
+	for (size_t i = 0; i < m.n; i++) {
+		const struct synth_tensor *t = &m.t[i];
+		off[i][1] = 0;
+		ext[i][1] = t->shape[1];
+		if (t->ndim)
+			synth_split(t->shape[0], (unsigned)rank, (unsigned)world, &off[i][0], &ext[i][0]);
+		uint64_t n = ckpt_dtype_size(t->dtype) * (t->ndim ? ext[i][0] : 1) *
+		             (t->ndim == 2 ? ext[i][1] : 1);
+		bufs[i] = malloc(n ? n : 1);
+		if (!bufs[i]) {
+			rc = -ENOMEM;
+			goto out_free;
+		}
+		synth_fill_box(&m, t, off[i], ext[i], bufs[i]);
+		res->bytes += n;
+	}
+	uint8_t sched[SYNTH_BLOB_MAX], rng[SYNTH_BLOB_MAX];
+	size_t sched_len = synth_blob_scheduler(&m, sched, sizeof sched);
+	size_t rng_len = synth_blob_rng(&m, (unsigned)rank, rng, sizeof rng);
+
+	reset_peak_rss();
+	res->rss_before = proc_status_kb("VmRSS:");
+	double t0 = now_s();
+	if ((rc = ckpt_save_begin(c, a->step, &s)))
+		goto out_free;
+	for (size_t i = 0; i < m.n && !rc; i++) {
+		const struct synth_tensor *t = &m.t[i];
+		struct ckpt_tensor ct = {
+			.name = t->name, .kind = t->kind, .dtype = t->dtype, .policy = t->policy,
+			.ndim = t->ndim, .global_shape = t->shape, .offset = off[i], .extent = ext[i],
+			.data = bufs[i], .mem = CKPT_MEM_HOST,
+		};
+		rc = ckpt_save_add_tensor(s, &ct);
+	}
+	if (!rc)
+		rc = ckpt_save_add_blob(s, "scheduler", CKPT_KIND_SCHEDULER, CKPT_REPLICATED, sched, sched_len);
+	if (!rc)
+		rc = ckpt_save_add_blob(s, "rng", CKPT_KIND_RNG, CKPT_RANK_BOUND, rng, rng_len);
+	if (!rc)
+		rc = ckpt_save_submit(s);
+	if (!rc)
+		rc = ckpt_save_wait_snapshot(s, -1);
+	double t1 = now_s();
+	if (!rc)
+		rc = ckpt_save_wait(s, -1);
+	double t2 = now_s();
+	res->stall = t1 - t0;
+	res->seconds = t2 - t0;
+	res->rss_peak = proc_status_kb("VmHWM:");
+	struct ckpt_save_stats st = { .size = sizeof st };
+	if (!ckpt_save_stats(s, &st)) {
+		res->stored = st.stored_bytes;
+		res->durable = st.durable_seconds;
+	}
+	res->tensors = m.n + 2;
+out_free:
+	if (rc)
+		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error(c));
+	ckpt_save_free(s);
+	for (size_t i = 0; bufs && i < m.n; i++)
+		free(bufs[i]);
+	free(bufs);
+	free(off);
+	free(ext);
+out:
+	if (rc && !res->msg[0])
+		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error(c));
+	ckpt_close(c);
+	synth_model_free(&m);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ verify */
+
+static int verify_rank(const struct args *a, int rank, int world, struct rank_result *res)
+{
+	struct synth_model m;
+	ckpt_ctx *c = NULL;
+	ckpt_load *l = NULL;
+	int rc = synth_model_build(&m, a->bytes, a->seed);
+	if (rc)
+		return rc;
+	if ((rc = open_ctx(a, rank, world, CKPT_OPEN_READONLY, &c)))
+		goto out;
+	if ((rc = ckpt_load_open(c, a->latest ? CKPT_LATEST : a->step, &l)))
+		goto out;
+	res->step = ckpt_load_step(l);
+	int count = ckpt_load_count(l);
+	if (count != (int)m.n + 2) {
+		fprintf(stderr, "ckpt-synth: rank %d: step holds %d items, the model has %zu\n", rank,
+		        count, m.n + 2);
+		res->mismatches++;
+	}
+	for (size_t i = 0; i < m.n; i++) {
+		const struct synth_tensor *t = &m.t[i];
+		uint64_t off[2] = { 0, 0 }, ext[2] = { 1, t->shape[1] };
+		if (t->ndim)
+			synth_split(t->shape[0], (unsigned)rank, (unsigned)world, &off[0], &ext[0]);
+		size_t n = ckpt_dtype_size(t->dtype) * (t->ndim ? ext[0] : 1) * (t->ndim == 2 ? ext[1] : 1);
+		uint8_t *got = malloc(n ? n : 1), *want = malloc(n ? n : 1);
+		if (!got || !want) {
+			free(got);
+			free(want);
+			rc = -ENOMEM;
+			goto out;
+		}
+		memset(got, 0xA5, n);
+		synth_fill_box(&m, t, off, ext, want);
+		double t0 = now_s();
+		rc = ckpt_load_tensor(l, t->name, t->dtype, t->ndim, off, ext, got, CKPT_MEM_HOST);
+		res->seconds += now_s() - t0;
+		if (!rc && memcmp(got, want, n)) {
+			size_t k = 0;
+			while (got[k] == want[k])
+				k++;
+			fprintf(stderr, "ckpt-synth: rank %d: '%s' differs at byte %zu of its box\n", rank,
+			        t->name, k);
+			res->mismatches++;
+		}
+		free(got);
+		free(want);
+		if (rc)
+			goto out;
+		res->tensors++;
+		res->verified_bytes += n;
+	}
+	uint8_t got[SYNTH_BLOB_MAX], want[SYNTH_BLOB_MAX];
+	size_t len = 0, wlen = synth_blob_scheduler(&m, want, sizeof want);
+	if ((rc = ckpt_load_blob(l, "scheduler", got, sizeof got, &len)))
+		goto out;
+	if (len != wlen || memcmp(got, want, len)) {
+		fprintf(stderr, "ckpt-synth: rank %d: blob 'scheduler' differs\n", rank);
+		res->mismatches++;
+	}
+	res->tensors++;
+	res->verified_bytes += len;
+	struct ckpt_step_info info;
+	if ((rc = ckpt_step_info(c, res->step, &info)))
+		goto out;
+	wlen = synth_blob_rng(&m, (unsigned)rank, want, sizeof want);
+	rc = ckpt_load_blob(l, "rng", got, sizeof got, &len);
+	if (info.world == (uint32_t)world) {
+		if (rc)
+			goto out;
+		if (len != wlen || memcmp(got, want, len)) {
+			fprintf(stderr, "ckpt-synth: rank %d: blob 'rng' differs\n", rank);
+			res->mismatches++;
+		}
+		res->tensors++;
+		res->verified_bytes += len;
+	} else if (rc == CKPT_ERANKBOUND) {
+		/* Rank-bound state does not carry over to another world size: by design. */
+		res->skipped++;
+		rc = 0;
+	} else {
+		fprintf(stderr, "ckpt-synth: rank %d: rank-bound 'rng' loaded across world sizes\n", rank);
+		res->mismatches++;
+		rc = 0;
+	}
+out:
+	if (rc)
+		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error(c));
+	ckpt_load_close(l);
+	ckpt_close(c);
+	synth_model_free(&m);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ ranks */
+
+typedef int (*rank_fn)(const struct args *, int, int, struct rank_result *);
+
+/* Run fn as every rank: in this process if a launcher already made us one rank,
+ * else as W forked processes with a launcher's environment. */
+static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, unsigned *nres)
+{
+	const char *er = getenv("RANK"), *ew = getenv("WORLD_SIZE");
+	if (er && ew) {
+		*nres = 1;
+		memset(res, 0, sizeof *res);
+		res->rc = fn(a, atoi(er), atoi(ew), res);
+		return 0;
+	}
+	unsigned w = a->world;
+	int fds[2];
+	if (pipe(fds) < 0)
+		return -errno;
+	char port[16];
+	snprintf(port, sizeof port, "%u", 20000u + (unsigned)(getpid() % 20000) * 2u);
+	pid_t *pids = calloc(w, sizeof *pids);
+	for (unsigned r = 0; r < w; r++) {
+		pids[r] = fork();
+		if (pids[r] < 0)
+			return -errno;
+		if (pids[r] == 0) {
+			char rs[16], ws[16];
+			snprintf(rs, sizeof rs, "%u", r);
+			snprintf(ws, sizeof ws, "%u", w);
+			setenv("RANK", rs, 1);
+			setenv("LOCAL_RANK", rs, 1);
+			setenv("WORLD_SIZE", ws, 1);
+			setenv("LOCAL_WORLD_SIZE", ws, 1);
+			if (!getenv("MASTER_ADDR"))
+				setenv("MASTER_ADDR", "127.0.0.1", 1);
+			if (!getenv("MASTER_PORT"))
+				setenv("MASTER_PORT", port, 1);
+			close(fds[0]);
+			struct rank_result rr;
+			memset(&rr, 0, sizeof rr);
+			rr.rc = fn(a, (int)r, (int)w, &rr);
+			ssize_t n = write(fds[1], &rr, sizeof rr);
+			_exit(n == (ssize_t)sizeof rr && rr.rc == 0 ? 0 : 1);
+		}
+	}
+	close(fds[1]);
+	unsigned got = 0;
+	struct rank_result rr;
+	while (got < w && read(fds[0], &rr, sizeof rr) == (ssize_t)sizeof rr)
+		res[got++] = rr;
+	close(fds[0]);
+	int failed = 0;
+	for (unsigned r = 0; r < w; r++) {
+		int st;
+		waitpid(pids[r], &st, 0);
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+			failed++;
+	}
+	free(pids);
+	/* A rank that died without reporting still counts as a failure. */
+	for (; got < w; got++) {
+		memset(&res[got], 0, sizeof res[got]);
+		res[got].rc = -ECHILD;
+		snprintf(res[got].msg, sizeof res[got].msg, "a rank process died without a report");
+	}
+	*nres = w;
+	return failed ? 1 : 0;
+}
+
+static int cmd_save(const struct args *a)
+{
+	struct rank_result *res = calloc(a->world, sizeof *res);
+	unsigned n = 0;
+	run_ranks(a, save_rank, res, &n);
+	uint64_t bytes = 0, stored = 0;
+	double secs = 0, stall = 0, durable = 0;
+	int64_t rss = 0;
+	int rc = 0;
+	for (unsigned i = 0; i < n; i++) {
+		if (res[i].rc && !rc) {
+			rc = res[i].rc;
+			fprintf(stderr, "ckpt-synth: save failed: %s\n", res[i].msg);
+		}
+		bytes += res[i].bytes;
+		stored += res[i].stored;
+		if (res[i].seconds > secs) secs = res[i].seconds;
+		if (res[i].stall > stall) stall = res[i].stall;
+		if (res[i].durable > durable) durable = res[i].durable;
+		if (res[i].rss_peak - res[i].rss_before > rss) rss = res[i].rss_peak - res[i].rss_before;
+	}
+	if (a->json) {
+		printf("{\"op\":\"save\",\"ok\":%s,\"step\":%" PRIu64 ",\"world\":%u,\"bytes\":%" PRIu64
+		       ",\"stored_bytes\":%" PRIu64 ",\"seconds\":%.6f,\"stall_seconds\":%.6f"
+		       ",\"durable_seconds\":%.6f,\"throughput_bytes_per_s\":%.0f"
+		       ",\"compression_ratio\":%.4f,\"peak_rss_growth_bytes\":%" PRId64 "}\n",
+		       rc ? "false" : "true", a->step, n, bytes, stored, secs, stall, durable,
+		       secs > 0 ? (double)bytes / secs : 0.0,
+		       stored ? (double)bytes / (double)stored : 0.0, rss);
+	} else if (!rc) {
+		printf("saved step %" PRIu64 ": %u rank(s), %.1f MiB in %.3f s (%.0f MiB/s), "
+		       "caller stalled %.3f s, stored %.1f MiB (ratio %.3f)\n",
+		       a->step, n, (double)bytes / 1048576.0, secs,
+		       secs > 0 ? (double)bytes / 1048576.0 / secs : 0.0, stall,
+		       (double)stored / 1048576.0, stored ? (double)bytes / (double)stored : 0.0);
+	}
+	free(res);
+	return rc ? 1 : 0;
+}
+
+static int cmd_verify(const struct args *a)
+{
+	struct rank_result *res = calloc(a->world, sizeof *res);
+	unsigned n = 0;
+	run_ranks(a, verify_rank, res, &n);
+	uint64_t tensors = 0, bytes = 0, mism = 0, skipped = 0, step = 0;
+	double load_s = 0;
+	int rc = 0;
+	for (unsigned i = 0; i < n; i++) {
+		if (res[i].rc && !rc) {
+			rc = res[i].rc;
+			fprintf(stderr, "ckpt-synth: verify failed on rank %u: %s\n", i, res[i].msg);
+		}
+		tensors += res[i].tensors;
+		bytes += res[i].verified_bytes;
+		mism += res[i].mismatches;
+		skipped += res[i].skipped;
+		step = res[i].step;
+		if (res[i].seconds > load_s)
+			load_s = res[i].seconds;
+	}
+	if (a->json)
+		printf("{\"op\":\"verify\",\"ok\":%s,\"step\":%" PRIu64 ",\"world\":%u,\"tensors\":%" PRIu64
+		       ",\"bytes\":%" PRIu64 ",\"mismatches\":%" PRIu64 ",\"rank_bound_skipped\":%" PRIu64
+		       ",\"load_seconds\":%.6f}\n", (rc || mism) ? "false" : "true", step, n, tensors,
+		       bytes, mism, skipped, load_s);
+	else
+		printf("verified %" PRIu64 " tensors, %" PRIu64 " bytes, %" PRIu64 " mismatches"
+		       " (step %" PRIu64 ", as %u rank(s)%s)\n", tensors, bytes, mism, step, n,
+		       skipped ? "; rank-bound RNG state not carried to a new world size" : "");
+	free(res);
+	return (rc || mism) ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct args a = { .world = 1, .zstd_level = 0 };
+	static const struct option opts[] = {
+		{ "root", required_argument, 0, 'r' }, { "step", required_argument, 0, 's' },
+		{ "bytes", required_argument, 0, 'b' }, { "seed", required_argument, 0, 'S' },
+		{ "world", required_argument, 0, 'w' }, { "compress", required_argument, 0, 'c' },
+		{ "chunk", required_argument, 0, 'C' }, { "pool", required_argument, 0, 'P' },
+		{ "json", no_argument, 0, 'j' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+	};
+	if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+		usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? 2 : 0;
+	}
+	a.cmd = argv[1];
+	optind = 2;
+	int ch;
+	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (ch) {
+		case 'r': a.root = optarg; break;
+		case 's':
+			if (!strcmp(optarg, "latest")) {
+				a.latest = true;
+			} else {
+				char *end;
+				a.step = strtoull(optarg, &end, 10);
+				if (*end || end == optarg) {
+					fprintf(stderr, "ckpt-synth: --step '%s': a number or latest\n", optarg);
+					return 2;
+				}
+			}
+			a.have_step = true;
+			break;
+		case 'b':
+			if (parse_size(optarg, &a.bytes)) {
+				fprintf(stderr, "ckpt-synth: --bytes '%s' is not a size\n", optarg);
+				return 2;
+			}
+			a.have_bytes = true;
+			break;
+		case 'S': a.seed = strtoull(optarg, NULL, 0); break;
+		case 'w': {
+			long w = strtol(optarg, NULL, 10);
+			if (w < 1 || w > 4096) {
+				fprintf(stderr, "ckpt-synth: --world %s: 1 to 4096\n", optarg);
+				return 2;
+			}
+			a.world = (unsigned)w;
+			break;
+		}
+		case 'c':
+			if (!strcmp(optarg, "none")) a.zstd_level = 0;
+			else if (!strcmp(optarg, "zstd")) a.zstd_level = 3;
+			else if (!strncmp(optarg, "zstd:", 5)) a.zstd_level = atoi(optarg + 5);
+			else {
+				fprintf(stderr, "ckpt-synth: --compress '%s': none or zstd[:LEVEL]\n", optarg);
+				return 2;
+			}
+			break;
+		case 'C':
+			if (parse_size(optarg, &a.chunk)) {
+				fprintf(stderr, "ckpt-synth: --chunk '%s' is not a size\n", optarg);
+				return 2;
+			}
+			break;
+		case 'P':
+			if (parse_size(optarg, &a.pool)) {
+				fprintf(stderr, "ckpt-synth: --pool '%s' is not a size\n", optarg);
+				return 2;
+			}
+			break;
+		case 'j': a.json = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (!a.root || !a.have_step || !a.have_bytes) {
+		fprintf(stderr, "ckpt-synth: --root, --step and --bytes are required\n");
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(a.cmd, "save")) {
+		if (a.latest) {
+			fprintf(stderr, "ckpt-synth: save needs a step number\n");
+			return 2;
+		}
+		return cmd_save(&a);
+	}
+	if (!strcmp(a.cmd, "verify"))
+		return cmd_verify(&a);
+	fprintf(stderr, "ckpt-synth: unknown command '%s'\n", a.cmd);
+	usage(stderr);
+	return 2;
+}
