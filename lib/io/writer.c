@@ -443,6 +443,15 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	w->next_off += padded;
 	w->logical += len;
 	w->stored += c->stored_len;
+	/* Completions are only handled inside our calls. Return finished buffers now,
+	 * and never return with the pool empty while our writes hold part of it: the
+	 * producer of the next chunk (maybe this thread) would wait on the pool for a
+	 * buffer that only a reap here can give back. */
+	int r = io_engine_reap(w->e, false);
+	while (r >= 0 && w->inflight && io_pool_nfree(w->pool) == 0)
+		r = io_engine_reap(w->e, true);
+	if (r < 0)
+		w_fail(w, r);
 	return w->err ? w_error(w) : 0;
 }
 
