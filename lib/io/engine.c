@@ -25,6 +25,7 @@
 
 #define IO_MAX_SQE_BYTES  (1u << 30)   /* the kernel caps one rw at ~2 GiB anyway */
 #define IO_MAX_RETRIES    10000u       /* -EAGAIN forever means something is wrong */
+#define IO_MAX_STALLS     8u           /* short writes without aligned progress */
 #define IO_IGNORE_DATA    UINT64_MAX   /* user_data of a neutralised sqe */
 
 struct io_req {
@@ -35,7 +36,8 @@ struct io_req {
 	uint8_t   *addr;
 	size_t     len, done;
 	uint64_t   off;
-	unsigned   retries;
+	unsigned   retries, stalls;
+	bool       aligned;       /* addr, off and len all multiples of CKPT_ALIGN */
 	io_done_fn fn;
 	void      *owner;
 	uint64_t   cookie;
@@ -175,6 +177,8 @@ int io_engine_queue(struct io_engine *e, enum io_op op, int fd, void *addr, size
 		.busy = true, .op = op, .fd = fd, .addr = addr, .len = len, .off = off,
 		.fn = done, .owner = owner, .cookie = cookie, .fixed = -1,
 	};
+	r->aligned = (uintptr_t)addr % CKPT_ALIGN == 0 && off % CKPT_ALIGN == 0 &&
+	             len % CKPT_ALIGN == 0;
 	if (e->registered && e->pool)
 		r->fixed = io_pool_index_of(e->pool, addr, len);
 	int rc = req_submit(e, slot);
@@ -217,11 +221,28 @@ static void req_complete(struct io_engine *e, unsigned slot, int res)
 		req_finish(e, slot, r->op == IO_OP_READ ? (int64_t)r->done : -EIO);
 		return;
 	}
-	r->done += (size_t)res;
-	if (r->done >= r->len) {
-		req_finish(e, slot, (int64_t)r->done);
+	size_t done = r->done + (size_t)res;
+	if (done >= r->len) {
+		req_finish(e, slot, (int64_t)r->len);
 		return;
 	}
+	/* Short: go on from the last 4 KiB boundary reached, so that an O_DIRECT
+	 * request stays aligned (transferring a few bytes twice is harmless). */
+	if (r->aligned)
+		done -= done % CKPT_ALIGN;
+	if (done == r->done) {
+		/* No aligned progress. For a read that means end of file within the
+		 * block: report what arrived. A write gets a few more tries. */
+		if (r->op == IO_OP_READ) {
+			req_finish(e, slot, (int64_t)(r->done + (size_t)res));
+			return;
+		}
+		if (++r->stalls >= IO_MAX_STALLS) {
+			req_finish(e, slot, -EIO);
+			return;
+		}
+	}
+	r->done = done;
 again:;
 	int rc = req_submit(e, slot);
 	if (rc < 0)
