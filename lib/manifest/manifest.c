@@ -194,10 +194,9 @@ static bool dir_is_fresh(const char *dir)
 	return fresh;
 }
 
-static int m_env_open(struct manifest *m, const char *dir)
+static int m_env_open(struct manifest *m, const char *dir, size_t mapsize)
 {
 	unsigned eflags = MDB_NOTLS | (m->rdonly ? MDB_RDONLY : 0u);
-	size_t mapsize = MAP_SIZE_INITIAL;
 	for (;;) {
 		MDB_env *env;
 		int rc = mdb_env_create(&env);
@@ -313,6 +312,11 @@ static int m_dbs_open(struct manifest *m, bool create)
 
 int manifest_open(const char *root, unsigned flags, struct manifest **out)
 {
+	return manifest_open_map(root, flags, 0, out);
+}
+
+int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct manifest **out)
+{
 	if (!out)
 		return ckpt_err(-EINVAL, "manifest_open: out is NULL");
 	*out = NULL;
@@ -363,7 +367,10 @@ int manifest_open(const char *root, unsigned flags, struct manifest **out)
 		free(m);
 		return ckpt_err(-ENOMEM, "manifest %s: rwlock", root);
 	}
-	int rc = m_env_open(m, dir);
+	/* LMDB wants a multiple of the page size; it raises a map smaller than the
+	 * data already in data.mdb to fit. */
+	size_t mapsize = map_bytes ? (size_t)ckpt_align_up(map_bytes, 4096) : MAP_SIZE_INITIAL;
+	int rc = m_env_open(m, dir, mapsize);
 	if (!rc && !rdonly)
 		mdb_reader_check(m->env, NULL);   /* drop slots of dead readers: they pin pages */
 	if (!rc && (made_dir || new_env)) {

@@ -43,6 +43,10 @@ struct manifest {
 	char             root[];           /* the checkpoint root, for messages */
 };
 
+/* manifest_open with the initial map size chosen (0: the default, 64 GiB on a
+ * 64-bit build). For tests of map growth; the map still grows on MDB_MAP_FULL. */
+int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct manifest **out);
+
 /* Keys. */
 void manifest_step_key(uint8_t out[MANIFEST_STEP_KEY_BYTES], uint64_t step);
 void manifest_shard_key(uint8_t out[MANIFEST_SHARD_KEY_BYTES], uint64_t step, uint32_t rank);
