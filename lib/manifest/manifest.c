@@ -1,408 +1,19 @@
 /*
- * manifest.c — the LMDB manifest of a checkpoint root: opening the environment,
- * transactions, and the operations of manifest.h (the commit above all).
+ * manifest.c — the operations of manifest.h: the commit, aborted steps, trust,
+ * deletion and the readers.
  *
  * The manifest decides visibility (DESIGN §3): a step is visible iff its COMMITTED
  * step record is here, and manifest_commit writes that record together with every
- * rank's shard record in one synced LMDB write transaction. Record layouts live in
- * manifest_record.c; this file owns LMDB and converts every MDB_* code into a
- * ckpt code at its boundary (mdb_code) — no caller ever sees an MDB value.
- *
- * Threads: a struct manifest is shared by any number of threads. The environment
- * is opened with MDB_NOTLS, so a read transaction is bound to its MDB_txn, not to
- * the thread; every function here begins and ends its own transaction before it
- * returns, so no transaction is ever used by two threads. Writers are serialised
- * by LMDB's writer mutex. The only lock of ours is resize_lock (manifest_internal.h).
+ * rank's shard record in one synced LMDB write transaction. Each function runs in
+ * exactly one transaction (manifest_env.c), so a reader sees a step either whole
+ * or not at all.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "manifest/manifest_internal.h"
-
-/* The map is address space, not disk: data.mdb grows only as pages are used, so
- * a large map costs nothing and postpones MDB_MAP_FULL (then we grow, m_grow). */
-#define MAP_SIZE_INITIAL  ((size_t)(sizeof(size_t) >= 8 ? (64ull << 30) : (1ull << 30)))
-#define MAP_SIZE_FALLBACK ((size_t)(1ull << 30))   /* when the address space is limited */
-#define MAX_DBS           4u      /* meta, steps, shards, and one spare for a later format */
-#define MAX_READERS       1022u   /* with MDB_NOTLS each live read txn holds a slot */
-#define FILE_MODE         0644
-
-/* ------------------------------------------------------------------ errors */
-
-/* An MDB_* code or positive errno -> ckpt code. */
-static int mdb_code(int rc)
-{
-	switch (rc) {
-	case 0:                    return 0;
-	case MDB_NOTFOUND:         return CKPT_ENOTFOUND;
-	case MDB_KEYEXIST:         return -EEXIST;
-	case MDB_MAP_FULL:         return -ENOSPC;
-	case MDB_TXN_FULL:         return -E2BIG;
-	case MDB_INVALID:
-	case MDB_VERSION_MISMATCH:
-	case MDB_INCOMPATIBLE:     return CKPT_EFORMAT;
-	case MDB_CORRUPTED:
-	case MDB_PAGE_NOTFOUND:    return CKPT_ECORRUPT;
-	case MDB_READERS_FULL:
-	case MDB_MAP_RESIZED:      return -EAGAIN;
-	case MDB_BAD_VALSIZE:      return -EINVAL;
-	case MDB_PANIC:            return -EIO;
-	default:
-		if (rc > 0)
-			return -rc;
-		return -EIO;            /* other MDB_* codes are our misuse: report as I/O failure */
-	}
-}
-
-/* Record an LMDB failure with the root named, and return the converted code. */
-static int m_fail(const struct manifest *m, int rc, const char *fmt, ...) CKPT_PRINTF(3, 4);
-static int m_fail(const struct manifest *m, int rc, const char *fmt, ...)
-{
-	char what[256];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(what, sizeof what, fmt, ap);
-	va_end(ap);
-	int code = mdb_code(rc);
-	/* mdb_strerror of an errno calls strerror (not thread-safe): name errnos ourselves. */
-	const char *why = rc > 0 ? ckpt_strerror(-rc) : mdb_strerror(rc);
-	return ckpt_err(code, "manifest %s: %s: %s", m->root, what, why);
-}
-
-/* ------------------------------------------------------------------ transactions */
-
-static int m_grow(struct manifest *m);
-
-/* Begin a transaction; on success the read side of resize_lock is held until
- * m_txn_end. Returns an MDB code (not converted). */
-static int m_txn_begin(struct manifest *m, unsigned flags, MDB_txn **txn)
-{
-	for (int tries = 0;; tries++) {
-		pthread_rwlock_rdlock(&m->resize_lock);
-		int rc = mdb_txn_begin(m->env, NULL, flags, txn);
-		if (rc == 0)
-			return 0;
-		pthread_rwlock_unlock(&m->resize_lock);
-		if (rc != MDB_MAP_RESIZED || tries > 0)
-			return rc;
-		/* Another process (a tool, or a previous writer) grew the map beyond ours:
-		 * adopt its size, which LMDB allows only with no transaction active here. */
-		pthread_rwlock_wrlock(&m->resize_lock);
-		mdb_env_set_mapsize(m->env, 0);
-		pthread_rwlock_unlock(&m->resize_lock);
-	}
-}
-
-static void m_txn_abort(struct manifest *m, MDB_txn *txn)
-{
-	mdb_txn_abort(txn);
-	pthread_rwlock_unlock(&m->resize_lock);
-}
-
-static int m_txn_commit(struct manifest *m, MDB_txn *txn)
-{
-	int rc = mdb_txn_commit(txn);   /* frees txn whatever the outcome */
-	pthread_rwlock_unlock(&m->resize_lock);
-	return rc;
-}
-
-/* Double the map. Called with no transaction of ours active in this thread; the
- * write side waits for other threads' transactions to end. */
-static int m_grow(struct manifest *m)
-{
-	pthread_rwlock_wrlock(&m->resize_lock);
-	MDB_envinfo info;
-	int rc = mdb_env_info(m->env, &info);
-	if (rc == 0) {
-		size_t next = info.me_mapsize > SIZE_MAX / 2 ? 0 : info.me_mapsize * 2;
-		rc = next ? mdb_env_set_mapsize(m->env, next) : MDB_MAP_FULL;
-		if (rc == 0)
-			ckpt_log(CKPT_LOG_INFO, "manifest %s: map grown to %zu bytes", m->root, next);
-	}
-	pthread_rwlock_unlock(&m->resize_lock);
-	return rc;
-}
-
-/* The body of a write transaction: 0 or a ckpt code (message recorded). */
-typedef int (*m_write_fn)(struct manifest *m, MDB_txn *txn, void *arg);
-
-/*
- * Run fn in one write transaction and commit it durably. On a full map (-ENOSPC
- * from fn, or MDB_MAP_FULL from the commit) the map is grown and the whole
- * transaction run again, once; fn must therefore be repeatable from scratch
- * (it is: the aborted attempt changed nothing).
- */
-static int m_write(struct manifest *m, m_write_fn fn, void *arg, const char *what)
-{
-	if (m->rdonly)
-		return ckpt_err(CKPT_ESTATE, "manifest %s: opened read-only, cannot %s", m->root, what);
-	for (int attempt = 0;; attempt++) {
-		MDB_txn *txn;
-		int rc = m_txn_begin(m, 0, &txn);
-		if (rc)
-			return m_fail(m, rc, "begin write transaction to %s", what);
-		int code = fn(m, txn, arg);
-		if (code < 0) {
-			m_txn_abort(m, txn);
-			if (code == -ENOSPC && attempt == 0 && m_grow(m) == 0)
-				continue;
-			return code;
-		}
-		/*
-		 * Durability: mdb_txn_commit writes the dirty pages, fdatasync()s data.mdb,
-		 * and only then writes the new meta page through a descriptor opened with
-		 * O_DSYNC; it returns after that write. The meta page is the commit point:
-		 * a crash before it leaves the previous meta (none of this transaction
-		 * visible), after it the whole transaction. The first sync guarantees the
-		 * meta page never points at pages that are not yet on disk. This is why
-		 * the environment is never opened with MDB_NOSYNC or MDB_NOMETASYNC.
-		 */
-		rc = m_txn_commit(m, txn);
-		if (rc == 0)
-			return 0;
-		if (rc == MDB_MAP_FULL && attempt == 0 && m_grow(m) == 0)
-			continue;
-		return m_fail(m, rc, "commit %s", what);
-	}
-}
-
-/* ------------------------------------------------------------------ opening */
-
-/* Is dir empty, or holding only LMDB's lock file (a creation that stopped before
- * data.mdb)? */
-static bool dir_is_fresh(const char *dir)
-{
-	DIR *d = opendir(dir);
-	if (!d)
-		return false;
-	bool fresh = true;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
-		    !strcmp(e->d_name, "lock.mdb"))
-			continue;
-		fresh = false;
-		break;
-	}
-	closedir(d);
-	return fresh;
-}
-
-static int m_env_open(struct manifest *m, const char *dir, size_t mapsize)
-{
-	unsigned eflags = MDB_NOTLS | (m->rdonly ? MDB_RDONLY : 0u);
-	for (;;) {
-		MDB_env *env;
-		int rc = mdb_env_create(&env);
-		if (rc)
-			return m_fail(m, rc, "create LMDB environment");
-		rc = mdb_env_set_maxdbs(env, MAX_DBS);
-		if (!rc)
-			rc = mdb_env_set_maxreaders(env, MAX_READERS);
-		if (!rc)
-			rc = mdb_env_set_mapsize(env, mapsize);
-		if (!rc)
-			rc = mdb_env_open(env, dir, eflags, FILE_MODE);
-		if (rc == 0) {
-			m->env = env;
-			return 0;
-		}
-		mdb_env_close(env);            /* LMDB: a failed open must be closed */
-		if ((rc == EACCES || rc == EROFS) && m->rdonly && !(eflags & MDB_NOLOCK)) {
-			/*
-			 * Even MDB_RDONLY opens lock.mdb for writing (reader slots). On a
-			 * directory we cannot write (a read-only mount, another user's root)
-			 * fall back to MDB_NOLOCK. Caveat: we then take no reader slot, so a
-			 * writer in another process could recycle pages we are reading; this
-			 * is only safe when nobody writes the manifest meanwhile.
-			 */
-			eflags |= MDB_NOLOCK;
-			m->nolock = true;
-			ckpt_log(CKPT_LOG_WARN, "manifest %s: lock file not writable; reading without "
-			         "locks (safe only while no process writes this manifest)", m->root);
-			continue;
-		}
-		if (rc == ENOMEM && mapsize > MAP_SIZE_FALLBACK) {
-			mapsize = MAP_SIZE_FALLBACK;  /* limited address space (ulimit -v) */
-			continue;
-		}
-		return m_fail(m, rc, "open LMDB environment %s", dir);
-	}
-}
-
-/* Write the meta records of a new manifest (inside the creating transaction). */
-static int m_meta_init(struct manifest *m, MDB_txn *txn)
-{
-	uint8_t fmt[4], created[8];
-	ckpt_put_le32(fmt, MANIFEST_FORMAT_VERSION);
-	ckpt_put_le64(created, ckpt_wall_ns());
-	MDB_val k1 = { 6, (void *)"format" }, v1 = { sizeof fmt, fmt };
-	MDB_val k2 = { 7, (void *)"created" }, v2 = { sizeof created, created };
-	int rc = mdb_put(txn, m->dbi_meta, &k1, &v1, 0);
-	if (!rc)
-		rc = mdb_put(txn, m->dbi_meta, &k2, &v2, 0);
-	return rc ? m_fail(m, rc, "write meta records") : 0;
-}
-
-/* Open the named databases and check the format record; with create, make what
- * is missing (all in one transaction, so a half-created manifest cannot exist). */
-static int m_dbs_open(struct manifest *m, bool create)
-{
-	MDB_txn *txn;
-	/* No other thread has the handle yet: no resize_lock needed. */
-	int rc = mdb_txn_begin(m->env, NULL, create ? 0u : MDB_RDONLY, &txn);
-	if (rc)
-		return m_fail(m, rc, "begin transaction");
-	unsigned dflags = create ? MDB_CREATE : 0u;
-	static const char *const names[] = { "meta", "steps", "shards" };
-	MDB_dbi *dbis[] = { &m->dbi_meta, &m->dbi_steps, &m->dbi_shards };
-	int code = 0;
-	for (size_t i = 0; i < CKPT_ARRAY_SIZE(names) && !code; i++) {
-		rc = mdb_dbi_open(txn, names[i], dflags, dbis[i]);
-		if (rc == MDB_NOTFOUND)
-			code = ckpt_err(CKPT_EFORMAT, "manifest %s: LMDB environment without a '%s' "
-			                "database: not a libckpt manifest", m->root, names[i]);
-		else if (rc)
-			code = m_fail(m, rc, "open database '%s'", names[i]);
-	}
-	MDB_val key = { 6, (void *)"format" }, val;
-	if (!code) {
-		rc = mdb_get(txn, m->dbi_meta, &key, &val);
-		if (rc == MDB_NOTFOUND && create) {
-			MDB_stat st;
-			rc = mdb_stat(txn, m->dbi_steps, &st);
-			if (rc)
-				code = m_fail(m, rc, "stat steps database");
-			else if (st.ms_entries != 0)
-				code = ckpt_err(CKPT_EFORMAT, "manifest %s: steps recorded but no format "
-				                "record", m->root);
-			else
-				code = m_meta_init(m, txn);
-		} else if (rc == MDB_NOTFOUND) {
-			code = ckpt_err(CKPT_EFORMAT, "manifest %s: no format record", m->root);
-		} else if (rc) {
-			code = m_fail(m, rc, "read format record");
-		} else if (val.mv_size != 4) {
-			code = ckpt_err(CKPT_EFORMAT, "manifest %s: format record of %zu bytes",
-			                m->root, val.mv_size);
-		} else {
-			uint32_t v = ckpt_get_le32(val.mv_data);
-			if (v == 0)
-				code = ckpt_err(CKPT_EFORMAT, "manifest %s: format version 0", m->root);
-			else if (v > MANIFEST_FORMAT_VERSION)
-				code = ckpt_err(CKPT_EVERSION, "manifest %s: format version %u (this build "
-				                "reads <= %u)", m->root, v, MANIFEST_FORMAT_VERSION);
-		}
-	}
-	if (code) {
-		mdb_txn_abort(txn);
-		return code;
-	}
-	/* Committing (even the read-only transaction) is what makes the dbi handles
-	 * live in the environment for every later transaction. */
-	rc = mdb_txn_commit(txn);
-	return rc ? m_fail(m, rc, "commit opening transaction") : 0;
-}
-
-int manifest_open(const char *root, unsigned flags, struct manifest **out)
-{
-	return manifest_open_map(root, flags, 0, out);
-}
-
-int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct manifest **out)
-{
-	if (!out)
-		return ckpt_err(-EINVAL, "manifest_open: out is NULL");
-	*out = NULL;
-	bool rdonly = flags & MANIFEST_RDONLY, create = flags & MANIFEST_CREATE;
-	if (!root || !*root || (rdonly && create) ||
-	    (flags & ~(unsigned)(MANIFEST_RDONLY | MANIFEST_CREATE)))
-		return ckpt_err(-EINVAL, "manifest_open: bad root or flags 0x%x", flags);
-
-	char dir[PATH_MAX], data[PATH_MAX];
-	if (snprintf(dir, sizeof dir, "%s/%s", root, CKPT_MANIFEST_DIR) >= (int)sizeof dir ||
-	    snprintf(data, sizeof data, "%s/data.mdb", dir) >= (int)sizeof data)
-		return ckpt_err(-ENAMETOOLONG, "manifest %s: path too long", root);
-
-	struct stat st;
-	bool made_dir = false;
-	if (stat(dir, &st) < 0) {
-		int e = errno;
-		if (e != ENOENT || !create)
-			return ckpt_err(-e, "manifest %s: %s", root, e == ENOENT ?
-			                "no manifest (missing root or manifest directory)" : "stat");
-		if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-			return ckpt_err(-errno, "manifest %s: create %s", root, dir);
-		made_dir = true;
-	} else if (!S_ISDIR(st.st_mode)) {
-		return ckpt_err(CKPT_ENOTROOT, "manifest %s: %s exists and is not a directory",
-		                root, dir);
-	}
-	bool new_env = false;
-	if (stat(data, &st) < 0) {
-		int e = errno;
-		if (e != ENOENT)
-			return ckpt_err(-e, "manifest %s: stat %s", root, data);
-		if (!create || !dir_is_fresh(dir))
-			return ckpt_err(CKPT_ENOTROOT, "manifest %s: %s has no data.mdb: not a manifest",
-			                root, dir);
-		new_env = true;
-	} else if (!S_ISREG(st.st_mode)) {
-		return ckpt_err(CKPT_ENOTROOT, "manifest %s: %s is not a regular file", root, data);
-	}
-
-	size_t rl = strlen(root);
-	struct manifest *m = calloc(1, sizeof *m + rl + 1);
-	if (!m)
-		return ckpt_err(-ENOMEM, "manifest %s: out of memory", root);
-	memcpy(m->root, root, rl + 1);
-	m->rdonly = rdonly;
-	if (pthread_rwlock_init(&m->resize_lock, NULL) != 0) {
-		free(m);
-		return ckpt_err(-ENOMEM, "manifest %s: rwlock", root);
-	}
-	/* LMDB wants a multiple of the page size; it raises a map smaller than the
-	 * data already in data.mdb to fit. */
-	size_t mapsize = map_bytes ? (size_t)ckpt_align_up(map_bytes, 4096) : MAP_SIZE_INITIAL;
-	int rc = m_env_open(m, dir, mapsize);
-	if (!rc && !rdonly)
-		mdb_reader_check(m->env, NULL);   /* drop slots of dead readers: they pin pages */
-	if (!rc && (made_dir || new_env)) {
-		/*
-		 * Durability: LMDB syncs data.mdb but never the directory that names it.
-		 * Sync <root>/manifest (new data.mdb) and <root> (new manifest/) before
-		 * the first commit can be acknowledged, or a power cut could lose the
-		 * whole environment along with commits it had reported durable.
-		 */
-		rc = ckpt_fsync_dir(dir);
-		if (!rc && made_dir)
-			rc = ckpt_fsync_dir(root);
-	}
-	if (!rc)
-		rc = m_dbs_open(m, create);
-	if (rc) {
-		manifest_close(m);
-		return rc;
-	}
-	*out = m;
-	return 0;
-}
-
-void manifest_close(struct manifest *m)
-{
-	if (!m)
-		return;
-	if (m->env)
-		mdb_env_close(m->env);
-	pthread_rwlock_destroy(&m->resize_lock);
-	free(m);
-}
 
 /* ------------------------------------------------------------------ helpers in a txn */
 
@@ -418,7 +29,7 @@ static int step_read(struct manifest *m, MDB_txn *txn, uint64_t step,
 		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->root,
 		                (unsigned long long)step);
 	if (rc)
-		return m_fail(m, rc, "step %llu: read step record", (unsigned long long)step);
+		return manifest_fail(m, rc, "step %llu: read step record", (unsigned long long)step);
 	rc = manifest_step_decode(val.mv_data, val.mv_size, step, out, NULL, 0);
 	return rc ? ckpt_err_prefix(rc, "manifest %s", m->root) : 0;
 }
@@ -434,7 +45,7 @@ static int step_write(struct manifest *m, MDB_txn *txn, const struct manifest_st
 	/* MDB_RESERVE: encode straight into the page LMDB allocates; no copy. */
 	int rc = mdb_put(txn, m->dbi_steps, &key, &val, MDB_RESERVE);
 	if (rc)
-		return m_fail(m, rc, "step %llu: write step record", (unsigned long long)rec->step);
+		return manifest_fail(m, rc, "step %llu: write step record", (unsigned long long)rec->step);
 	manifest_step_encode(rec, note, val.mv_data);
 	return 0;
 }
@@ -451,7 +62,7 @@ static int shards_delete(struct manifest *m, MDB_txn *txn, uint64_t step)
 		MDB_cursor *cur;
 		int rc = mdb_cursor_open(txn, m->dbi_shards, &cur);
 		if (rc)
-			return m_fail(m, rc, "step %llu: open cursor", (unsigned long long)step);
+			return manifest_fail(m, rc, "step %llu: open cursor", (unsigned long long)step);
 		rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
 		bool mine = rc == 0 && key.mv_size == MANIFEST_SHARD_KEY_BYTES &&
 		            ckpt_get_be64(key.mv_data) == step;
@@ -461,7 +72,7 @@ static int shards_delete(struct manifest *m, MDB_txn *txn, uint64_t step)
 		if (rc == MDB_NOTFOUND || (rc == 0 && !mine))
 			return n;
 		if (rc)
-			return m_fail(m, rc, "step %llu: delete shard records", (unsigned long long)step);
+			return manifest_fail(m, rc, "step %llu: delete shard records", (unsigned long long)step);
 		n++;
 	}
 }
@@ -503,7 +114,7 @@ static int commit_txn(struct manifest *m, MDB_txn *txn, void *varg)
 		MDB_val val = { manifest_shard_rec_size(sh), NULL };
 		rc = mdb_put(txn, m->dbi_shards, &key, &val, MDB_RESERVE);
 		if (rc)
-			return m_fail(m, rc, "step %llu rank %u: write shard record", s, sh->rank);
+			return manifest_fail(m, rc, "step %llu rank %u: write shard record", s, sh->rank);
 		manifest_shard_encode(sh, val.mv_data);
 	}
 	/* The step record goes in last. Atomicity does not depend on it (the
@@ -553,7 +164,7 @@ int manifest_commit(struct manifest *m, const struct manifest_step *rec,
 		return rc;
 
 	struct commit_arg a = { &r, shards, nshards };
-	return m_write(m, commit_txn, &a, "commit step");
+	return manifest_write(m, commit_txn, &a, "commit step");
 }
 
 /* ------------------------------------------------------------------ aborts, trust, delete */
@@ -585,7 +196,7 @@ int manifest_record_abort(struct manifest *m, uint64_t step, uint32_t world, con
 	if (!m)
 		return ckpt_err(-EINVAL, "manifest_record_abort: NULL manifest");
 	struct abort_arg a = { step, world, why };
-	return m_write(m, abort_txn, &a, "record an aborted step");
+	return manifest_write(m, abort_txn, &a, "record an aborted step");
 }
 
 struct trust_arg { uint64_t step; uint32_t trust; };
@@ -612,7 +223,7 @@ int manifest_set_trust(struct manifest *m, uint64_t step, uint32_t trust)
 		return ckpt_err(-EINVAL, "manifest %s: step %llu: bad trust level %u", m->root,
 		                (unsigned long long)step, trust);
 	struct trust_arg a = { step, trust };
-	return m_write(m, trust_txn, &a, "set trust");
+	return manifest_write(m, trust_txn, &a, "set trust");
 }
 
 static int delete_txn(struct manifest *m, MDB_txn *txn, void *varg)
@@ -623,7 +234,7 @@ static int delete_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	MDB_val key = { sizeof k, k };
 	int rc = mdb_del(txn, m->dbi_steps, &key, NULL);
 	if (rc && rc != MDB_NOTFOUND)
-		return m_fail(m, rc, "step %llu: delete step record", (unsigned long long)step);
+		return manifest_fail(m, rc, "step %llu: delete step record", (unsigned long long)step);
 	bool had_step = rc == 0;
 	/* Shard records go in the same transaction: a reader never finds a step
 	 * without its shards, nor shard records that outlive their step. */
@@ -640,7 +251,7 @@ int manifest_step_delete(struct manifest *m, uint64_t step)
 {
 	if (!m)
 		return ckpt_err(-EINVAL, "manifest_step_delete: NULL manifest");
-	return m_write(m, delete_txn, &step, "delete step");
+	return manifest_write(m, delete_txn, &step, "delete step");
 }
 
 /* ------------------------------------------------------------------ readers */
@@ -650,11 +261,11 @@ int manifest_step_get(struct manifest *m, uint64_t step, struct manifest_step *o
 	if (!m || !out)
 		return ckpt_err(-EINVAL, "manifest_step_get: NULL argument");
 	MDB_txn *txn;
-	int rc = m_txn_begin(m, MDB_RDONLY, &txn);
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
 	if (rc)
-		return m_fail(m, rc, "step %llu: begin read transaction", (unsigned long long)step);
+		return manifest_fail(m, rc, "step %llu: begin read transaction", (unsigned long long)step);
 	rc = step_read(m, txn, step, out);
-	m_txn_abort(m, txn);
+	manifest_txn_abort(m, txn);
 	return rc;
 }
 
@@ -665,14 +276,14 @@ typedef int (*step_visit_fn)(const struct manifest_step *r, void *arg);
 static int steps_walk(struct manifest *m, bool descending, step_visit_fn fn, void *arg)
 {
 	MDB_txn *txn;
-	int rc = m_txn_begin(m, MDB_RDONLY, &txn);
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
 	if (rc)
-		return m_fail(m, rc, "begin read transaction");
+		return manifest_fail(m, rc, "begin read transaction");
 	MDB_cursor *cur;
 	rc = mdb_cursor_open(txn, m->dbi_steps, &cur);
 	if (rc) {
-		m_txn_abort(m, txn);
-		return m_fail(m, rc, "open cursor");
+		manifest_txn_abort(m, txn);
+		return manifest_fail(m, rc, "open cursor");
 	}
 	MDB_val key, val;
 	int ret = 0;
@@ -697,9 +308,9 @@ static int steps_walk(struct manifest *m, bool descending, step_visit_fn fn, voi
 			break;
 	}
 	if (ret == 0 && rc != MDB_NOTFOUND)
-		ret = m_fail(m, rc, "walk steps database");
+		ret = manifest_fail(m, rc, "walk steps database");
 	mdb_cursor_close(cur);
-	m_txn_abort(m, txn);
+	manifest_txn_abort(m, txn);
 	return ret;
 }
 
@@ -762,25 +373,25 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
 		return ckpt_err(-EINVAL, "manifest_shard_get: NULL manifest");
 	unsigned long long s = (unsigned long long)step;
 	MDB_txn *txn;
-	int rc = m_txn_begin(m, MDB_RDONLY, &txn);
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
 	if (rc)
-		return m_fail(m, rc, "step %llu rank %u: begin read transaction", s, rank);
+		return manifest_fail(m, rc, "step %llu rank %u: begin read transaction", s, rank);
 	uint8_t k[MANIFEST_SHARD_KEY_BYTES];
 	manifest_shard_key(k, step, rank);
 	MDB_val key = { sizeof k, k }, val;
 	rc = mdb_get(txn, m->dbi_shards, &key, &val);
 	if (rc) {
-		m_txn_abort(m, txn);
+		manifest_txn_abort(m, txn);
 		if (rc == MDB_NOTFOUND)
 			return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu rank %u: no shard record",
 			                m->root, s, rank);
-		return m_fail(m, rc, "step %llu rank %u: read shard record", s, rank);
+		return manifest_fail(m, rc, "step %llu rank %u: read shard record", s, rank);
 	}
 	struct manifest_shard sh;
 	size_t pl;
 	rc = manifest_shard_decode(val.mv_data, val.mv_size, step, rank, &sh, &pl);
 	if (rc) {
-		m_txn_abort(m, txn);
+		manifest_txn_abort(m, txn);
 		return ckpt_err_prefix(rc, "manifest %s", m->root);
 	}
 	/* LMDB's pointers die with the transaction: copy index and path out, into one
@@ -788,14 +399,14 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
 	 * the decoder (index <= MANIFEST_MAX_INDEX, path <= MANIFEST_MAX_PATH). */
 	uint8_t *block = malloc(sh.index_len + pl + 1);
 	if (!block) {
-		m_txn_abort(m, txn);
+		manifest_txn_abort(m, txn);
 		return ckpt_err(-ENOMEM, "manifest %s: step %llu rank %u: %zu bytes for the shard "
 		                "index", m->root, s, rank, sh.index_len);
 	}
 	memcpy(block, sh.index, sh.index_len);
 	memcpy(block + sh.index_len, sh.path, pl);
 	block[sh.index_len + pl] = '\0';
-	m_txn_abort(m, txn);
+	manifest_txn_abort(m, txn);
 	sh.index = block;
 	sh.path = (const char *)(block + sh.index_len);
 	sh.owned_ = block;

@@ -47,6 +47,29 @@ struct manifest {
  * 64-bit build). For tests of map growth; the map still grows on MDB_MAP_FULL. */
 int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct manifest **out);
 
+/* ------------------------------------------------------------------ transactions
+ * (manifest_env.c) */
+
+/* Record an LMDB failure (rc: an MDB_* code or positive errno) with the root and
+ * what was being done; returns the converted ckpt code. */
+int manifest_fail(const struct manifest *m, int rc, const char *fmt, ...) CKPT_PRINTF(3, 4);
+/* Begin a transaction (flags: 0 or MDB_RDONLY). On success the read side of
+ * resize_lock is held until manifest_txn_abort/_commit. Returns an MDB code. */
+int  manifest_txn_begin(struct manifest *m, unsigned flags, MDB_txn **txn);
+void manifest_txn_abort(struct manifest *m, MDB_txn *txn);
+int  manifest_txn_commit(struct manifest *m, MDB_txn *txn);   /* MDB code; frees txn */
+
+/* The body of a write transaction: 0 or a ckpt code (message recorded). It must
+ * be repeatable from scratch: manifest_write may run it twice. */
+typedef int (*manifest_write_fn)(struct manifest *m, MDB_txn *txn, void *arg);
+/* Run fn in one write transaction and commit it durably; on a full map, grow the
+ * map and run the whole transaction once more (then -ENOSPC). CKPT_ESTATE on a
+ * read-only handle; `what` names the operation in messages. */
+int manifest_write(struct manifest *m, manifest_write_fn fn, void *arg, const char *what);
+
+/* ------------------------------------------------------------------ codec
+ * (manifest_record.c) */
+
 /* Keys. */
 void manifest_step_key(uint8_t out[MANIFEST_STEP_KEY_BYTES], uint64_t step);
 void manifest_shard_key(uint8_t out[MANIFEST_SHARD_KEY_BYTES], uint64_t step, uint32_t rank);

@@ -309,6 +309,13 @@ START_TEST(open_not_a_manifest)
 	ck_assert_ptr_null(m);
 	ck_assert_int_eq(unlink(p), 0);
 
+	/* A root that is a regular file. */
+	snprintf(p, sizeof p, "%s/plainfile", root);
+	ck_assert_int_eq(tu_write_file(p, "x", 1), 0);
+	ck_assert_int_eq(manifest_open(p, MANIFEST_CREATE, &m), CKPT_ENOTROOT);
+	ck_assert_int_eq(manifest_open(p, MANIFEST_RDONLY, &m), CKPT_ENOTROOT);
+	ck_assert_int_eq(unlink(p), 0);
+
 	/* An empty directory is adopted by CREATE. */
 	snprintf(p, sizeof p, "%s/manifest/lock.mdb", root);
 	unlink(p);
