@@ -358,9 +358,16 @@ int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct
 		return ckpt_err(-ENOMEM, "manifest %s: out of memory", root);
 	memcpy(m->root, root, rl + 1);
 	m->rdonly = rdonly;
-	if (pthread_rwlock_init(&m->resize_lock, NULL) != 0) {
+	/* Writer-preferring, so that growing the map is not starved by a steady
+	 * stream of readers (nothing here takes the read side recursively). */
+	pthread_rwlockattr_t attr;
+	pthread_rwlockattr_init(&attr);
+	pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	int lrc = pthread_rwlock_init(&m->resize_lock, &attr);
+	pthread_rwlockattr_destroy(&attr);
+	if (lrc != 0) {
 		free(m);
-		return ckpt_err(-ENOMEM, "manifest %s: rwlock", root);
+		return ckpt_err(-lrc, "manifest %s: rwlock", root);
 	}
 	/* LMDB wants a multiple of the page size; it raises a map smaller than the
 	 * data already in data.mdb to fit. */

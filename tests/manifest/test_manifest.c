@@ -925,6 +925,7 @@ struct reader_arg {
 	volatile int    *done;
 	int              errors;
 	int              rounds;
+	size_t           fixed_len;
 	char             first_error[256];
 };
 
@@ -961,7 +962,7 @@ static void *reader_main(void *varg)
 				continue;
 			}
 			for (uint32_t k = 0; k < CONC_W; k++)
-				if ((rc = shard_verify(a->m, s, k, 0)) != 0)
+				if ((rc = shard_verify(a->m, s, k, a->fixed_len)) != 0)
 					reader_fail(a, "shard", s, rc);
 		}
 		uint64_t latest;
@@ -973,10 +974,13 @@ static void *reader_main(void *varg)
 	return NULL;
 }
 
-START_TEST(concurrent_readers)
+/* 4 reader threads while this thread commits; map_bytes small forces the map to
+ * grow (all transactions paused) in the middle of it. */
+static void run_concurrent(size_t map_bytes, size_t fixed_len)
 {
 	char *root = tu_tmpdir("manifest");
-	struct manifest *m = open_create(root);
+	struct manifest *m = NULL;
+	ck_assert_int_eq(manifest_open_map(root, MANIFEST_CREATE, map_bytes, &m), 0);
 	volatile int done = 0;
 	struct reader_arg args[4];
 	pthread_t th[4];
@@ -984,10 +988,11 @@ START_TEST(concurrent_readers)
 		memset(&args[i], 0, sizeof args[i]);
 		args[i].m = m;
 		args[i].done = &done;
+		args[i].fixed_len = fixed_len;
 		ck_assert_int_eq(pthread_create(&th[i], NULL, reader_main, &args[i]), 0);
 	}
 	for (uint64_t s = 1; s <= CONC_STEPS; s++) {
-		int rc = commit_gen(m, s, CONC_W, 0);
+		int rc = commit_gen(m, s, CONC_W, fixed_len);
 		ck_assert_msg(rc == 0, "commit %llu: %d %s", (unsigned long long)s, rc, ckpt_err_msg());
 	}
 	__atomic_store_n(&done, 1, __ATOMIC_RELEASE);
@@ -999,6 +1004,66 @@ START_TEST(concurrent_readers)
 	}
 	ck_assert_int_eq(manifest_steps_list(m, false, NULL, 0), CONC_STEPS);
 	manifest_close(m);
+	tu_rmtree(root);
+	free(root);
+}
+
+START_TEST(concurrent_readers)
+{
+	run_concurrent(0, 0);
+}
+END_TEST
+
+START_TEST(concurrent_readers_growing_map)
+{
+	/* 40 steps x 3 ranks x 64 KiB from a 256 KiB map: about five doublings. */
+	run_concurrent(256 << 10, 64 << 10);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ no lock access */
+
+/* A reader that may not write lock.mdb (another user's root, a 0555 directory)
+ * still reads, through the MDB_NOLOCK fallback. As root, the reader drops to
+ * nobody in a child to lose the access. */
+START_TEST(rdonly_without_lock_access)
+{
+	char *root = tu_tmpdir("manifest");
+	struct manifest *m = open_create(root);
+	ck_assert_int_eq(commit_gen(m, 5, 2, 0), 0);
+	manifest_close(m);
+	char dir[4096], lock[4096];
+	snprintf(dir, sizeof dir, "%s/manifest", root);
+	snprintf(lock, sizeof lock, "%s/lock.mdb", dir);
+	ck_assert_int_eq(chmod(root, 0755), 0);
+	ck_assert_int_eq(chmod(lock, 0444), 0);
+	ck_assert_int_eq(chmod(dir, 0555), 0);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0))
+			_exit(10);
+		struct manifest *rm = NULL;
+		int rc = manifest_open(root, MANIFEST_RDONLY, &rm);
+		if (rc) {
+			fprintf(stderr, "open: %d %s\n", rc, ckpt_err_msg());
+			_exit(2);
+		}
+		struct manifest_step r;
+		if (!rm->nolock)
+			_exit(3);
+		if (manifest_step_get(rm, 5, &r) != 0 || r.world != 2)
+			_exit(4);
+		if (shard_verify(rm, 5, 1, 0) != 0)
+			_exit(5);
+		manifest_close(rm);
+		_exit(0);
+	}
+	int status;
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert(WIFEXITED(status));
+	ck_assert_int_eq(WEXITSTATUS(status), 0);
+	ck_assert_int_eq(chmod(dir, 0755), 0);
 	tu_rmtree(root);
 	free(root);
 }
@@ -1060,6 +1125,8 @@ int main(void)
 	tcase_add_test(tc, fuzz_replay_lmdb);
 	tcase_add_test(tc, map_full_grows_then_enospc);
 	tcase_add_test(tc, concurrent_readers);
+	tcase_add_test(tc, concurrent_readers_growing_map);
+	tcase_add_test(tc, rdonly_without_lock_access);
 	tcase_add_test(tc, commit_survives_exit);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
