@@ -147,12 +147,15 @@ int io_shard_writer_add_tensor(struct io_shard_writer *w, const struct io_tensor
 /* Append the next chunk of tensor t: len raw bytes in pool buffer buf. Ownership of
  * buf passes to the writer in every case (success or failure); it returns to the pool
  * when its write completes. Hashes, compresses when enabled and smaller, queues the
- * write; blocks only while the engine's queue is full. Chunks of a tensor are
- * appended in order; a tensor's chunks are consecutive. Errors: -EIO, -ENOSPC, ... */
+ * write; blocks only while the engine's queue is full, or while the pool is empty and
+ * this writer's writes hold buffers (so that it never returns with the pool empty
+ * because of completions nobody reaped). Chunks of a tensor are appended in order; a
+ * tensor's chunks are consecutive. Errors: -EIO, -ENOSPC, ... */
 int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len);
 /* Durability point of the shard: waits for every write, writes footer and trailer,
  * truncates to the final size, fdatasync()s the file, fsync()s its directory. Only
- * after 0 may the shard be voted for. The writer is freed in every case. */
+ * after 0 may the shard be voted for. The writer is freed in every case; on failure
+ * the file is removed and *res is zeroed. */
 int io_shard_writer_finish(struct io_shard_writer *w, struct io_shard_result *res);
 /* Waits for writes in flight, closes, unlinks the file, frees. NULL: no-op. */
 void io_shard_writer_abort(struct io_shard_writer *w);

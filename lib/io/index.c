@@ -1,0 +1,373 @@
+/*
+ * index.c — the shard index codec: the footer of a shard file, also carried in
+ * PREPARE and stored in the manifest (docs/format.md §3).
+ *
+ * The decoder reads untrusted bytes (a file from disk, a message from a peer) and
+ * is fuzzed: every count is checked against the bytes that remain before anything
+ * is allocated, every field is range-checked before it is used, and the semantic
+ * rules (chunk runs cover each tensor exactly, file ranges lie inside the data
+ * area and do not overlap, names are valid and unique) are enforced here so that
+ * readers of a decoded index may trust it.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/io_internal.h"
+
+/* ------------------------------------------------------------------ encode */
+
+int io_index_encode(const struct io_shard_index *ix, void **out, size_t *len)
+{
+	*out = NULL;
+	*len = 0;
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	ckpt_buf_put(&b, IO_INDEX_MAGIC, IO_MAGIC_BYTES);
+	ckpt_buf_u32(&b, IO_FORMAT_VERSION);
+	ckpt_buf_u32(&b, 0);                         /* flags: none defined in version 1 */
+	ckpt_buf_u64(&b, ix->step);
+	ckpt_buf_u32(&b, ix->rank);
+	ckpt_buf_u32(&b, ix->world);
+	ckpt_buf_u64(&b, ix->data_end);
+	ckpt_buf_u32(&b, ix->ntensors);
+	ckpt_buf_u32(&b, ix->nchunks);
+	for (uint32_t i = 0; i < ix->ntensors; i++) {
+		const struct io_tensor_entry *t = &ix->tensors[i];
+		size_t n = strlen(t->name);
+		if (n > UINT16_MAX || t->ndim > CKPT_MAX_NDIM) {
+			ckpt_buf_free(&b);
+			return ckpt_err(-EINVAL, "shard index: tensor %u: name or ndim too large", i);
+		}
+		ckpt_buf_u16(&b, (uint16_t)n);
+		ckpt_buf_put(&b, t->name, n);
+		ckpt_buf_u8(&b, t->kind);
+		ckpt_buf_u8(&b, t->dtype);
+		ckpt_buf_u8(&b, t->policy);
+		ckpt_buf_u8(&b, t->flags);
+		ckpt_buf_u8(&b, t->ndim);
+		for (unsigned d = 0; d < t->ndim; d++)
+			ckpt_buf_u64(&b, t->global_shape[d]);
+		for (unsigned d = 0; d < t->ndim; d++)
+			ckpt_buf_u64(&b, t->offset[d]);
+		for (unsigned d = 0; d < t->ndim; d++)
+			ckpt_buf_u64(&b, t->extent[d]);
+		ckpt_buf_u64(&b, t->raw_bytes);
+		ckpt_buf_u32(&b, t->first_chunk);
+		ckpt_buf_u32(&b, t->nchunks);
+	}
+	for (uint32_t i = 0; i < ix->nchunks; i++) {
+		const struct io_chunk_entry *c = &ix->chunks[i];
+		static const uint8_t pad[3];
+		ckpt_buf_u32(&b, c->tensor);
+		ckpt_buf_u8(&b, c->codec);
+		ckpt_buf_put(&b, pad, sizeof pad);
+		ckpt_buf_u64(&b, c->raw_offset);
+		ckpt_buf_u64(&b, c->raw_len);
+		ckpt_buf_u64(&b, c->file_offset);
+		ckpt_buf_u64(&b, c->stored_len);
+		ckpt_buf_put(&b, c->hash, CKPT_HASH_BYTES);
+	}
+	if (!b.ok) {
+		ckpt_buf_free(&b);
+		return ckpt_err(-ENOMEM, "shard index: encoding %u tensors, %u chunks",
+		                ix->ntensors, ix->nchunks);
+	}
+	*out = b.p;
+	*len = b.len;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ free, find */
+
+void io_index_free(struct io_shard_index *ix)
+{
+	if (!ix)
+		return;
+	if (ix->tensors)
+		for (uint32_t i = 0; i < ix->ntensors; i++)
+			free((char *)ix->tensors[i].name);
+	free(ix->tensors);
+	free(ix->chunks);
+	free(ix);
+}
+
+int io_index_find(const struct io_shard_index *ix, const char *name)
+{
+	for (uint32_t i = 0; i < ix->ntensors && i <= (uint32_t)INT32_MAX; i++)
+		if (!strcmp(ix->tensors[i].name, name))
+			return (int)i;
+	return -1;
+}
+
+/* ------------------------------------------------------------------ decode */
+
+#define BAD(...) ckpt_err(CKPT_EFORMAT, "shard index: " __VA_ARGS__)
+
+static int tensor_check(const struct io_tensor_entry *t, uint32_t i)
+{
+	if (t->kind < 1 || t->kind > CKPT_KIND_MAX_)
+		return BAD("tensor %u ('%s'): kind %u unknown", i, t->name, t->kind);
+	if (t->dtype < 1 || t->dtype > CKPT_DTYPE_MAX_)
+		return BAD("tensor %u ('%s'): dtype %u unknown", i, t->name, t->dtype);
+	if (t->policy < 1 || t->policy > CKPT_POLICY_MAX_)
+		return BAD("tensor %u ('%s'): policy %u unknown", i, t->name, t->policy);
+	if (t->flags & ~(unsigned)IO_TENSOR_BLOB)
+		return BAD("tensor %u ('%s'): flags 0x%x unknown", i, t->name, t->flags);
+	for (unsigned d = 0; d < t->ndim; d++) {
+		/* offset + extent <= global, written so that it cannot overflow. */
+		if (!ckpt_range_ok(t->offset[d], t->extent[d], t->global_shape[d]))
+			return BAD("tensor %u ('%s'): dim %u: offset %llu + extent %llu > shape %llu",
+			           i, t->name, d, (unsigned long long)t->offset[d],
+			           (unsigned long long)t->extent[d],
+			           (unsigned long long)t->global_shape[d]);
+	}
+	uint64_t elems, bytes;
+	if (!ckpt_shape_elems(t->ndim, t->global_shape, &elems))
+		return BAD("tensor %u ('%s'): global shape overflows 64 bits", i, t->name);
+	if (!ckpt_shape_elems(t->ndim, t->extent, &elems) ||
+	    !ckpt_mul_u64(elems, ckpt_dtype_size(t->dtype), &bytes))
+		return BAD("tensor %u ('%s'): extent size overflows 64 bits", i, t->name);
+	if (t->flags & IO_TENSOR_BLOB) {
+		if (t->dtype != CKPT_U8 || t->ndim != 1)
+			return BAD("tensor %u ('%s'): blob must be u8 with ndim 1", i, t->name);
+	}
+	if (bytes != t->raw_bytes)
+		return BAD("tensor %u ('%s'): raw_bytes %llu != %llu from extent and dtype", i,
+		           t->name, (unsigned long long)t->raw_bytes, (unsigned long long)bytes);
+	return 0;
+}
+
+static int tensor_decode(struct ckpt_cursor *c, struct io_tensor_entry *t, uint32_t i)
+{
+	uint16_t n = ckpt_cursor_u16(c);
+	const uint8_t *name = ckpt_cursor_take(c, n);
+	if (!c->ok)
+		return BAD("tensor %u: truncated name", i);
+	if (ckpt_name_check((const char *)name, n))
+		return BAD("tensor %u: invalid name (length %u)", i, n);
+	char *s = malloc((size_t)n + 1);
+	if (!s)
+		return ckpt_err(-ENOMEM, "shard index: tensor %u name", i);
+	memcpy(s, name, n);
+	s[n] = '\0';
+	t->name = s;
+	t->name_len = n;
+	t->kind = ckpt_cursor_u8(c);
+	t->dtype = ckpt_cursor_u8(c);
+	t->policy = ckpt_cursor_u8(c);
+	t->flags = ckpt_cursor_u8(c);
+	t->ndim = ckpt_cursor_u8(c);
+	if (!c->ok)
+		return BAD("tensor %u ('%s'): truncated", i, s);
+	if (t->ndim > CKPT_MAX_NDIM)
+		return BAD("tensor %u ('%s'): ndim %u > %u", i, s, t->ndim, CKPT_MAX_NDIM);
+	for (unsigned d = 0; d < t->ndim; d++)
+		t->global_shape[d] = ckpt_cursor_u64(c);
+	for (unsigned d = 0; d < t->ndim; d++)
+		t->offset[d] = ckpt_cursor_u64(c);
+	for (unsigned d = 0; d < t->ndim; d++)
+		t->extent[d] = ckpt_cursor_u64(c);
+	t->raw_bytes = ckpt_cursor_u64(c);
+	t->first_chunk = ckpt_cursor_u32(c);
+	t->nchunks = ckpt_cursor_u32(c);
+	if (!c->ok)
+		return BAD("tensor %u ('%s'): truncated", i, s);
+	return tensor_check(t, i);
+}
+
+static int chunk_decode(struct ckpt_cursor *c, struct io_chunk_entry *k, uint32_t i,
+                        uint64_t data_end)
+{
+	k->tensor = ckpt_cursor_u32(c);
+	k->codec = ckpt_cursor_u8(c);
+	const uint8_t *pad = ckpt_cursor_take(c, 3);
+	k->raw_offset = ckpt_cursor_u64(c);
+	k->raw_len = ckpt_cursor_u64(c);
+	k->file_offset = ckpt_cursor_u64(c);
+	k->stored_len = ckpt_cursor_u64(c);
+	const uint8_t *h = ckpt_cursor_take(c, CKPT_HASH_BYTES);
+	if (!c->ok)
+		return BAD("chunk %u: truncated", i);
+	memcpy(k->hash, h, CKPT_HASH_BYTES);
+	if (pad[0] | pad[1] | pad[2])
+		return BAD("chunk %u: reserved bytes not zero", i);
+	if (k->codec != IO_CODEC_RAW && k->codec != IO_CODEC_ZSTD)
+		return BAD("chunk %u: codec %u unknown", i, k->codec);
+	if (k->raw_len == 0 || k->raw_len > IO_MAX_CHUNK_BYTES)
+		return BAD("chunk %u: raw_len %llu outside [1, %llu]", i,
+		           (unsigned long long)k->raw_len, (unsigned long long)IO_MAX_CHUNK_BYTES);
+	if (k->codec == IO_CODEC_RAW && k->stored_len != k->raw_len)
+		return BAD("chunk %u: raw chunk with stored_len %llu != raw_len %llu", i,
+		           (unsigned long long)k->stored_len, (unsigned long long)k->raw_len);
+	/* A compressed chunk is stored only when it is smaller (docs/format.md §5). */
+	if (k->codec == IO_CODEC_ZSTD && (k->stored_len == 0 || k->stored_len > k->raw_len))
+		return BAD("chunk %u: zstd stored_len %llu outside [1, raw_len %llu]", i,
+		           (unsigned long long)k->stored_len, (unsigned long long)k->raw_len);
+	if (k->file_offset % CKPT_ALIGN)
+		return BAD("chunk %u: file_offset %llu not a multiple of %u", i,
+		           (unsigned long long)k->file_offset, CKPT_ALIGN);
+	if (k->file_offset < IO_HEADER_BYTES ||
+	    !ckpt_range_ok(k->file_offset, k->stored_len, data_end))
+		return BAD("chunk %u: file range [%llu, +%llu) outside [%u, data_end %llu)", i,
+		           (unsigned long long)k->file_offset, (unsigned long long)k->stored_len,
+		           IO_HEADER_BYTES, (unsigned long long)data_end);
+	return 0;
+}
+
+/* Each tensor's run [first_chunk, first_chunk + nchunks) holds exactly its chunks,
+ * in raw order, covering [0, raw_bytes) without gap or overlap. */
+static int runs_check(const struct io_shard_index *ix)
+{
+	for (uint32_t t = 0; t < ix->ntensors; t++) {
+		const struct io_tensor_entry *te = &ix->tensors[t];
+		if ((uint64_t)te->first_chunk + te->nchunks > ix->nchunks)
+			return BAD("tensor %u ('%s'): chunks [%u, +%u) outside %u chunks", t,
+			           te->name, te->first_chunk, te->nchunks, ix->nchunks);
+		uint64_t pos = 0;
+		for (uint32_t k = te->first_chunk; k < te->first_chunk + te->nchunks; k++) {
+			const struct io_chunk_entry *c = &ix->chunks[k];
+			if (c->tensor != t)
+				return BAD("chunk %u: belongs to tensor %u, inside the run of "
+				           "tensor %u ('%s')", k, c->tensor, t, te->name);
+			if (c->raw_offset != pos)
+				return BAD("chunk %u of tensor '%s': raw_offset %llu, expected %llu",
+				           k, te->name, (unsigned long long)c->raw_offset,
+				           (unsigned long long)pos);
+			if (!ckpt_add_u64(pos, c->raw_len, &pos) || pos > te->raw_bytes)
+				return BAD("chunk %u of tensor '%s': runs past raw_bytes %llu", k,
+				           te->name, (unsigned long long)te->raw_bytes);
+		}
+		if (pos != te->raw_bytes)
+			return BAD("tensor %u ('%s'): chunks cover %llu of %llu bytes", t, te->name,
+			           (unsigned long long)pos, (unsigned long long)te->raw_bytes);
+	}
+	/* Every chunk must sit inside its own tensor's run (no orphans). */
+	for (uint32_t k = 0; k < ix->nchunks; k++) {
+		const struct io_chunk_entry *c = &ix->chunks[k];
+		if (c->tensor >= ix->ntensors)
+			return BAD("chunk %u: tensor %u >= %u tensors", k, c->tensor, ix->ntensors);
+		const struct io_tensor_entry *te = &ix->tensors[c->tensor];
+		if (k < te->first_chunk || k - te->first_chunk >= te->nchunks)
+			return BAD("chunk %u: outside the run of its tensor %u ('%s')", k, c->tensor,
+			           te->name);
+	}
+	return 0;
+}
+
+static int cmp_by_offset(const void *a, const void *b, void *arg)
+{
+	const struct io_chunk_entry *ch = arg;
+	uint64_t x = ch[*(const uint32_t *)a].file_offset, y = ch[*(const uint32_t *)b].file_offset;
+	return x < y ? -1 : x > y;
+}
+
+static int cmp_by_name(const void *a, const void *b, void *arg)
+{
+	const struct io_tensor_entry *te = arg;
+	return strcmp(te[*(const uint32_t *)a].name, te[*(const uint32_t *)b].name);
+}
+
+/* Chunk file ranges disjoint, tensor names unique: both by sorting indices. */
+static int overlap_and_names_check(const struct io_shard_index *ix)
+{
+	size_t n = ix->nchunks > ix->ntensors ? ix->nchunks : ix->ntensors;
+	uint32_t *ord = malloc((n ? n : 1) * sizeof *ord);
+	if (!ord)
+		return ckpt_err(-ENOMEM, "shard index: checking %zu entries", n);
+	int rc = 0;
+	for (uint32_t i = 0; i < ix->nchunks; i++)
+		ord[i] = i;
+	qsort_r(ord, ix->nchunks, sizeof *ord, cmp_by_offset, ix->chunks);
+	for (uint32_t i = 1; i < ix->nchunks && !rc; i++) {
+		const struct io_chunk_entry *p = &ix->chunks[ord[i - 1]], *q = &ix->chunks[ord[i]];
+		/* Both offsets are aligned and inside data_end, so no overflow here. */
+		if (p->file_offset + p->stored_len > q->file_offset)
+			rc = BAD("chunks %u and %u: file ranges overlap at %llu", ord[i - 1], ord[i],
+			         (unsigned long long)q->file_offset);
+	}
+	for (uint32_t i = 0; i < ix->ntensors && !rc; i++)
+		ord[i] = i;
+	if (!rc)
+		qsort_r(ord, ix->ntensors, sizeof *ord, cmp_by_name, ix->tensors);
+	for (uint32_t i = 1; i < ix->ntensors && !rc; i++)
+		if (!strcmp(ix->tensors[ord[i - 1]].name, ix->tensors[ord[i]].name))
+			rc = BAD("tensors %u and %u: duplicate name '%s'", ord[i - 1], ord[i],
+			         ix->tensors[ord[i]].name);
+	free(ord);
+	return rc;
+}
+
+static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
+{
+	const uint8_t *magic = ckpt_cursor_take(c, IO_MAGIC_BYTES);
+	if (!magic || memcmp(magic, IO_INDEX_MAGIC, IO_MAGIC_BYTES))
+		return BAD("bad magic (not a shard index)");
+	uint32_t version = ckpt_cursor_u32(c);
+	uint32_t flags = ckpt_cursor_u32(c);
+	ix->step = ckpt_cursor_u64(c);
+	ix->rank = ckpt_cursor_u32(c);
+	ix->world = ckpt_cursor_u32(c);
+	ix->data_end = ckpt_cursor_u64(c);
+	uint32_t ntensors = ckpt_cursor_u32(c);
+	uint32_t nchunks = ckpt_cursor_u32(c);
+	if (!c->ok)
+		return BAD("truncated header (%zu bytes left)", c->left);
+	/* A newer version may lay out what follows differently: stop before reading it. */
+	if (version > IO_FORMAT_VERSION)
+		return ckpt_err(CKPT_EVERSION, "shard index: version %u, this build reads <= %u",
+		                version, IO_FORMAT_VERSION);
+	if (version == 0)
+		return BAD("version 0");
+	if (flags)
+		return BAD("flags 0x%x unknown", flags);
+	if (ix->world == 0 || ix->rank >= ix->world)
+		return BAD("rank %u outside world %u", ix->rank, ix->world);
+	if (ix->data_end < IO_HEADER_BYTES || ix->data_end % CKPT_ALIGN)
+		return BAD("data_end %llu not an aligned offset >= %u",
+		           (unsigned long long)ix->data_end, IO_HEADER_BYTES);
+	/* Counts against the bytes that remain, before allocating anything: a 4-billion
+	 * count in a short buffer fails here. */
+	uint64_t need = (uint64_t)ntensors * IO_INDEX_TENSOR_MIN +
+	                (uint64_t)nchunks * IO_INDEX_CHUNK_BYTES;
+	if (need > c->left)
+		return BAD("%u tensors and %u chunks need >= %llu bytes, %zu left", ntensors,
+		           nchunks, (unsigned long long)need, c->left);
+	ix->tensors = calloc(ntensors ? ntensors : 1, sizeof *ix->tensors);
+	ix->chunks = calloc(nchunks ? nchunks : 1, sizeof *ix->chunks);
+	if (!ix->tensors || !ix->chunks)
+		return ckpt_err(-ENOMEM, "shard index: %u tensors, %u chunks", ntensors, nchunks);
+	for (uint32_t i = 0; i < ntensors; i++) {
+		ix->ntensors = i + 1;         /* so that free sees the names decoded so far */
+		int rc = tensor_decode(c, &ix->tensors[i], i);
+		if (rc)
+			return rc;
+	}
+	ix->nchunks = nchunks;
+	for (uint32_t i = 0; i < nchunks; i++) {
+		int rc = chunk_decode(c, &ix->chunks[i], i, ix->data_end);
+		if (rc)
+			return rc;
+	}
+	if (c->left)
+		return BAD("%zu bytes of trailing garbage", c->left);
+	int rc = runs_check(ix);
+	return rc ? rc : overlap_and_names_check(ix);
+}
+
+int io_index_decode(const void *buf, size_t len, struct io_shard_index **out)
+{
+	*out = NULL;
+	struct io_shard_index *ix = calloc(1, sizeof *ix);
+	if (!ix)
+		return ckpt_err(-ENOMEM, "shard index: decode");
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, buf, len);
+	int rc = index_decode(&c, ix);
+	if (rc) {
+		io_index_free(ix);
+		return rc;
+	}
+	*out = ix;
+	return 0;
+}

@@ -1,0 +1,189 @@
+/*
+ * pool.c — the staging buffer pool: nbufs buffers of buf_bytes in ONE mapping, so
+ * that io_uring can register them as fixed buffers and a CUDA allocator can pin
+ * them with one call (DESIGN §8).
+ *
+ * A buffer has exactly one owner at a time (snapshot copy, writer, engine, reader);
+ * ownership passes with the index. The free list is a stack under a mutex, and a
+ * condition variable wakes takers when a buffer comes back. Each buffer carries an
+ * "owned" bit so that a double put, which would hand one buffer to two owners, is
+ * caught at the put: it aborts in debug builds and is logged and ignored otherwise.
+ *
+ * Threads: every function is thread-safe.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "io/io_internal.h"
+
+struct io_pool {
+	pthread_mutex_t lock;
+	pthread_cond_t  freed;
+	uint8_t        *base;
+	size_t          buf_bytes, total;
+	unsigned        nbufs, nfree;
+	unsigned       *free_stack;     /* nfree entries valid */
+	bool           *owned;          /* owned[i]: buffer i is out of the pool */
+	struct io_pool_alloc alloc;     /* alloc.alloc NULL: our own mmap */
+};
+
+int io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_alloc *alloc,
+                   struct io_pool **out)
+{
+	*out = NULL;
+	uint64_t total;
+	if (buf_bytes == 0 || buf_bytes % CKPT_ALIGN || nbufs == 0 ||
+	    !ckpt_mul_u64(buf_bytes, nbufs, &total) || total > SIZE_MAX)
+		return ckpt_err(-EINVAL, "io pool: %u buffers of %zu bytes (need a non-zero "
+		                "multiple of %u)", nbufs, buf_bytes, CKPT_ALIGN);
+	struct io_pool *p = calloc(1, sizeof *p);
+	if (!p)
+		return ckpt_err(-ENOMEM, "io pool");
+	p->buf_bytes = buf_bytes;
+	p->total = (size_t)total;
+	p->nbufs = p->nfree = nbufs;
+	p->free_stack = calloc(nbufs, sizeof *p->free_stack);
+	p->owned = calloc(nbufs, sizeof *p->owned);
+	if (alloc && alloc->alloc)
+		p->alloc = *alloc;
+	if (!p->free_stack || !p->owned)
+		goto nomem;
+	if (p->alloc.alloc) {
+		p->base = p->alloc.alloc(p->total, p->alloc.arg);
+		if (p->base && (uintptr_t)p->base % CKPT_ALIGN) {
+			p->alloc.free(p->base, p->total, p->alloc.arg);
+			free(p->free_stack);
+			free(p->owned);
+			free(p);
+			return ckpt_err(-EINVAL, "io pool: allocator returned unaligned memory");
+		}
+	} else {
+		/* Pre-faulted so that the first save does not pay for page faults. */
+		void *m = mmap(NULL, p->total, PROT_READ | PROT_WRITE,
+		               MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+		p->base = m == MAP_FAILED ? NULL : m;
+	}
+	if (!p->base)
+		goto nomem;
+	/* Hand out low indices first: tests and logs read more easily. */
+	for (unsigned i = 0; i < nbufs; i++)
+		p->free_stack[i] = nbufs - 1 - i;
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&p->freed, &ca);
+	pthread_condattr_destroy(&ca);
+	*out = p;
+	return 0;
+nomem:
+	free(p->free_stack);
+	free(p->owned);
+	free(p);
+	return ckpt_err(-ENOMEM, "io pool: %u buffers of %zu bytes", nbufs, buf_bytes);
+}
+
+void io_pool_destroy(struct io_pool *p)
+{
+	if (!p)
+		return;
+	if (p->nfree != p->nbufs)
+		ckpt_log(CKPT_LOG_ERROR, "io pool: destroyed with %u of %u buffers still out",
+		         p->nbufs - p->nfree, p->nbufs);
+	if (p->alloc.alloc)
+		p->alloc.free(p->base, p->total, p->alloc.arg);
+	else
+		munmap(p->base, p->total);
+	pthread_cond_destroy(&p->freed);
+	pthread_mutex_destroy(&p->lock);
+	free(p->free_stack);
+	free(p->owned);
+	free(p);
+}
+
+int io_pool_get(struct io_pool *p, int timeout_ms)
+{
+	struct timespec until;
+	if (timeout_ms > 0) {
+		clock_gettime(CLOCK_MONOTONIC, &until);
+		until.tv_sec += timeout_ms / 1000;
+		until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+	}
+	pthread_mutex_lock(&p->lock);
+	while (p->nfree == 0) {
+		int rc = 0;
+		if (timeout_ms == 0)
+			rc = ETIMEDOUT;
+		else if (timeout_ms < 0)
+			pthread_cond_wait(&p->freed, &p->lock);
+		else
+			rc = pthread_cond_timedwait(&p->freed, &p->lock, &until);
+		if (rc == ETIMEDOUT && p->nfree == 0) {
+			pthread_mutex_unlock(&p->lock);
+			return -ETIMEDOUT;
+		}
+	}
+	unsigned idx = p->free_stack[--p->nfree];
+	p->owned[idx] = true;
+	pthread_mutex_unlock(&p->lock);
+	return (int)idx;
+}
+
+void io_pool_put(struct io_pool *p, unsigned idx)
+{
+	pthread_mutex_lock(&p->lock);
+	if (idx >= p->nbufs || !p->owned[idx]) {
+		pthread_mutex_unlock(&p->lock);
+		ckpt_log(CKPT_LOG_ERROR, "io pool: buffer %u put back but not taken "
+		         "(double put or bad index; ignored)", idx);
+#ifndef NDEBUG
+		abort();
+#endif
+		return;
+	}
+	p->owned[idx] = false;
+	p->free_stack[p->nfree++] = idx;
+	pthread_cond_signal(&p->freed);
+	pthread_mutex_unlock(&p->lock);
+}
+
+void *io_pool_addr(const struct io_pool *p, unsigned idx)
+{
+	return idx < p->nbufs ? p->base + (size_t)idx * p->buf_bytes : NULL;
+}
+
+size_t io_pool_buf_bytes(const struct io_pool *p) { return p->buf_bytes; }
+unsigned io_pool_nbufs(const struct io_pool *p) { return p->nbufs; }
+
+unsigned io_pool_nfree(struct io_pool *p)
+{
+	pthread_mutex_lock(&p->lock);
+	unsigned n = p->nfree;
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+int io_pool_index_of(const struct io_pool *p, const void *addr, size_t len)
+{
+	uintptr_t a = (uintptr_t)addr, b = (uintptr_t)p->base;
+	if (a < b || a - b >= p->total)
+		return -1;
+	size_t idx = (a - b) / p->buf_bytes, in = (a - b) % p->buf_bytes;
+	return len <= p->buf_bytes - in ? (int)idx : -1;
+}
+
+void *io_aligned_alloc(size_t bytes)
+{
+	void *m = NULL;
+	if (posix_memalign(&m, CKPT_ALIGN, ckpt_align_up(bytes ? bytes : 1, CKPT_ALIGN)))
+		return NULL;
+	return m;
+}

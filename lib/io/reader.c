@@ -1,0 +1,441 @@
+/*
+ * reader.c — the shard reader: open and verify a shard file, and read chunks in
+ * batches with many reads in flight over any number of files (docs/format.md §6).
+ *
+ * Opening without an index trusts nothing in the file: the trailer is checked
+ * (magic, version, self-hash) before its footer offset and length are used, those
+ * are bounds-checked against the file size before the footer is read, the footer
+ * is checked against its hash before it is decoded, and the decoder checks every
+ * field. Opening with an index (from the manifest, already decoded and checked)
+ * only checks that the file holds the data the index describes.
+ *
+ * A batch read goes: O_DIRECT read of the chunk's 4 KiB-rounded stored bytes into
+ * a pool buffer -> zstd decompression into a second buffer when compressed ->
+ * XXH3-128 of the raw bytes against the index -> the caller's callback. Hashing
+ * and decompression of one chunk overlap the reads of the others.
+ *
+ * Threads: a reader belongs to the thread that owns its engine.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "io/io_internal.h"
+
+struct io_shard_reader {
+	struct io_engine *e;
+	int               fd;
+	char             *path;
+	uint64_t          file_size;
+	const struct io_shard_index *ix;
+	struct io_shard_index *owned;     /* decoded from the file, or NULL (borrowed) */
+};
+
+static int open_file(const char *path, int *fd)
+{
+	*fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+	if (*fd < 0 && errno == EINVAL) {
+		ckpt_log(CKPT_LOG_INFO, "%s: O_DIRECT refused, using buffered reads", path);
+		*fd = open(path, O_RDONLY | O_CLOEXEC);
+	}
+	return *fd < 0 ? ckpt_err(-errno, "open shard file %s", path) : 0;
+}
+
+/* Synchronous aligned read of [off, off+len) (open-time metadata only). */
+static int read_at(const struct io_shard_reader *r, void *buf, size_t len, uint64_t off)
+{
+	size_t done = 0;
+	while (done < len) {
+		ssize_t n = pread(r->fd, (uint8_t *)buf + done, len - done, (off_t)(off + done));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return ckpt_err(-errno, "read %s at offset %llu", r->path,
+			                (unsigned long long)(off + done));
+		if (n == 0)
+			return ckpt_err(CKPT_EFORMAT, "%s: end of file at offset %llu (truncated?)",
+			                r->path, (unsigned long long)(off + done));
+		done += (size_t)n;
+	}
+	return 0;
+}
+
+static int check_header(const struct io_shard_reader *r, const uint8_t *h, uint64_t *step)
+{
+	if (memcmp(h, IO_HEADER_MAGIC, IO_MAGIC_BYTES))
+		return ckpt_err(CKPT_EFORMAT, "%s: no shard header (bad magic)", r->path);
+	uint32_t v = ckpt_get_le32(h + IO_HDR_OFF_VERSION);
+	if (v > IO_FORMAT_VERSION)
+		return ckpt_err(CKPT_EVERSION, "%s: header version %u, this build reads <= %u",
+		                r->path, v, IO_FORMAT_VERSION);
+	if (ckpt_get_le64(h + IO_HDR_OFF_HASH) != XXH3_64bits(h, IO_HDR_OFF_HASH))
+		return ckpt_err(CKPT_ECORRUPT, "%s: header block hash mismatch", r->path);
+	if (v == 0 || ckpt_get_le32(h + IO_HDR_OFF_LEN) != IO_HEADER_BYTES)
+		return ckpt_err(CKPT_EFORMAT, "%s: header version %u or length %u invalid", r->path,
+		                v, ckpt_get_le32(h + IO_HDR_OFF_LEN));
+	*step = ckpt_get_le64(h + IO_HDR_OFF_STEP);
+	return 0;
+}
+
+struct trailer {
+	uint64_t footer_off, footer_len, step;
+	uint8_t  footer_hash[CKPT_HASH_BYTES];
+};
+
+static int check_trailer(const struct io_shard_reader *r, const uint8_t *t, struct trailer *out)
+{
+	if (memcmp(t, IO_TRAILER_MAGIC, IO_MAGIC_BYTES))
+		return ckpt_err(CKPT_EFORMAT, "%s: no shard trailer at end of file (%llu bytes): "
+		                "truncated or unfinished", r->path,
+		                (unsigned long long)r->file_size);
+	/* Version before the self-hash: a newer trailer may put its hash elsewhere. */
+	uint32_t v = ckpt_get_le32(t + IO_TRL_OFF_VERSION);
+	if (v > IO_FORMAT_VERSION)
+		return ckpt_err(CKPT_EVERSION, "%s: trailer version %u, this build reads <= %u",
+		                r->path, v, IO_FORMAT_VERSION);
+	if (ckpt_get_le64(t + IO_TRL_HASHED) != XXH3_64bits(t, IO_TRL_HASHED))
+		return ckpt_err(CKPT_ECORRUPT, "%s: trailer hash mismatch", r->path);
+	if (v == 0 || ckpt_get_le32(t + IO_TRL_OFF_FLAGS))
+		return ckpt_err(CKPT_EFORMAT, "%s: trailer version %u or flags 0x%x invalid",
+		                r->path, v, ckpt_get_le32(t + IO_TRL_OFF_FLAGS));
+	out->footer_off = ckpt_get_le64(t + IO_TRL_OFF_FOOTER);
+	out->footer_len = ckpt_get_le64(t + IO_TRL_OFF_FLEN);
+	out->step = ckpt_get_le64(t + IO_TRL_OFF_STEP);
+	memcpy(out->footer_hash, t + IO_TRL_OFF_FHASH, CKPT_HASH_BYTES);
+	/* The footer lies between the header block and the trailer, aligned. */
+	if (out->footer_off < IO_HEADER_BYTES || out->footer_off % CKPT_ALIGN ||
+	    out->footer_len == 0 || out->footer_len > IO_MAX_FOOTER_BYTES ||
+	    !ckpt_range_ok(out->footer_off, out->footer_len, r->file_size - IO_TRAILER_BYTES))
+		return ckpt_err(CKPT_EFORMAT, "%s: footer [%llu, +%llu) outside the file "
+		                "(%llu bytes) or misaligned", r->path,
+		                (unsigned long long)out->footer_off,
+		                (unsigned long long)out->footer_len,
+		                (unsigned long long)r->file_size);
+	return 0;
+}
+
+/* Read and verify header, trailer and footer; decode the index. */
+static int load_index(struct io_shard_reader *r)
+{
+	if (r->file_size < IO_HEADER_BYTES + CKPT_ALIGN || r->file_size % CKPT_ALIGN)
+		return ckpt_err(CKPT_EFORMAT, "%s: size %llu is not a shard file's (truncated?)",
+		                r->path, (unsigned long long)r->file_size);
+	uint8_t *blk = io_aligned_alloc(CKPT_ALIGN);
+	if (!blk)
+		return ckpt_err(-ENOMEM, "%s: reading trailer", r->path);
+	struct trailer tr;
+	uint64_t hstep = 0;
+	int rc = read_at(r, blk, CKPT_ALIGN, r->file_size - CKPT_ALIGN);
+	if (!rc)
+		rc = check_trailer(r, blk + CKPT_ALIGN - IO_TRAILER_BYTES, &tr);
+	if (!rc)
+		rc = read_at(r, blk, IO_HEADER_BYTES, 0);
+	if (!rc)
+		rc = check_header(r, blk, &hstep);
+	uint32_t hrank = ckpt_get_le32(blk + IO_HDR_OFF_RANK);
+	uint32_t hworld = ckpt_get_le32(blk + IO_HDR_OFF_WORLD);
+	free(blk);
+	if (rc)
+		return rc;
+	/* footer_off + footer_len <= size - 64 and size is aligned: this stays inside. */
+	size_t rlen = (size_t)ckpt_align_up(tr.footer_len, CKPT_ALIGN);
+	uint8_t *f = io_aligned_alloc(rlen);
+	if (!f)
+		return ckpt_err(-ENOMEM, "%s: footer of %llu bytes", r->path,
+		                (unsigned long long)tr.footer_len);
+	rc = read_at(r, f, rlen, tr.footer_off);
+	uint8_t h[CKPT_HASH_BYTES];
+	if (!rc) {
+		io_hash128(f, (size_t)tr.footer_len, h);
+		if (memcmp(h, tr.footer_hash, CKPT_HASH_BYTES))
+			rc = ckpt_err(CKPT_ECORRUPT, "%s: footer hash mismatch (offset %llu, %llu bytes)",
+			              r->path, (unsigned long long)tr.footer_off,
+			              (unsigned long long)tr.footer_len);
+	}
+	if (!rc && (rc = io_index_decode(f, (size_t)tr.footer_len, &r->owned)))
+		ckpt_err_prefix(rc, "%s: footer", r->path);
+	free(f);
+	if (rc)
+		return rc;
+	const struct io_shard_index *ix = r->owned;
+	if (ix->step != tr.step || ix->step != hstep || ix->rank != hrank ||
+	    ix->world != hworld || ix->data_end != tr.footer_off)
+		return ckpt_err(CKPT_EFORMAT, "%s: header, footer and trailer disagree (step %llu/"
+		                "%llu/%llu, rank %u/%u, world %u/%u, data_end %llu/footer %llu)",
+		                r->path, (unsigned long long)hstep, (unsigned long long)ix->step,
+		                (unsigned long long)tr.step, hrank, ix->rank, hworld, ix->world,
+		                (unsigned long long)ix->data_end,
+		                (unsigned long long)tr.footer_off);
+	r->ix = ix;
+	return 0;
+}
+
+void io_shard_reader_close(struct io_shard_reader *r)
+{
+	if (!r)
+		return;
+	if (r->fd >= 0)
+		close(r->fd);
+	io_index_free(r->owned);
+	free(r->path);
+	free(r);
+}
+
+int io_shard_reader_open(struct io_engine *e, const char *path,
+                         const struct io_shard_index *index, struct io_shard_reader **out)
+{
+	*out = NULL;
+	struct io_shard_reader *r = calloc(1, sizeof *r);
+	if (!r || !(r->path = strdup(path))) {
+		free(r);
+		return ckpt_err(-ENOMEM, "%s: reader", path);
+	}
+	r->e = e;
+	int rc = open_file(path, &r->fd);
+	struct stat st;
+	if (!rc && fstat(r->fd, &st) < 0)
+		rc = ckpt_err(-errno, "stat %s", path);
+	if (!rc && !S_ISREG(st.st_mode))
+		rc = ckpt_err(CKPT_EFORMAT, "%s: not a regular file", path);
+	if (!rc) {
+		r->file_size = (uint64_t)st.st_size;
+		if (!index)
+			rc = load_index(r);
+		else if (r->file_size < index->data_end)
+			rc = ckpt_err(CKPT_ECORRUPT, "%s: %llu bytes, the index needs %llu (truncated)",
+			              path, (unsigned long long)r->file_size,
+			              (unsigned long long)index->data_end);
+		else
+			r->ix = index;
+	}
+	if (rc) {
+		io_shard_reader_close(r);
+		return rc;
+	}
+	*out = r;
+	return 0;
+}
+
+const struct io_shard_index *io_shard_reader_index(const struct io_shard_reader *r)
+{
+	return r->ix;
+}
+
+const char *io_shard_reader_path(const struct io_shard_reader *r) { return r->path; }
+
+/* ------------------------------------------------------------------ batch reads */
+
+/* Memory for one read or one decompressed chunk: a pool buffer or an aligned
+ * allocation (chunks larger than a pool buffer, or an exhausted pool). */
+struct rd_mem {
+	int   buf;        /* pool index, or -1 */
+	void *p;
+};
+
+struct rd_slot {
+	size_t          req;
+	struct rd_mem   in;
+	size_t          len;      /* bytes read: stored length rounded to 4 KiB */
+	int64_t         res;
+	struct rd_slot *next;     /* in the done queue */
+	bool            busy;
+};
+
+struct rd_batch {
+	struct io_engine *e;
+	struct io_pool   *pool;
+	const struct io_read_req *reqs;
+	struct rd_slot   *slots;
+	unsigned          nslots, inflight, nbusy;   /* busy: in flight or done, unprocessed */
+	struct rd_slot   *done_head, **done_tail;
+};
+
+static void mem_release(struct rd_batch *b, struct rd_mem *m)
+{
+	if (m->buf >= 0)
+		io_pool_put(b->pool, (unsigned)m->buf);
+	else
+		free(m->p);
+	m->buf = -1;
+	m->p = NULL;
+}
+
+/* 0 with memory, -EAGAIN when the pool is empty but our reads in flight will
+ * refill it, -ENOMEM. Falling back to malloc only when nothing of ours can free a
+ * buffer keeps progress certain even when the caller holds the whole pool. */
+static int mem_get(struct rd_batch *b, size_t len, bool may_wait, struct rd_mem *m)
+{
+	m->buf = -1;
+	m->p = NULL;
+	if (b->pool && len <= io_pool_buf_bytes(b->pool)) {
+		int idx = io_pool_get(b->pool, 0);
+		if (idx >= 0) {
+			m->buf = idx;
+			m->p = io_pool_addr(b->pool, (unsigned)idx);
+			return 0;
+		}
+		if (may_wait && b->inflight)
+			return -EAGAIN;
+	}
+	m->p = io_aligned_alloc(len);
+	return m->p ? 0 : -ENOMEM;
+}
+
+static void rd_done(void *owner, uint64_t cookie, int64_t res)
+{
+	struct rd_batch *b = owner;
+	struct rd_slot *s = &b->slots[cookie];
+	s->res = res;
+	s->next = NULL;
+	*b->done_tail = s;
+	b->done_tail = &s->next;
+	b->inflight--;
+}
+
+static int req_check(const struct io_read_req *q, size_t i)
+{
+	if (!q->reader)
+		return ckpt_err(-EINVAL, "read batch: request %zu has no reader", i);
+	const struct io_shard_index *ix = q->reader->ix;
+	if (q->chunk >= ix->nchunks)
+		return ckpt_err(-EINVAL, "%s: chunk %u of %u", q->reader->path, q->chunk,
+		                ix->nchunks);
+	const struct io_chunk_entry *c = &ix->chunks[q->chunk];
+	if (!ckpt_range_ok(c->file_offset, ckpt_align_up(c->stored_len, CKPT_ALIGN),
+	                   q->reader->file_size))
+		return ckpt_err(CKPT_ECORRUPT, "%s: chunk %u at offset %llu past end of file",
+		                q->reader->path, q->chunk, (unsigned long long)c->file_offset);
+	return 0;
+}
+
+/* Start request i. 0, -EAGAIN (wait for a buffer), or an error. */
+static int rd_start(struct rd_batch *b, size_t i)
+{
+	const struct io_read_req *q = &b->reqs[i];
+	int rc = req_check(q, i);
+	if (rc)
+		return rc;
+	const struct io_chunk_entry *c = &q->reader->ix->chunks[q->chunk];
+	size_t len = (size_t)ckpt_align_up(c->stored_len, CKPT_ALIGN);
+	unsigned si = 0;
+	while (b->slots[si].busy)
+		si++;
+	struct rd_slot *s = &b->slots[si];
+	if ((rc = mem_get(b, len, true, &s->in)))
+		return rc == -ENOMEM ? ckpt_err(rc, "%s: buffer for chunk %u (%zu bytes)",
+		                                q->reader->path, q->chunk, len) : rc;
+	s->req = i;
+	s->len = len;
+	rc = io_engine_queue(b->e, IO_OP_READ, q->reader->fd, s->in.p, len, c->file_offset,
+	                     rd_done, b, si);
+	if (rc < 0) {
+		mem_release(b, &s->in);
+		return ckpt_err(rc, "read %s at offset %llu", q->reader->path,
+		                (unsigned long long)c->file_offset);
+	}
+	s->busy = true;
+	b->nbusy++;
+	b->inflight++;
+	return 0;
+}
+
+/* A completed read: decompress, verify, hand to the callback. */
+static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
+{
+	const struct io_read_req *q = &b->reqs[s->req];
+	const struct io_shard_reader *r = q->reader;
+	const struct io_chunk_entry *c = &r->ix->chunks[q->chunk];
+	const char *tname = r->ix->tensors[c->tensor].name;
+	unsigned long long off = (unsigned long long)c->file_offset;
+	if (s->res < 0)
+		return ckpt_err((int)s->res, "read %s at offset %llu (tensor '%s' chunk %u)",
+		                r->path, off, tname, q->chunk);
+	if ((uint64_t)s->res != s->len)
+		return ckpt_err(CKPT_ECORRUPT, "tensor '%s' chunk %u (file %s, offset %llu): short "
+		                "read, %lld of %zu bytes (truncated?)", tname, q->chunk, r->path, off,
+		                (long long)s->res, s->len);
+	struct rd_mem out = { -1, NULL };
+	const void *raw = s->in.p;
+	int rc = 0;
+	if (c->codec == IO_CODEC_ZSTD) {
+		if ((rc = mem_get(b, (size_t)c->raw_len, false, &out)))
+			return ckpt_err(rc, "%s: buffer for chunk %u", r->path, q->chunk);
+		rc = io_codec_decompress(out.p, (size_t)c->raw_len, s->in.p, (size_t)c->stored_len);
+		if (rc)
+			ckpt_err_prefix(rc, "tensor '%s' chunk %u (file %s, offset %llu)", tname,
+			                q->chunk, r->path, off);
+		/* The compressed bytes are done with: let the next read have them. */
+		mem_release(b, &s->in);
+		raw = out.p;
+	}
+	if (!rc) {
+		uint8_t h[CKPT_HASH_BYTES];
+		io_hash128(raw, (size_t)c->raw_len, h);
+		if (memcmp(h, c->hash, CKPT_HASH_BYTES))
+			rc = ckpt_err(CKPT_ECORRUPT, "tensor '%s' chunk %u (file %s, offset %llu): "
+			              "hash mismatch", tname, q->chunk, r->path, off);
+	}
+	if (!rc)
+		rc = cb(q->arg, q, raw, (size_t)c->raw_len);
+	if (out.p)
+		mem_release(b, &out);
+	return rc;
+}
+
+int io_read_batch(struct io_engine *e, const struct io_read_req *reqs, size_t n,
+                  io_chunk_cb cb)
+{
+	struct rd_batch b = {
+		.e = e, .pool = io_engine_pool(e), .reqs = reqs,
+		.nslots = io_engine_depth(e),
+	};
+	b.done_tail = &b.done_head;
+	if (n == 0)
+		return 0;
+	b.slots = calloc(b.nslots, sizeof *b.slots);
+	if (!b.slots)
+		return ckpt_err(-ENOMEM, "read batch of %zu chunks", n);
+	int err = 0;
+	size_t next = 0;
+	while ((next < n && !err) || b.inflight || b.done_head) {
+		/* Keep the engine full. */
+		while (next < n && !err && b.nbusy < b.nslots) {
+			int rc = rd_start(&b, next);
+			if (rc == -EAGAIN)
+				break;
+			if (rc)
+				err = rc;
+			else
+				next++;
+		}
+		if (!b.done_head && b.inflight) {
+			int rc = io_engine_reap(e, true);
+			if (rc < 0 && !err)
+				err = rc;
+			if (rc < 0)
+				break;   /* the ring is broken; slots in flight cannot be recovered */
+		}
+		while (b.done_head) {
+			struct rd_slot *s = b.done_head;
+			b.done_head = s->next;
+			if (!b.done_head)
+				b.done_tail = &b.done_head;
+			if (!err) {
+				int rc = rd_finish(&b, s, cb);
+				if (rc)
+					err = rc;
+			}
+			if (s->in.p)
+				mem_release(&b, &s->in);
+			s->busy = false;
+			b.nbusy--;
+		}
+	}
+	free(b.slots);
+	return err;
+}

@@ -1,0 +1,595 @@
+/*
+ * writer.c — the shard writer: one rank's shard file of one step (docs/format.md §2-§5).
+ *
+ * Layout: a 4 KiB header block, then the chunks at 4 KiB-aligned offsets (each
+ * padded with zeros to 4 KiB, as O_DIRECT needs), then the footer (the encoded
+ * shard index) at data_end, zero padding, and a 64-byte trailer that ends the file
+ * on a 4 KiB boundary.
+ *
+ * A chunk arrives in a pool buffer that the writer owns from then on. It is hashed
+ * and (optionally) compressed in place of a copy: the raw bytes are never moved;
+ * compression writes into a second pool buffer and the raw one goes back at once
+ * when compression wins. Writes go to the engine with up to its depth in flight;
+ * each completion returns its buffer to the pool, so a shard larger than the pool
+ * streams through it. The first error (write failure or injected fault) is kept
+ * with its message and returned by the next append or by finish; buffers still
+ * return on every path.
+ *
+ * Durability order of finish (DESIGN §3, the vote depends on it): every chunk
+ * write completed -> footer and trailer written -> file truncated to its size ->
+ * fdatasync(file) -> fsync(directory). Only then does finish return 0.
+ *
+ * Threads: a writer belongs to the thread that owns its engine.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "io/io_internal.h"
+
+#define COOKIE_TAIL   (1ull << 63)      /* the footer+trailer write */
+#define COOKIE_NOBUF  0xffffffffull     /* no pool buffer to return */
+
+struct io_shard_writer {
+	struct io_engine *e;
+	struct io_pool   *pool;
+	int               fd;
+	char             *path;
+	uint64_t          step;
+	uint32_t          rank, world;
+	int               zstd_level;
+	uint64_t          next_off;        /* where the next chunk goes */
+	struct io_tensor_entry *tensors;
+	uint64_t         *appended;        /* raw bytes appended per tensor */
+	uint32_t          ntensors, tcap;
+	uint32_t         *names;           /* open-addressing set of tensor index + 1 */
+	uint32_t          names_cap;       /* power of two, > 2 * ntensors */
+	struct io_chunk_entry *chunks;
+	uint32_t          nchunks, ccap;
+	int64_t           cur;             /* tensor receiving chunks, or -1 */
+	unsigned          inflight;
+	bool              tail_done;
+	int64_t           tail_res;
+	uint64_t          logical, stored;
+	int               err;             /* first failure; sticky */
+	char              err_msg[1024];
+};
+
+/* Keep the first failure; the message is in this thread's buffer (ckpt_err). */
+static int w_fail(struct io_shard_writer *w, int code)
+{
+	if (!w->err) {
+		w->err = code;
+		snprintf(w->err_msg, sizeof w->err_msg, "%s", ckpt_err_msg());
+	}
+	return w->err;
+}
+
+static int w_error(struct io_shard_writer *w)
+{
+	ckpt_err_restore(w->err_msg);
+	return w->err;
+}
+
+/* ------------------------------------------------------------------ completions */
+
+static void w_write_done(void *owner, uint64_t cookie, int64_t res)
+{
+	struct io_shard_writer *w = owner;
+	w->inflight--;
+	if (cookie & COOKIE_TAIL) {
+		w->tail_done = true;
+		w->tail_res = res;
+		return;
+	}
+	uint32_t buf = (uint32_t)cookie, k = (uint32_t)(cookie >> 32);
+	if (buf != COOKIE_NOBUF)
+		io_pool_put(w->pool, buf);
+	const struct io_chunk_entry *c = &w->chunks[k];
+	uint64_t want = ckpt_align_up(c->stored_len, CKPT_ALIGN);
+	if (res < 0) {
+		ckpt_err((int)res, "write %s at offset %llu (%llu bytes)", w->path,
+		         (unsigned long long)c->file_offset, (unsigned long long)want);
+		w_fail(w, (int)res);
+	} else if ((uint64_t)res != want) {
+		ckpt_err(-EIO, "write %s at offset %llu: %lld of %llu bytes", w->path,
+		         (unsigned long long)c->file_offset, (long long)res,
+		         (unsigned long long)want);
+		w_fail(w, -EIO);
+	} else if (!w->err) {
+		int rc = ckpt_fault(CKPT_FP_AFTER_CHUNK_WRITE);
+		if (rc < 0) {
+			ckpt_err_prefix(rc, "write %s at offset %llu", w->path,
+			                (unsigned long long)c->file_offset);
+			w_fail(w, rc);
+		}
+	}
+}
+
+/* Wait for every write of this writer. */
+static int w_drain(struct io_shard_writer *w)
+{
+	while (w->inflight) {
+		int rc = io_engine_reap(w->e, true);
+		if (rc < 0)
+			return w_fail(w, rc);
+	}
+	return w->err;
+}
+
+/* ------------------------------------------------------------------ open */
+
+static int write_header(struct io_shard_writer *w)
+{
+	uint8_t *h = io_aligned_alloc(IO_HEADER_BYTES);
+	if (!h)
+		return ckpt_err(-ENOMEM, "%s: header block", w->path);
+	memset(h, 0, IO_HEADER_BYTES);
+	memcpy(h, IO_HEADER_MAGIC, IO_MAGIC_BYTES);
+	ckpt_put_le32(h + IO_HDR_OFF_VERSION, IO_FORMAT_VERSION);
+	ckpt_put_le32(h + IO_HDR_OFF_LEN, IO_HEADER_BYTES);
+	ckpt_put_le64(h + IO_HDR_OFF_STEP, w->step);
+	ckpt_put_le32(h + IO_HDR_OFF_RANK, w->rank);
+	ckpt_put_le32(h + IO_HDR_OFF_WORLD, w->world);
+	ckpt_put_le64(h + IO_HDR_OFF_CTIME, ckpt_wall_ns());
+	ckpt_put_le64(h + IO_HDR_OFF_HASH, XXH3_64bits(h, IO_HDR_OFF_HASH));
+	/* One 4 KiB synchronous write: open is not on the hot path, and it keeps
+	 * the header out of the pool (whose buffers the caller may all hold). */
+	ssize_t n;
+	do
+		n = pwrite(w->fd, h, IO_HEADER_BYTES, 0);
+	while (n < 0 && errno == EINTR);
+	int rc = n == (ssize_t)IO_HEADER_BYTES ? 0
+	         : ckpt_err(n < 0 ? -errno : -EIO, "write %s header at offset 0", w->path);
+	free(h);
+	return rc;
+}
+
+static void w_free(struct io_shard_writer *w)
+{
+	if (w->fd >= 0)
+		close(w->fd);
+	for (uint32_t i = 0; i < w->ntensors; i++)
+		free((char *)w->tensors[i].name);
+	free(w->tensors);
+	free(w->appended);
+	free(w->names);
+	free(w->chunks);
+	free(w->path);
+	free(w);
+}
+
+int io_shard_writer_open(struct io_engine *e, const char *path, uint64_t step, uint32_t rank,
+                         uint32_t world, uint64_t size_hint, int zstd_level,
+                         struct io_shard_writer **out)
+{
+	*out = NULL;
+	if (world == 0 || rank >= world)
+		return ckpt_err(-EINVAL, "%s: rank %u outside world %u", path, rank, world);
+	if (zstd_level < 0 || zstd_level > 22)
+		return ckpt_err(-EINVAL, "%s: zstd level %d outside [0, 22]", path, zstd_level);
+	if (!io_engine_pool(e))
+		return ckpt_err(-EINVAL, "%s: the engine has no buffer pool", path);
+	struct io_shard_writer *w = calloc(1, sizeof *w);
+	if (!w || !(w->path = strdup(path))) {
+		free(w);
+		return ckpt_err(-ENOMEM, "%s: writer", path);
+	}
+	w->e = e;
+	w->pool = io_engine_pool(e);
+	w->step = step;
+	w->rank = rank;
+	w->world = world;
+	w->zstd_level = zstd_level;
+	w->next_off = IO_HEADER_BYTES;
+	w->cur = -1;
+	w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+	if (w->fd < 0 && errno == EINVAL) {
+		/* tmpfs and some FUSE file systems refuse O_DIRECT: same format, page cache. */
+		ckpt_log(CKPT_LOG_INFO, "%s: O_DIRECT refused, using buffered I/O", path);
+		w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	}
+	if (w->fd < 0) {
+		int rc = ckpt_err(-errno, "create shard file %s", path);
+		w_free(w);
+		return rc;
+	}
+	int rc = 0;
+	/* Extending O_DIRECT writes serialise on the inode size update: size it first. */
+	if (size_hint && ftruncate(w->fd, (off_t)size_hint) < 0)
+		rc = ckpt_err(-errno, "ftruncate %s to %llu", path, (unsigned long long)size_hint);
+	if (!rc)
+		rc = write_header(w);
+	if (rc) {
+		unlink(path);
+		w_free(w);
+		return rc;
+	}
+	*out = w;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ tensors */
+
+static uint32_t name_slot(const struct io_shard_writer *w, const char *name, bool *found)
+{
+	uint32_t mask = w->names_cap - 1, i = (uint32_t)XXH3_64bits(name, strlen(name)) & mask;
+	for (;; i = (i + 1) & mask) {
+		uint32_t v = w->names[i];
+		if (!v || !strcmp(w->tensors[v - 1].name, name)) {
+			*found = v != 0;
+			return i;
+		}
+	}
+}
+
+static int names_grow(struct io_shard_writer *w)
+{
+	uint32_t cap = w->names_cap ? w->names_cap * 2 : 64;
+	uint32_t *old = w->names, ocap = w->names_cap;
+	w->names = calloc(cap, sizeof *w->names);
+	if (!w->names) {
+		w->names = old;
+		return -ENOMEM;
+	}
+	w->names_cap = cap;
+	for (uint32_t i = 0; i < ocap; i++) {
+		if (old[i]) {
+			bool found;
+			w->names[name_slot(w, w->tensors[old[i] - 1].name, &found)] = old[i];
+		}
+	}
+	free(old);
+	return 0;
+}
+
+static int tensor_desc_check(const struct io_shard_writer *w, const struct io_tensor_desc *t)
+{
+	const char *n = t->name ? t->name : "";
+	if (ckpt_name_check(t->name, t->name ? strlen(t->name) : 0))
+		return ckpt_err(CKPT_ENAME, "%s: invalid tensor name '%s'", w->path, n);
+	if (t->kind < 1 || t->kind > CKPT_KIND_MAX_ || t->dtype < 1 ||
+	    t->dtype > CKPT_DTYPE_MAX_ || t->policy < 1 || t->policy > CKPT_POLICY_MAX_ ||
+	    (t->flags & ~(unsigned)IO_TENSOR_BLOB))
+		return ckpt_err(-EINVAL, "tensor '%s': kind %u, dtype %u, policy %u or flags 0x%x "
+		                "unknown", n, t->kind, t->dtype, t->policy, t->flags);
+	if (t->ndim > CKPT_MAX_NDIM || (t->ndim && (!t->global_shape || !t->offset || !t->extent)))
+		return ckpt_err(CKPT_ESHAPE, "tensor '%s': ndim %u", n, t->ndim);
+	if ((t->flags & IO_TENSOR_BLOB) && (t->dtype != CKPT_U8 || t->ndim != 1))
+		return ckpt_err(-EINVAL, "blob '%s': must be u8 with ndim 1", n);
+	uint64_t elems, bytes;
+	for (unsigned d = 0; d < t->ndim; d++)
+		if (!ckpt_range_ok(t->offset[d], t->extent[d], t->global_shape[d]))
+			return ckpt_err(CKPT_ESHAPE, "tensor '%s': dim %u: offset %llu + extent %llu "
+			                "outside shape %llu", n, d, (unsigned long long)t->offset[d],
+			                (unsigned long long)t->extent[d],
+			                (unsigned long long)t->global_shape[d]);
+	if (!ckpt_shape_elems(t->ndim, t->global_shape, &elems) ||
+	    !ckpt_shape_elems(t->ndim, t->extent, &elems) ||
+	    !ckpt_mul_u64(elems, ckpt_dtype_size(t->dtype), &bytes))
+		return ckpt_err(CKPT_ESHAPE, "tensor '%s': size overflows 64 bits", n);
+	if (bytes != t->raw_bytes)
+		return ckpt_err(CKPT_ESHAPE, "tensor '%s': raw_bytes %llu, extent holds %llu", n,
+		                (unsigned long long)t->raw_bytes, (unsigned long long)bytes);
+	return 0;
+}
+
+int io_shard_writer_add_tensor(struct io_shard_writer *w, const struct io_tensor_desc *t)
+{
+	int rc = tensor_desc_check(w, t);
+	if (rc)
+		return rc;
+	if (w->ntensors >= INT32_MAX)
+		return ckpt_err(-EINVAL, "%s: too many tensors", w->path);
+	if ((uint64_t)(w->ntensors + 1) * 2 >= w->names_cap && names_grow(w))
+		return ckpt_err(-ENOMEM, "%s: tensor table", w->path);
+	bool found;
+	uint32_t slot = name_slot(w, t->name, &found);
+	if (found)
+		return ckpt_err(-EEXIST, "%s: tensor '%s' added twice", w->path, t->name);
+	if (w->ntensors == w->tcap) {
+		uint32_t cap = w->tcap ? w->tcap * 2 : 16;
+		struct io_tensor_entry *nt = realloc(w->tensors, cap * sizeof *nt);
+		if (nt)
+			w->tensors = nt;
+		uint64_t *na = nt ? realloc(w->appended, cap * sizeof *na) : NULL;
+		if (!na)
+			return ckpt_err(-ENOMEM, "%s: tensor table", w->path);
+		w->appended = na;
+		w->tcap = cap;
+	}
+	struct io_tensor_entry *e = &w->tensors[w->ntensors];
+	memset(e, 0, sizeof *e);
+	if (!(e->name = strdup(t->name)))
+		return ckpt_err(-ENOMEM, "%s: tensor table", w->path);
+	e->name_len = (uint16_t)strlen(t->name);
+	e->kind = t->kind;
+	e->dtype = t->dtype;
+	e->policy = t->policy;
+	e->flags = t->flags;
+	e->ndim = t->ndim;
+	for (unsigned d = 0; d < t->ndim; d++) {
+		e->global_shape[d] = t->global_shape[d];
+		e->offset[d] = t->offset[d];
+		e->extent[d] = t->extent[d];
+	}
+	e->raw_bytes = t->raw_bytes;
+	e->first_chunk = w->nchunks;   /* reset at its first chunk; right for empty ones */
+	w->appended[w->ntensors] = 0;
+	w->names[slot] = w->ntensors + 1;
+	return (int)w->ntensors++;
+}
+
+/* ------------------------------------------------------------------ append */
+
+/* Order rules: a tensor's chunks are consecutive and in raw order. */
+static int append_check(struct io_shard_writer *w, uint32_t t, size_t len)
+{
+	if (t >= w->ntensors)
+		return ckpt_err(-EINVAL, "%s: append to tensor %u of %u", w->path, t, w->ntensors);
+	struct io_tensor_entry *te = &w->tensors[t];
+	if (len == 0 || len > io_pool_buf_bytes(w->pool))
+		return ckpt_err(-EINVAL, "tensor '%s': chunk of %zu bytes (pool buffers hold %zu)",
+		                te->name, len, io_pool_buf_bytes(w->pool));
+	if ((int64_t)t != w->cur) {
+		if (w->appended[t])
+			return ckpt_err(-EINVAL, "tensor '%s': chunks not consecutive", te->name);
+		if (w->cur >= 0 && w->appended[w->cur] != w->tensors[w->cur].raw_bytes)
+			return ckpt_err(-EINVAL, "tensor '%s': started before '%s' was complete",
+			                te->name, w->tensors[w->cur].name);
+	}
+	if (len > te->raw_bytes - w->appended[t])
+		return ckpt_err(-EINVAL, "tensor '%s': %zu more bytes past its %llu", te->name, len,
+		                (unsigned long long)te->raw_bytes);
+	if (w->nchunks == UINT32_MAX)
+		return ckpt_err(-EINVAL, "%s: too many chunks", w->path);
+	if (w->nchunks == w->ccap) {
+		uint32_t cap = w->ccap ? (w->ccap > UINT32_MAX / 2 ? UINT32_MAX : w->ccap * 2) : 64;
+		struct io_chunk_entry *nc = realloc(w->chunks, (size_t)cap * sizeof *nc);
+		if (!nc)
+			return ckpt_err(-ENOMEM, "%s: chunk table", w->path);
+		w->chunks = nc;
+		w->ccap = cap;
+	}
+	return 0;
+}
+
+/* Try to compress buf's len bytes into a second pool buffer. Returns that buffer's
+ * index and its compressed size in *clen, or -1 when raw is stored. */
+static int try_compress(struct io_shard_writer *w, const void *src, size_t len, size_t *clen)
+{
+	int ob = io_pool_get(w->pool, 0);
+	if (ob < 0 && w->inflight) {
+		/* A write of ours will hand a buffer back: wait for it (backpressure). */
+		if (io_engine_reap(w->e, true) >= 0)
+			ob = io_pool_get(w->pool, 0);
+	}
+	if (ob < 0)
+		return -1;   /* the caller holds the pool: raw is always correct */
+	/* cap len - 1: compression counts only if it is strictly smaller. */
+	size_t n = io_codec_compress(io_pool_addr(w->pool, (unsigned)ob), len - 1, src, len,
+	                             w->zstd_level);
+	if (n == 0) {
+		io_pool_put(w->pool, (unsigned)ob);
+		return -1;
+	}
+	*clen = n;
+	return ob;
+}
+
+int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len)
+{
+	uint8_t *raw = io_pool_addr(w->pool, buf);
+	if (!raw)
+		return ckpt_err(-EINVAL, "%s: append of pool buffer %u (not in the pool)", w->path,
+		                buf);
+	if (w->err) {
+		io_pool_put(w->pool, buf);
+		return w_error(w);
+	}
+	int rc = append_check(w, t, len);
+	if (rc) {
+		io_pool_put(w->pool, buf);
+		return rc;
+	}
+	struct io_tensor_entry *te = &w->tensors[t];
+	struct io_chunk_entry *c = &w->chunks[w->nchunks];
+	memset(c, 0, sizeof *c);
+	c->tensor = t;
+	c->raw_offset = w->appended[t];
+	c->raw_len = len;
+	/* The identity of a chunk is the hash of its raw bytes, taken while this
+	 * thread is the buffer's only owner. */
+	io_hash128(raw, len, c->hash);
+	c->codec = IO_CODEC_RAW;
+	c->stored_len = len;
+	unsigned wbuf = buf;
+	if (w->zstd_level > 0) {
+		size_t clen;
+		int ob = try_compress(w, raw, len, &clen);
+		if (ob >= 0) {
+			io_pool_put(w->pool, buf);      /* the raw copy is no longer needed */
+			wbuf = (unsigned)ob;
+			c->codec = IO_CODEC_ZSTD;
+			c->stored_len = clen;
+		}
+	}
+	uint8_t *p = io_pool_addr(w->pool, wbuf);
+	uint64_t padded = ckpt_align_up(c->stored_len, CKPT_ALIGN);  /* <= buf_bytes */
+	memset(p + c->stored_len, 0, (size_t)(padded - c->stored_len));
+	c->file_offset = w->next_off;
+	uint32_t k = w->nchunks;
+	rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p, (size_t)padded, c->file_offset,
+	                     w_write_done, w, (uint64_t)k << 32 | wbuf);
+	if (rc < 0) {
+		io_pool_put(w->pool, wbuf);
+		ckpt_err(rc, "queue write %s at offset %llu", w->path,
+		         (unsigned long long)c->file_offset);
+		return w_fail(w, rc);
+	}
+	w->inflight++;
+	if ((int64_t)t != w->cur) {
+		te->first_chunk = k;
+		w->cur = t;
+	}
+	te->nchunks++;
+	w->nchunks++;
+	w->appended[t] += len;
+	w->next_off += padded;
+	w->logical += len;
+	w->stored += c->stored_len;
+	/* Completions are only handled inside our calls. Return finished buffers now,
+	 * and never return with the pool empty while our writes hold part of it: the
+	 * producer of the next chunk (maybe this thread) would wait on the pool for a
+	 * buffer that only a reap here can give back. */
+	int r = io_engine_reap(w->e, false);
+	while (r >= 0 && w->inflight && io_pool_nfree(w->pool) == 0)
+		r = io_engine_reap(w->e, true);
+	if (r < 0)
+		w_fail(w, r);
+	return w->err ? w_error(w) : 0;
+}
+
+/* ------------------------------------------------------------------ finish */
+
+static void put_trailer(uint8_t *t, const struct io_shard_writer *w, uint64_t footer_off,
+                        uint64_t footer_len, const uint8_t *footer_hash)
+{
+	memset(t, 0, IO_TRAILER_BYTES);
+	memcpy(t, IO_TRAILER_MAGIC, IO_MAGIC_BYTES);
+	ckpt_put_le32(t + IO_TRL_OFF_VERSION, IO_FORMAT_VERSION);
+	ckpt_put_le32(t + IO_TRL_OFF_FLAGS, 0);
+	ckpt_put_le64(t + IO_TRL_OFF_FOOTER, footer_off);
+	ckpt_put_le64(t + IO_TRL_OFF_FLEN, footer_len);
+	memcpy(t + IO_TRL_OFF_FHASH, footer_hash, CKPT_HASH_BYTES);
+	ckpt_put_le64(t + IO_TRL_OFF_STEP, w->step);
+	ckpt_put_le64(t + IO_TRL_HASHED, XXH3_64bits(t, IO_TRL_HASHED));
+}
+
+/* Write footer + padding + trailer in one request from an aligned buffer. */
+static int write_tail(struct io_shard_writer *w, const void *footer, size_t flen,
+                      const uint8_t *fhash, uint64_t tail_len)
+{
+	int b = -1;
+	uint8_t *p = NULL;
+	if (tail_len <= io_pool_buf_bytes(w->pool) && (b = io_pool_get(w->pool, 0)) >= 0)
+		p = io_pool_addr(w->pool, (unsigned)b);
+	else if (!(p = io_aligned_alloc((size_t)tail_len)))
+		return ckpt_err(-ENOMEM, "%s: footer buffer of %llu bytes", w->path,
+		                (unsigned long long)tail_len);
+	memcpy(p, footer, flen);
+	memset(p + flen, 0, (size_t)tail_len - flen);
+	put_trailer(p + tail_len - IO_TRAILER_BYTES, w, w->next_off, flen, fhash);
+	w->tail_done = false;
+	int rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p, (size_t)tail_len, w->next_off,
+	                         w_write_done, w, COOKIE_TAIL);
+	if (rc == 0) {
+		w->inflight++;
+		while (!w->tail_done && rc >= 0)
+			rc = io_engine_reap(w->e, true);
+		if (rc >= 0 && w->tail_res != (int64_t)tail_len)
+			rc = w->tail_res < 0 ? (int)w->tail_res : -EIO;
+		rc = rc < 0 ? rc : 0;
+	}
+	if (rc)
+		ckpt_err(rc, "write %s footer at offset %llu (%llu bytes)", w->path,
+		         (unsigned long long)w->next_off, (unsigned long long)tail_len);
+	if (b >= 0)
+		io_pool_put(w->pool, (unsigned)b);
+	else
+		free(p);
+	return rc;
+}
+
+static int sync_dir_of(const char *path)
+{
+	char dir[4096];
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		return ckpt_fsync_dir(".");
+	size_t n = slash == path ? 1 : (size_t)(slash - path);
+	if (n >= sizeof dir)
+		return ckpt_err(-ENAMETOOLONG, "directory of %s", path);
+	memcpy(dir, path, n);
+	dir[n] = '\0';
+	return ckpt_fsync_dir(dir);
+}
+
+static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
+{
+	int rc = w_drain(w);
+	if (rc)
+		return w_error(w);
+	for (uint32_t i = 0; i < w->ntensors; i++)
+		if (w->appended[i] != w->tensors[i].raw_bytes)
+			return ckpt_err(-EINVAL, "%s: tensor '%s' has %llu of %llu bytes", w->path,
+			                w->tensors[i].name, (unsigned long long)w->appended[i],
+			                (unsigned long long)w->tensors[i].raw_bytes);
+	struct io_shard_index ix = {
+		.step = w->step, .rank = w->rank, .world = w->world, .data_end = w->next_off,
+		.ntensors = w->ntensors, .nchunks = w->nchunks,
+		.tensors = w->tensors, .chunks = w->chunks,
+	};
+	if ((rc = io_index_encode(&ix, &res->footer, &res->footer_len)))
+		return rc;
+	if (res->footer_len > IO_MAX_FOOTER_BYTES)
+		return ckpt_err(-EFBIG, "%s: footer of %zu bytes exceeds the format's limit",
+		                w->path, res->footer_len);
+	io_hash128(res->footer, res->footer_len, res->footer_hash);
+	uint64_t tail_len = ckpt_align_up(res->footer_len + IO_TRAILER_BYTES, CKPT_ALIGN);
+	res->file_size = w->next_off + tail_len;
+	if ((rc = write_tail(w, res->footer, res->footer_len, res->footer_hash, tail_len)))
+		return rc;
+	if ((rc = ckpt_fault(CKPT_FP_AFTER_FOOTER_WRITE)) < 0)
+		return ckpt_err_prefix(rc, "%s", w->path);
+	/* size_hint may have been larger than the shard: cut the file to its trailer. */
+	if (ftruncate(w->fd, (off_t)res->file_size) < 0)
+		return ckpt_err(-errno, "ftruncate %s to %llu", w->path,
+		                (unsigned long long)res->file_size);
+	if ((rc = ckpt_fault(CKPT_FP_BEFORE_FDATASYNC)) < 0)
+		return ckpt_err_prefix(rc, "%s", w->path);
+	/* The data, footer and size are durable after this; the name after the
+	 * directory sync below. The vote (PREPARE) may only follow both. */
+	if (fdatasync(w->fd) < 0)
+		return ckpt_err(-errno, "fdatasync %s", w->path);
+	if ((rc = ckpt_fault(CKPT_FP_AFTER_FDATASYNC)) < 0)
+		return ckpt_err_prefix(rc, "%s", w->path);
+	if ((rc = sync_dir_of(w->path)))
+		return rc;
+	/* Decoding what we wrote is cheap and proves the footer is readable. */
+	if ((rc = io_index_decode(res->footer, res->footer_len, &res->index)))
+		return ckpt_err_prefix(rc, "%s: footer written by this writer", w->path);
+	res->logical_bytes = w->logical;
+	res->stored_bytes = w->stored;
+	return 0;
+}
+
+int io_shard_writer_finish(struct io_shard_writer *w, struct io_shard_result *res)
+{
+	memset(res, 0, sizeof *res);
+	int rc = finish_steps(w, res);
+	if (rc) {
+		free(res->footer);
+		io_index_free(res->index);
+		memset(res, 0, sizeof *res);
+		/* The file can never be voted for: remove it now rather than leave it to GC. */
+		w_drain(w);
+		unlink(w->path);
+	}
+	w_free(w);
+	return rc;
+}
+
+void io_shard_writer_abort(struct io_shard_writer *w)
+{
+	if (!w)
+		return;
+	w_drain(w);
+	unlink(w->path);
+	w_free(w);
+}

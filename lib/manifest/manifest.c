@@ -1,0 +1,423 @@
+/*
+ * manifest.c — the operations of manifest.h: the commit, aborted steps, trust,
+ * deletion and the readers.
+ *
+ * The manifest decides visibility (DESIGN §3): a step is visible iff its COMMITTED
+ * step record is here, and manifest_commit writes that record together with every
+ * rank's shard record in one synced LMDB write transaction. Each function runs in
+ * exactly one transaction (manifest_env.c), so a reader sees a step either whole
+ * or not at all.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "manifest/manifest_internal.h"
+
+/* ------------------------------------------------------------------ helpers in a txn */
+
+/* The step record of step in txn. 0, CKPT_ENOTFOUND, CKPT_EFORMAT, CKPT_EVERSION. */
+static int step_read(struct manifest *m, MDB_txn *txn, uint64_t step,
+                     struct manifest_step *out)
+{
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, step);
+	MDB_val key = { sizeof k, k }, val;
+	int rc = mdb_get(txn, m->dbi_steps, &key, &val);
+	if (rc == MDB_NOTFOUND)
+		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->root,
+		                (unsigned long long)step);
+	if (rc)
+		return manifest_fail(m, rc, "step %llu: read step record", (unsigned long long)step);
+	rc = manifest_step_decode(val.mv_data, val.mv_size, step, out, NULL, 0);
+	return rc ? ckpt_err_prefix(rc, "manifest %s", m->root) : 0;
+}
+
+/* Put a step record (re-encoded from *rec and note). */
+static int step_write(struct manifest *m, MDB_txn *txn, const struct manifest_step *rec,
+                      const char *note)
+{
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, rec->step);
+	MDB_val key = { sizeof k, k };
+	MDB_val val = { manifest_step_encode(rec, note, NULL), NULL };
+	/* MDB_RESERVE: encode straight into the page LMDB allocates; no copy. */
+	int rc = mdb_put(txn, m->dbi_steps, &key, &val, MDB_RESERVE);
+	if (rc)
+		return manifest_fail(m, rc, "step %llu: write step record", (unsigned long long)rec->step);
+	manifest_step_encode(rec, note, val.mv_data);
+	return 0;
+}
+
+/* Delete every shard record of step; the count deleted, or a negative code. */
+static int shards_delete(struct manifest *m, MDB_txn *txn, uint64_t step)
+{
+	int n = 0;
+	for (;;) {
+		/* Re-seek after each delete rather than rely on cursor-after-delete rules. */
+		uint8_t k[MANIFEST_SHARD_KEY_BYTES];
+		manifest_shard_key(k, step, 0);
+		MDB_val key = { sizeof k, k }, val;
+		MDB_cursor *cur;
+		int rc = mdb_cursor_open(txn, m->dbi_shards, &cur);
+		if (rc)
+			return manifest_fail(m, rc, "step %llu: open cursor", (unsigned long long)step);
+		rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
+		bool mine = rc == 0 && key.mv_size == MANIFEST_SHARD_KEY_BYTES &&
+		            ckpt_get_be64(key.mv_data) == step;
+		if (mine)
+			rc = mdb_cursor_del(cur, 0);
+		mdb_cursor_close(cur);
+		if (rc == MDB_NOTFOUND || (rc == 0 && !mine))
+			return n;
+		if (rc)
+			return manifest_fail(m, rc, "step %llu: delete shard records", (unsigned long long)step);
+		n++;
+	}
+}
+
+/* ------------------------------------------------------------------ the commit */
+
+struct commit_arg {
+	const struct manifest_step  *rec;      /* state, trust and time already set */
+	const struct manifest_shard *shards;
+	uint32_t                     nshards;
+};
+
+static int commit_txn(struct manifest *m, MDB_txn *txn, void *varg)
+{
+	const struct commit_arg *a = varg;
+	uint64_t step = a->rec->step;
+	unsigned long long s = (unsigned long long)step;
+
+	/* Saving a committed step again is an error, never an overwrite (DESIGN §6).
+	 * Checked inside the write transaction, so no other writer can slip in. */
+	struct manifest_step old;
+	int rc = step_read(m, txn, step, &old);
+	if (rc == 0 && old.state == CKPT_STATE_COMMITTED)
+		return ckpt_err(-EEXIST, "manifest %s: step %llu is already committed", m->root, s);
+	if (rc != 0 && rc != CKPT_ENOTFOUND)
+		return ckpt_err_prefix(rc, "cannot commit over the existing record");
+
+	/* An ABORTED/INFLIGHT record is replaced; it has no shard records, but clear
+	 * the range anyway so that exactly world shard records exist afterwards. */
+	rc = shards_delete(m, txn, step);
+	if (rc < 0)
+		return rc;
+
+	for (uint32_t i = 0; i < a->nshards; i++) {
+		const struct manifest_shard *sh = &a->shards[i];
+		uint8_t k[MANIFEST_SHARD_KEY_BYTES];
+		manifest_shard_key(k, step, sh->rank);
+		MDB_val key = { sizeof k, k };
+		MDB_val val = { manifest_shard_rec_size(sh), NULL };
+		rc = mdb_put(txn, m->dbi_shards, &key, &val, MDB_RESERVE);
+		if (rc)
+			return manifest_fail(m, rc, "step %llu rank %u: write shard record", s, sh->rank);
+		manifest_shard_encode(sh, val.mv_data);
+	}
+	/* The step record goes in last. Atomicity does not depend on it (the
+	 * transaction is all or nothing) but it keeps the rule readable: the
+	 * COMMITTED record never exists without its shard records. */
+	return step_write(m, txn, a->rec, NULL);
+}
+
+int manifest_commit(struct manifest *m, const struct manifest_step *rec,
+                    const struct manifest_shard *shards, uint32_t nshards)
+{
+	if (!m || !rec || (nshards && !shards))
+		return ckpt_err(-EINVAL, "manifest_commit: NULL argument");
+	unsigned long long s = (unsigned long long)rec->step;
+	struct manifest_step r = *rec;
+	r.state = CKPT_STATE_COMMITTED;
+	if (r.trust == 0)
+		r.trust = CKPT_TRUST_COMMITTED;
+	if (r.commit_time_ns == 0)
+		r.commit_time_ns = ckpt_wall_ns();
+	int rc = manifest_step_check(&r);
+	if (rc)
+		return ckpt_err_prefix(rc, "manifest %s", m->root);
+	if (r.world == 0 || nshards != r.world)
+		return ckpt_err(-EINVAL, "manifest %s: step %llu: %u shard records for world %u",
+		                m->root, s, nshards, r.world);
+
+	/* Every rank 0..world-1 exactly once: a bitmap, since world may be large. */
+	uint8_t *seen = calloc((size_t)r.world / 8 + 1, 1);
+	if (!seen)
+		return ckpt_err(-ENOMEM, "manifest %s: step %llu: out of memory", m->root, s);
+	for (uint32_t i = 0; i < nshards && !rc; i++) {
+		uint32_t rank = shards[i].rank;
+		if (rank >= r.world)
+			rc = ckpt_err(-EINVAL, "manifest %s: step %llu: rank %u outside world %u",
+			              m->root, s, rank, r.world);
+		else if (seen[rank / 8] & (1u << (rank % 8)))
+			rc = ckpt_err(-EINVAL, "manifest %s: step %llu: rank %u given twice",
+			              m->root, s, rank);
+		else if ((rc = manifest_shard_check(r.step, &shards[i])) != 0)
+			rc = ckpt_err_prefix(rc, "manifest %s", m->root);
+		else
+			seen[rank / 8] |= (uint8_t)(1u << (rank % 8));
+	}
+	free(seen);
+	if (rc)
+		return rc;
+
+	struct commit_arg a = { &r, shards, nshards };
+	return manifest_write(m, commit_txn, &a, "commit step");
+}
+
+/* ------------------------------------------------------------------ aborts, trust, delete */
+
+struct abort_arg { uint64_t step; uint32_t world; const char *why; };
+
+static int abort_txn(struct manifest *m, MDB_txn *txn, void *varg)
+{
+	const struct abort_arg *a = varg;
+	struct manifest_step old;
+	int rc = step_read(m, txn, a->step, &old);
+	if (rc == 0 && old.state == CKPT_STATE_COMMITTED)
+		return ckpt_err(-EEXIST, "manifest %s: step %llu is committed; not recording an abort",
+		                m->root, (unsigned long long)a->step);
+	if (rc != 0 && rc != CKPT_ENOTFOUND)
+		return rc;
+	struct manifest_step r;
+	memset(&r, 0, sizeof r);
+	r.step = a->step;
+	r.state = CKPT_STATE_ABORTED;
+	r.world = a->world;
+	r.commit_time_ns = ckpt_wall_ns();
+	rc = shards_delete(m, txn, a->step);
+	return rc < 0 ? rc : step_write(m, txn, &r, a->why);
+}
+
+int manifest_record_abort(struct manifest *m, uint64_t step, uint32_t world, const char *why)
+{
+	if (!m)
+		return ckpt_err(-EINVAL, "manifest_record_abort: NULL manifest");
+	struct abort_arg a = { step, world, why };
+	return manifest_write(m, abort_txn, &a, "record an aborted step");
+}
+
+struct trust_arg { uint64_t step; uint32_t trust; };
+
+static int trust_txn(struct manifest *m, MDB_txn *txn, void *varg)
+{
+	const struct trust_arg *a = varg;
+	struct manifest_step r;
+	int rc = step_read(m, txn, a->step, &r);
+	if (rc)
+		return rc;
+	if (r.state != CKPT_STATE_COMMITTED)
+		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu is not committed",
+		                m->root, (unsigned long long)a->step);
+	r.trust = a->trust;
+	return step_write(m, txn, &r, NULL);
+}
+
+int manifest_set_trust(struct manifest *m, uint64_t step, uint32_t trust)
+{
+	if (!m)
+		return ckpt_err(-EINVAL, "manifest_set_trust: NULL manifest");
+	if (trust != CKPT_TRUST_COMMITTED && trust != CKPT_TRUST_VERIFIED)
+		return ckpt_err(-EINVAL, "manifest %s: step %llu: bad trust level %u", m->root,
+		                (unsigned long long)step, trust);
+	struct trust_arg a = { step, trust };
+	return manifest_write(m, trust_txn, &a, "set trust");
+}
+
+static int delete_txn(struct manifest *m, MDB_txn *txn, void *varg)
+{
+	uint64_t step = *(const uint64_t *)varg;
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, step);
+	MDB_val key = { sizeof k, k };
+	int rc = mdb_del(txn, m->dbi_steps, &key, NULL);
+	if (rc && rc != MDB_NOTFOUND)
+		return manifest_fail(m, rc, "step %llu: delete step record", (unsigned long long)step);
+	bool had_step = rc == 0;
+	/* Shard records go in the same transaction: a reader never finds a step
+	 * without its shards, nor shard records that outlive their step. */
+	int n = shards_delete(m, txn, step);
+	if (n < 0)
+		return n;
+	if (!had_step && n == 0)
+		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->root,
+		                (unsigned long long)step);
+	return 0;
+}
+
+int manifest_step_delete(struct manifest *m, uint64_t step)
+{
+	if (!m)
+		return ckpt_err(-EINVAL, "manifest_step_delete: NULL manifest");
+	return manifest_write(m, delete_txn, &step, "delete step");
+}
+
+/* ------------------------------------------------------------------ readers */
+
+int manifest_step_get(struct manifest *m, uint64_t step, struct manifest_step *out)
+{
+	if (!m || !out)
+		return ckpt_err(-EINVAL, "manifest_step_get: NULL argument");
+	MDB_txn *txn;
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
+	if (rc)
+		return manifest_fail(m, rc, "step %llu: begin read transaction", (unsigned long long)step);
+	rc = step_read(m, txn, step, out);
+	manifest_txn_abort(m, txn);
+	return rc;
+}
+
+/* Walk the steps database (ascending, or descending from the end) and call fn on
+ * each decoded record until fn returns non-zero (returned) or the end (0). */
+typedef int (*step_visit_fn)(const struct manifest_step *r, void *arg);
+
+static int steps_walk(struct manifest *m, bool descending, step_visit_fn fn, void *arg)
+{
+	MDB_txn *txn;
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
+	if (rc)
+		return manifest_fail(m, rc, "begin read transaction");
+	MDB_cursor *cur;
+	rc = mdb_cursor_open(txn, m->dbi_steps, &cur);
+	if (rc) {
+		manifest_txn_abort(m, txn);
+		return manifest_fail(m, rc, "open cursor");
+	}
+	MDB_val key, val;
+	int ret = 0;
+	MDB_cursor_op op = descending ? MDB_LAST : MDB_FIRST;
+	while ((rc = mdb_cursor_get(cur, &key, &val, op)) == 0) {
+		op = descending ? MDB_PREV : MDB_NEXT;
+		if (key.mv_size != MANIFEST_STEP_KEY_BYTES) {
+			ret = ckpt_err(CKPT_EFORMAT, "manifest %s: steps database holds a key of %zu bytes",
+			               m->root, key.mv_size);
+			break;
+		}
+		struct manifest_step r;
+		uint64_t step = ckpt_get_be64(key.mv_data);
+		/* A record we cannot read stops the walk with its error rather than being
+		 * skipped: skipping could make "latest" silently roll back training. */
+		ret = manifest_step_decode(val.mv_data, val.mv_size, step, &r, NULL, 0);
+		if (ret) {
+			ckpt_err_prefix(ret, "manifest %s", m->root);
+			break;
+		}
+		if ((ret = fn(&r, arg)) != 0)
+			break;
+	}
+	if (ret == 0 && rc != MDB_NOTFOUND)
+		ret = manifest_fail(m, rc, "walk steps database");
+	mdb_cursor_close(cur);
+	manifest_txn_abort(m, txn);
+	return ret;
+}
+
+static int latest_visit(const struct manifest_step *r, void *arg)
+{
+	if (r->state != CKPT_STATE_COMMITTED)
+		return 0;                    /* aborted and in-flight steps are invisible */
+	*(uint64_t *)arg = r->step;
+	return 1;
+}
+
+int manifest_step_latest(struct manifest *m, uint64_t *step)
+{
+	if (!m || !step)
+		return ckpt_err(-EINVAL, "manifest_step_latest: NULL argument");
+	uint64_t found = 0;
+	int rc = steps_walk(m, true, latest_visit, &found);
+	if (rc < 0)
+		return rc;
+	if (rc == 0)
+		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: no committed step", m->root);
+	*step = found;
+	return 0;
+}
+
+struct list_arg { bool all; uint64_t *steps; size_t cap, count; };
+
+static int list_visit(const struct manifest_step *r, void *varg)
+{
+	struct list_arg *a = varg;
+	if (!a->all && r->state != CKPT_STATE_COMMITTED)
+		return 0;
+	if (a->count < a->cap)
+		a->steps[a->count] = r->step;
+	a->count++;
+	return 0;
+}
+
+int manifest_steps_list(struct manifest *m, bool all, uint64_t *steps, size_t cap)
+{
+	if (!m || (cap && !steps))
+		return ckpt_err(-EINVAL, "manifest_steps_list: NULL argument");
+	struct list_arg a = { all, steps, cap, 0 };
+	int rc = steps_walk(m, false, list_visit, &a);
+	if (rc < 0)
+		return rc;
+	if (a.count > INT_MAX)
+		return ckpt_err(-EOVERFLOW, "manifest %s: %zu steps do not fit an int", m->root,
+		                a.count);
+	return (int)a.count;
+}
+
+int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
+                       struct manifest_shard *out)
+{
+	if (!out)
+		return ckpt_err(-EINVAL, "manifest_shard_get: NULL argument");
+	memset(out, 0, sizeof *out);
+	if (!m)
+		return ckpt_err(-EINVAL, "manifest_shard_get: NULL manifest");
+	unsigned long long s = (unsigned long long)step;
+	MDB_txn *txn;
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
+	if (rc)
+		return manifest_fail(m, rc, "step %llu rank %u: begin read transaction", s, rank);
+	uint8_t k[MANIFEST_SHARD_KEY_BYTES];
+	manifest_shard_key(k, step, rank);
+	MDB_val key = { sizeof k, k }, val;
+	rc = mdb_get(txn, m->dbi_shards, &key, &val);
+	if (rc) {
+		manifest_txn_abort(m, txn);
+		if (rc == MDB_NOTFOUND)
+			return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu rank %u: no shard record",
+			                m->root, s, rank);
+		return manifest_fail(m, rc, "step %llu rank %u: read shard record", s, rank);
+	}
+	struct manifest_shard sh;
+	size_t pl;
+	rc = manifest_shard_decode(val.mv_data, val.mv_size, step, rank, &sh, &pl);
+	if (rc) {
+		manifest_txn_abort(m, txn);
+		return ckpt_err_prefix(rc, "manifest %s", m->root);
+	}
+	/* LMDB's pointers die with the transaction: copy index and path out, into one
+	 * block (index first, so it keeps malloc's alignment). Sizes are bounded by
+	 * the decoder (index <= MANIFEST_MAX_INDEX, path <= MANIFEST_MAX_PATH). */
+	uint8_t *block = malloc(sh.index_len + pl + 1);
+	if (!block) {
+		manifest_txn_abort(m, txn);
+		return ckpt_err(-ENOMEM, "manifest %s: step %llu rank %u: %zu bytes for the shard "
+		                "index", m->root, s, rank, sh.index_len);
+	}
+	memcpy(block, sh.index, sh.index_len);
+	memcpy(block + sh.index_len, sh.path, pl);
+	block[sh.index_len + pl] = '\0';
+	manifest_txn_abort(m, txn);
+	sh.index = block;
+	sh.path = (const char *)(block + sh.index_len);
+	sh.owned_ = block;
+	*out = sh;
+	return 0;
+}
+
+void manifest_shard_free(struct manifest_shard *s)
+{
+	if (!s)
+		return;
+	free(s->owned_);
+	memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,103 @@
+/*
+ * manifest_internal.h — private to lib/manifest (and its tests): the handle's
+ * layout and the record codec (docs/format-manifest.md).
+ *
+ * The codec is split from the LMDB code so that it can be fed untrusted bytes
+ * directly (unit tests, fuzz targets) without an environment. Decoders never
+ * trust a length: every field is read through ckpt_cursor and checked against
+ * the bytes that contain it.
+ */
+#ifndef CKPT_MANIFEST_INTERNAL_H
+#define CKPT_MANIFEST_INTERNAL_H
+
+#include <lmdb.h>
+#include <pthread.h>
+
+#include "manifest/manifest.h"
+
+/* Record versions: the first u16 of every value. A decoder accepts versions
+ * 1..current and refuses newer ones with CKPT_EVERSION. */
+#define MANIFEST_STEP_REC_VERSION  1u
+#define MANIFEST_SHARD_REC_VERSION 1u
+
+#define MANIFEST_STEP_REC_FIXED   48u      /* bytes before job_id (see the layout) */
+#define MANIFEST_SHARD_REC_FIXED  40u      /* bytes before path */
+#define MANIFEST_MAX_NOTE         1024u    /* abort reason kept in an ABORTED record */
+#define MANIFEST_MAX_INDEX        (1ull << 30) /* = IO_MAX_FOOTER_BYTES; not included: no io dependency */
+
+#define MANIFEST_STEP_KEY_BYTES   8u       /* BE u64 step */
+#define MANIFEST_SHARD_KEY_BYTES  12u      /* BE u64 step || BE u32 rank */
+
+/*
+ * The handle. env and the dbi numbers are fixed after manifest_open and read
+ * without locks. resize_lock: every transaction (read or write) is begun and
+ * ended under its read side; growing the map (mdb_env_set_mapsize, which LMDB
+ * allows only while this process has no transaction active) takes the write side.
+ */
+struct manifest {
+	MDB_env         *env;
+	MDB_dbi          dbi_meta, dbi_steps, dbi_shards;
+	bool             rdonly;
+	bool             nolock;           /* opened with MDB_NOLOCK (read-only media) */
+	pthread_rwlock_t resize_lock;
+	char             root[];           /* the checkpoint root, for messages */
+};
+
+/* manifest_open with the initial map size chosen (0: the default, 64 GiB on a
+ * 64-bit build). For tests of map growth; the map still grows on MDB_MAP_FULL. */
+int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct manifest **out);
+
+/* ------------------------------------------------------------------ transactions
+ * (manifest_env.c) */
+
+/* Record an LMDB failure (rc: an MDB_* code or positive errno) with the root and
+ * what was being done; returns the converted ckpt code. */
+int manifest_fail(const struct manifest *m, int rc, const char *fmt, ...) CKPT_PRINTF(3, 4);
+/* Begin a transaction (flags: 0 or MDB_RDONLY). On success the read side of
+ * resize_lock is held until manifest_txn_abort/_commit. Returns an MDB code. */
+int  manifest_txn_begin(struct manifest *m, unsigned flags, MDB_txn **txn);
+void manifest_txn_abort(struct manifest *m, MDB_txn *txn);
+int  manifest_txn_commit(struct manifest *m, MDB_txn *txn);   /* MDB code; frees txn */
+
+/* The body of a write transaction: 0 or a ckpt code (message recorded). It must
+ * be repeatable from scratch: manifest_write may run it twice. */
+typedef int (*manifest_write_fn)(struct manifest *m, MDB_txn *txn, void *arg);
+/* Run fn in one write transaction and commit it durably; on a full map, grow the
+ * map and run the whole transaction once more (then -ENOSPC). CKPT_ESTATE on a
+ * read-only handle; `what` names the operation in messages. */
+int manifest_write(struct manifest *m, manifest_write_fn fn, void *arg, const char *what);
+
+/* ------------------------------------------------------------------ codec
+ * (manifest_record.c) */
+
+/* Keys. */
+void manifest_step_key(uint8_t out[MANIFEST_STEP_KEY_BYTES], uint64_t step);
+void manifest_shard_key(uint8_t out[MANIFEST_SHARD_KEY_BYTES], uint64_t step, uint32_t rank);
+
+/* A step record: state etc. from *rec, and note (may be NULL) stored after job_id.
+ * Returns the encoded size; encodes into out when out is non-NULL (out must hold
+ * that many bytes). Fields must already be valid (manifest_step_check). */
+size_t manifest_step_encode(const struct manifest_step *rec, const char *note, uint8_t *out);
+/* 0, or -EINVAL naming the field (job_id too long, bad state or trust). */
+int manifest_step_check(const struct manifest_step *rec);
+/* Decode a step record found under key step. 0, CKPT_EFORMAT or CKPT_EVERSION
+ * (the message names step). note/note_cap optional: the abort reason, truncated. */
+int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest_step *out,
+                         char *note, size_t note_cap);
+
+/* A shard record. Size first (0 on overflow), then encode into out. */
+size_t manifest_shard_rec_size(const struct manifest_shard *s);
+void manifest_shard_encode(const struct manifest_shard *s, uint8_t *out);
+/* Validate a shard to be stored: 0 or -EINVAL naming step and rank. */
+int manifest_shard_check(uint64_t step, const struct manifest_shard *s);
+/* Decode a shard record found under (step, rank). On success out->path and
+ * out->index point INTO p (not copied, and the path is NOT NUL-terminated: its
+ * length goes to *path_len; out->owned_ is NULL). CKPT_EFORMAT or CKPT_EVERSION,
+ * naming step and rank. */
+int manifest_shard_decode(const void *p, size_t n, uint64_t step, uint32_t rank,
+                          struct manifest_shard *out, size_t *path_len);
+/* A path as stored: non-empty, <= MANIFEST_MAX_PATH, relative, no "", "." or ".."
+ * component, no control bytes. */
+bool manifest_path_ok(const char *path, size_t len);
+
+#endif /* CKPT_MANIFEST_INTERNAL_H */

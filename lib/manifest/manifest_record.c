@@ -1,0 +1,239 @@
+/*
+ * manifest_record.c — the manifest's keys and record codec (docs/format-manifest.md).
+ *
+ * Keys are big-endian so that LMDB's byte order is step order (and rank order
+ * within a step). Values are little-endian, start with a u16 record version, and
+ * have an exact length: a decoder checks every length against the bytes it was
+ * given and refuses trailing bytes, so a torn, truncated or foreign value is
+ * CKPT_EFORMAT — never an out-of-bounds read. This file knows nothing of LMDB.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "manifest/manifest_internal.h"
+
+void manifest_step_key(uint8_t out[MANIFEST_STEP_KEY_BYTES], uint64_t step)
+{
+	ckpt_put_be64(out, step);
+}
+
+void manifest_shard_key(uint8_t out[MANIFEST_SHARD_KEY_BYTES], uint64_t step, uint32_t rank)
+{
+	ckpt_put_be64(out, step);
+	ckpt_put_be32(out + 8, rank);
+}
+
+bool manifest_path_ok(const char *path, size_t len)
+{
+	/* The rules of a tensor name are exactly those of a safe relative path
+	 * (no leading '/', no "", "." or ".." component, no NUL or control byte):
+	 * reuse the one checker rather than write a second. */
+	return len > 0 && len <= MANIFEST_MAX_PATH && ckpt_name_check(path, len) == 0;
+}
+
+/* ------------------------------------------------------------------ step records
+ *  off size
+ *    0    2  record version (1)
+ *    2    2  job_id length J (<= MANIFEST_MAX_JOB_ID)
+ *    4    4  state (enum ckpt_step_state)
+ *    8    4  trust (enum ckpt_trust; 0 for a record that is not COMMITTED)
+ *   12    4  world
+ *   16    4  ntensors
+ *   20    2  note length N (<= MANIFEST_MAX_NOTE): abort reason
+ *   22    2  reserved, 0
+ *   24    8  logical_bytes
+ *   32    8  stored_bytes
+ *   40    8  commit_time_ns (CLOCK_REALTIME; for ABORTED: when it was recorded)
+ *   48    J  job_id bytes (no NUL)
+ * 48+J    N  note bytes (no NUL)
+ */
+
+int manifest_step_check(const struct manifest_step *rec)
+{
+	size_t jl = strnlen(rec->job_id, sizeof rec->job_id);
+	if (jl > MANIFEST_MAX_JOB_ID)
+		return ckpt_err(-EINVAL, "step %llu: job id longer than %u bytes",
+		                (unsigned long long)rec->step, MANIFEST_MAX_JOB_ID);
+	if (rec->state < CKPT_STATE_COMMITTED || rec->state > CKPT_STATE_INFLIGHT)
+		return ckpt_err(-EINVAL, "step %llu: bad state %u",
+		                (unsigned long long)rec->step, rec->state);
+	if (rec->trust > CKPT_TRUST_VERIFIED)
+		return ckpt_err(-EINVAL, "step %llu: bad trust level %u",
+		                (unsigned long long)rec->step, rec->trust);
+	return 0;
+}
+
+size_t manifest_step_encode(const struct manifest_step *rec, const char *note, uint8_t *out)
+{
+	size_t jl = strnlen(rec->job_id, MANIFEST_MAX_JOB_ID);
+	size_t nl = note ? strnlen(note, MANIFEST_MAX_NOTE) : 0;
+	size_t n = MANIFEST_STEP_REC_FIXED + jl + nl;
+	if (!out)
+		return n;
+	ckpt_put_le16(out + 0, MANIFEST_STEP_REC_VERSION);
+	ckpt_put_le16(out + 2, (uint16_t)jl);
+	ckpt_put_le32(out + 4, rec->state);
+	ckpt_put_le32(out + 8, rec->trust);
+	ckpt_put_le32(out + 12, rec->world);
+	ckpt_put_le32(out + 16, rec->ntensors);
+	ckpt_put_le16(out + 20, (uint16_t)nl);
+	ckpt_put_le16(out + 22, 0);
+	ckpt_put_le64(out + 24, rec->logical_bytes);
+	ckpt_put_le64(out + 32, rec->stored_bytes);
+	ckpt_put_le64(out + 40, rec->commit_time_ns);
+	memcpy(out + MANIFEST_STEP_REC_FIXED, rec->job_id, jl);
+	if (nl)
+		memcpy(out + MANIFEST_STEP_REC_FIXED + jl, note, nl);
+	return n;
+}
+
+int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest_step *out,
+                         char *note, size_t note_cap)
+{
+	unsigned long long s = (unsigned long long)step;
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	uint16_t ver = ckpt_cursor_u16(&c);
+	if (!c.ok || ver == 0)
+		return ckpt_err(CKPT_EFORMAT, "step %llu: step record of %zu bytes has no version", s, n);
+	if (ver > MANIFEST_STEP_REC_VERSION)
+		return ckpt_err(CKPT_EVERSION, "step %llu: step record version %u (this build reads <= %u)",
+		                s, ver, MANIFEST_STEP_REC_VERSION);
+	struct manifest_step r;
+	memset(&r, 0, sizeof r);
+	r.step = step;
+	uint16_t jl = ckpt_cursor_u16(&c);
+	r.state = ckpt_cursor_u32(&c);
+	r.trust = ckpt_cursor_u32(&c);
+	r.world = ckpt_cursor_u32(&c);
+	r.ntensors = ckpt_cursor_u32(&c);
+	uint16_t nl = ckpt_cursor_u16(&c);
+	uint16_t reserved = ckpt_cursor_u16(&c);
+	r.logical_bytes = ckpt_cursor_u64(&c);
+	r.stored_bytes = ckpt_cursor_u64(&c);
+	r.commit_time_ns = ckpt_cursor_u64(&c);
+	if (!c.ok)
+		return ckpt_err(CKPT_EFORMAT, "step %llu: step record truncated (%zu bytes)", s, n);
+	if (jl > MANIFEST_MAX_JOB_ID || nl > MANIFEST_MAX_NOTE || reserved != 0)
+		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: job id length %u, note length %u, "
+		                "reserved %u out of range", s, jl, nl, reserved);
+	const uint8_t *job = ckpt_cursor_take(&c, jl);
+	const uint8_t *why = ckpt_cursor_take(&c, nl);
+	if (!c.ok || c.left != 0)
+		return ckpt_err(CKPT_EFORMAT, "step %llu: step record is %zu bytes, its fields say %u",
+		                s, n, MANIFEST_STEP_REC_FIXED + jl + nl);
+	if ((jl && memchr(job, '\0', jl)) || (nl && memchr(why, '\0', nl)))
+		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: NUL inside job id or note", s);
+	if (r.state < CKPT_STATE_COMMITTED || r.state > CKPT_STATE_INFLIGHT)
+		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: bad state %u", s, r.state);
+	if (r.trust > CKPT_TRUST_VERIFIED || (r.state == CKPT_STATE_COMMITTED && r.trust == 0))
+		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: bad trust %u", s, r.trust);
+	if (r.state == CKPT_STATE_COMMITTED && r.world == 0)
+		return ckpt_err(CKPT_EFORMAT, "step %llu: committed step record with world 0", s);
+	if (jl)
+		memcpy(r.job_id, job, jl);
+	r.job_id[jl] = '\0';
+	if (note && note_cap) {
+		size_t k = nl < note_cap - 1 ? nl : note_cap - 1;
+		if (k)
+			memcpy(note, why, k);
+		note[k] = '\0';
+	}
+	*out = r;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ shard records
+ *  off size
+ *    0    2  record version (1)
+ *    2    2  path length P (1..MANIFEST_MAX_PATH)
+ *    4    4  rank (equal to the key's rank)
+ *    8    8  file_size
+ *   16   16  footer_hash (XXH3-128 of the footer, as in the trailer)
+ *   32    8  index length X (1..MANIFEST_MAX_INDEX)
+ *   40    P  path, relative to the root (no NUL)
+ * 40+P    X  encoded shard index (lib/io's footer encoding, opaque here)
+ */
+
+int manifest_shard_check(uint64_t step, const struct manifest_shard *s)
+{
+	unsigned long long st = (unsigned long long)step;
+	if (!s->path)
+		return ckpt_err(-EINVAL, "step %llu rank %u: no shard path", st, s->rank);
+	size_t pl = strnlen(s->path, MANIFEST_MAX_PATH + 1);
+	if (!manifest_path_ok(s->path, pl))
+		return ckpt_err(-EINVAL, "step %llu rank %u: shard path '%.64s' is empty, longer than %u "
+		                "bytes, absolute, or has an empty, '.' or '..' component",
+		                st, s->rank, s->path, MANIFEST_MAX_PATH);
+	if (!s->index || s->index_len == 0 || s->index_len > MANIFEST_MAX_INDEX)
+		return ckpt_err(-EINVAL, "step %llu rank %u: shard index of %zu bytes (1..%llu allowed)",
+		                st, s->rank, s->index_len, (unsigned long long)MANIFEST_MAX_INDEX);
+	return 0;
+}
+
+size_t manifest_shard_rec_size(const struct manifest_shard *s)
+{
+	/* Both lengths are bounded by manifest_shard_check, so this cannot overflow. */
+	return MANIFEST_SHARD_REC_FIXED + strnlen(s->path, MANIFEST_MAX_PATH) + s->index_len;
+}
+
+void manifest_shard_encode(const struct manifest_shard *s, uint8_t *out)
+{
+	size_t pl = strnlen(s->path, MANIFEST_MAX_PATH);
+	ckpt_put_le16(out + 0, MANIFEST_SHARD_REC_VERSION);
+	ckpt_put_le16(out + 2, (uint16_t)pl);
+	ckpt_put_le32(out + 4, s->rank);
+	ckpt_put_le64(out + 8, s->file_size);
+	memcpy(out + 16, s->footer_hash, CKPT_HASH_BYTES);
+	ckpt_put_le64(out + 32, (uint64_t)s->index_len);
+	memcpy(out + MANIFEST_SHARD_REC_FIXED, s->path, pl);
+	memcpy(out + MANIFEST_SHARD_REC_FIXED + pl, s->index, s->index_len);
+}
+
+int manifest_shard_decode(const void *p, size_t n, uint64_t step, uint32_t rank,
+                          struct manifest_shard *out, size_t *path_len)
+{
+	unsigned long long st = (unsigned long long)step;
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	uint16_t ver = ckpt_cursor_u16(&c);
+	if (!c.ok || ver == 0)
+		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record of %zu bytes has no version",
+		                st, rank, n);
+	if (ver > MANIFEST_SHARD_REC_VERSION)
+		return ckpt_err(CKPT_EVERSION, "step %llu rank %u: shard record version %u "
+		                "(this build reads <= %u)", st, rank, ver, MANIFEST_SHARD_REC_VERSION);
+	uint16_t pl = ckpt_cursor_u16(&c);
+	uint32_t rec_rank = ckpt_cursor_u32(&c);
+	uint64_t file_size = ckpt_cursor_u64(&c);
+	const uint8_t *hash = ckpt_cursor_take(&c, CKPT_HASH_BYTES);
+	uint64_t xl = ckpt_cursor_u64(&c);
+	if (!c.ok)
+		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record truncated (%zu bytes)",
+		                st, rank, n);
+	if (rec_rank != rank)
+		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record says rank %u",
+		                st, rank, rec_rank);
+	if (pl == 0 || pl > MANIFEST_MAX_PATH || xl == 0 || xl > MANIFEST_MAX_INDEX)
+		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record: path length %u or index "
+		                "length %llu out of range", st, rank, pl, (unsigned long long)xl);
+	const char *path = (const char *)ckpt_cursor_take(&c, pl);
+	/* xl <= MANIFEST_MAX_INDEX fits size_t; the cursor checks it against what is left. */
+	const uint8_t *index = ckpt_cursor_take(&c, (size_t)xl);
+	if (!c.ok || c.left != 0)
+		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record is %zu bytes, its fields "
+		                "say %llu", st, rank, n,
+		                (unsigned long long)(MANIFEST_SHARD_REC_FIXED + pl + xl));
+	if (!manifest_path_ok(path, pl))
+		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record: path is not a safe "
+		                "relative path", st, rank);
+	memset(out, 0, sizeof *out);
+	out->rank = rank;
+	out->path = path;              /* NOT NUL-terminated here: the caller copies it */
+	out->file_size = file_size;
+	memcpy(out->footer_hash, hash, CKPT_HASH_BYTES);
+	out->index = index;
+	out->index_len = (size_t)xl;
+	*path_len = pl;
+	return 0;
+}

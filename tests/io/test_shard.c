@@ -1,0 +1,756 @@
+/*
+ * test_shard.c — shard files end to end: writer -> file -> reader, with and
+ * without zstd; damaged files (flipped bits, truncation, crafted trailers, newer
+ * versions); write failures (injected ENOSPC/EIO at every chunk, a real EFBIG
+ * half-way) that must return every pool buffer and remove the file; misuse.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "io/io_internal.h"
+#include "testutil.h"
+
+#define BUF_BYTES (64u * 1024)
+#define NBUFS     6u
+#define DEPTH     4u
+
+struct fx {
+	char            *dir;
+	char             path[512];
+	struct io_pool  *pool;
+	struct io_engine *e;
+	uint64_t         seed;
+};
+
+static void fx_init(struct fx *f, const char *tag)
+{
+	f->seed = tu_seed();
+	f->dir = tu_tmpdir(tag);
+	snprintf(f->path, sizeof f->path, "%s/rank-000001.shard", f->dir);
+	ck_assert_int_eq(io_pool_create(BUF_BYTES, NBUFS, NULL, &f->pool), 0);
+	ck_assert_msg(io_engine_create(f->pool, DEPTH, &f->e) == 0, "%s", ckpt_err_msg());
+}
+
+static void fx_done(struct fx *f)
+{
+	/* Every path must give every buffer back. */
+	ck_assert_uint_eq(io_pool_nfree(f->pool), NBUFS);
+	io_engine_destroy(f->e);
+	io_pool_destroy(f->pool);
+	tu_rmtree(f->dir);
+	free(f->dir);
+}
+
+static bool file_exists(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0;
+}
+
+/* ------------------------------------------------------------------ shard contents */
+
+struct shard_spec {
+	unsigned  n;
+	uint64_t *sizes;          /* raw bytes per tensor */
+	bool      compressible;
+};
+
+static void tensor_name(char *out, size_t cap, unsigned i)
+{
+	snprintf(out, cap, "layers.%u/w", i);
+}
+
+/* Deterministic content of tensor i. */
+static void tensor_bytes(uint8_t *p, uint64_t n, uint64_t seed, unsigned i, bool compressible)
+{
+	tu_fill(p, (size_t)n, seed, i);
+	if (compressible)
+		for (uint64_t k = 0; k < n; k++)
+			p[k] = (uint8_t)("xyz"[p[k] % 3] + (k / 512) % 2);
+}
+
+/* A 1-D box: f32 when the size allows it, u8 otherwise; tensor 1 is a blob. */
+static void tensor_desc(struct io_tensor_desc *d, uint64_t *shape, uint64_t *off, uint64_t *ext,
+                        char *name, size_t cap, unsigned i, uint64_t bytes)
+{
+	tensor_name(name, cap, i);
+	memset(d, 0, sizeof *d);
+	d->name = name;
+	d->kind = CKPT_KIND_MODEL;
+	d->policy = CKPT_SHARDED;
+	d->ndim = 1;
+	d->dtype = (bytes % 4 == 0 && i != 1) ? CKPT_F32 : CKPT_U8;
+	*ext = bytes / ckpt_dtype_size(d->dtype);
+	*off = i == 1 ? 0 : i;
+	*shape = *ext + *off + (i == 1 ? 0 : 7);
+	if (i == 1) {
+		d->flags = IO_TENSOR_BLOB;
+		d->kind = CKPT_KIND_RNG;
+		d->policy = CKPT_RANK_BOUND;
+	}
+	d->global_shape = shape;
+	d->offset = off;
+	d->extent = ext;
+	d->raw_bytes = bytes;
+}
+
+/* Write spec into f->path with chunks of chunk bytes. Returns 0 with *res filled,
+ * or the error of append (after abort) or finish. */
+static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, int zstd,
+                       struct io_shard_result *res)
+{
+	struct io_shard_writer *w;
+	int rc = io_shard_writer_open(f->e, f->path, 9, 1, 4, 1u << 20, zstd, &w);
+	if (rc)
+		return rc;
+	for (unsigned i = 0; i < s->n; i++) {
+		struct io_tensor_desc d;
+		uint64_t sh, of, ex;
+		char name[64];
+		tensor_desc(&d, &sh, &of, &ex, name, sizeof name, i, s->sizes[i]);
+		ck_assert_msg(io_shard_writer_add_tensor(w, &d) == (int)i, "%s", ckpt_err_msg());
+	}
+	for (unsigned i = 0; i < s->n; i++) {
+		uint8_t *data = malloc(s->sizes[i] ? s->sizes[i] : 1);
+		tensor_bytes(data, s->sizes[i], f->seed, i, s->compressible);
+		for (uint64_t o = 0; o < s->sizes[i]; o += chunk) {
+			size_t len = (size_t)(s->sizes[i] - o < chunk ? s->sizes[i] - o : chunk);
+			/* A timeout, not forever: a buffer leak must fail, not hang. */
+			int b = io_pool_get(f->pool, 10000);
+			ck_assert_int_ge(b, 0);
+			memcpy(io_pool_addr(f->pool, (unsigned)b), data + o, len);
+			rc = io_shard_writer_append(w, i, (unsigned)b, len);
+			if (rc) {
+				free(data);
+				io_shard_writer_abort(w);
+				return rc;
+			}
+		}
+		free(data);
+	}
+	return io_shard_writer_finish(w, res);
+}
+
+struct verify_ctx {
+	const struct shard_spec *s;
+	uint8_t **data;
+	uint64_t *seen;           /* bytes seen per tensor */
+	unsigned  calls;
+	int       stop_after;     /* > 0: return 42 at that call */
+};
+
+static int verify_cb(void *arg, const struct io_read_req *req, const void *raw, size_t len)
+{
+	struct verify_ctx *v = arg;
+	const struct io_shard_index *ix = io_shard_reader_index(req->reader);
+	const struct io_chunk_entry *c = &ix->chunks[req->chunk];
+	ck_assert_uint_eq(len, c->raw_len);
+	ck_assert_mem_eq(raw, v->data[c->tensor] + c->raw_offset, len);
+	v->seen[c->tensor] += len;
+	if (++v->calls == (unsigned)v->stop_after)
+		return 42;
+	return 0;
+}
+
+/* Read every chunk back (from the file's footer, or from index) and compare. */
+static int verify_shard(struct fx *f, const struct shard_spec *s,
+                        const struct io_shard_index *index)
+{
+	struct io_shard_reader *r;
+	int rc = io_shard_reader_open(f->e, f->path, index, &r);
+	if (rc)
+		return rc;
+	const struct io_shard_index *ix = io_shard_reader_index(r);
+	ck_assert_uint_eq(ix->ntensors, s->n);
+	ck_assert_uint_eq(ix->step, 9);
+	ck_assert_uint_eq(ix->rank, 1);
+	ck_assert_uint_eq(ix->world, 4);
+	struct verify_ctx v = { .s = s };
+	v.data = calloc(s->n, sizeof *v.data);
+	v.seen = calloc(s->n, sizeof *v.seen);
+	for (unsigned i = 0; i < s->n; i++) {
+		char name[64];
+		tensor_name(name, sizeof name, i);
+		ck_assert_int_eq(io_index_find(ix, name), (int)i);
+		ck_assert_uint_eq(ix->tensors[i].raw_bytes, s->sizes[i]);
+		v.data[i] = malloc(s->sizes[i] ? s->sizes[i] : 1);
+		tensor_bytes(v.data[i], s->sizes[i], f->seed, i, s->compressible);
+	}
+	/* Read in reverse order: completion order must not matter. */
+	struct io_read_req *reqs = calloc(ix->nchunks ? ix->nchunks : 1, sizeof *reqs);
+	for (uint32_t k = 0; k < ix->nchunks; k++)
+		reqs[k] = (struct io_read_req){ r, ix->nchunks - 1 - k, &v };
+	rc = io_read_batch(f->e, reqs, ix->nchunks, verify_cb);
+	if (!rc) {
+		ck_assert_uint_eq(v.calls, ix->nchunks);
+		for (unsigned i = 0; i < s->n; i++)
+			ck_assert_uint_eq(v.seen[i], s->sizes[i]);
+	}
+	for (unsigned i = 0; i < s->n; i++)
+		free(v.data[i]);
+	free(v.data);
+	free(v.seen);
+	free(reqs);
+	io_shard_reader_close(r);
+	return rc;
+}
+
+static void result_free(struct io_shard_result *res)
+{
+	io_index_free(res->index);
+	free(res->footer);
+}
+
+/* Sizes around the interesting edges, plus random ones, plus one larger than the
+ * whole pool so that buffers must cycle through write completions. */
+static struct shard_spec make_spec(uint64_t seed, bool compressible)
+{
+	static uint64_t sizes[12];
+	uint64_t s = seed;
+	const uint64_t fixed[] = { 0, 1, 4095, 4096, 4097, 3 * (uint64_t)NBUFS * BUF_BYTES + 12 };
+	unsigned n = 0;
+	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(fixed); i++)
+		sizes[n++] = fixed[i];
+	while (n < CKPT_ARRAY_SIZE(sizes))
+		sizes[n++] = tu_rand(&s) % (3 * BUF_BYTES);
+	return (struct shard_spec){ n, sizes, compressible };
+}
+
+/* ------------------------------------------------------------------ round trips */
+
+static void round_trip(int zstd, bool compressible)
+{
+	struct fx f;
+	fx_init(&f, "shard-rt");
+	struct shard_spec s = make_spec(f.seed, compressible);
+	uint64_t st = f.seed;
+	const size_t chunks[] = { BUF_BYTES, 40000, 4097, 4096, 1 + tu_rand(&st) % BUF_BYTES };
+	for (unsigned c = 0; c < CKPT_ARRAY_SIZE(chunks); c++) {
+		struct io_shard_result res;
+		int rc = write_shard(&f, &s, chunks[c], zstd, &res);
+		ck_assert_msg(rc == 0, "chunk %zu: %s", chunks[c], ckpt_err_msg());
+		struct stat sb;
+		ck_assert_int_eq(stat(f.path, &sb), 0);
+		ck_assert_uint_eq((uint64_t)sb.st_size, res.file_size);
+		ck_assert_uint_eq(res.file_size % CKPT_ALIGN, 0);
+		uint64_t logical = 0;
+		for (unsigned i = 0; i < s.n; i++)
+			logical += s.sizes[i];
+		ck_assert_uint_eq(res.logical_bytes, logical);
+		unsigned nzstd = 0;
+		for (uint32_t k = 0; k < res.index->nchunks; k++)
+			nzstd += res.index->chunks[k].codec == IO_CODEC_ZSTD;
+		if (zstd && compressible) {
+			ck_assert_uint_lt(res.stored_bytes, logical / 2);
+			ck_assert_uint_gt(nzstd, 0);
+		} else {
+			/* Raw, or zstd that did not win: stored as is. */
+			ck_assert_uint_eq(res.stored_bytes, logical);
+			ck_assert_uint_eq(nzstd, 0);
+		}
+		uint8_t h[CKPT_HASH_BYTES];
+		io_hash128(res.footer, res.footer_len, h);
+		ck_assert_mem_eq(h, res.footer_hash, CKPT_HASH_BYTES);
+		ck_assert_msg(verify_shard(&f, &s, NULL) == 0, "%s", ckpt_err_msg());
+		/* As a reader given the manifest's copy of the index. */
+		ck_assert_msg(verify_shard(&f, &s, res.index) == 0, "%s", ckpt_err_msg());
+		result_free(&res);
+	}
+	fx_done(&f);
+}
+
+START_TEST(round_trip_raw) { round_trip(0, false); }
+END_TEST
+START_TEST(round_trip_zstd_compressible) { round_trip(3, true); }
+END_TEST
+START_TEST(round_trip_zstd_incompressible) { round_trip(1, false); }
+END_TEST
+
+START_TEST(empty_shard)
+{
+	struct fx f;
+	fx_init(&f, "shard-empty");
+	struct shard_spec s = { 0, NULL, false };
+	struct io_shard_result res;
+	ck_assert_int_eq(write_shard(&f, &s, 4096, 0, &res), 0);
+	ck_assert_uint_eq(res.file_size, 2 * CKPT_ALIGN);
+	ck_assert_int_eq(verify_shard(&f, &s, NULL), 0);
+	result_free(&res);
+	fx_done(&f);
+}
+END_TEST
+
+START_TEST(batch_across_files_and_callback_stop)
+{
+	struct fx f;
+	fx_init(&f, "shard-multi");
+	struct shard_spec s = make_spec(f.seed, false);
+	struct io_shard_result res[2];
+	char paths[2][512];
+	for (int i = 0; i < 2; i++) {
+		snprintf(f.path, sizeof f.path, "%s/rank-00000%d.shard", f.dir, i);
+		snprintf(paths[i], sizeof paths[i], "%s", f.path);
+		ck_assert_msg(write_shard(&f, &s, 30000, 0, &res[i]) == 0, "%s", ckpt_err_msg());
+	}
+	struct io_shard_reader *r[2];
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(io_shard_reader_open(f.e, paths[i], NULL, &r[i]), 0);
+	ck_assert_str_eq(io_shard_reader_path(r[1]), paths[1]);
+	struct verify_ctx v = { .s = &s };
+	v.data = calloc(s.n, sizeof *v.data);
+	v.seen = calloc(s.n, sizeof *v.seen);
+	for (unsigned i = 0; i < s.n; i++) {
+		v.data[i] = malloc(s.sizes[i] + 1);
+		tensor_bytes(v.data[i], s.sizes[i], f.seed, i, false);
+	}
+	uint32_t nch = res[0].index->nchunks;
+	struct io_read_req *reqs = calloc(2 * nch, sizeof *reqs);
+	for (uint32_t k = 0; k < 2 * nch; k++)      /* interleave the two files */
+		reqs[k] = (struct io_read_req){ r[k % 2], k / 2, &v };
+	ck_assert_int_eq(io_read_batch(f.e, reqs, 2 * nch, verify_cb), 0);
+	ck_assert_uint_eq(v.calls, 2 * nch);
+	for (unsigned i = 0; i < s.n; i++)
+		ck_assert_uint_eq(v.seen[i], 2 * s.sizes[i]);
+	/* A callback's non-zero return stops the batch and comes back; buffers return. */
+	v.calls = 0;
+	v.stop_after = 5;
+	ck_assert_int_eq(io_read_batch(f.e, reqs, 2 * nch, verify_cb), 42);
+	ck_assert_uint_eq(v.calls, 5);
+	ck_assert_uint_eq(io_pool_nfree(f.pool), NBUFS);
+	/* A bad chunk number is refused. */
+	struct io_read_req bad = { r[0], nch, &v };
+	ck_assert_int_eq(io_read_batch(f.e, &bad, 1, verify_cb), -EINVAL);
+	for (unsigned i = 0; i < s.n; i++)
+		free(v.data[i]);
+	free(v.data);
+	free(v.seen);
+	free(reqs);
+	for (int i = 0; i < 2; i++) {
+		io_shard_reader_close(r[i]);
+		result_free(&res[i]);
+	}
+	fx_done(&f);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ damaged files */
+
+static int open_only(struct fx *f, const struct io_shard_index *ix)
+{
+	struct io_shard_reader *r = (void *)1;
+	int rc = io_shard_reader_open(f->e, f->path, ix, &r);
+	if (rc)
+		ck_assert_ptr_null(r);
+	io_shard_reader_close(rc ? NULL : r);
+	return rc;
+}
+
+static void expect_open_fails(struct fx *f, const struct io_shard_index *ix, int code,
+                              const char *what)
+{
+	int rc = open_only(f, ix);
+	ck_assert_msg(rc == code, "expected %d, got %d (%s)", code, rc, ckpt_err_msg());
+	ck_assert_msg(strstr(ckpt_err_msg(), f->path), "message lacks the path: %s",
+	              ckpt_err_msg());
+	ck_assert_msg(strstr(ckpt_err_msg(), what), "message lacks '%s': %s", what,
+	              ckpt_err_msg());
+}
+
+START_TEST(flipped_bit_in_chunk)
+{
+	for (int zstd = 0; zstd <= 3; zstd += 3) {
+		struct fx f;
+		fx_init(&f, "shard-flip");
+		struct shard_spec s = make_spec(f.seed, zstd != 0);
+		struct io_shard_result res;
+		ck_assert_int_eq(write_shard(&f, &s, 20000, zstd, &res), 0);
+		/* The second chunk of the large tensor (index 5). */
+		const struct io_tensor_entry *t = &res.index->tensors[5];
+		uint32_t k = t->first_chunk + 1;
+		const struct io_chunk_entry *c = &res.index->chunks[k];
+		uint64_t st = f.seed;
+		uint64_t at = c->file_offset + tu_rand(&st) % c->stored_len;
+		ck_assert_int_eq(tu_flip_bit(f.path, at, (int)(tu_rand(&st) % 8)), 0);
+		/* The footer is intact: open succeeds, the read of that chunk fails. */
+		ck_assert_int_eq(verify_shard(&f, &s, NULL), CKPT_ECORRUPT);
+		char want[256];
+		snprintf(want, sizeof want, "tensor 'layers.5/w' chunk %u (file %s, offset %llu)", k,
+		         f.path, (unsigned long long)c->file_offset);
+		ck_assert_msg(strstr(ckpt_err_msg(), want), "'%s' lacks '%s'", ckpt_err_msg(), want);
+		if (!zstd)
+			ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "hash mismatch"));
+		result_free(&res);
+		fx_done(&f);
+	}
+}
+END_TEST
+
+START_TEST(damaged_metadata)
+{
+	struct fx f;
+	fx_init(&f, "shard-meta");
+	struct shard_spec s = make_spec(f.seed, false);
+	struct io_shard_result res;
+	ck_assert_int_eq(write_shard(&f, &s, BUF_BYTES, 0, &res), 0);
+	uint64_t size = res.file_size, foot = res.index->data_end;
+	uint64_t trl = size - IO_TRAILER_BYTES;
+
+	/* Trailer: a flip in a hashed field (footer length). */
+	ck_assert_int_eq(tu_flip_bit(f.path, trl + IO_TRL_OFF_FLEN + 1, 3), 0);
+	expect_open_fails(&f, NULL, CKPT_ECORRUPT, "trailer hash mismatch");
+	ck_assert_int_eq(tu_flip_bit(f.path, trl + IO_TRL_OFF_FLEN + 1, 3), 0);
+	/* Its own hash. */
+	ck_assert_int_eq(tu_flip_bit(f.path, trl + IO_TRL_HASHED, 0), 0);
+	expect_open_fails(&f, NULL, CKPT_ECORRUPT, "trailer hash mismatch");
+	ck_assert_int_eq(tu_flip_bit(f.path, trl + IO_TRL_HASHED, 0), 0);
+	/* Footer. */
+	ck_assert_int_eq(tu_flip_bit(f.path, foot + res.footer_len / 2, 6), 0);
+	expect_open_fails(&f, NULL, CKPT_ECORRUPT, "footer hash mismatch");
+	ck_assert_int_eq(tu_flip_bit(f.path, foot + res.footer_len / 2, 6), 0);
+	/* Header block. */
+	ck_assert_int_eq(tu_flip_bit(f.path, IO_HDR_OFF_STEP, 1), 0);
+	expect_open_fails(&f, NULL, CKPT_ECORRUPT, "header block hash mismatch");
+	ck_assert_int_eq(tu_flip_bit(f.path, IO_HDR_OFF_STEP, 1), 0);
+	ck_assert_int_eq(tu_flip_bit(f.path, 0, 1), 0);
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "no shard header");
+	ck_assert_int_eq(tu_flip_bit(f.path, 0, 1), 0);
+	/* Undamaged again. */
+	ck_assert_int_eq(open_only(&f, NULL), 0);
+	result_free(&res);
+	fx_done(&f);
+}
+END_TEST
+
+/* Rewrite the trailer with new footer offset/length/version and a valid self-hash. */
+static void craft_trailer(const char *path, uint64_t size, uint64_t foff, uint64_t flen,
+                          uint32_t version)
+{
+	int fd = open(path, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	uint8_t t[IO_TRAILER_BYTES];
+	ck_assert_int_eq(pread(fd, t, sizeof t, (off_t)(size - sizeof t)), (ssize_t)sizeof t);
+	ckpt_put_le64(t + IO_TRL_OFF_FOOTER, foff);
+	ckpt_put_le64(t + IO_TRL_OFF_FLEN, flen);
+	ckpt_put_le32(t + IO_TRL_OFF_VERSION, version);
+	ckpt_put_le64(t + IO_TRL_HASHED, XXH3_64bits(t, IO_TRL_HASHED));
+	ck_assert_int_eq(pwrite(fd, t, sizeof t, (off_t)(size - sizeof t)), (ssize_t)sizeof t);
+	close(fd);
+}
+
+START_TEST(crafted_trailers_and_versions)
+{
+	struct fx f;
+	fx_init(&f, "shard-craft");
+	struct shard_spec s = make_spec(f.seed, false);
+	struct io_shard_result res;
+	ck_assert_int_eq(write_shard(&f, &s, BUF_BYTES, 0, &res), 0);
+	uint64_t size = res.file_size, foot = res.index->data_end, flen = res.footer_len;
+	craft_trailer(f.path, size, size, flen, 1);                   /* past EOF */
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "outside the file");
+	craft_trailer(f.path, size, foot, size, 1);                   /* too long */
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "outside the file");
+	craft_trailer(f.path, size, UINT64_MAX - 4095, 8192, 1);      /* wraps */
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "outside the file");
+	craft_trailer(f.path, size, foot + 1, flen, 1);               /* misaligned */
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "misaligned");
+	craft_trailer(f.path, size, 0, flen, 1);                      /* inside the header */
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "outside the file");
+	craft_trailer(f.path, size, foot, 0, 1);
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "footer");
+	craft_trailer(f.path, size, foot, flen, IO_FORMAT_VERSION + 1);
+	expect_open_fails(&f, NULL, CKPT_EVERSION, "trailer version 2");
+	craft_trailer(f.path, size, foot, flen, 1);
+	ck_assert_int_eq(open_only(&f, NULL), 0);
+	/* A newer footer version behind a valid trailer and footer hash. */
+	uint8_t *fb = malloc(flen);
+	memcpy(fb, res.footer, flen);
+	ckpt_put_le32(fb + 8, IO_FORMAT_VERSION + 1);
+	uint8_t h[CKPT_HASH_BYTES];
+	io_hash128(fb, flen, h);
+	int fd = open(f.path, O_RDWR);
+	ck_assert_int_eq(pwrite(fd, fb, flen, (off_t)foot), (ssize_t)flen);
+	ck_assert_int_eq(pwrite(fd, h, sizeof h, (off_t)(size - IO_TRAILER_BYTES +
+	                                                  IO_TRL_OFF_FHASH)), (ssize_t)sizeof h);
+	close(fd);
+	craft_trailer(f.path, size, foot, flen, 1);
+	expect_open_fails(&f, NULL, CKPT_EVERSION, "version 2");
+	free(fb);
+	result_free(&res);
+	fx_done(&f);
+}
+END_TEST
+
+START_TEST(truncated_file)
+{
+	struct fx f;
+	fx_init(&f, "shard-trunc");
+	struct shard_spec s = make_spec(f.seed, false);
+	struct io_shard_result res;
+	ck_assert_int_eq(write_shard(&f, &s, BUF_BYTES, 0, &res), 0);
+	ck_assert_int_eq(truncate(f.path, (off_t)res.file_size - 1), 0);
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "truncated");
+	ck_assert_int_eq(truncate(f.path, (off_t)res.file_size - CKPT_ALIGN), 0);
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "truncated");
+	/* The manifest's index still describes data the file no longer holds. */
+	ck_assert_int_eq(truncate(f.path, (off_t)res.index->data_end - CKPT_ALIGN), 0);
+	expect_open_fails(&f, res.index, CKPT_ECORRUPT, "truncated");
+	ck_assert_int_eq(truncate(f.path, 100), 0);
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "truncated");
+	ck_assert_int_eq(truncate(f.path, 0), 0);
+	expect_open_fails(&f, NULL, CKPT_EFORMAT, "truncated");
+	unlink(f.path);
+	ck_assert_int_eq(open_only(&f, NULL), -ENOENT);
+	result_free(&res);
+	fx_done(&f);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ write failures */
+
+static void arm_fault(const char *spec)
+{
+	if (spec)
+		setenv("CKPT_FAULT", spec, 1);
+	else
+		unsetenv("CKPT_FAULT");
+	ckpt_fault_reload();
+}
+
+START_TEST(injected_chunk_write_errors)
+{
+	struct fx f;
+	fx_init(&f, "shard-fault");
+	uint64_t sizes[] = { 100000, 1, 250000, 0, 70000 };
+	struct shard_spec s = { 5, sizes, false };
+	size_t chunk = 30000;
+	unsigned nchunks = 4 + 1 + 9 + 0 + 3;
+	const char *actions[] = { "enospc", "eio" };
+	for (unsigned a = 0; a < 2; a++) {
+		for (unsigned nth = 1; nth <= nchunks; nth++) {
+			char spec[64];
+			snprintf(spec, sizeof spec, "after_chunk_write:%u:%s", nth, actions[a]);
+			arm_fault(spec);
+			struct io_shard_result res;
+			int rc = write_shard(&f, &s, chunk, nth % 2 ? 0 : 2, &res);
+			int want = a ? -EIO : -ENOSPC;
+			ck_assert_msg(rc == want, "%s: rc %d (%s)", spec, rc, ckpt_err_msg());
+			ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "after_chunk_write"));
+			ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), f.path));
+			ck_assert_ptr_null(res.index);
+			ck_assert(!file_exists(f.path));
+			ck_assert_uint_eq(io_pool_nfree(f.pool), NBUFS);
+		}
+	}
+	/* Past the last chunk: nothing fires, the save succeeds. */
+	arm_fault("after_chunk_write:1000:eio");
+	struct io_shard_result res;
+	ck_assert_int_eq(write_shard(&f, &s, chunk, 0, &res), 0);
+	ck_assert_uint_eq(res.index->nchunks, nchunks);
+	result_free(&res);
+	arm_fault(NULL);
+	fx_done(&f);
+}
+END_TEST
+
+START_TEST(injected_finish_errors)
+{
+	struct fx f;
+	fx_init(&f, "shard-fault2");
+	uint64_t sizes[] = { 100000, 5000 };
+	struct shard_spec s = { 2, sizes, false };
+	const char *specs[] = { "after_footer_write:1:eio", "before_fdatasync:1:enospc",
+	                        "after_fdatasync:1:eio" };
+	const int want[] = { -EIO, -ENOSPC, -EIO };
+	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(specs); i++) {
+		arm_fault(specs[i]);
+		struct io_shard_result res;
+		ck_assert_int_eq(write_shard(&f, &s, 40000, 0, &res), want[i]);
+		ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), f.path));
+		ck_assert(!file_exists(f.path));
+		ck_assert_uint_eq(io_pool_nfree(f.pool), NBUFS);
+	}
+	arm_fault(NULL);
+	fx_done(&f);
+}
+END_TEST
+
+/* A real failure half-way: RLIMIT_FSIZE makes the kernel refuse the writes that
+ * cross it (a short write, then -EFBIG), as ENOSPC would on a full disk. */
+START_TEST(real_efbig_half_way)
+{
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		signal(SIGXFSZ, SIG_IGN);
+		/* A block multiple: the write that crosses it is cut short there (an
+		 * O_DIRECT write cut at an odd length would be refused outright). */
+		struct rlimit rl = { 73 * 4096, 73 * 4096 };
+		if (setrlimit(RLIMIT_FSIZE, &rl))
+			_exit(77);
+		struct fx f;
+		f.seed = tu_seed();
+		f.dir = tu_tmpdir("shard-efbig");
+		snprintf(f.path, sizeof f.path, "%s/rank-000001.shard", f.dir);
+		if (io_pool_create(BUF_BYTES, NBUFS, NULL, &f.pool) ||
+		    io_engine_create(f.pool, DEPTH, &f.e))
+			_exit(2);
+		uint64_t sizes[] = { 200000, 400000 };
+		struct shard_spec s = { 2, sizes, false };
+		struct io_shard_writer *w;
+		/* No size hint: ftruncate past the limit would fail at open instead. */
+		int rc = io_shard_writer_open(f.e, f.path, 9, 1, 4, 0, 0, &w);
+		if (rc)
+			_exit(3);
+		for (unsigned i = 0; i < 2 && !rc; i++) {
+			struct io_tensor_desc d;
+			uint64_t sh, of, ex;
+			char name[64];
+			tensor_desc(&d, &sh, &of, &ex, name, sizeof name, i, s.sizes[i]);
+			if (io_shard_writer_add_tensor(w, &d) != (int)i)
+				_exit(4);
+		}
+		for (unsigned i = 0; i < 2 && !rc; i++)
+			for (uint64_t o = 0; o < sizes[i] && !rc; o += 50000) {
+				int b = io_pool_get(f.pool, 10000);
+				if (b < 0)
+					_exit(5);
+				size_t len = (size_t)(sizes[i] - o < 50000 ? sizes[i] - o : 50000);
+				tu_fill(io_pool_addr(f.pool, (unsigned)b), len, f.seed, o);
+				rc = io_shard_writer_append(w, i, (unsigned)b, len);
+			}
+		if (rc) {
+			io_shard_writer_abort(w);
+		} else {
+			struct io_shard_result res;
+			rc = io_shard_writer_finish(w, &res);
+		}
+		fprintf(stderr, "efbig child: rc %d: %s\n", rc, ckpt_err_msg());
+		if (rc != -EFBIG)
+			_exit(6);
+		if (!strstr(ckpt_err_msg(), f.path) || !strstr(ckpt_err_msg(), "offset"))
+			_exit(7);
+		if (io_pool_nfree(f.pool) != NBUFS)
+			_exit(8);
+		if (file_exists(f.path))
+			_exit(9);
+		io_engine_destroy(f.e);
+		io_pool_destroy(f.pool);
+		tu_rmtree(f.dir);
+		_exit(0);
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st), "child died: status 0x%x", st);
+	if (WEXITSTATUS(st) == 77) {
+		fprintf(stderr, "SKIP real_efbig_half_way: setrlimit(RLIMIT_FSIZE) refused\n");
+		return;
+	}
+	ck_assert_int_eq(WEXITSTATUS(st), 0);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ misuse */
+
+START_TEST(writer_misuse)
+{
+	struct fx f;
+	fx_init(&f, "shard-misuse");
+	struct io_shard_writer *w;
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, 1, 4, 4, 0, 0, &w), -EINVAL);
+	ck_assert_ptr_null(w);
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, 1, 0, 1, 0, 99, &w), -EINVAL);
+	char bad[600];
+	snprintf(bad, sizeof bad, "%s/no/such/dir/x.shard", f.dir);
+	ck_assert_int_eq(io_shard_writer_open(f.e, bad, 1, 0, 1, 0, 0, &w), -ENOENT);
+	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), bad));
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, 1, 0, 1, 0, 0, &w), 0);
+	uint64_t shape[2] = { 10, 10 }, off[2] = { 0, 0 }, ext[2] = { 10, 10 };
+	struct io_tensor_desc d = { "a/b", CKPT_KIND_MODEL, CKPT_F32, CKPT_SHARDED, 0, 2,
+	                            shape, off, ext, 400 };
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), 0);
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), -EEXIST);
+	d.name = "a/../b";
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), CKPT_ENAME);
+	d.name = "c";
+	d.raw_bytes = 401;
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), CKPT_ESHAPE);
+	d.raw_bytes = 400;
+	off[1] = 1;
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), CKPT_ESHAPE);
+	off[1] = 0;
+	d.dtype = 0;
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), -EINVAL);
+	d.dtype = CKPT_F32;
+	d.flags = IO_TENSOR_BLOB;
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), -EINVAL);
+	d.flags = 0;
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), 1);
+	/* Appends: unknown tensor, too long, out of order; each returns the buffer. */
+	int b = io_pool_get(f.pool, 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 7, (unsigned)b, 100), -EINVAL);
+	b = io_pool_get(f.pool, 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 401), -EINVAL);
+	b = io_pool_get(f.pool, 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 0), -EINVAL);
+	b = io_pool_get(f.pool, 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 200), 0);
+	b = io_pool_get(f.pool, 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 1, (unsigned)b, 200), -EINVAL);  /* 0 open */
+	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "before 'a/b' was complete"));
+	/* Only the accepted chunk's buffer may still be out (its write in flight). */
+	ck_assert_uint_ge(io_pool_nfree(f.pool), NBUFS - 1);
+	/* Finish with tensors incomplete: refused, file removed, buffers back. */
+	struct io_shard_result res;
+	ck_assert_int_eq(io_shard_writer_finish(w, &res), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "'a/b' has 200 of 400 bytes"));
+	ck_assert(!file_exists(f.path));
+	ck_assert_uint_eq(io_pool_nfree(f.pool), NBUFS);
+	/* Abort mid-way removes the file and returns buffers. */
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, 1, 0, 1, 1u << 20, 0, &w), 0);
+	d.name = "x";
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), 0);
+	b = io_pool_get(f.pool, 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 300), 0);
+	ck_assert(file_exists(f.path));
+	io_shard_writer_abort(w);
+	io_shard_writer_abort(NULL);
+	ck_assert(!file_exists(f.path));
+	fx_done(&f);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("io_shard");
+	TCase *tc = tcase_create("shard");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, round_trip_raw);
+	tcase_add_test(tc, round_trip_zstd_compressible);
+	tcase_add_test(tc, round_trip_zstd_incompressible);
+	tcase_add_test(tc, empty_shard);
+	tcase_add_test(tc, batch_across_files_and_callback_stop);
+	tcase_add_test(tc, flipped_bit_in_chunk);
+	tcase_add_test(tc, damaged_metadata);
+	tcase_add_test(tc, crafted_trailers_and_versions);
+	tcase_add_test(tc, truncated_file);
+	tcase_add_test(tc, injected_chunk_write_errors);
+	tcase_add_test(tc, injected_finish_errors);
+	tcase_add_test(tc, real_efbig_half_way);
+	tcase_add_test(tc, writer_misuse);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
