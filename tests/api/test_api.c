@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
