@@ -29,6 +29,17 @@
 
 enum net_transport { NET_TCP = 1, NET_RDMA = 2 };
 
+/* Message types 1..31 are lib/net's own (the handshake; docs/protocol-net.md);
+ * lib/commit numbers its messages from NET_MSG_USER_FIRST (32) up. */
+enum net_msg_type {
+	NET_MSG_HELLO      = 1,
+	NET_MSG_CHALLENGE  = 2,
+	NET_MSG_RESPONSE   = 3,
+	NET_MSG_WELCOME    = 4,
+	NET_MSG_REJECT     = 5,
+	NET_MSG_USER_FIRST = 32,
+};
+
 struct net_listener;
 struct net_conn;
 
