@@ -65,6 +65,10 @@ struct net_transport_ops {
 	 * > 0 ready (or in error: the next call reports it), 0 timed out, -errno. */
 	int  (*wait)(struct net_conn *c, short events, int timeout_ms);
 	int  (*fd)(const struct net_conn *c);  /* pollable readable when recv_some may progress */
+	/* End the byte stream in both directions now (the peer sees the close at
+	 * once) while keeping priv and the fd valid until close. Safe while another
+	 * thread is inside send, recv_some or wait on the same connection. */
+	void (*shutdown)(struct net_conn *c);
 	void (*close)(struct net_conn *c);     /* frees priv */
 };
 
@@ -108,7 +112,8 @@ int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t 
                  int timeout_ms);
 /* net_recv with an explicit payload limit (the handshake's small one). */
 int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_ms);
-/* Record the first fatal error; later calls fail fast with it. Returns code. */
+/* Record the first fatal error and shut the stream down (the peer learns at once
+ * that this connection is over); later calls fail fast with it. Returns code. */
 int net_conn_break(struct net_conn *c, int code);
 /* Append " <suffix>" to the name (after the handshake: "rank 3"). Not thread-safe:
  * only before the connection is shared between threads. */

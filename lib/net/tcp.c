@@ -323,6 +323,12 @@ static int tcp_wait(struct net_conn *c, short events, int timeout_ms)
 
 static int tcp_fd(const struct net_conn *c) { return tcp_fd_of(c->priv); }
 
+static void tcp_shutdown(struct net_conn *c)
+{
+	/* ENOTCONN when the peer already went: nothing left to end. */
+	(void)shutdown(tcp_fd_of(c->priv), SHUT_RDWR);
+}
+
 static void tcp_close(struct net_conn *c)
 {
 	if (!c->priv)
@@ -343,5 +349,6 @@ const struct net_transport_ops net_tcp_ops = {
 	.recv_some = tcp_recv_some,
 	.wait = tcp_wait,
 	.fd = tcp_fd,
+	.shutdown = tcp_shutdown,
 	.close = tcp_close,
 };

@@ -138,6 +138,7 @@ int net_conn_break(struct net_conn *c, int code)
 {
 	int expected = 0;
 	/* Keep the first cause: a later -EPIPE says less than the EPROTO before it. */
-	atomic_compare_exchange_strong(&c->broken, &expected, code);
+	if (atomic_compare_exchange_strong(&c->broken, &expected, code))
+		c->ops->shutdown(c);
 	return code;
 }

@@ -1156,6 +1156,12 @@ START_TEST(bad_frames_rejected)
 	ck_assert_int_eq(net_recv(p.srv, &m, TMO), b->want);
 	ck_assert_int_eq(net_send(p.srv, 40, "x", 1, TMO), b->want);
 	ck_assert_double_lt(ms_since(t0), 2000);
+	if (!b->hangup) {
+		/* ... and the peer is told so at once, before the caller closes. */
+		char c;
+		ssize_t n = recv(p.fd, &c, 1, 0);
+		ck_assert_msg(n == 0 || (n < 0 && errno == ECONNRESET), "%s: peer read %zd", b->what, n);
+	}
 	raw_pair_close(&p);
 }
 END_TEST
