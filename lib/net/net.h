@@ -1,0 +1,117 @@
+/*
+ * net.h — lib/net's interface: framed, versioned messages between ranks and the
+ * coordinator over a transport (tcp now, rdma later), with an authenticated
+ * handshake. lib/commit uses only this header, so a transport can be added
+ * without touching it.
+ *
+ * Framing: every message is a 16-byte header (magic, protocol version, type,
+ * flags, payload length) and a payload of any size up to the receiver's limit.
+ * The receiver checks the header before it allocates anything: a bad magic or
+ * version, or a length over the limit, closes the connection with a logged
+ * reason (CKPT_EPROTO) and never crashes or blocks the caller.
+ *
+ * Threads: a net_conn belongs to one thread at a time, except that one thread
+ * may send while another receives. A net_listener likewise.
+ */
+#ifndef CKPT_NET_H
+#define CKPT_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt_internal.h"
+
+#define NET_PROTO_VERSION   1u
+#define NET_HEADER_BYTES    16u
+#define NET_MAX_JOB_ID      256u
+#define NET_DEFAULT_MAX_MSG (256u << 20)   /* largest payload accepted by default */
+
+enum net_transport { NET_TCP = 1, NET_RDMA = 2 };
+
+/* Message types 1..31 are lib/net's own (the handshake; docs/protocol-net.md);
+ * lib/commit numbers its messages from NET_MSG_USER_FIRST (32) up. */
+enum net_msg_type {
+	NET_MSG_HELLO      = 1,
+	NET_MSG_CHALLENGE  = 2,
+	NET_MSG_RESPONSE   = 3,
+	NET_MSG_WELCOME    = 4,
+	NET_MSG_REJECT     = 5,
+	NET_MSG_USER_FIRST = 32,
+};
+
+struct net_listener;
+struct net_conn;
+
+/* Listen on addr:port (port 0: an ephemeral port, see net_listener_port).
+ * Errors: -EADDRINUSE, -EADDRNOTAVAIL, CKPT_ENODEV (transport not built/no device). */
+int  net_listen(int transport, const char *addr, unsigned port, struct net_listener **out);
+unsigned net_listener_port(const struct net_listener *l);
+/* An fd that polls readable when accept may succeed. */
+int  net_listener_fd(const struct net_listener *l);
+/* Accept one connection; timeout_ms < 0 waits forever, 0 polls. -ETIMEDOUT/-EAGAIN. */
+int  net_accept(struct net_listener *l, int timeout_ms, struct net_conn **out);
+void net_listener_close(struct net_listener *l);        /* NULL: no-op */
+
+/* Connect, retrying refused connections until timeout_ms (the coordinator may not be
+ * up yet). Errors: -ETIMEDOUT, -ECONNREFUSED, -EHOSTUNREACH, CKPT_ENODEV. */
+int  net_connect(int transport, const char *addr, unsigned port, int timeout_ms,
+                 struct net_conn **out);
+void net_close(struct net_conn *c);                     /* NULL: no-op */
+/* "tcp 127.0.0.1:4242 rank 3" — for messages. */
+const char *net_conn_name(const struct net_conn *c);
+/* An fd that polls readable when net_recv may make progress. */
+int  net_conn_fd(const struct net_conn *c);
+/* Limit on received payloads (default NET_DEFAULT_MAX_MSG). */
+void net_conn_set_max_msg(struct net_conn *c, size_t max);
+
+struct net_msg {
+	uint16_t type;
+	uint16_t flags;
+	void    *payload;   /* malloc'd by net_recv; caller frees (net_msg_free) */
+	size_t   len;
+};
+void net_msg_free(struct net_msg *m);
+
+/* Send one whole message. Errors: -ETIMEDOUT, -EPIPE/-ECONNRESET (peer gone). */
+int net_send(struct net_conn *c, uint16_t type, const void *payload, size_t len,
+             int timeout_ms);
+/* Receive one whole message. Keeps partial progress across calls, so timeout_ms 0
+ * never blocks (-EAGAIN until a whole message has arrived) — a poll loop over many
+ * connections is never stalled by one slow or hostile peer. Errors: -ETIMEDOUT,
+ * -EAGAIN, -ECONNRESET (peer closed; also a clean EOF), CKPT_EPROTO (bad header,
+ * oversized length: the connection is then unusable). */
+int net_recv(struct net_conn *c, struct net_msg *m, int timeout_ms);
+
+/* ------------------------------------------------------------------ handshake
+ * Challenge-response over the job secret (HMAC-SHA256, OpenSSL libcrypto); the
+ * secret never crosses the wire. Both sides prove knowledge of it (mutual).
+ *   client -> HELLO{job_id, rank, world, client_nonce}
+ *   server -> CHALLENGE{server_nonce, HMAC(secret, "srv" ‖ client_nonce ‖ server_nonce ‖ job ‖ rank ‖ world)}
+ *   client -> RESPONSE{HMAC(secret, "cli" ‖ server_nonce ‖ client_nonce ‖ job ‖ rank ‖ world)}
+ *   server -> WELCOME or REJECT{code, reason}
+ * An empty secret (len 0) is allowed for single-user machines; it still checks
+ * job id, rank and world. */
+struct net_auth {
+	const char *job_id;
+	uint32_t    rank;        /* client: its rank; server: ignored */
+	uint32_t    world;
+	const void *secret;
+	size_t      secret_len;
+};
+
+/* Client side. Errors: CKPT_EAUTH (server failed to prove the secret, or rejected
+ * ours), CKPT_EPEER (rejected: wrong job, world, rank out of range, duplicate rank —
+ * the message carries the server's reason), CKPT_EPROTO, -ETIMEDOUT. */
+int net_handshake_client(struct net_conn *c, const struct net_auth *a, int timeout_ms);
+
+/* Server side: verifies the client; *rank gets its rank. accept_rank (may be NULL)
+ * is asked whether that rank may join (e.g. not already connected) and returns 0 or
+ * a negative code with a reason in *why. On failure the client is sent REJECT with a
+ * reason and the same code is returned here. */
+typedef int (*net_rank_check_fn)(void *arg, uint32_t rank, const char **why);
+int net_handshake_server(struct net_conn *c, const struct net_auth *a,
+                         net_rank_check_fn accept_rank, void *arg, uint32_t *rank,
+                         int timeout_ms);
+
+#endif /* CKPT_NET_H */

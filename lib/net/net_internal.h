@@ -1,0 +1,142 @@
+/*
+ * net_internal.h — private to lib/net: the transport ops table and the generic
+ * listener and connection objects that msg.c (framing) and auth.c (handshake)
+ * work on.
+ *
+ * A transport (tcp.c today, rdma.c later) supplies only a struct
+ * net_transport_ops: connection set-up, non-blocking byte transfer, a wait for
+ * readiness, and teardown. Everything above bytes — framing, limits, partial
+ * receive progress, timeouts across calls, the handshake — lives in
+ * transport-independent files, so a new transport cannot get those wrong.
+ *
+ * Threads: as in net.h. One thread may send while another receives on the same
+ * connection, so the send path and the receive path share nothing mutable except
+ * the atomic `broken` code; the receive state (rx) belongs to the receiving
+ * thread, and name/ops/priv are written only before the connection is shared.
+ */
+#ifndef CKPT_NET_INTERNAL_H
+#define CKPT_NET_INTERNAL_H
+
+#include <poll.h>
+#include <stdatomic.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "net/net.h"
+
+#define NET_MAGIC             0x4D4E4B43u  /* "CKNM" as bytes on the wire (little-endian u32) */
+#define NET_HANDSHAKE_MAX_MSG 4096u        /* payload limit while the peer is not yet authenticated */
+#define NET_NONCE_BYTES       32u
+#define NET_MAC_BYTES         32u          /* HMAC-SHA256 */
+#define NET_REASON_MAX        512u         /* longest REJECT reason carried or accepted */
+#define NET_PEER_NAME_MAX     64u          /* "[ffff:...:ffff]:65535" fits */
+#define NET_CONN_NAME_MAX     (NET_PEER_NAME_MAX + 48u)
+
+struct net_conn;
+struct net_listener;
+
+/*
+ * What a transport provides. All byte transfer is non-blocking: send and
+ * recv_some return at once, with -EAGAIN when they would block, and the caller
+ * (msg.c) waits with wait() under its own deadline. Set-up calls (listen,
+ * accept, connect) do their own waiting, because how to wait for a connection
+ * is transport-specific (poll on a socket, rdma_cm events).
+ *
+ * On success, listen fills l->priv and l->port; accept and connect fill c->priv
+ * and c->peer (a printable address for messages). On failure they leave priv
+ * NULL, set the thread's error message and return a negative code; the generic
+ * code frees the object. Codes are negated errno or CKPT_E*: foreign codes are
+ * converted inside the transport.
+ */
+struct net_transport_ops {
+	const char *name;                      /* "tcp": first word of net_conn_name */
+	int  (*listen)(struct net_listener *l, const char *addr, unsigned port);
+	int  (*listener_fd)(const struct net_listener *l);
+	/* timeout_ms < 0: forever; 0: -EAGAIN at once if none pending; else -ETIMEDOUT. */
+	int  (*accept)(struct net_listener *l, int timeout_ms, struct net_conn *c);
+	void (*listener_close)(struct net_listener *l);
+	/* Retries refused attempts until timeout_ms (< 0: forever). */
+	int  (*connect)(struct net_conn *c, const char *addr, unsigned port, int timeout_ms);
+	/* Bytes accepted (> 0), -EAGAIN, -EINTR, or -errno (-EPIPE, -ECONNRESET, ...). */
+	ssize_t (*send)(struct net_conn *c, const struct iovec *iov, int iovcnt);
+	/* Bytes read (> 0), 0 on the peer's orderly close, -EAGAIN, -EINTR, or -errno. */
+	ssize_t (*recv_some)(struct net_conn *c, void *buf, size_t len);
+	/* Wait until send (POLLOUT) or recv_some (POLLIN) may make progress:
+	 * > 0 ready (or in error: the next call reports it), 0 timed out, -errno. */
+	int  (*wait)(struct net_conn *c, short events, int timeout_ms);
+	int  (*fd)(const struct net_conn *c);  /* pollable readable when recv_some may progress */
+	/* End the byte stream in both directions now (the peer sees the close at
+	 * once) while keeping priv and the fd valid until close. Safe while another
+	 * thread is inside send, recv_some or wait on the same connection. */
+	void (*shutdown)(struct net_conn *c);
+	void (*close)(struct net_conn *c);     /* frees priv */
+};
+
+extern const struct net_transport_ops net_tcp_ops;
+/* rdma.c will add: extern const struct net_transport_ops net_rdma_ops; (and a case
+ * in net_transport_ops_get), under CKPT_HAVE_RDMA. */
+
+/* Look up a transport by enum net_transport; CKPT_ENODEV with a message if not built. */
+int net_transport_ops_get(int transport, const struct net_transport_ops **out);
+
+struct net_listener {
+	const struct net_transport_ops *ops;
+	void     *priv;                        /* the transport's state */
+	unsigned  port;                        /* bound port (port 0 resolved) */
+};
+
+/* Receive progress of one message, kept across net_recv calls (net.h: timeout 0
+ * never blocks). The payload buffer exists only once the header passed its checks. */
+struct net_rx {
+	uint8_t  hdr[NET_HEADER_BYTES];
+	size_t   hdr_got;
+	uint16_t type, flags;
+	uint8_t *payload;
+	size_t   len, got;
+};
+
+struct net_conn {
+	const struct net_transport_ops *ops;
+	void       *priv;                      /* the transport's state */
+	char        peer[NET_PEER_NAME_MAX];   /* filled by the transport */
+	char        name[NET_CONN_NAME_MAX];   /* "tcp 127.0.0.1:4242 rank 3" */
+	size_t      max_msg;                   /* payload limit for net_recv */
+	atomic_int  broken;                    /* 0, or the error that made the connection unusable */
+	struct net_rx rx;                      /* receiving thread only */
+};
+
+/* ---------------------------------------------------------------- msg.c */
+/* net_send without the msg_send fault point (the handshake's messages are not
+ * counted by it, so that CKPT_FAULT=msg_send:<nth> addresses lib/commit's messages). */
+int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t len,
+                 int timeout_ms);
+/* net_recv with an explicit payload limit (the handshake's small one). */
+int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_ms);
+/* Record the first fatal error and shut the stream down (the peer learns at once
+ * that this connection is over); later calls fail fast with it. Returns code. */
+int net_conn_break(struct net_conn *c, int code);
+/* Append " <suffix>" to the name (after the handshake: "rank 3"). Not thread-safe:
+ * only before the connection is shared between threads. */
+void net_conn_name_suffix(struct net_conn *c, const char *suffix);
+
+/* ---------------------------------------------------------------- deadlines */
+#define NET_FOREVER UINT64_MAX
+/* Absolute CLOCK_MONOTONIC deadline for a timeout (< 0: none). */
+static inline uint64_t net_deadline(int timeout_ms)
+{
+	return timeout_ms < 0 ? NET_FOREVER : ckpt_now_ns() + (uint64_t)timeout_ms * 1000000u;
+}
+/* Milliseconds left for poll(): -1 without deadline, 0 when it has passed, else
+ * rounded up so that a sub-millisecond remainder still waits rather than spins. */
+static inline int net_ms_left(uint64_t deadline)
+{
+	if (deadline == NET_FOREVER)
+		return -1;
+	uint64_t now = ckpt_now_ns();
+	if (now >= deadline)
+		return 0;
+	uint64_t ms = (deadline - now + 999999u) / 1000000u;
+	return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+#endif /* CKPT_NET_INTERNAL_H */

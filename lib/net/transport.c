@@ -1,0 +1,144 @@
+/*
+ * transport.c — the transport-independent half of net.h's connection API:
+ * picking a transport's ops table, creating and freeing listeners and
+ * connections, and their names, fds and limits. The transport itself (tcp.c)
+ * only fills in priv, peer and port.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net_internal.h"
+
+int net_transport_ops_get(int transport, const struct net_transport_ops **out)
+{
+	*out = NULL;
+	switch (transport) {
+	case NET_TCP:
+		*out = &net_tcp_ops;
+		return 0;
+	case NET_RDMA:
+		/* Not written yet; rdma.c adds its ops here (see net_internal.h). */
+		return ckpt_err(CKPT_ENODEV, "rdma transport is not available in this build");
+	default:
+		return ckpt_err(CKPT_ENODEV, "unknown transport %d", transport);
+	}
+}
+
+int net_listen(int transport, const char *addr, unsigned port, struct net_listener **out)
+{
+	*out = NULL;
+	const struct net_transport_ops *ops;
+	int rc = net_transport_ops_get(transport, &ops);
+	if (rc)
+		return rc;
+	struct net_listener *l = calloc(1, sizeof *l);
+	if (!l)
+		return ckpt_err(-ENOMEM, "%s: listener", ops->name);
+	l->ops = ops;
+	rc = ops->listen(l, addr, port);
+	if (rc) {
+		free(l);
+		return rc;
+	}
+	*out = l;
+	return 0;
+}
+
+unsigned net_listener_port(const struct net_listener *l) { return l->port; }
+int net_listener_fd(const struct net_listener *l) { return l->ops->listener_fd(l); }
+
+void net_listener_close(struct net_listener *l)
+{
+	if (!l)
+		return;
+	l->ops->listener_close(l);
+	free(l);
+}
+
+static struct net_conn *conn_new(const struct net_transport_ops *ops)
+{
+	struct net_conn *c = calloc(1, sizeof *c);
+	if (!c)
+		return NULL;
+	c->ops = ops;
+	c->max_msg = NET_DEFAULT_MAX_MSG;
+	atomic_init(&c->broken, 0);
+	return c;
+}
+
+static void conn_name_init(struct net_conn *c)
+{
+	snprintf(c->name, sizeof c->name, "%s %s", c->ops->name, c->peer);
+}
+
+int net_accept(struct net_listener *l, int timeout_ms, struct net_conn **out)
+{
+	*out = NULL;
+	struct net_conn *c = conn_new(l->ops);
+	if (!c)
+		return ckpt_err(-ENOMEM, "%s: accept", l->ops->name);
+	int rc = l->ops->accept(l, timeout_ms, c);
+	if (rc) {
+		free(c);
+		return rc;
+	}
+	conn_name_init(c);
+	*out = c;
+	return 0;
+}
+
+int net_connect(int transport, const char *addr, unsigned port, int timeout_ms,
+                struct net_conn **out)
+{
+	*out = NULL;
+	const struct net_transport_ops *ops;
+	int rc = net_transport_ops_get(transport, &ops);
+	if (rc)
+		return rc;
+	struct net_conn *c = conn_new(ops);
+	if (!c)
+		return ckpt_err(-ENOMEM, "%s: connect", ops->name);
+	rc = ops->connect(c, addr, port, timeout_ms);
+	if (rc) {
+		free(c);
+		return rc;
+	}
+	conn_name_init(c);
+	*out = c;
+	return 0;
+}
+
+void net_close(struct net_conn *c)
+{
+	if (!c)
+		return;
+	c->ops->close(c);
+	free(c->rx.payload);
+	free(c);
+}
+
+const char *net_conn_name(const struct net_conn *c) { return c ? c->name : "(no connection)"; }
+int net_conn_fd(const struct net_conn *c) { return c->ops->fd(c); }
+
+void net_conn_set_max_msg(struct net_conn *c, size_t max)
+{
+	/* The length field is 32 bits: a larger limit cannot be reached anyway. */
+	c->max_msg = max > UINT32_MAX ? UINT32_MAX : max;
+}
+
+void net_conn_name_suffix(struct net_conn *c, const char *suffix)
+{
+	size_t n = strlen(c->name);
+	snprintf(c->name + n, sizeof c->name - n, " %s", suffix);
+}
+
+int net_conn_break(struct net_conn *c, int code)
+{
+	int expected = 0;
+	/* Keep the first cause: a later -EPIPE says less than the EPROTO before it. */
+	if (atomic_compare_exchange_strong(&c->broken, &expected, code))
+		c->ops->shutdown(c);
+	return code;
+}
