@@ -68,7 +68,7 @@ void net_conn_set_max_msg(struct net_conn *c, size_t max);
 struct net_msg {
 	uint16_t type;
 	uint16_t flags;
-	void    *payload;   /* malloc'd by net_recv; caller frees (net_msg_free) */
+	void    *payload;   /* malloc'd by net_recv (NULL when len is 0); caller frees (net_msg_free) */
 	size_t   len;
 };
 void net_msg_free(struct net_msg *m);
