@@ -84,6 +84,32 @@ struct ckpt_ctx {
 	struct io_engine  *save_engine;   /* owned by the worker thread */
 };
 
+/* A committed step opened for reading (lib/load.c). Immutable after open, except
+ * readers[], which are opened lazily under ctx->load_lock. */
+struct load_piece {
+	uint32_t rank;
+	uint32_t tensor;             /* index in that rank's shard index */
+};
+
+struct load_entry {
+	const struct io_tensor_entry *meta;   /* the first piece's record */
+	struct load_piece *pieces;
+	uint32_t npieces;
+	uint64_t stored_bytes;
+	uint32_t nchunks;
+};
+
+struct ckpt_load {
+	ckpt_ctx                *ctx;
+	struct manifest_step     rec;
+	struct manifest_shard   *shards;     /* [world] */
+	struct io_shard_index  **ix;         /* [world] */
+	struct io_shard_reader **readers;    /* [world], opened on first use */
+	struct load_entry       *entries;    /* sorted by name */
+	uint32_t                 nentries;
+	struct load_piece       *piece_store;
+};
+
 bool glue_is_coordinator(const ckpt_ctx *c);
 /* The manifest, opening it read-only on first use where this process is not the
  * coordinator. */

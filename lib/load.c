@@ -14,30 +14,6 @@
 
 #include "glue.h"
 
-struct load_piece {
-	uint32_t rank;
-	uint32_t tensor;             /* index in that rank's shard index */
-};
-
-struct load_entry {
-	const struct io_tensor_entry *meta;   /* the first piece's record */
-	struct load_piece *pieces;
-	uint32_t npieces;
-	uint64_t stored_bytes;
-	uint32_t nchunks;
-};
-
-struct ckpt_load {
-	ckpt_ctx                *ctx;
-	struct manifest_step     rec;
-	struct manifest_shard   *shards;     /* [world] */
-	struct io_shard_index  **ix;         /* [world] */
-	struct io_shard_reader **readers;    /* [world], opened on first use */
-	struct load_entry       *entries;    /* sorted by name */
-	uint32_t                 nentries;
-	struct load_piece       *piece_store;
-};
-
 /* ------------------------------------------------------------------ open / close */
 
 void ckpt_load_close(ckpt_load *l)

@@ -31,13 +31,13 @@ static const char *const fault_points[CKPT_FP_COUNT_] = {
 /* The armed fault (at most one per process), and the hit counter of its point. */
 static struct {
 	pthread_mutex_t lock;
-	bool            loaded;
+	atomic_bool     loaded;   /* read without the lock on the fast path */
 	int             point;     /* -1: none */
 	unsigned long   nth;
 	int             action;
 	unsigned        delay_ms;
 	int             only_rank; /* -1: any */
-	int             my_rank;
+	atomic_int      my_rank;
 	atomic_ulong    hits;
 } fault = { .lock = PTHREAD_MUTEX_INITIALIZER, .point = -1, .only_rank = -1, .my_rank = -1 };
 
@@ -93,9 +93,9 @@ static void fault_parse(void)
 static void fault_load(void)
 {
 	pthread_mutex_lock(&fault.lock);
-	if (!fault.loaded) {
+	if (!atomic_load(&fault.loaded)) {
 		fault_parse();
-		fault.loaded = true;
+		atomic_store(&fault.loaded, true);
 	}
 	pthread_mutex_unlock(&fault.lock);
 }
@@ -104,22 +104,22 @@ void ckpt_fault_reload(void)
 {
 	pthread_mutex_lock(&fault.lock);
 	fault_parse();
-	fault.loaded = true;
+	atomic_store(&fault.loaded, true);
 	pthread_mutex_unlock(&fault.lock);
 }
 
 void ckpt_fault_set_rank(int rank)
 {
-	fault.my_rank = rank;
+	atomic_store(&fault.my_rank, rank);
 }
 
 int ckpt_fault(enum ckpt_fault_point p)
 {
-	if (!fault.loaded)
+	if (!atomic_load_explicit(&fault.loaded, memory_order_acquire))
 		fault_load();
 	if (fault.point != (int)p)
 		return 0;
-	if (fault.only_rank >= 0 && fault.only_rank != fault.my_rank)
+	if (fault.only_rank >= 0 && fault.only_rank != atomic_load(&fault.my_rank))
 		return 0;
 	if (atomic_fetch_add(&fault.hits, 1) + 1 != fault.nth)
 		return 0;

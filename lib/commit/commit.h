@@ -9,6 +9,7 @@
  * built on it.
  *
  * Depends on: manifest (the commit txn), io (the shard index codec only), net.
+ * Wire messages: docs/protocol.md.
  */
 #ifndef CKPT_COMMIT_H
 #define CKPT_COMMIT_H
@@ -49,5 +50,56 @@ int commit_validate(const struct io_shard_index *const *ix, uint32_t world, uint
  */
 int commit_decide(struct manifest *m, const char *job_id, uint64_t step, uint32_t world,
                   const struct commit_vote *votes);
+
+/* ------------------------------------------------------------------ coordinator
+ * Listens for the W participants of a job, gathers BEGIN and PREPARE per step,
+ * decides with commit_decide() in step order, and broadcasts the decision. Runs
+ * its own thread; a handshake runs in a short-lived thread of its own, so a slow or
+ * hostile peer never stalls the job. Presumed abort: any step not decided by
+ * timeout_ms after its first message, or whose non-voted rank disconnects, aborts.
+ */
+struct commit_coord_opts {
+	struct manifest *manifest;   /* borrowed; must outlive the coordinator */
+	const char *job_id;
+	uint32_t    world;
+	const void *secret;
+	size_t      secret_len;
+	int         transport;       /* enum net_transport */
+	const char *addr;
+	unsigned    port;            /* 0: ephemeral (tests) */
+	unsigned    timeout_ms;
+};
+struct commit_coord;
+/* Errors: from net_listen (-EADDRINUSE, ...), -ENOMEM. */
+int  commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **out);
+unsigned commit_coord_port(const struct commit_coord *c);
+void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */
+
+/* ------------------------------------------------------------------ participant
+ * One connection per rank process to the coordinator, with a receiver thread that
+ * files replies and decisions by step. Any thread may call these. */
+struct commit_part_opts {
+	int         transport;
+	const char *addr;
+	unsigned    port;
+	const char *job_id;
+	uint32_t    rank, world;
+	const void *secret;
+	size_t      secret_len;
+	unsigned    timeout_ms;      /* connect, and default for waits */
+};
+struct commit_part;
+/* Connect and authenticate. Errors: -ETIMEDOUT, CKPT_EAUTH, CKPT_EPEER, ... */
+int  commit_part_connect(const struct commit_part_opts *o, struct commit_part **out);
+void commit_part_close(struct commit_part *p);        /* NULL: no-op */
+/* May this rank write step? 0, -EEXIST (committed), or the coordinator's refusal. */
+int  commit_part_begin(struct commit_part *p, uint64_t step);
+/* Send this rank's vote (after its shard is durable). */
+int  commit_part_prepare(struct commit_part *p, const struct commit_vote *v);
+/* Tell the coordinator this rank cannot vote for step (a local failure). */
+int  commit_part_abort(struct commit_part *p, uint64_t step, int code, const char *why);
+/* Wait for the decision on step: 0 committed; CKPT_EABORTED (message: the reason);
+ * CKPT_EINDOUBT if the coordinator was lost or silent after this rank voted. */
+int  commit_part_wait(struct commit_part *p, uint64_t step, int timeout_ms);
 
 #endif /* CKPT_COMMIT_H */
