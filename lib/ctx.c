@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "glue.h"
+#include "net/net.h"
 
 bool glue_is_coordinator(const ckpt_ctx *c)
 {
@@ -124,6 +125,34 @@ int glue_manifest(ckpt_ctx *c, struct manifest **out)
 	return rc;
 }
 
+/* World > 1: rank 0 starts the coordinator (after GC, so no save of this job can
+ * be in flight yet), then every rank joins it. */
+static int glue_commit_start(ckpt_ctx *c)
+{
+	int transport;
+	if (c->cfg.transport == CKPT_TRANSPORT_RDMA)
+		transport = NET_RDMA;
+	else
+		transport = NET_TCP;
+	int rc;
+	if (c->cfg.rank == 0) {
+		struct commit_coord_opts co = {
+			.manifest = c->manifest, .job_id = c->cfg.job_id, .world = (uint32_t)c->cfg.world,
+			.secret = c->cfg.secret, .secret_len = c->cfg.secret_len, .transport = transport,
+			.addr = c->cfg.coord_addr, .port = c->cfg.coord_port, .timeout_ms = c->cfg.timeout_ms,
+		};
+		if ((rc = commit_coord_start(&co, &c->coord)))
+			return rc;
+	}
+	struct commit_part_opts po = {
+		.transport = transport, .addr = c->cfg.coord_addr,
+		.port = c->coord ? commit_coord_port(c->coord) : c->cfg.coord_port,
+		.job_id = c->cfg.job_id, .rank = (uint32_t)c->cfg.rank, .world = (uint32_t)c->cfg.world,
+		.secret = c->cfg.secret, .secret_len = c->cfg.secret_len, .timeout_ms = c->cfg.timeout_ms,
+	};
+	return commit_part_connect(&po, &c->part);
+}
+
 void ckpt_close(ckpt_ctx *c)
 {
 	if (!c)
@@ -135,6 +164,10 @@ void ckpt_close(ckpt_ctx *c)
 		pthread_mutex_unlock(&c->lock);
 		pthread_join(c->worker, NULL);
 	}
+	/* The participant goes before the coordinator, so that rank 0's own
+	 * connection does not count as a lost rank. */
+	commit_part_close(c->part);
+	commit_coord_stop(c->coord);
 	io_engine_destroy(c->load_engine);
 	io_pool_destroy(c->pool);
 	manifest_close(c->manifest);
@@ -183,6 +216,8 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 				         c->cfg.root, (unsigned long long)removed);
 		}
 	}
+	if (!ro && c->cfg.world > 1 && (rc = glue_commit_start(c)))
+		goto fail;
 	/* A read-only context only loads: a few buffers are enough. */
 	size_t nbufs = c->cfg.pool_bytes / c->cfg.chunk_bytes;
 	if (ro && nbufs > 2u * c->cfg.queue_depth)

@@ -82,6 +82,10 @@ struct ckpt_ctx {
 	unsigned           inflight;      /* begun and not yet done */
 	bool               stopping;
 	struct io_engine  *save_engine;   /* owned by the worker thread */
+
+	/* distributed commit (world > 1) */
+	struct commit_coord *coord;       /* rank 0 of the embedded default */
+	struct commit_part  *part;        /* every rank */
 };
 
 /* A committed step opened for reading (lib/load.c). Immutable after open, except

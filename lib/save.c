@@ -193,8 +193,13 @@ int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
 	if (step == CKPT_LATEST)
 		return ckpt_err(-EINVAL, "step %llu is reserved (CKPT_LATEST)",
 		                (unsigned long long)step);
-	/* A committed step is never written over: check before any file is touched. */
-	if (c->manifest) {
+	/* A committed step is never written over: check before any file is touched. In
+	 * a world of several ranks the coordinator answers for every rank. */
+	if (c->part) {
+		int rc = commit_part_begin(c->part, step);
+		if (rc)
+			return ckpt_err_prefix(rc, "rank %d", c->cfg.rank);
+	} else if (c->manifest) {
 		struct manifest_step rec;
 		int rc = manifest_step_get(c->manifest, step, &rec);
 		if (rc == 0 && rec.state == CKPT_STATE_COMMITTED)
@@ -295,6 +300,9 @@ void ckpt_save_free(ckpt_save *s)
 	ckpt_ctx *c = s->ctx;
 	if (s->state != SAVE_OPEN)
 		save_wait_until(s, false, -1);
+	else if (c->part)
+		/* Begun but never submitted: the other ranks must not wait for this vote. */
+		commit_part_abort(c->part, s->step, CKPT_EABORTED, "save freed without being submitted");
 	pthread_mutex_lock(&c->lock);
 	c->inflight--;
 	pthread_cond_broadcast(&c->cond);
@@ -422,6 +430,7 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	memset(&res, 0, sizeof res);
 	ckpt_err_clear();
 	int rc = 0;
+	bool voted = false;
 	if (!c->save_engine && (rc = io_engine_create(c->pool, c->cfg.queue_depth, &c->save_engine)))
 		goto out;
 	if ((rc = step_dir_create(c, s->step, dir, sizeof dir)))
@@ -453,18 +462,34 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		.index_len = res.footer_len, .file_size = res.file_size,
 	};
 	memcpy(v.footer_hash, res.footer_hash, sizeof v.footer_hash);
-	if (c->cfg.world != 1 || !c->manifest) {
-		rc = ckpt_err(CKPT_ENODEV, "step %llu: a world of %d ranks needs the distributed "
-		              "commit, which this build does not have yet",
-		              (unsigned long long)s->step, c->cfg.world);
+	if (!c->part) {
+		rc = commit_decide(c->manifest, c->cfg.job_id, s->step, 1, &v);
+		/* The manifest decides: a failure after the commit transaction leaves the
+		 * step committed, and its file must stay. */
+		struct manifest_step rec;
+		if (rc && rc != -EEXIST && manifest_step_get(c->manifest, s->step, &rec) == 0 &&
+		    rec.state == CKPT_STATE_COMMITTED) {
+			ckpt_log(CKPT_LOG_WARN, "step %llu committed; then: %s",
+			         (unsigned long long)s->step, ckpt_err_msg());
+			rc = 0;
+		}
 		goto out;
 	}
-	rc = commit_decide(c->manifest, c->cfg.job_id, s->step, 1, &v);
+	rc = commit_part_prepare(c->part, &v);
+	voted = true;
+	if (rc)
+		/* Revoke the vote if the coordinator has not decided yet; the decision stands. */
+		commit_part_abort(c->part, s->step, rc, ckpt_err_msg());
+	/* From here the coordinator's decision is the outcome, whatever happened locally. */
+	rc = commit_part_wait(c->part, s->step, (int)c->cfg.timeout_ms * 2);
 out:
 	if (w)
 		io_shard_writer_abort(w);
-	if (rc && rc != -EEXIST && res.index) {
-		/* Not committed: this rank's file is garbage now; remove it (GC would too). */
+	if (c->part && rc && !voted)
+		commit_part_abort(c->part, s->step, rc, ckpt_err_msg());
+	/* Not committed: this rank's file is garbage now; remove it (GC would too). In
+	 * doubt, the file stays: the step may be committed. */
+	if (rc && rc != -EEXIST && rc != CKPT_EINDOUBT && res.index) {
 		if (unlink(path) == 0)
 			ckpt_fsync_dir(dir);
 	}

@@ -1,0 +1,310 @@
+/*
+ * participant.c — a rank's side of the two-phase commit (DESIGN §6): BEGIN before
+ * any file of a step is written (the coordinator refuses committed steps), PREPARE
+ * once the shard is durable, then the decision.
+ *
+ * A receiver thread files BEGIN replies and decisions by step, so several saves
+ * may be in flight and any thread may wait. Losing the coordinator before voting
+ * aborts the save; losing it after voting leaves the outcome in doubt
+ * (CKPT_EINDOUBT): the manifest decides, and this rank keeps its file.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "commit/commit_internal.h"
+
+#define RX_POLL_MS 100
+
+struct part_entry {
+	uint64_t           step;
+	bool               begin_done, decided, prepared;
+	int                begin_code, decision;
+	char               reason[COMMIT_MAX_REASON + 1];
+	struct part_entry *next;
+};
+
+struct commit_part {
+	struct net_conn   *conn;
+	char               name[128];
+	unsigned           timeout_ms;
+	pthread_t          rx;
+	bool               rx_started;
+	pthread_mutex_t    send_lock;        /* one sender at a time on the connection */
+	pthread_mutex_t    lock;             /* entries, lost, stop */
+	pthread_cond_t     cond;
+	struct part_entry *entries;
+	bool               lost, stop;
+	char               lost_why[256];
+};
+
+static struct part_entry *entry_get(struct commit_part *p, uint64_t step, bool create)
+{
+	for (struct part_entry *e = p->entries; e; e = e->next)
+		if (e->step == step)
+			return e;
+	if (!create)
+		return NULL;
+	struct part_entry *e = calloc(1, sizeof *e);
+	if (e) {
+		e->step = step;
+		e->next = p->entries;
+		p->entries = e;
+	}
+	return e;
+}
+
+static void entry_drop(struct commit_part *p, uint64_t step)
+{
+	for (struct part_entry **pp = &p->entries; *pp; pp = &(*pp)->next) {
+		if ((*pp)->step == step) {
+			struct part_entry *e = *pp;
+			*pp = e->next;
+			free(e);
+			return;
+		}
+	}
+}
+
+static void part_lost(struct commit_part *p, const char *why)
+{
+	pthread_mutex_lock(&p->lock);
+	if (!p->lost) {
+		p->lost = true;
+		snprintf(p->lost_why, sizeof p->lost_why, "%s", why);
+	}
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
+static void *rx_main(void *arg)
+{
+	struct commit_part *p = arg;
+	for (;;) {
+		pthread_mutex_lock(&p->lock);
+		bool stop = p->stop;
+		pthread_mutex_unlock(&p->lock);
+		if (stop)
+			break;
+		struct net_msg m;
+		int rc = net_recv(p->conn, &m, RX_POLL_MS);
+		if (rc == -ETIMEDOUT || rc == -EAGAIN)
+			continue;
+		if (rc) {
+			part_lost(p, rc == -ECONNRESET ? "the coordinator closed the connection"
+			                               : ckpt_err_msg());
+			break;
+		}
+		struct commit_status_msg st;
+		if ((m.type != COMMIT_MSG_BEGIN_REPLY && m.type != COMMIT_MSG_DECISION) ||
+		    commit_status_decode(m.payload, m.len, &st)) {
+			char why[128];
+			snprintf(why, sizeof why, "bad message (type %u) from the coordinator", m.type);
+			net_msg_free(&m);
+			part_lost(p, why);
+			break;
+		}
+		pthread_mutex_lock(&p->lock);
+		/* Decisions of steps this rank never began are not ours to keep. */
+		struct part_entry *e = entry_get(p, st.step, false);
+		if (e) {
+			if (m.type == COMMIT_MSG_BEGIN_REPLY) {
+				e->begin_done = true;
+				e->begin_code = st.code;
+			} else {
+				e->decided = true;
+				e->decision = st.code;
+			}
+			snprintf(e->reason, sizeof e->reason, "%s", st.reason);
+			pthread_cond_broadcast(&p->cond);
+		}
+		pthread_mutex_unlock(&p->lock);
+		net_msg_free(&m);
+	}
+	return NULL;
+}
+
+int commit_part_connect(const struct commit_part_opts *o, struct commit_part **out)
+{
+	*out = NULL;
+	struct commit_part *p = calloc(1, sizeof *p);
+	if (!p)
+		return ckpt_err(-ENOMEM, "participant");
+	pthread_mutex_init(&p->send_lock, NULL);
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->cond, NULL);
+	p->timeout_ms = o->timeout_ms;
+	snprintf(p->name, sizeof p->name, "coordinator %s:%u", o->addr, o->port);
+	int rc = net_connect(o->transport, o->addr, o->port, (int)o->timeout_ms, &p->conn);
+	if (rc) {
+		ckpt_err_prefix(rc, "rank %u: connect to the %s", o->rank, p->name);
+		goto fail;
+	}
+	struct net_auth a = { .job_id = o->job_id, .rank = o->rank, .world = o->world,
+	                      .secret = o->secret, .secret_len = o->secret_len };
+	if ((rc = net_handshake_client(p->conn, &a, (int)o->timeout_ms))) {
+		ckpt_err_prefix(rc, "rank %u: join job '%s' at the %s", o->rank, o->job_id, p->name);
+		goto fail;
+	}
+	if ((rc = pthread_create(&p->rx, NULL, rx_main, p))) {
+		rc = ckpt_err(-rc, "participant receiver thread");
+		goto fail;
+	}
+	p->rx_started = true;
+	*out = p;
+	return 0;
+fail:
+	commit_part_close(p);
+	return rc;
+}
+
+void commit_part_close(struct commit_part *p)
+{
+	if (!p)
+		return;
+	if (p->rx_started) {
+		pthread_mutex_lock(&p->lock);
+		p->stop = true;
+		pthread_mutex_unlock(&p->lock);
+		pthread_join(p->rx, NULL);
+	}
+	net_close(p->conn);
+	while (p->entries)
+		entry_drop(p, p->entries->step);
+	pthread_mutex_destroy(&p->send_lock);
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->cond);
+	free(p);
+}
+
+static int part_send(struct commit_part *p, uint16_t type, const struct ckpt_buf *b)
+{
+	pthread_mutex_lock(&p->send_lock);
+	int rc = net_send(p->conn, type, b->p, b->len, (int)p->timeout_ms);
+	pthread_mutex_unlock(&p->send_lock);
+	return rc;
+}
+
+static void deadline_at(struct timespec *ts, int timeout_ms)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ts->tv_sec += timeout_ms / 1000;
+	ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+int commit_part_begin(struct commit_part *p, uint64_t step)
+{
+	pthread_mutex_lock(&p->lock);
+	struct part_entry *e = entry_get(p, step, true);
+	bool lost = p->lost;
+	pthread_mutex_unlock(&p->lock);
+	if (!e)
+		return ckpt_err(-ENOMEM, "begin step %llu", (unsigned long long)step);
+	if (lost)
+		return ckpt_err(-ECONNRESET, "step %llu: lost the %s: %s", (unsigned long long)step,
+		                p->name, p->lost_why);
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	int rc = commit_step_encode(step, &b);
+	if (!rc)
+		rc = part_send(p, COMMIT_MSG_BEGIN, &b);
+	ckpt_buf_free(&b);
+	struct timespec dl;
+	deadline_at(&dl, (int)p->timeout_ms);
+	pthread_mutex_lock(&p->lock);
+	while (!rc && !e->begin_done && !p->lost)
+		if (pthread_cond_timedwait(&p->cond, &p->lock, &dl) == ETIMEDOUT)
+			rc = ckpt_err(-ETIMEDOUT, "step %llu: no answer to BEGIN from the %s in %u ms",
+			              (unsigned long long)step, p->name, p->timeout_ms);
+	if (!rc && !e->begin_done)
+		rc = ckpt_err(-ECONNRESET, "step %llu: lost the %s: %s", (unsigned long long)step,
+		              p->name, p->lost_why);
+	if (!rc && e->begin_code)
+		rc = ckpt_err(e->begin_code, "step %llu refused by the %s: %s",
+		              (unsigned long long)step, p->name, e->reason);
+	if (rc)
+		entry_drop(p, step);
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
+
+int commit_part_prepare(struct commit_part *p, const struct commit_vote *v)
+{
+	pthread_mutex_lock(&p->lock);
+	struct part_entry *e = entry_get(p, v->step, true);
+	if (e)
+		e->prepared = true;
+	pthread_mutex_unlock(&p->lock);
+	if (!e)
+		return ckpt_err(-ENOMEM, "prepare step %llu", (unsigned long long)v->step);
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	int rc = commit_prepare_encode(v, &b);
+	if (!rc)
+		rc = part_send(p, COMMIT_MSG_PREPARE, &b);
+	ckpt_buf_free(&b);
+	if (rc)
+		return ckpt_err_prefix(rc, "step %llu: send the vote to the %s",
+		                       (unsigned long long)v->step, p->name);
+	int f = ckpt_fault(CKPT_FP_AFTER_PREPARE_SENT);
+	return f < 0 ? f : 0;
+}
+
+int commit_part_abort(struct commit_part *p, uint64_t step, int code, const char *why)
+{
+	struct commit_status_msg m = { .step = step, .code = code < 0 && code > -2000 ? code : CKPT_EABORTED };
+	snprintf(m.reason, sizeof m.reason, "%s", why ? why : "");
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	int rc = commit_status_encode(&m, &b);
+	if (!rc)
+		rc = part_send(p, COMMIT_MSG_ABORT, &b);
+	ckpt_buf_free(&b);
+	/* A rank that already voted keeps waiting for the decision: its ABORT may
+	 * arrive after the coordinator decided, and then the decision stands. */
+	pthread_mutex_lock(&p->lock);
+	struct part_entry *e = entry_get(p, step, false);
+	if (e && !e->prepared)
+		entry_drop(p, step);
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
+
+int commit_part_wait(struct commit_part *p, uint64_t step, int timeout_ms)
+{
+	struct timespec dl;
+	deadline_at(&dl, timeout_ms);
+	int rc = 0;
+	pthread_mutex_lock(&p->lock);
+	struct part_entry *e = entry_get(p, step, false);
+	if (!e) {
+		pthread_mutex_unlock(&p->lock);
+		return ckpt_err(CKPT_ESTATE, "step %llu: no save of it in flight", (unsigned long long)step);
+	}
+	bool timed_out = false;
+	while (!e->decided && !p->lost && !timed_out)
+		timed_out = pthread_cond_timedwait(&p->cond, &p->lock, &dl) == ETIMEDOUT;
+	if (e->decided) {
+		if (e->decision)
+			rc = ckpt_err(e->decision == -EEXIST ? -EEXIST : CKPT_EABORTED,
+			              "step %llu aborted by the coordinator: %s", (unsigned long long)step,
+			              e->reason);
+	} else if (e->prepared) {
+		rc = ckpt_err(CKPT_EINDOUBT, "step %llu: voted, then %s; the manifest decides",
+		              (unsigned long long)step,
+		              p->lost ? p->lost_why : "no decision before the timeout");
+	} else {
+		rc = ckpt_err(CKPT_EABORTED, "step %llu: %s before voting", (unsigned long long)step,
+		              p->lost ? p->lost_why : "timed out");
+	}
+	entry_drop(p, step);
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
