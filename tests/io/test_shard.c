@@ -110,6 +110,7 @@ static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, i
                        struct io_shard_result *res)
 {
 	struct io_shard_writer *w;
+	memset(res, 0xee, sizeof *res);    /* finish must zero it on failure */
 	int rc = io_shard_writer_open(f->e, f->path, 9, 1, 4, 1u << 20, zstd, &w);
 	if (rc)
 		return rc;
@@ -133,6 +134,7 @@ static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, i
 			if (rc) {
 				free(data);
 				io_shard_writer_abort(w);
+				memset(res, 0, sizeof *res);
 				return rc;
 			}
 		}
