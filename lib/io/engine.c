@@ -4,7 +4,9 @@
  * One ring of `depth` entries and a table of `depth` request slots; a request's
  * slot number is its user_data. The engine owns the hard parts of the ring so its
  * users do not: a short transfer is resubmitted for the remainder (O_DIRECT
- * writes can be cut short, e.g. near ENOSPC), -EAGAIN/-EINTR are retried, and
+ * writes can be cut short, e.g. near ENOSPC or a file size limit), resuming at the
+ * last 4 KiB boundary reached so that O_DIRECT alignment holds; -EAGAIN/-EINTR
+ * are retried; and
  * each request's done callback runs exactly once with the total or -errno.
  * liburing's -errno returns are the engine's own convention, so they pass through.
  *

@@ -137,8 +137,8 @@ static int load_index(struct io_shard_reader *r)
 		rc = read_at(r, blk, IO_HEADER_BYTES, 0);
 	if (!rc)
 		rc = check_header(r, blk, &hstep);
-	uint32_t hrank = ckpt_get_le32(blk + IO_HDR_OFF_RANK);
-	uint32_t hworld = ckpt_get_le32(blk + IO_HDR_OFF_WORLD);
+	uint32_t hrank = rc ? 0 : ckpt_get_le32(blk + IO_HDR_OFF_RANK);
+	uint32_t hworld = rc ? 0 : ckpt_get_le32(blk + IO_HDR_OFF_WORLD);
 	free(blk);
 	if (rc)
 		return rc;

@@ -33,7 +33,6 @@
 #include "io/io_internal.h"
 
 #define COOKIE_TAIL   (1ull << 63)      /* the footer+trailer write */
-#define COOKIE_NOBUF  0xffffffffull     /* no pool buffer to return */
 
 struct io_shard_writer {
 	struct io_engine *e;
@@ -88,8 +87,7 @@ static void w_write_done(void *owner, uint64_t cookie, int64_t res)
 		return;
 	}
 	uint32_t buf = (uint32_t)cookie, k = (uint32_t)(cookie >> 32);
-	if (buf != COOKIE_NOBUF)
-		io_pool_put(w->pool, buf);
+	io_pool_put(w->pool, buf);
 	const struct io_chunk_entry *c = &w->chunks[k];
 	uint64_t want = ckpt_align_up(c->stored_len, CKPT_ALIGN);
 	if (res < 0) {

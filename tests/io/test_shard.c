@@ -110,6 +110,7 @@ static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, i
                        struct io_shard_result *res)
 {
 	struct io_shard_writer *w;
+	memset(res, 0xee, sizeof *res);    /* finish must zero it on failure */
 	int rc = io_shard_writer_open(f->e, f->path, 9, 1, 4, 1u << 20, zstd, &w);
 	if (rc)
 		return rc;
@@ -133,6 +134,7 @@ static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, i
 			if (rc) {
 				free(data);
 				io_shard_writer_abort(w);
+				memset(res, 0, sizeof *res);
 				return rc;
 			}
 		}
@@ -339,6 +341,31 @@ START_TEST(batch_across_files_and_callback_stop)
 		io_shard_reader_close(r[i]);
 		result_free(&res[i]);
 	}
+	fx_done(&f);
+}
+END_TEST
+
+/* A reader whose pool buffers are smaller than the writer's chunks reads them
+ * (and decompress them) through temporary aligned allocations. */
+START_TEST(read_with_smaller_pool)
+{
+	struct fx f;
+	fx_init(&f, "shard-small");
+	struct shard_spec s = make_spec(f.seed, true);
+	struct io_shard_result res;
+	ck_assert_int_eq(write_shard(&f, &s, BUF_BYTES, 3, &res), 0);
+	struct io_engine *big_e = f.e;
+	struct io_pool *big_p = f.pool, *small;
+	ck_assert_int_eq(io_pool_create(8192, 2, NULL, &small), 0);
+	ck_assert_int_eq(io_engine_create(small, 3, &f.e), 0);
+	f.pool = small;
+	ck_assert_msg(verify_shard(&f, &s, NULL) == 0, "%s", ckpt_err_msg());
+	ck_assert_uint_eq(io_pool_nfree(small), 2);
+	io_engine_destroy(f.e);
+	io_pool_destroy(small);
+	f.e = big_e;
+	f.pool = big_p;
+	result_free(&res);
 	fx_done(&f);
 }
 END_TEST
@@ -739,6 +766,7 @@ int main(void)
 	tcase_add_test(tc, round_trip_zstd_incompressible);
 	tcase_add_test(tc, empty_shard);
 	tcase_add_test(tc, batch_across_files_and_callback_stop);
+	tcase_add_test(tc, read_with_smaller_pool);
 	tcase_add_test(tc, flipped_bit_in_chunk);
 	tcase_add_test(tc, damaged_metadata);
 	tcase_add_test(tc, crafted_trailers_and_versions);
