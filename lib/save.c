@@ -400,9 +400,11 @@ static int save_stream(ckpt_ctx *c, ckpt_save *s, struct io_shard_writer *w)
 			int b = io_pool_get(pool, -1);
 			if (b < 0)
 				return ckpt_err(b, "buffer pool");
-			/* The snapshot copy: after this the caller's bytes are not read again. */
-			memcpy(io_pool_addr(pool, (unsigned)b), src + off, n);
-			int rc = io_shard_writer_append(w, (uint32_t)t, (unsigned)b, n);
+			/* The snapshot copy, hashed on the way: after this the caller's bytes are
+			 * not read again. */
+			uint8_t hash[CKPT_HASH_BYTES];
+			io_copy_hash128(io_pool_addr(pool, (unsigned)b), src + off, n, hash);
+			int rc = io_shard_writer_append_hashed(w, (uint32_t)t, (unsigned)b, n, hash);
 			if (rc)
 				return rc;
 		}

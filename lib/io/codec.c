@@ -25,6 +25,32 @@ void io_hash128(const void *p, size_t n, uint8_t out[CKPT_HASH_BYTES])
 	memcpy(out, c.digest, CKPT_HASH_BYTES);
 }
 
+/* Blocks small enough to stay in L2 between the copy and the hash. */
+#define COPY_HASH_BLOCK (128u << 10)
+
+void io_copy_hash128(void *dst, const void *src, size_t n, uint8_t out[CKPT_HASH_BYTES])
+{
+	XXH3_state_t *st = XXH3_createState();
+	if (!st) {
+		/* No memory for the streaming state: two passes still give the same hash. */
+		memcpy(dst, src, n);
+		io_hash128(dst, n, out);
+		return;
+	}
+	XXH3_128bits_reset(st);
+	uint8_t *d = dst;
+	const uint8_t *s = src;
+	for (size_t off = 0; off < n; off += COPY_HASH_BLOCK) {
+		size_t k = n - off < COPY_HASH_BLOCK ? n - off : COPY_HASH_BLOCK;
+		memcpy(d + off, s + off, k);
+		XXH3_128bits_update(st, d + off, k);
+	}
+	XXH128_canonical_t c;
+	XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
+	memcpy(out, c.digest, CKPT_HASH_BYTES);
+	XXH3_freeState(st);
+}
+
 void io_hash_hex(const uint8_t h[CKPT_HASH_BYTES], char out[2 * CKPT_HASH_BYTES + 1])
 {
 	static const char hex[] = "0123456789abcdef";

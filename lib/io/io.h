@@ -73,6 +73,9 @@ int  io_index_find(const struct io_shard_index *ix, const char *name);
 /* ------------------------------------------------------------------ codec */
 
 void io_hash128(const void *p, size_t n, uint8_t out[CKPT_HASH_BYTES]);
+/* memcpy(dst, src, n) and the XXH3-128 of the bytes in one pass: each block is
+ * hashed while it is still in cache. Same hash as io_hash128. */
+void io_copy_hash128(void *dst, const void *src, size_t n, uint8_t out[CKPT_HASH_BYTES]);
 /* Hex of a hash into out (33 bytes). */
 void io_hash_hex(const uint8_t h[CKPT_HASH_BYTES], char out[2 * CKPT_HASH_BYTES + 1]);
 /* zstd one-shot. compress returns the compressed size, or 0 if it would not fit in
@@ -152,6 +155,11 @@ int io_shard_writer_add_tensor(struct io_shard_writer *w, const struct io_tensor
  * because of completions nobody reaped). Chunks of a tensor are appended in order; a
  * tensor's chunks are consecutive. Errors: -EIO, -ENOSPC, ... */
 int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len);
+/* The same, with the XXH3-128 of the raw bytes already computed by the caller (the
+ * snapshot stage hashes while it copies: one pass over the data instead of two).
+ * hash NULL: computed here. */
+int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigned buf,
+                                  size_t len, const uint8_t *hash);
 /* Durability point of the shard: waits for every write, writes footer and trailer,
  * truncates to the final size, fdatasync()s the file, fsync()s its directory. Only
  * after 0 may the shard be voted for. The writer is freed in every case; on failure

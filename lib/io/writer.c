@@ -382,6 +382,12 @@ static int try_compress(struct io_shard_writer *w, const void *src, size_t len, 
 
 int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len)
 {
+	return io_shard_writer_append_hashed(w, t, buf, len, NULL);
+}
+
+int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigned buf,
+                                  size_t len, const uint8_t *hash)
+{
 	uint8_t *raw = io_pool_addr(w->pool, buf);
 	if (!raw)
 		return ckpt_err(-EINVAL, "%s: append of pool buffer %u (not in the pool)", w->path,
@@ -403,7 +409,10 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	c->raw_len = len;
 	/* The identity of a chunk is the hash of its raw bytes, taken while this
 	 * thread is the buffer's only owner. */
-	io_hash128(raw, len, c->hash);
+	if (hash)
+		memcpy(c->hash, hash, CKPT_HASH_BYTES);
+	else
+		io_hash128(raw, len, c->hash);
 	c->codec = IO_CODEC_RAW;
 	c->stored_len = len;
 	unsigned wbuf = buf;

@@ -137,9 +137,8 @@ static int save_rank(const struct args *a, int rank, int world, struct rank_resu
 	int rc = synth_model_build(&m, a->bytes, a->seed);
 	if (rc)
 		return rc;
-	if ((rc = open_ctx(a, rank, world, 0, &c)))
-		goto out;
-	/* This rank's state, generated before the clock starts. */
+	/* This rank's state, generated before the clock starts and before the library
+	 * allocates anything, so that RSS growth counts all of the library's memory. */
 	bufs = calloc(m.n, sizeof *bufs);
 	uint64_t (*off)[2] = calloc(m.n, sizeof *off), (*ext)[2] = calloc(m.n, sizeof *ext);
 	if (!bufs || !off || !ext) {
@@ -168,6 +167,8 @@ static int save_rank(const struct args *a, int rank, int world, struct rank_resu
 
 	reset_peak_rss();
 	res->rss_before = proc_status_kb("VmRSS:");
+	if ((rc = open_ctx(a, rank, world, 0, &c)))
+		goto out_free;
 	double t0 = now_s();
 	if ((rc = ckpt_save_begin(c, a->step, &s)))
 		goto out_free;
@@ -210,7 +211,6 @@ out_free:
 	free(bufs);
 	free(off);
 	free(ext);
-out:
 	if (rc && !res->msg[0])
 		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error(c));
 	ckpt_close(c);
