@@ -21,6 +21,7 @@
 #include <xxhash.h>
 
 #include "glue.h"
+#include "snapshot/snapshot.h"
 
 /* ------------------------------------------------------------------ item checks */
 
@@ -110,8 +111,6 @@ int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t)
 	if (t->ndim > CKPT_MAX_NDIM || (t->ndim && !t->global_shape))
 		return ckpt_err(CKPT_ESHAPE, "tensor '%s': ndim %u (at most %d, shape required)",
 		                t->name, t->ndim, CKPT_MAX_NDIM);
-	if (t->mem == CKPT_MEM_DEVICE)
-		return ckpt_err(CKPT_ENODEV, "tensor '%s': device memory needs a CUDA build", t->name);
 	struct save_item it;
 	memset(&it, 0, sizeof it);
 	it.name = (char *)t->name;
@@ -120,7 +119,11 @@ int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t)
 	it.policy = (uint8_t)t->policy;
 	it.ndim = (uint8_t)t->ndim;
 	it.data = t->data;
-	it.mem = t->mem;
+	it.mem = snapshot_mem_kind(t->data, t->mem);
+#ifndef CKPT_HAVE_CUDA
+	if (it.mem == CKPT_MEM_DEVICE)
+		return ckpt_err(CKPT_ENODEV, "tensor '%s': device memory needs a CUDA build", t->name);
+#endif
 	for (unsigned d = 0; d < t->ndim; d++) {
 		it.global_shape[d] = t->global_shape[d];
 		it.offset[d] = t->offset ? t->offset[d] : 0;
@@ -403,8 +406,12 @@ static int save_stream(ckpt_ctx *c, ckpt_save *s, struct io_shard_writer *w)
 			/* The snapshot copy, hashed on the way: after this the caller's bytes are
 			 * not read again. */
 			uint8_t hash[CKPT_HASH_BYTES];
-			io_copy_hash128(io_pool_addr(pool, (unsigned)b), src + off, n, hash);
-			int rc = io_shard_writer_append_hashed(w, (uint32_t)t, (unsigned)b, n, hash);
+			int rc = snapshot_copy_in(io_pool_addr(pool, (unsigned)b), src + off, n, it->mem, hash);
+			if (rc) {
+				io_pool_put(pool, (unsigned)b);
+				return ckpt_err_prefix(rc, "tensor '%s'", it->name);
+			}
+			rc = io_shard_writer_append_hashed(w, (uint32_t)t, (unsigned)b, n, hash);
 			if (rc)
 				return rc;
 		}

@@ -1,0 +1,257 @@
+/*
+ * bench_commit.c — commit latency of the two-phase commit at W ranks, and its
+ * breakdown (issue: "Speed" of the distributed commit).
+ *
+ *   bench_commit DIR [W...]          (default W: 4 64 256)
+ *
+ * For each W: one coordinator and W participants (threads of this process, each
+ * with its own TCP connection on 127.0.0.1) vote on synthetic shard indexes of a
+ * model of 128 tensors sharded along dimension 0. Measured over 20 steps:
+ *   end to end: last PREPARE sent -> last rank has the decision (both in this
+ *               process, so one clock; includes two loopback hops);
+ *   decode + validate: io_index_decode of W indexes + commit_validate;
+ *   LMDB txn: manifest_commit of the same W shard records (one durable commit);
+ * and, as the limit it is compared against, one bare durable LMDB commit of one
+ * small record in the same manifest. Target: end to end <= 1 ms + one durable
+ * LMDB commit at W = 256.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commit/commit.h"
+#include "io/io.h"
+#include "manifest/manifest.h"
+#include "net/net.h"
+
+#define NTENSORS 128
+#define STEPS    20
+#define ROWS     (1u << 16)
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double median_us(uint64_t *v, size_t n)
+{
+	qsort(v, n, sizeof *v, cmp_u64);
+	return (double)v[n / 2] / 1000.0;
+}
+
+/* Rank r's index: NTENSORS tensors [ROWS, 64] f32, rows split evenly. */
+static int make_index(uint32_t r, uint32_t w, uint64_t step, void **buf, size_t *len)
+{
+	struct io_tensor_entry t[NTENSORS];
+	struct io_chunk_entry ch[NTENSORS];
+	char names[NTENSORS][32];
+	memset(t, 0, sizeof t);
+	memset(ch, 0, sizeof ch);
+	uint64_t off = 4096;
+	uint32_t nch = 0;
+	for (uint32_t i = 0; i < NTENSORS; i++) {
+		snprintf(names[i], sizeof names[i], "model/layer.%u/w", i);
+		t[i].name = names[i];
+		t[i].name_len = (uint16_t)strlen(names[i]);
+		t[i].kind = CKPT_KIND_MODEL;
+		t[i].dtype = CKPT_F32;
+		t[i].policy = CKPT_SHARDED;
+		t[i].ndim = 2;
+		t[i].global_shape[0] = ROWS;
+		t[i].global_shape[1] = 64;
+		t[i].offset[0] = (uint64_t)ROWS * r / w;
+		t[i].extent[0] = (uint64_t)ROWS * (r + 1) / w - t[i].offset[0];
+		t[i].extent[1] = 64;
+		t[i].raw_bytes = t[i].extent[0] * 64 * 4;
+		t[i].first_chunk = nch;
+		if (t[i].raw_bytes) {
+			t[i].nchunks = 1;
+			ch[nch] = (struct io_chunk_entry){ .tensor = i, .codec = IO_CODEC_RAW,
+			                                   .raw_len = t[i].raw_bytes, .file_offset = off,
+			                                   .stored_len = t[i].raw_bytes };
+			ch[nch].hash[0] = (uint8_t)i;
+			off += ckpt_align_up(t[i].raw_bytes, CKPT_ALIGN);
+			nch++;
+		}
+	}
+	struct io_shard_index ix = { .step = step, .rank = r, .world = w, .data_end = off,
+	                             .ntensors = NTENSORS, .nchunks = nch, .tensors = t, .chunks = ch };
+	return io_index_encode(&ix, buf, len);
+}
+
+struct rank_arg {
+	struct commit_part *p;
+	uint32_t rank, world;
+	uint64_t step;
+	pthread_barrier_t *bar;
+	uint64_t sent_ns, decided_ns;
+	int rc;
+};
+
+static void *rank_main(void *p)
+{
+	struct rank_arg *a = p;
+	void *ix;
+	size_t len;
+	a->rc = commit_part_begin(a->p, a->step);
+	if (!a->rc)
+		a->rc = make_index(a->rank, a->world, a->step, &ix, &len);
+	pthread_barrier_wait(a->bar);   /* every rank ready: vote together */
+	if (a->rc)
+		return NULL;
+	struct commit_vote v = { .rank = a->rank, .step = a->step, .index = ix, .index_len = len,
+	                         .file_size = 1 };
+	a->rc = commit_part_prepare(a->p, &v);
+	a->sent_ns = ckpt_now_ns();
+	if (!a->rc)
+		a->rc = commit_part_wait(a->p, a->step, 60000);
+	a->decided_ns = ckpt_now_ns();
+	free(ix);
+	return NULL;
+}
+
+static int bench_world(const char *dir, uint32_t w)
+{
+	char root[4096];
+	snprintf(root, sizeof root, "%s/bench-commit-%u", dir, w);
+	struct manifest *m;
+	int rc = manifest_open(root, MANIFEST_CREATE, &m);
+	if (rc == -ENOENT) {
+		char cmd[4200];
+		snprintf(cmd, sizeof cmd, "mkdir -p %s", root);
+		if (system(cmd) == 0)
+			rc = manifest_open(root, MANIFEST_CREATE, &m);
+	}
+	if (rc) {
+		fprintf(stderr, "manifest %s: %s\n", root, ckpt_last_error(NULL));
+		return rc;
+	}
+	struct commit_coord *co;
+	struct commit_coord_opts o = { .manifest = m, .job_id = "bench", .world = w,
+	                               .transport = NET_TCP, .addr = "127.0.0.1", .port = 0,
+	                               .timeout_ms = 60000 };
+	if ((rc = commit_coord_start(&o, &co))) {
+		fprintf(stderr, "coordinator: %s\n", ckpt_last_error(NULL));
+		return rc;
+	}
+	struct commit_part **parts = calloc(w, sizeof *parts);
+	struct rank_arg *args = calloc(w, sizeof *args);
+	pthread_t *th = calloc(w, sizeof *th);
+	for (uint32_t r = 0; r < w && !rc; r++) {
+		struct commit_part_opts po = { .transport = NET_TCP, .addr = "127.0.0.1",
+		                               .port = commit_coord_port(co), .job_id = "bench",
+		                               .rank = r, .world = w, .timeout_ms = 30000 };
+		rc = commit_part_connect(&po, &parts[r]);
+	}
+	uint64_t e2e[STEPS], val[STEPS], txn[STEPS], bare[STEPS];
+	for (int s = 0; s < STEPS && !rc; s++) {
+		pthread_barrier_t bar;
+		pthread_barrier_init(&bar, NULL, w);
+		for (uint32_t r = 0; r < w; r++) {
+			args[r] = (struct rank_arg){ .p = parts[r], .rank = r, .world = w,
+			                             .step = (uint64_t)s + 1, .bar = &bar };
+			pthread_create(&th[r], NULL, rank_main, &args[r]);
+		}
+		uint64_t last_sent = 0, last_dec = 0;
+		for (uint32_t r = 0; r < w; r++) {
+			pthread_join(th[r], NULL);
+			if (args[r].rc && !rc) {
+				rc = args[r].rc;
+				fprintf(stderr, "rank %u: %s\n", r, ckpt_last_error(NULL));
+			}
+			if (args[r].sent_ns > last_sent) last_sent = args[r].sent_ns;
+			if (args[r].decided_ns > last_dec) last_dec = args[r].decided_ns;
+		}
+		pthread_barrier_destroy(&bar);
+		e2e[s] = last_dec - last_sent;
+
+		/* The breakdown, on the same indexes, outside the coordinator. */
+		void **bufs = calloc(w, sizeof *bufs);
+		size_t *lens = calloc(w, sizeof *lens);
+		struct io_shard_index **ix = calloc(w, sizeof *ix);
+		struct manifest_shard *sh = calloc(w, sizeof *sh);
+		char (*paths)[64] = calloc(w, sizeof *paths);
+		uint64_t step = 1000000 + (uint64_t)s;
+		for (uint32_t r = 0; r < w; r++)
+			make_index(r, w, step, &bufs[r], &lens[r]);
+		uint64_t t0 = ckpt_now_ns();
+		for (uint32_t r = 0; r < w; r++)
+			io_index_decode(bufs[r], lens[r], &ix[r]);
+		int vrc = commit_validate((const struct io_shard_index *const *)ix, w, step);
+		uint64_t t1 = ckpt_now_ns();
+		for (uint32_t r = 0; r < w; r++) {
+			ckpt_path_shard_rel(paths[r], sizeof paths[r], step, r);
+			sh[r] = (struct manifest_shard){ .rank = r, .path = paths[r], .file_size = 1,
+			                                 .index = bufs[r], .index_len = lens[r] };
+		}
+		struct manifest_step rec = { .step = step, .state = CKPT_STATE_COMMITTED, .world = w,
+		                             .ntensors = NTENSORS };
+		snprintf(rec.job_id, sizeof rec.job_id, "bench");
+		uint64_t t2 = ckpt_now_ns();
+		int mrc = manifest_commit(m, &rec, sh, w);
+		uint64_t t3 = ckpt_now_ns();
+		struct manifest_shard one = { .rank = 0, .path = paths[0], .file_size = 1,
+		                              .index = "x", .index_len = 1 };
+		struct manifest_step rec1 = { .step = 2000000 + (uint64_t)s, .world = 1 };
+		uint64_t t4 = ckpt_now_ns();
+		int brc = manifest_commit(m, &rec1, &one, 1);
+		uint64_t t5 = ckpt_now_ns();
+		if (vrc || mrc || brc) {
+			fprintf(stderr, "breakdown failed: %s\n", ckpt_last_error(NULL));
+			rc = vrc ? vrc : mrc ? mrc : brc;
+		}
+		val[s] = t1 - t0;
+		txn[s] = t3 - t2;
+		bare[s] = t5 - t4;
+		for (uint32_t r = 0; r < w; r++) {
+			io_index_free(ix[r]);
+			free(bufs[r]);
+		}
+		free(bufs); free(lens); free(ix); free(sh); free(paths);
+	}
+	if (!rc) {
+		double b = median_us(bare, STEPS), e = median_us(e2e, STEPS);
+		printf("| %4u | %8.0f | %8.0f | %8.0f | %8.0f | %8.0f | %s |\n", w, e,
+		       median_us(val, STEPS), median_us(txn, STEPS), b, e - b,
+		       e <= 1000.0 + b ? "yes" : "no");
+	}
+	for (uint32_t r = 0; r < w; r++)
+		commit_part_close(parts[r]);
+	commit_coord_stop(co);
+	manifest_close(m);
+	free(parts);
+	free(args);
+	free(th);
+	char cmd[4200];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+	if (system(cmd))
+		fprintf(stderr, "could not remove %s\n", root);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "usage: bench_commit DIR [W...]\n");
+		return 2;
+	}
+	uint32_t ws[16] = { 4, 64, 256 };
+	int nw = 3;
+	if (argc > 2) {
+		nw = 0;
+		for (int i = 2; i < argc && nw < 16; i++)
+			ws[nw++] = (uint32_t)strtoul(argv[i], NULL, 10);
+	}
+	printf("commit latency, median of %d steps, %d tensors sharded over W ranks (microseconds)\n",
+	       STEPS, NTENSORS);
+	printf("| W | end to end | decode+validate | LMDB txn (W records) | bare durable LMDB commit |"
+	       " end to end - bare | <= 1 ms + bare |\n");
+	printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+	for (int i = 0; i < nw; i++)
+		if (bench_world(argv[1], ws[i]))
+			return 1;
+	return 0;
+}
