@@ -40,6 +40,25 @@ struct commit_vote {
  */
 int commit_validate(const struct io_shard_index *const *ix, uint32_t world, uint64_t step);
 
+/* ------------------------------------------------------------------ incremental validation
+ * The same checks as commit_validate, one vote at a time as votes arrive, so that
+ * little is left to do after the last one (gather.c). */
+struct commit_gather;
+struct commit_summary {
+	uint32_t ntensors;          /* distinct names */
+	uint64_t logical_bytes, stored_bytes;
+};
+/* owns: the gather frees the indexes it is given. */
+int  commit_gather_create(uint32_t world, uint64_t step, bool owns, struct commit_gather **out);
+/* Add rank ix->rank's index. CKPT_EINVALID (message names tensor and ranks) on the
+ * first inconsistency; the gather then refuses everything. With owns, ix belongs to
+ * the gather from this call on, whatever it returns. */
+int  commit_gather_add(struct commit_gather *g, struct io_shard_index *ix);
+/* Every rank in and nothing missing (no gap)? Fills sum. CKPT_EINVALID. */
+int  commit_gather_finish(struct commit_gather *g, struct commit_summary *sum);
+const struct io_shard_index *commit_gather_index(const struct commit_gather *g, uint32_t rank);
+void commit_gather_free(struct commit_gather *g);
+
 /*
  * The decision: decode and validate the votes, then commit them in one durable
  * manifest transaction (fault points coord_before_commit_txn and
