@@ -58,11 +58,16 @@ static int item_name_add(struct ckpt_save *s, const char *name, size_t len)
 	return 0;
 }
 
-static int save_check_open(const ckpt_save *s)
+static int save_check_open(ckpt_save *s)
 {
 	if (!s)
 		return ckpt_err(-EINVAL, "save handle is NULL");
-	if (s->state != SAVE_OPEN)
+	/* Only the caller's thread moves a save out of SAVE_OPEN, so this read needs no
+	 * lock while it is still open; once submitted, read it under the lock. */
+	pthread_mutex_lock(&s->ctx->lock);
+	bool open = s->state == SAVE_OPEN;
+	pthread_mutex_unlock(&s->ctx->lock);
+	if (!open)
 		return ckpt_err(CKPT_ESTATE, "save of step %llu was already submitted",
 		                (unsigned long long)s->step);
 	return 0;
@@ -253,10 +258,14 @@ static int save_wait_until(ckpt_save *s, bool snapshot, int timeout_ms)
 {
 	if (!s)
 		return ckpt_err(-EINVAL, "save handle is NULL");
-	if (s->state == SAVE_OPEN)
+	ckpt_ctx *c = s->ctx;
+	/* state is the worker's once submitted: read it under the lock. */
+	pthread_mutex_lock(&c->lock);
+	bool open = s->state == SAVE_OPEN;
+	pthread_mutex_unlock(&c->lock);
+	if (open)
 		return ckpt_err(CKPT_ESTATE, "save of step %llu was not submitted",
 		                (unsigned long long)s->step);
-	ckpt_ctx *c = s->ctx;
 	struct timespec dl;
 	if (timeout_ms >= 0) {
 		clock_gettime(CLOCK_REALTIME, &dl);
@@ -301,7 +310,10 @@ void ckpt_save_free(ckpt_save *s)
 	if (!s)
 		return;
 	ckpt_ctx *c = s->ctx;
-	if (s->state != SAVE_OPEN)
+	pthread_mutex_lock(&c->lock);
+	bool open = s->state == SAVE_OPEN;
+	pthread_mutex_unlock(&c->lock);
+	if (!open)
 		save_wait_until(s, false, -1);
 	else if (c->part)
 		/* Begun but never submitted: the other ranks must not wait for this vote. */
