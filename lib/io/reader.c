@@ -420,7 +420,9 @@ int io_read_batch(struct io_engine *e, const struct io_read_req *reqs, size_t n,
 			if (rc < 0)
 				break;   /* the ring is broken; slots in flight cannot be recovered */
 		}
-		while (b.done_head) {
+		/* One completion at a time, then refill: its slot goes back to the disk
+		 * before the next chunk is hashed and copied. */
+		if (b.done_head) {
 			struct rd_slot *s = b.done_head;
 			b.done_head = s->next;
 			if (!b.done_head)
