@@ -675,6 +675,15 @@ int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_info *out)
 	return 0;
 }
 
+int ckpt_load_is_blob(const ckpt_load *l, unsigned i)
+{
+	if (!l)
+		return ckpt_err(-EINVAL, "ckpt_load_is_blob: load handle is NULL");
+	if (i >= l->nentries)
+		return ckpt_err(CKPT_ENOTFOUND, "entry %u of %u", i, l->nentries);
+	return (l->entries[i].meta->flags & IO_TENSOR_BLOB) ? 1 : 0;
+}
+
 const char *ckpt_codec_name(int codec)
 {
 	switch (codec) {

@@ -323,6 +323,10 @@ CKPT_API int ckpt_load_tensors(ckpt_load *l, const struct ckpt_load_req *reqs, s
 CKPT_API int ckpt_load_blob_rank(ckpt_load *l, const char *name, int saved_rank, void *dst,
                                  size_t cap, size_t *len);
 
+/* 1 if entry i (as ckpt_load_info) is a blob (ckpt_save_add_blob), 0 if a tensor;
+ * CKPT_ENOTFOUND for i out of range, -EINVAL. */
+CKPT_API int ckpt_load_is_blob(const ckpt_load *l, unsigned i);
+
 /* ------------------------------------------------------------------ catalog for tools
  * (issue 4; ckpt-inspect, ckpt-reshard). Tools open the root with rank 0, world 1 and
  * CKPT_OPEN_NO_GC: marking a verified step, garbage collection and rebuild write the

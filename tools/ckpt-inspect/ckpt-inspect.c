@@ -86,8 +86,8 @@ static int exit_for(int rc)
 
 static int fail(int rc, const char *what)
 {
-	fprintf(stderr, "ckpt-inspect: %s: %s (%s)\n", what, ckpt_last_error(NULL),
-	        ckpt_strerror(rc));
+	/* The library's message already ends with the code's description. */
+	fprintf(stderr, "ckpt-inspect: %s: %s\n", what, ckpt_last_error(NULL));
 	return exit_for(rc);
 }
 
@@ -463,7 +463,7 @@ static int verify_one(const struct args *a, ckpt_ctx *c, uint64_t step, bool ro,
 	}
 	free(r);
 	if (!a->json && rc)
-		fprintf(stderr, "ckpt-inspect: verify: %s (%s)\n", msg, ckpt_strerror(rc));
+		fprintf(stderr, "ckpt-inspect: verify: %s\n", msg);
 	return rc;
 }
 
