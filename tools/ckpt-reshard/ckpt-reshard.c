@@ -794,6 +794,7 @@ int main(int argc, char **argv)
 	if (map && parse_rank_map(&a, map) != (int)a.world) {
 		fprintf(stderr, "ckpt-reshard: --rank-map '%s': %u comma-separated saved ranks (or '-')\n",
 		        map, a.world);
+		free(a.rank_map);
 		return RX_USAGE;
 	}
 	int x = run_reshard(&a);
