@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "glue.h"
@@ -64,4 +65,36 @@ int gc_orphans(ckpt_ctx *c, uint64_t *removed)
 	if (!rc && *removed)
 		rc = ckpt_fsync_dir(c->cfg.root);
 	return rc;
+}
+
+int gc_step_dir_usage(const char *root, uint64_t step, uint32_t *nfiles, uint64_t *bytes)
+{
+	char dir[4200], path[4500];
+	*nfiles = 0;
+	*bytes = 0;
+	int rc = ckpt_path_step_dir(dir, sizeof dir, root, step);
+	if (rc)
+		return ckpt_err(rc, "step directory of %s", root);
+	DIR *d = opendir(dir);
+	if (!d)
+		return errno == ENOENT ? -ENOENT : ckpt_err(-errno, "open %s", dir);
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		struct stat st;
+		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+		if (lstat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+			(*nfiles)++;
+			*bytes += (uint64_t)st.st_size;
+		}
+	}
+	closedir(d);
+	return 0;
+}
+
+int gc_step_dir_remove(const char *root, uint64_t step)
+{
+	char name[64];
+	snprintf(name, sizeof name, "step-%020llu", (unsigned long long)step);
+	int rc = gc_remove_step(root, name);
+	return rc ? rc : ckpt_fsync_dir(root);
 }

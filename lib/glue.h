@@ -123,4 +123,17 @@ void save_run(ckpt_ctx *c, struct ckpt_save *s);
 /* Remove step directories with no committed record (lib/gc.c). */
 int  gc_orphans(ckpt_ctx *c, uint64_t *removed);
 
+/* The context's load engine, with ctx->load_lock held (created on first use); every
+ * reader opened on it and every io_read_batch on it happen between these two calls
+ * (lib/load.c). */
+int  load_engine_acquire(ckpt_ctx *c, struct io_engine **out);
+void load_engine_release(ckpt_ctx *c);
+/* Rank's shard reader of an opened step, opened on first use on the load engine;
+ * call with the engine acquired. */
+int  load_shard_reader(ckpt_load *l, uint32_t rank, struct io_shard_reader **out);
+/* Regular files and their bytes in a step directory (lib/gc.c). 0 or -errno. */
+int  gc_step_dir_usage(const char *root, uint64_t step, uint32_t *nfiles, uint64_t *bytes);
+/* Remove a step directory and its files, then fsync the root (lib/gc.c). */
+int  gc_step_dir_remove(const char *root, uint64_t step);
+
 #endif /* CKPT_GLUE_H */

@@ -8,6 +8,8 @@
  * destination. Resharding is therefore a property of load.
  */
 #include <errno.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -271,21 +273,44 @@ static void plan_copy(const struct copy_plan *p, uint64_t cb, const uint8_t *raw
 	}
 }
 
+/* ------------------------------------------------------------------ the batch */
+
+/* One saved piece that overlaps one request's box. q->arg of its chunk reads. */
 struct load_job {
 	struct copy_plan plan;
 	const struct io_shard_index *ix;
+	uint64_t *pending;            /* chunks of its request not yet delivered */
 };
 
 static int load_chunk_cb(void *arg, const struct io_read_req *req, const void *raw, size_t len)
 {
-	CKPT_UNUSED(arg);
-	const struct load_job *j = req->arg;
+	const struct load_job *j = arg;
 	const struct io_chunk_entry *ch = &j->ix->chunks[req->chunk];
 	plan_copy(&j->plan, ch->raw_offset, raw, len);
+	(*j->pending)--;
 	return 0;
 }
 
-static int load_reader(ckpt_load *l, uint32_t rank, struct io_shard_reader **out)
+int load_engine_acquire(ckpt_ctx *c, struct io_engine **out)
+{
+	pthread_mutex_lock(&c->load_lock);
+	int rc = 0;
+	if (!c->load_engine)
+		rc = io_engine_create(c->pool, c->cfg.queue_depth, &c->load_engine);
+	if (rc) {
+		pthread_mutex_unlock(&c->load_lock);
+		return ckpt_err_prefix(rc, "load engine of %s", c->cfg.root);
+	}
+	*out = c->load_engine;
+	return 0;
+}
+
+void load_engine_release(ckpt_ctx *c)
+{
+	pthread_mutex_unlock(&c->load_lock);
+}
+
+int load_shard_reader(ckpt_load *l, uint32_t rank, struct io_shard_reader **out)
 {
 	if (!l->readers[rank]) {
 		char path[4400];
@@ -298,18 +323,32 @@ static int load_reader(ckpt_load *l, uint32_t rank, struct io_shard_reader **out
 	return 0;
 }
 
-/* Choose the pieces to read for entry e on behalf of this rank. */
-static int load_pick(const ckpt_load *l, const struct load_entry *e, uint32_t *first,
-                     uint32_t *count)
+/* Choose the pieces to read for entry e on behalf of this rank, or of saved_rank
+ * when the caller mapped one explicitly (>= 0). */
+static int load_pick(const ckpt_load *l, const struct load_entry *e, int saved_rank,
+                     uint32_t *first, uint32_t *count)
 {
 	const ckpt_ctx *c = l->ctx;
 	*first = 0;
 	*count = e->npieces;
 	if (e->meta->policy == CKPT_SHARDED)
 		return 0;
+	if (saved_rank >= 0) {
+		for (uint32_t i = 0; i < e->npieces; i++) {
+			if (e->pieces[i].rank == (uint32_t)saved_rank) {
+				*first = i;
+				*count = 1;
+				return 0;
+			}
+		}
+		return ckpt_err(CKPT_ENOTFOUND, "'%s': saved rank %d of %u holds no copy of it",
+		                e->meta->name, saved_rank, l->rec.world);
+	}
 	if (e->meta->policy == CKPT_RANK_BOUND && (uint32_t)c->cfg.world != l->rec.world)
 		return ckpt_err(CKPT_ERANKBOUND, "'%s' is rank-bound and was saved by %u ranks; this "
-		                "job has %d", e->meta->name, l->rec.world, c->cfg.world);
+		                "job has %d: it loads only for the same world size and rank, unless "
+		                "a saved rank is chosen explicitly (ckpt_load_blob_rank, "
+		                "ckpt_load_req.saved_rank)", e->meta->name, l->rec.world, c->cfg.world);
 	/* Replicated: this rank's copy if it has one (local disk first), else the first. */
 	for (uint32_t i = 0; i < e->npieces; i++) {
 		if (e->pieces[i].rank == (uint32_t)c->cfg.rank) {
@@ -325,74 +364,222 @@ static int load_pick(const ckpt_load *l, const struct load_entry *e, uint32_t *f
 	return 0;
 }
 
-/* Read the box (ro, re) of entry e into dst. */
-static int load_box(ckpt_load *l, const struct load_entry *e, const uint64_t *ro,
-                    const uint64_t *re, void *dst)
-{
+/* A request after its checks: the entry, the box, and the pieces to read. */
+struct load_plan_req {
+	const struct load_entry *e;
+	struct load_entry one;        /* a single-piece view (blobs by rank) */
+	uint64_t ro[CKPT_MAX_NDIM], re[CKPT_MAX_NDIM];
 	uint32_t first, count;
-	int rc = load_pick(l, e, &first, &count);
+	bool     empty;               /* nothing to read */
+};
+
+/* Check request q against the step; 0 or its error (message names the tensor). */
+static int load_req_check(const ckpt_load *l, const struct ckpt_load_req *q,
+                          struct load_plan_req *p)
+{
+	memset(p, 0, sizeof *p);
+	if (!q->name)
+		return ckpt_err(-EINVAL, "load request without a name");
+	const char *name = q->name;
+	const struct load_entry *e = load_find(l, name);
+	if (!e)
+		return ckpt_err(CKPT_ENOTFOUND, "tensor '%.200s' is not in step %llu", name,
+		                (unsigned long long)l->rec.step);
+	const struct io_tensor_entry *t = e->meta;
+	if (q->flags)
+		return ckpt_err(-EINVAL, "tensor '%s': request flags 0x%x (must be 0)", name, q->flags);
+	if (q->mem == CKPT_MEM_DEVICE)
+		return ckpt_err(CKPT_ENODEV, "tensor '%s': device memory needs a CUDA build", name);
+	if (q->dtype != t->dtype)
+		return ckpt_err(CKPT_EDTYPE, "tensor '%s' is %s, asked for %s", name,
+		                ckpt_dtype_name(t->dtype), ckpt_dtype_name(q->dtype));
+	if (q->ndim != t->ndim)
+		return ckpt_err(CKPT_ESHAPE, "tensor '%s' has %u dimensions, asked for %u", name,
+		                t->ndim, q->ndim);
+	int rc = load_pick(l, e, q->saved_rank, &p->first, &p->count);
 	if (rc)
 		return rc;
+	p->e = e;
+	/* A rank-bound or replicated item is read from one piece, whose shape may differ
+	 * from the first piece's record (rank-bound values are each rank's own). */
+	if (p->count == 1 && e->meta->policy != CKPT_SHARDED) {
+		p->one = *e;
+		const struct load_piece *pc = &e->pieces[p->first];
+		p->one.meta = &l->ix[pc->rank]->tensors[pc->tensor];
+		p->one.pieces = (struct load_piece *)pc;
+		p->one.npieces = 1;
+		p->first = 0;
+		p->e = &p->one;
+		t = p->one.meta;
+	}
+	const uint64_t *shape = (t->flags & IO_TENSOR_BLOB) ? t->extent : t->global_shape;
+	for (unsigned d = 0; d < q->ndim; d++) {
+		p->ro[d] = q->offset ? q->offset[d] : 0;
+		p->re[d] = q->extent ? q->extent[d] : shape[d];
+		uint64_t end;
+		if (!ckpt_add_u64(p->ro[d], p->re[d], &end) || end > shape[d])
+			return ckpt_err(CKPT_ESHAPE, "tensor '%s': slice [%llu, +%llu) outside dimension %u "
+			                "of size %llu", name, (unsigned long long)p->ro[d],
+			                (unsigned long long)p->re[d], d, (unsigned long long)shape[d]);
+		if (p->re[d] == 0)
+			p->empty = true;    /* an empty box: nothing to read */
+	}
+	if (!p->empty && !q->dst)
+		return ckpt_err(-EINVAL, "tensor '%s': destination is NULL", name);
+	return 0;
+}
+
+/* Plan request i's jobs and chunk reads; the jobs array is sized by the caller. */
+static int load_req_plan(ckpt_load *l, const struct load_plan_req *p, void *dst,
+                         uint64_t *pending, struct load_job *jobs, size_t *njobs,
+                         struct io_read_req **reads, size_t *nreads, size_t *rcap)
+{
+	const struct load_entry *e = p->e;
 	unsigned ndim = e->meta->ndim;
-	struct load_job *jobs = calloc(count, sizeof *jobs);
-	if (!jobs)
-		return ckpt_err(-ENOMEM, "load of '%s'", e->meta->name);
-	size_t nreq = 0, cap = 0;
-	struct io_read_req *reqs = NULL;
 	uint64_t covered = 0, want = 1;
 	for (unsigned d = 0; d < ndim; d++)
-		want *= re[d];
-
-	ckpt_ctx *c = l->ctx;
-	pthread_mutex_lock(&c->load_lock);
-	if (!c->load_engine && (rc = io_engine_create(c->pool, c->cfg.queue_depth, &c->load_engine)))
-		goto out;
-	for (uint32_t i = first; i < first + count; i++) {
+		want *= p->re[d];
+	for (uint32_t i = p->first; i < p->first + p->count; i++) {
 		const struct load_piece *pc = &e->pieces[i];
 		const struct io_shard_index *ix = l->ix[pc->rank];
 		const struct io_tensor_entry *t = &ix->tensors[pc->tensor];
-		struct load_job *j = &jobs[i - first];
+		struct load_job *j = &jobs[*njobs];
 		j->ix = ix;
-		if (!plan_make(&j->plan, t, ndim, ro, re, dst))
+		j->pending = pending;
+		if (!plan_make(&j->plan, t, ndim, p->ro, p->re, dst))
 			continue;
+		(*njobs)++;
 		uint64_t vol = 1;
 		for (unsigned d = 0; d < j->plan.ndim; d++)
 			vol *= j->plan.ie[d];
 		covered += vol;
 		struct io_shard_reader *rd;
-		if ((rc = load_reader(l, pc->rank, &rd)))
-			goto out;
+		int rc = load_shard_reader(l, pc->rank, &rd);
+		if (rc)
+			return rc;
 		for (uint32_t k = 0; k < t->nchunks; k++) {
 			uint32_t ci = t->first_chunk + k;
 			const struct io_chunk_entry *ch = &ix->chunks[ci];
 			if (ch->raw_offset + ch->raw_len <= j->plan.lo || ch->raw_offset >= j->plan.hi)
 				continue;
-			if (nreq == cap) {
-				cap = cap ? cap * 2 : 64;
-				struct io_read_req *n = realloc(reqs, cap * sizeof *n);
-				if (!n) {
-					rc = ckpt_err(-ENOMEM, "load of '%s'", e->meta->name);
-					goto out;
-				}
-				reqs = n;
+			if (*nreads == *rcap) {
+				size_t cap = *rcap ? *rcap * 2 : 64;
+				struct io_read_req *n = realloc(*reads, cap * sizeof *n);
+				if (!n)
+					return ckpt_err(-ENOMEM, "load of '%s'", e->meta->name);
+				*reads = n;
+				*rcap = cap;
 			}
-			reqs[nreq++] = (struct io_read_req){ .reader = rd, .chunk = ci, .arg = j };
+			(*reads)[(*nreads)++] = (struct io_read_req){ .reader = rd, .chunk = ci, .arg = j };
+			(*pending)++;
 		}
 	}
 	/* Commit-time validation guarantees the pieces tile the shape; a manifest that
 	 * says otherwise is damaged, and a partly filled buffer must not pass as data. */
-	if (covered != want && !(ndim == 0 && covered == 1)) {
-		rc = ckpt_err(CKPT_ECORRUPT, "'%s': saved pieces cover %llu of %llu requested elements",
-		              e->meta->name, (unsigned long long)covered, (unsigned long long)want);
+	if (covered != want && !(ndim == 0 && covered == 1))
+		return ckpt_err(CKPT_ECORRUPT, "'%s': saved pieces cover %llu of %llu requested elements",
+		                e->meta->name, (unsigned long long)covered, (unsigned long long)want);
+	return 0;
+}
+
+/* Remember the message of the earliest failed request (in the caller's order). */
+static void load_note_failure(size_t i, size_t *first_idx, char *msg, size_t cap)
+{
+	if (i < *first_idx) {
+		*first_idx = i;
+		snprintf(msg, cap, "%s", ckpt_err_msg());
+	}
+}
+
+int ckpt_load_tensors(ckpt_load *l, const struct ckpt_load_req *reqs, size_t n, int *results)
+{
+	if (!l || (n && !reqs))
+		return ckpt_err(-EINVAL, "ckpt_load_tensors: NULL argument");
+	ckpt_err_clear();
+	size_t first_idx = SIZE_MAX;
+	char first_msg[1024] = "";
+	struct load_plan_req *plans = calloc(n ? n : 1, sizeof *plans);
+	int *rcs = calloc(n ? n : 1, sizeof *rcs);
+	uint64_t *pending = calloc(n ? n : 1, sizeof *pending);
+	struct load_job *jobs = NULL;
+	struct io_read_req *reads = NULL;
+	size_t njobs = 0, nreads = 0, rcap = 0, maxjobs = 0;
+	int rc = 0;
+	if (!plans || !rcs || !pending) {
+		rc = ckpt_err(-ENOMEM, "batch load of %zu requests", n);
 		goto out;
 	}
-	if (nreq)
-		rc = io_read_batch(c->load_engine, reqs, nreq, load_chunk_cb);
+	/* Checks first, without the engine: a bad request is answered on its own and
+	 * does not hold up the others. */
+	for (size_t i = 0; i < n; i++) {
+		if ((rcs[i] = load_req_check(l, &reqs[i], &plans[i]))) {
+			ckpt_err_prefix(rcs[i], "load of step %llu", (unsigned long long)l->rec.step);
+			load_note_failure(i, &first_idx, first_msg, sizeof first_msg);
+		} else if (!plans[i].empty) {
+			maxjobs += plans[i].count;
+		}
+	}
+	jobs = calloc(maxjobs ? maxjobs : 1, sizeof *jobs);
+	struct io_engine *eng = NULL;
+	if (!jobs)
+		rc = ckpt_err(-ENOMEM, "batch load of %zu requests", n);
+	else
+		rc = load_engine_acquire(l->ctx, &eng);
+	if (rc) {
+		for (size_t i = 0; i < n; i++) {
+			if (!rcs[i] && !plans[i].empty) {
+				rcs[i] = rc;
+				load_note_failure(i, &first_idx, first_msg, sizeof first_msg);
+			}
+		}
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (rcs[i] || plans[i].empty)
+			continue;
+		rcs[i] = load_req_plan(l, &plans[i], reqs[i].dst, &pending[i], jobs, &njobs, &reads,
+		                       &nreads, &rcap);
+		if (rcs[i]) {
+			ckpt_err_prefix(rcs[i], "load of step %llu", (unsigned long long)l->rec.step);
+			load_note_failure(i, &first_idx, first_msg, sizeof first_msg);
+		}
+	}
+	/* ONE batch over every request: reads of all of them in flight together. Reads
+	 * planned for a request that then failed its planning land in its own dst, which
+	 * the caller must treat as undefined anyway. */
+	if (nreads)
+		rc = io_read_batch(eng, reads, nreads, load_chunk_cb);
+	load_engine_release(l->ctx);
+	if (rc) {
+		ckpt_err_prefix(rc, "load of step %llu", (unsigned long long)l->rec.step);
+		for (size_t i = 0; i < n; i++) {
+			if (!rcs[i] && pending[i]) {
+				rcs[i] = rc;
+				load_note_failure(i, &first_idx, first_msg, sizeof first_msg);
+			}
+		}
+	}
 out:
-	pthread_mutex_unlock(&c->load_lock);
-	free(reqs);
+	if (!rcs || !plans || !pending) {
+		/* Nothing was read: every request shares the failure. */
+		for (size_t i = 0; results && i < n; i++)
+			results[i] = rc;
+		free(plans);
+		free(rcs);
+		free(pending);
+		return rc;
+	}
+	int ret = first_idx < n ? rcs[first_idx] : 0;
+	for (size_t i = 0; results && i < n; i++)
+		results[i] = rcs[i];
+	if (ret)
+		ckpt_err_restore(first_msg);
+	free(plans);
+	free(rcs);
+	free(pending);
 	free(jobs);
-	return rc;
+	free(reads);
+	return ret;
 }
 
 int ckpt_load_tensor(ckpt_load *l, const char *name, int dtype, unsigned ndim,
@@ -400,54 +587,25 @@ int ckpt_load_tensor(ckpt_load *l, const char *name, int dtype, unsigned ndim,
 {
 	if (!l || !name)
 		return ckpt_err(-EINVAL, "ckpt_load_tensor: NULL argument");
-	ckpt_err_clear();
-	const struct load_entry *e = load_find(l, name);
-	if (!e)
-		return ckpt_err(CKPT_ENOTFOUND, "tensor '%.200s' is not in step %llu", name,
-		                (unsigned long long)l->rec.step);
-	const struct io_tensor_entry *t = e->meta;
-	if (mem == CKPT_MEM_DEVICE)
-		return ckpt_err(CKPT_ENODEV, "tensor '%s': device memory needs a CUDA build", name);
-	if (dtype != t->dtype)
-		return ckpt_err(CKPT_EDTYPE, "tensor '%s' is %s, asked for %s", name,
-		                ckpt_dtype_name(t->dtype), ckpt_dtype_name(dtype));
-	if (ndim != t->ndim)
-		return ckpt_err(CKPT_ESHAPE, "tensor '%s' has %u dimensions, asked for %u", name,
-		                t->ndim, ndim);
-	uint64_t ro[CKPT_MAX_NDIM], re[CKPT_MAX_NDIM];
-	for (unsigned d = 0; d < ndim; d++) {
-		ro[d] = offset ? offset[d] : 0;
-		re[d] = extent ? extent[d] : t->global_shape[d];
-		uint64_t end;
-		if (!ckpt_add_u64(ro[d], re[d], &end) || end > t->global_shape[d])
-			return ckpt_err(CKPT_ESHAPE, "tensor '%s': slice [%llu, +%llu) outside dimension %u "
-			                "of size %llu", name, (unsigned long long)ro[d],
-			                (unsigned long long)re[d], d,
-			                (unsigned long long)t->global_shape[d]);
-		if (re[d] == 0)
-			return 0;    /* an empty box: nothing to read */
-	}
-	if (!dst)
-		return ckpt_err(-EINVAL, "tensor '%s': destination is NULL", name);
-	int rc = load_box(l, e, ro, re, dst);
-	if (rc)
-		ckpt_err_prefix(rc, "load of step %llu", (unsigned long long)l->rec.step);
-	return rc;
+	struct ckpt_load_req q = {
+		.name = name, .dtype = dtype, .ndim = ndim, .offset = offset, .extent = extent,
+		.dst = dst, .mem = mem, .saved_rank = -1,
+	};
+	return ckpt_load_tensors(l, &q, 1, NULL);
 }
 
-int ckpt_load_blob(ckpt_load *l, const char *name, void *dst, size_t cap, size_t *len)
+static int load_blob(ckpt_load *l, const char *name, int saved_rank, void *dst, size_t cap,
+                     size_t *len)
 {
-	if (!l || !name)
-		return ckpt_err(-EINVAL, "ckpt_load_blob: NULL argument");
 	ckpt_err_clear();
 	const struct load_entry *e = load_find(l, name);
 	if (!e)
 		return ckpt_err(CKPT_ENOTFOUND, "blob '%.200s' is not in step %llu", name,
 		                (unsigned long long)l->rec.step);
 	uint32_t first, count;
-	int rc = load_pick(l, e, &first, &count);
+	int rc = load_pick(l, e, saved_rank, &first, &count);
 	if (rc)
-		return rc;
+		return ckpt_err_prefix(rc, "load of step %llu", (unsigned long long)l->rec.step);
 	const struct load_piece *pc = &e->pieces[first];
 	const struct io_tensor_entry *t = &l->ix[pc->rank]->tensors[pc->tensor];
 	if (!(t->flags & IO_TENSOR_BLOB))
@@ -461,16 +619,30 @@ int ckpt_load_blob(ckpt_load *l, const char *name, void *dst, size_t cap, size_t
 		return 0;
 	if (!dst)
 		return ckpt_err(-EINVAL, "blob '%s': destination is NULL", name);
-	/* One piece only: load_box on a sub-entry that holds just that piece. */
-	struct load_entry one = *e;
-	one.meta = t;
-	one.pieces = (struct load_piece *)pc;
-	one.npieces = 1;
-	uint64_t zero = 0, n = t->raw_bytes;
-	rc = load_box(l, &one, &zero, &n, dst);
-	if (rc)
-		ckpt_err_prefix(rc, "load of step %llu", (unsigned long long)l->rec.step);
-	return rc;
+	/* The piece chosen above, named by its rank: a batch of one. */
+	uint64_t n = t->raw_bytes;
+	struct ckpt_load_req q = {
+		.name = name, .dtype = CKPT_U8, .ndim = 1, .extent = &n, .dst = dst,
+		.mem = CKPT_MEM_HOST, .saved_rank = (int)pc->rank,
+	};
+	return ckpt_load_tensors(l, &q, 1, NULL);
+}
+
+int ckpt_load_blob(ckpt_load *l, const char *name, void *dst, size_t cap, size_t *len)
+{
+	if (!l || !name)
+		return ckpt_err(-EINVAL, "ckpt_load_blob: NULL argument");
+	return load_blob(l, name, -1, dst, cap, len);
+}
+
+int ckpt_load_blob_rank(ckpt_load *l, const char *name, int saved_rank, void *dst, size_t cap,
+                        size_t *len)
+{
+	if (!l || !name)
+		return ckpt_err(-EINVAL, "ckpt_load_blob_rank: NULL argument");
+	if (saved_rank < 0)
+		return ckpt_err(-EINVAL, "blob '%s': saved rank %d is not a rank", name, saved_rank);
+	return load_blob(l, name, saved_rank, dst, cap, len);
 }
 
 /* ------------------------------------------------------------------ catalog */
@@ -501,6 +673,64 @@ int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_info *out)
 		out->logical_bytes += l->ix[e->pieces[k].rank]->tensors[e->pieces[k].tensor].raw_bytes;
 	out->stored_bytes = e->stored_bytes;
 	return 0;
+}
+
+int ckpt_load_is_blob(const ckpt_load *l, unsigned i)
+{
+	if (!l)
+		return ckpt_err(-EINVAL, "ckpt_load_is_blob: load handle is NULL");
+	if (i >= l->nentries)
+		return ckpt_err(CKPT_ENOTFOUND, "entry %u of %u", i, l->nentries);
+	return (l->entries[i].meta->flags & IO_TENSOR_BLOB) ? 1 : 0;
+}
+
+const char *ckpt_codec_name(int codec)
+{
+	switch (codec) {
+	case CKPT_CODEC_RAW:  return "raw";
+	case CKPT_CODEC_ZSTD: return "zstd";
+	default:              return "?";
+	}
+}
+
+int ckpt_load_chunks(const ckpt_load *l, unsigned i, struct ckpt_chunk_info *out, size_t cap)
+{
+	if (!l || (cap && !out))
+		return ckpt_err(-EINVAL, "ckpt_load_chunks: NULL argument");
+	if (i >= l->nentries)
+		return ckpt_err(CKPT_ENOTFOUND, "entry %u of %u", i, l->nentries);
+	const struct load_entry *e = &l->entries[i];
+	size_t n = 0;
+	/* Pieces are sorted by rank and a piece's chunks by raw offset (the index codec
+	 * checks that runs are contiguous and in order). */
+	for (uint32_t p = 0; p < e->npieces; p++) {
+		const struct load_piece *pc = &e->pieces[p];
+		const struct io_shard_index *ix = l->ix[pc->rank];
+		const struct io_tensor_entry *t = &ix->tensors[pc->tensor];
+		for (uint32_t k = 0; k < t->nchunks; k++, n++) {
+			if (n >= cap)
+				continue;
+			const struct io_chunk_entry *ch = &ix->chunks[t->first_chunk + k];
+			struct ckpt_chunk_info *o = &out[n];
+			memset(o, 0, sizeof *o);
+			o->rank = pc->rank;
+			o->chunk = t->first_chunk + k;
+			o->file = l->shards[pc->rank].path;
+			o->file_offset = ch->file_offset;
+			o->stored_len = ch->stored_len;
+			o->raw_offset = ch->raw_offset;
+			o->raw_len = ch->raw_len;
+			o->codec = ch->codec;
+			memcpy(o->hash, ch->hash, sizeof o->hash);
+			for (unsigned d = 0; d < t->ndim; d++) {
+				o->box_offset[d] = t->offset[d];
+				o->box_extent[d] = t->extent[d];
+			}
+		}
+	}
+	if (n > INT_MAX)
+		return ckpt_err(-EOVERFLOW, "'%s': %zu chunks", e->meta->name, n);
+	return (int)n;
 }
 
 int ckpt_steps(ckpt_ctx *c, uint64_t *steps, size_t cap)

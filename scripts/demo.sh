@@ -22,6 +22,7 @@ if [ -x "$bin/ckpt-inspect/ckpt-inspect" ]; then
   say "2. What the checkpoint root holds"
   "$bin/ckpt-inspect/ckpt-inspect" "$root" list
   "$bin/ckpt-inspect/ckpt-inspect" "$root" show latest | head -15
+  "$bin/ckpt-inspect/ckpt-inspect" "$root" verify latest --quiet
 else
   say "2. What the checkpoint root holds"
   ls -l "$root" "$root"/step-*

@@ -275,6 +275,236 @@ CKPT_API int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_i
  * component, no leading '/'. 0 or CKPT_ENAME. */
 CKPT_API int ckpt_name_check(const char *name, size_t len);
 
+/* ------------------------------------------------------------------ batch load, rank map
+ * (issue 4). Threads: as ckpt_load_tensor. */
+
+/*
+ * One request of ckpt_load_tensors: the box [offset, offset+extent) of tensor name,
+ * exactly as ckpt_load_tensor's arguments. A blob may be asked for as CKPT_U8 of
+ * ndim 1. saved_rank chooses which saved copy a rank-bound item comes from:
+ *   -1  the default rule: only when this job has the saved world size, this rank's own;
+ *  >=0  the item saved by that rank, whatever this job's world size and rank (the
+ *       caller's explicit decision that mapping old ranks to new ones is safe).
+ * saved_rank is ignored for sharded and replicated items. flags must be 0.
+ * The layout of this struct is fixed for this version of the ABI.
+ */
+struct ckpt_load_req {
+	const char     *name;
+	int             dtype;        /* enum ckpt_dtype */
+	unsigned        ndim;
+	const uint64_t *offset;       /* NULL: zeros */
+	const uint64_t *extent;       /* NULL: the global shape */
+	void           *dst;          /* contiguous row-major box */
+	int             mem;          /* enum ckpt_mem */
+	int             saved_rank;   /* -1 or a saved rank, see above */
+	unsigned        flags;        /* 0 */
+};
+
+/*
+ * Load n requests with ONE batch of chunk reads over all of them (many reads in
+ * flight over every shard file), so the disk stays busy however small each request
+ * is. ckpt_load_tensor is a batch of one.
+ * results (n entries, may be NULL) gets 0 or each request's own error: a request that
+ * fails its checks (CKPT_ENOTFOUND, CKPT_EDTYPE, CKPT_ESHAPE, CKPT_ERANKBOUND, -EINVAL)
+ * is left out of the batch and the others still load; when the batch read fails
+ * (CKPT_ECORRUPT, -EIO), every request whose bytes were not all delivered gets that
+ * error, and its dst holds partial data.
+ * Returns 0 when every request succeeded, else the error of the first failed request
+ * in the order given (ckpt_last_error names it: step, tensor, chunk, file, offset).
+ * The requests' dst boxes must not overlap each other.
+ */
+CKPT_API int ckpt_load_tensors(ckpt_load *l, const struct ckpt_load_req *reqs, size_t n,
+                               int *results);
+
+/* ckpt_load_blob for the blob saved by saved_rank (>= 0), whatever this job's world
+ * size and rank: the explicit rank map for rank-bound state. For a replicated blob,
+ * that rank's copy. Errors: as ckpt_load_blob; CKPT_ENOTFOUND when saved_rank holds
+ * no such blob (or is not a rank of the saved world). */
+CKPT_API int ckpt_load_blob_rank(ckpt_load *l, const char *name, int saved_rank, void *dst,
+                                 size_t cap, size_t *len);
+
+/* 1 if entry i (as ckpt_load_info) is a blob (ckpt_save_add_blob), 0 if a tensor;
+ * CKPT_ENOTFOUND for i out of range, -EINVAL. */
+CKPT_API int ckpt_load_is_blob(const ckpt_load *l, unsigned i);
+
+/* ------------------------------------------------------------------ catalog for tools
+ * (issue 4; ckpt-inspect, ckpt-reshard). Tools open the root with rank 0, world 1 and
+ * CKPT_OPEN_NO_GC: marking a verified step, garbage collection and rebuild write the
+ * manifest and need that (non-READONLY) context; listing and verifying also work on a
+ * CKPT_OPEN_READONLY one. Threads: any thread; one catalog call at a time per context
+ * for gc and rebuild. */
+
+enum ckpt_catalog_flags {
+	CKPT_CATALOG_ALL = 1u << 0,   /* also aborted records and step directories without one */
+};
+
+struct ckpt_catalog_step {
+	struct ckpt_step_info info;   /* a directory without a record: state CKPT_STATE_INFLIGHT,
+	                                 trust 0, world and sizes 0 */
+	int      has_record;          /* 1: the manifest holds a record of this step */
+	int      has_dir;             /* 1: the step directory exists in the root */
+	uint32_t nfiles;              /* regular files in the step directory */
+	uint64_t dir_bytes;           /* their sizes summed (what removing them frees) */
+};
+
+/*
+ * Steps of the root in ascending order: committed ones, and with CKPT_CATALOG_ALL every
+ * record (aborted, in flight) and every step directory on disk with no record (an
+ * in-flight save, or the orphan of a crashed one). Fills up to cap, returns how many
+ * exist. Errors: CKPT_ENOTROOT, -EACCES, CKPT_EFORMAT (a damaged record: names it).
+ */
+CKPT_API int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *out,
+                                size_t cap);
+
+enum ckpt_codec { CKPT_CODEC_RAW = 0, CKPT_CODEC_ZSTD = 1 };
+/* "raw", "zstd", or "?". */
+CKPT_API const char *ckpt_codec_name(int codec);
+
+/* Placement of one stored chunk. */
+struct ckpt_chunk_info {
+	uint32_t    rank;             /* the saving rank, whose shard file holds it */
+	uint32_t    chunk;            /* index in that shard file's chunk table */
+	const char *file;             /* shard file relative to the root; valid until close */
+	uint64_t    file_offset;      /* where its stored bytes start */
+	uint64_t    stored_len;       /* bytes on disk (compressed or raw) */
+	uint64_t    raw_offset;       /* byte offset inside the saved box (row-major) */
+	uint64_t    raw_len;          /* bytes after decompression */
+	int         codec;            /* enum ckpt_codec */
+	uint8_t     hash[16];         /* XXH3-128 of the raw bytes (canonical, big-endian) */
+	uint64_t    box_offset[CKPT_MAX_NDIM];   /* the saved box (piece) holding the chunk */
+	uint64_t    box_extent[CKPT_MAX_NDIM];
+};
+/* Chunks of entry i (as ckpt_load_info) in (rank, raw_offset) order: fills up to cap,
+ * returns how many exist. Errors: CKPT_ENOTFOUND (i out of range), -EINVAL. */
+CKPT_API int ckpt_load_chunks(const ckpt_load *l, unsigned i, struct ckpt_chunk_info *out,
+                              size_t cap);
+
+/* Progress of a long catalog operation: called from the calling thread, after each
+ * chunk. A non-zero return cancels the operation, which then returns -ECANCELED. */
+typedef int (*ckpt_progress_fn)(void *arg, uint64_t done_bytes, uint64_t total_bytes);
+
+enum ckpt_verify_flags {
+	CKPT_VERIFY_NO_MARK = 1u << 0,  /* do not record the verified trust level */
+};
+struct ckpt_verify_opts {
+	size_t           size;        /* first; set by ckpt_verify_opts_init(&o, sizeof o) */
+	unsigned         flags;       /* enum ckpt_verify_flags */
+	ckpt_progress_fn progress;    /* NULL: none */
+	void            *arg;
+	/* append only */
+};
+CKPT_API void ckpt_verify_opts_init(struct ckpt_verify_opts *o, size_t size);
+
+struct ckpt_verify_result {
+	size_t   size;                /* first; the caller sets sizeof */
+	uint64_t step;
+	uint64_t chunks, raw_bytes, stored_bytes;
+	double   seconds;
+	int      marked;              /* 1: trust is now CKPT_TRUST_VERIFIED in the manifest */
+	/* When the verify failed on a chunk (CKPT_ECORRUPT, -EIO): that chunk. */
+	int      bad;                 /* 1: the fields below name the bad chunk */
+	uint32_t bad_rank, bad_chunk;
+	uint64_t bad_offset;          /* file offset of the chunk */
+	char     bad_tensor[CKPT_MAX_NAME + 1];
+	char     bad_file[4096];      /* relative to the root */
+	/* append only */
+};
+
+/*
+ * Verify a committed step (or CKPT_LATEST): each shard file's footer must be the one
+ * committed (same hash as its manifest record), and every chunk of every rank is read
+ * (one batch, many reads in flight), decompressed and checked against its hash. On
+ * success, and unless CKPT_VERIFY_NO_MARK or the context is read-only, the step's
+ * trust becomes CKPT_TRUST_VERIFIED (*res->marked = 1). o may be NULL (defaults); res
+ * may be NULL. Errors: CKPT_ENOTFOUND, CKPT_ECORRUPT (the message and res name step,
+ * tensor, chunk, file and offset), -EIO, -ECANCELED.
+ */
+CKPT_API int ckpt_catalog_verify(ckpt_ctx *c, uint64_t step, const struct ckpt_verify_opts *o,
+                                 struct ckpt_verify_result *res);
+
+enum ckpt_gc_flags {
+	CKPT_GC_DRY_RUN = 1u << 0,    /* report what would go; remove nothing */
+};
+enum ckpt_gc_reason {
+	CKPT_GC_ORPHAN = 1,           /* a step directory with no record */
+	CKPT_GC_ABORTED,              /* an aborted (or in-flight) record, and its directory */
+	CKPT_GC_RETENTION,            /* a committed step outside the retention rule */
+};
+CKPT_API const char *ckpt_gc_reason_name(int reason);
+
+/* One step that gc removes (or, in a dry run, would remove). */
+struct ckpt_gc_item {
+	uint64_t step;
+	int      reason;              /* enum ckpt_gc_reason */
+	uint64_t bytes;               /* bytes of its files */
+	uint32_t nfiles;
+};
+typedef void (*ckpt_gc_report_fn)(void *arg, const struct ckpt_gc_item *item);
+
+struct ckpt_gc_opts {
+	size_t   size;                /* first; set by ckpt_gc_opts_init(&o, sizeof o) */
+	unsigned flags;               /* enum ckpt_gc_flags */
+	uint64_t keep_last;           /* keep the newest N committed steps; 0: no such rule */
+	uint64_t keep_every;          /* keep committed steps that are multiples of K; 0: no rule */
+	uint64_t min_age_s;           /* spare directories without a record modified more
+	                                 recently than this (a save may be writing them); 0 */
+	ckpt_gc_report_fn report;     /* called for each step, before it is removed; NULL */
+	void    *arg;
+	/* append only */
+};
+CKPT_API void ckpt_gc_opts_init(struct ckpt_gc_opts *o, size_t size);
+
+struct ckpt_gc_result {
+	size_t   size;                /* first; the caller sets sizeof */
+	uint64_t steps_removed;       /* (dry run: that would be removed) */
+	uint64_t bytes_freed;
+	uint64_t steps_kept;          /* committed steps left */
+	/* append only */
+};
+
+/*
+ * Garbage collection with retention: removes step directories with no record, aborted
+ * and in-flight records with their directories, and committed steps kept by neither
+ * rule (when keep_last or keep_every is set, a committed step stays if either rule
+ * keeps it). The latest committed step is never removed. A step's manifest record is
+ * deleted BEFORE its files, so a crash in between leaves orphan files, never a visible
+ * step without data. Needs a context that owns the manifest (rank 0, not READONLY).
+ * Errors: CKPT_ESTATE (read-only context), -EROFS / -EACCES (the root cannot be
+ * written: nothing removed), -errno of a removal (message names the file).
+ */
+CKPT_API int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *o,
+                             struct ckpt_gc_result *res);
+
+enum ckpt_rebuild_flags {
+	CKPT_REBUILD_MERGE = 1u << 0, /* the manifest already holds records: add to it */
+};
+enum ckpt_rebuild_outcome {
+	CKPT_REBUILD_COMMITTED = 1,   /* every rank's shard decodes and the set validates */
+	CKPT_REBUILD_PRESENT,         /* the manifest already had a record; left as it was */
+	CKPT_REBUILD_UNPROVEN,        /* recorded as aborted: why says what is missing */
+};
+typedef void (*ckpt_rebuild_report_fn)(void *arg, uint64_t step, int outcome, uint32_t world,
+                                       const char *why);
+struct ckpt_rebuild_result {
+	size_t   size;                /* first; the caller sets sizeof */
+	uint64_t steps_seen, steps_committed, steps_present, steps_unproven;
+	/* append only */
+};
+
+/*
+ * Recreate a lost manifest from the self-describing shard files (docs/format.md): for
+ * each step directory, every rank-*.shard file's trailer, footer hash and index are
+ * checked; the step is recorded COMMITTED only when ranks 0..world-1 all decode, agree
+ * on step and world, and the set passes the commit validation (tiling, replicas
+ * identical by hash). Anything it cannot prove is recorded as aborted with the reason
+ * (so gc removes it) and reported. Without CKPT_REBUILD_MERGE the manifest must hold
+ * no record (-EEXIST otherwise): a directory without a record next to a live manifest
+ * is a save the coordinator never committed, and presumed abort says it stays so.
+ * Needs a context that owns the manifest. report may be NULL; res may be NULL.
+ */
+CKPT_API int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn report,
+                                  void *arg, struct ckpt_rebuild_result *res);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,160 @@
+/*
+ * catalog.c — what a checkpoint root holds, for tools (ckpt-inspect list): the
+ * manifest's records merged with the step directories found on disk.
+ *
+ * The manifest alone decides visibility (DESIGN §3); the directory scan is here
+ * because operators must also see what is NOT visible — aborted saves, saves in
+ * flight, and the orphans of crashed ones — before gc removes it.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "glue.h"
+
+static int u64_cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Step numbers of the step directories in root, sorted (malloc'd). */
+static int catalog_dirs(const char *root, uint64_t **out, size_t *n)
+{
+	*out = NULL;
+	*n = 0;
+	DIR *d = opendir(root);
+	if (!d)
+		return ckpt_err(-errno, "open checkpoint root %s", root);
+	size_t cap = 0;
+	struct dirent *e;
+	int rc = 0;
+	while ((e = readdir(d))) {
+		uint64_t step;
+		if (!ckpt_path_parse_step_dir(e->d_name, &step))
+			continue;
+		if (*n == cap) {
+			cap = cap ? cap * 2 : 32;
+			uint64_t *p = realloc(*out, cap * sizeof *p);
+			if (!p) {
+				rc = ckpt_err(-ENOMEM, "listing %s", root);
+				break;
+			}
+			*out = p;
+		}
+		(*out)[(*n)++] = step;
+	}
+	closedir(d);
+	if (rc) {
+		free(*out);
+		*out = NULL;
+		*n = 0;
+		return rc;
+	}
+	if (*n)
+		qsort(*out, *n, sizeof **out, u64_cmp);
+	return 0;
+}
+
+static void catalog_fill(struct ckpt_catalog_step *o, const struct manifest_step *rec,
+                         uint64_t step)
+{
+	memset(o, 0, sizeof *o);
+	o->info.step = step;
+	if (rec) {
+		o->has_record = 1;
+		o->info.state = (int)rec->state;
+		o->info.trust = (int)rec->trust;
+		o->info.world = rec->world;
+		o->info.ntensors = rec->ntensors;
+		o->info.logical_bytes = rec->logical_bytes;
+		o->info.stored_bytes = rec->stored_bytes;
+		o->info.commit_time_ns = rec->commit_time_ns;
+	} else {
+		o->info.state = CKPT_STATE_INFLIGHT;
+	}
+}
+
+int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *out, size_t cap)
+{
+	if (!c || (cap && !out))
+		return ckpt_err(-EINVAL, "ckpt_catalog_steps: NULL argument");
+	if (flags & ~(unsigned)CKPT_CATALOG_ALL)
+		return ckpt_err(-EINVAL, "ckpt_catalog_steps: unknown flags 0x%x", flags);
+	ckpt_err_clear();
+	bool all = flags & CKPT_CATALOG_ALL;
+	struct manifest *m;
+	int rc = glue_manifest(c, &m);
+	if (rc)
+		return rc;
+	int nrec = manifest_steps_list(m, all, NULL, 0);
+	if (nrec < 0)
+		return nrec;
+	uint64_t *recs = malloc((size_t)(nrec ? nrec : 1) * sizeof *recs);
+	if (!recs)
+		return ckpt_err(-ENOMEM, "listing %s", c->cfg.root);
+	/* A commit between the two calls may add records: take what fits the first count. */
+	int got = manifest_steps_list(m, all, recs, (size_t)nrec);
+	if (got < 0) {
+		free(recs);
+		return got;
+	}
+	size_t nr = (size_t)(got < nrec ? got : nrec);
+	uint64_t *dirs;
+	size_t nd;
+	if ((rc = catalog_dirs(c->cfg.root, &dirs, &nd))) {
+		free(recs);
+		return rc;
+	}
+	/* Merge the two sorted lists. */
+	size_t i = 0, j = 0, n = 0;
+	while (i < nr || j < nd) {
+		uint64_t step;
+		bool rec_here = false, dir_here = false;
+		if (j >= nd || (i < nr && recs[i] <= dirs[j])) {
+			step = recs[i];
+			rec_here = true;
+			if (j < nd && dirs[j] == step)
+				dir_here = true;
+		} else {
+			step = dirs[j];
+			dir_here = true;
+		}
+		i += rec_here;
+		j += dir_here;
+		struct manifest_step rec;
+		bool have_rec = false;
+		if (rec_here || dir_here) {
+			int g = manifest_step_get(m, step, &rec);
+			if (g == 0)
+				have_rec = true;
+			else if (g != CKPT_ENOTFOUND) {
+				rc = g;
+				break;
+			}
+		}
+		/* A directory of a step whose record was not listed: with "all" every record
+		 * is listed, so this is a directory with no record (or a committed step's
+		 * directory, listed above). Without "all", only committed steps show. */
+		if (!all && !(have_rec && rec.state == CKPT_STATE_COMMITTED))
+			continue;
+		if (n < cap) {
+			catalog_fill(&out[n], have_rec ? &rec : NULL, step);
+			if (dir_here) {
+				out[n].has_dir = 1;
+				gc_step_dir_usage(c->cfg.root, step, &out[n].nfiles, &out[n].dir_bytes);
+			}
+		}
+		n++;
+	}
+	free(recs);
+	free(dirs);
+	if (rc)
+		return rc;
+	if (n > INT_MAX)
+		return ckpt_err(-EOVERFLOW, "%s: %zu steps", c->cfg.root, n);
+	return (int)n;
+}

@@ -1,0 +1,804 @@
+/*
+ * ckpt-reshard — rewrite a committed checkpoint for another number of ranks, or
+ * export its consolidated tensors to safetensors; public API only:
+ *
+ *   ckpt-reshard ROOT STEP|latest --world N --out ROOT2 [--step S2] [--chunk SIZE]
+ *                [--compress none|zstd[:L]] [--pool SIZE] [--rank-map LIST |
+ *                --drop-rank-bound] [--port P] [--quiet] [--json]
+ *   ckpt-reshard ROOT STEP|latest --export-safetensors FILE [--kind KIND]
+ *                [--buffer SIZE] [--quiet] [--json]
+ *
+ * Writing N shard files means N ranks saving: the tool forks N rank processes (rank
+ * r of world N, the environment a launcher would give), each of which loads its new
+ * box of every sharded tensor from the source — resharding is a property of load —
+ * and saves it; rank 0 is the commit coordinator, exactly as in a training job. So
+ * the output is a checkpoint like any other, committed only when every new rank's
+ * shard is durable. Replicated items are saved once (by new rank 0); rank-bound
+ * items only with an explicit map (--rank-map) or dropped (--drop-rank-bound).
+ *
+ * Memory: each rank process holds its own share of the state while it saves (its
+ * bytes must stay unchanged until the snapshot point), so the bound is the largest
+ * new rank's share plus the library's pool. docs/ckpt-reshard.md says so.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "reshard.h"
+#include "toolutil.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+	"usage: ckpt-reshard ROOT STEP|latest --world N --out ROOT2 [--step S2] [--chunk SIZE]\n"
+	"                    [--compress none|zstd[:L]] [--pool SIZE]\n"
+	"                    [--rank-map LIST | --drop-rank-bound] [--port P] [--quiet] [--json]\n"
+	"       ckpt-reshard ROOT STEP|latest --export-safetensors FILE [--kind KIND]\n"
+	"                    [--buffer SIZE] [--quiet] [--json]\n"
+	"\n"
+	"  --world N              new number of ranks; every sharded tensor is split evenly\n"
+	"                         along its first dimension (one shard file per new rank)\n"
+	"  --out ROOT2            output checkpoint root (another root than ROOT)\n"
+	"  --step S2              step number in ROOT2 (default: the source step)\n"
+	"  --chunk SIZE           chunk size of the output (default: the source's largest chunk,\n"
+	"                         so that the same bytes keep the same chunk hashes)\n"
+	"  --compress C           none (default) or zstd[:LEVEL]\n"
+	"  --pool SIZE            staging pool of each rank process (library default)\n"
+	"  --rank-map LIST        N comma-separated saved ranks: new rank i takes the rank-bound\n"
+	"                         items (RNG state, data position) of saved rank LIST[i]; '-' for none\n"
+	"  --drop-rank-bound      leave rank-bound items out of the output\n"
+	"  --port P               commit coordinator port for the N rank processes (default: a\n"
+	"                         free one)\n"
+	"  --export-safetensors FILE  write the consolidated tensors to one safetensors file\n"
+	"  --kind KIND            export only tensors of one kind: model, optimizer, rng,\n"
+	"                         scheduler, extra (default: all)\n"
+	"  --buffer SIZE          export read buffer (default 64M; at least one row of a tensor)\n"
+	"  --quiet                no progress display\n"
+	"  --json                 one JSON document on stdout\n"
+	"  --help                 this text\n"
+	"SIZE takes K, M, G, T suffixes.\n"
+	"\n"
+	"exit status: 0 ok; 1 failure; 2 usage; 3 no such step; 4 not a checkpoint root;\n"
+	"5 the output root already holds the step; 6 N does not fit a tensor's first\n"
+	"dimension; 7 rank-bound items without --rank-map or --drop-rank-bound; 8 saving with\n"
+	"N ranks is not available in this build. See docs/ckpt-reshard.md.\n");
+}
+
+int reshard_exit_for(int rc)
+{
+	switch (rc) {
+	case 0:              return RX_OK;
+	case CKPT_ENOTFOUND: return RX_NOSTEP;
+	case CKPT_ENOTROOT:
+	case -ENOENT:
+	case -ENOTDIR:       return RX_NOTROOT;
+	case -EEXIST:        return RX_EXISTS;
+	case CKPT_ENODEV:    return RX_NODEV;
+	case CKPT_ERANKBOUND: return RX_RANKBOUND;
+	default:             return RX_FAIL;
+	}
+}
+
+static int open_ctx(const char *root, int rank, int world, unsigned flags,
+                    const struct reshard_args *a, ckpt_ctx **c)
+{
+	struct ckpt_opts o;
+	ckpt_opts_init(&o, sizeof o);
+	o.root = root;
+	o.rank = rank;
+	o.world = world;
+	o.flags = flags;
+	if (!(flags & CKPT_OPEN_READONLY)) {
+		o.chunk_bytes = a->chunk;
+		o.pool_bytes = a->pool;
+		o.zstd_level = a->zstd_level;
+		o.coord_addr = "127.0.0.1";
+		o.coord_port = a->port;
+	}
+	return ckpt_open(&o, c);
+}
+
+int reshard_open_source(const struct reshard_args *a, ckpt_ctx **c)
+{
+	struct stat st;
+	if (stat(a->root, &st) < 0)
+		return -errno == -ENOENT ? (fprintf(stderr, "ckpt-reshard: %s: no such directory\n",
+		                                    a->root), -ENOENT) : -errno;
+	return open_ctx(a->root, 0, 1, CKPT_OPEN_READONLY, a, c);
+}
+
+/* ------------------------------------------------------------------ the plan */
+
+/* One item of the source step and what the new ranks do with it. */
+struct item {
+	struct ckpt_tensor_info ti;
+	char    *name;
+	bool     blob;
+	/* rank-bound: box of each saved rank's piece (from the chunk list) */
+	uint64_t (*rb_off)[CKPT_MAX_NDIM], (*rb_ext)[CKPT_MAX_NDIM];
+	bool    *rb_have;
+};
+
+struct plan {
+	struct item *items;
+	size_t       n;
+	uint32_t     src_world;
+	uint64_t     src_step;
+	uint64_t     max_chunk;
+	uint64_t     bytes;
+};
+
+static void plan_free(struct plan *p)
+{
+	for (size_t i = 0; i < p->n; i++) {
+		free(p->items[i].name);
+		free(p->items[i].rb_off);
+		free(p->items[i].rb_ext);
+		free(p->items[i].rb_have);
+	}
+	free(p->items);
+}
+
+/* Even split of rows over world: the first rows % world ranks get one more. */
+static void split(uint64_t rows, unsigned rank, unsigned world, uint64_t *off, uint64_t *ext)
+{
+	uint64_t base = rows / world, rem = rows % world;
+	*ext = base + (rank < rem);
+	*off = rank * base + (rank < rem ? rank : rem);
+}
+
+static int plan_build(ckpt_load *l, struct plan *p, uint32_t src_world)
+{
+	int n = ckpt_load_count(l);
+	if (n < 0)
+		return n;
+	p->items = calloc((size_t)n + 1, sizeof *p->items);
+	if (!p->items)
+		return -ENOMEM;
+	p->src_world = src_world;
+	p->src_step = ckpt_load_step(l);
+	for (int i = 0; i < n; i++) {
+		struct item *it = &p->items[p->n];
+		int rc = ckpt_load_info(l, (unsigned)i, &it->ti);
+		if (rc)
+			return rc;
+		if (!(it->name = strdup(it->ti.name)))
+			return -ENOMEM;
+		it->ti.name = it->name;
+		p->n++;
+		it->blob = ckpt_load_is_blob(l, (unsigned)i) == 1;
+		int nch = ckpt_load_chunks(l, (unsigned)i, NULL, 0);
+		if (nch < 0)
+			return nch;
+		struct ckpt_chunk_info *ch = calloc((size_t)nch + 1, sizeof *ch);
+		if (!ch)
+			return -ENOMEM;
+		ckpt_load_chunks(l, (unsigned)i, ch, (size_t)nch);
+		for (int k = 0; k < nch; k++)
+			if (ch[k].raw_len > p->max_chunk)
+				p->max_chunk = ch[k].raw_len;
+		if (it->ti.policy == CKPT_RANK_BOUND && !it->blob) {
+			it->rb_off = calloc(src_world, sizeof *it->rb_off);
+			it->rb_ext = calloc(src_world, sizeof *it->rb_ext);
+			it->rb_have = calloc(src_world, sizeof *it->rb_have);
+			if (!it->rb_off || !it->rb_ext || !it->rb_have) {
+				free(ch);
+				return -ENOMEM;
+			}
+			for (int k = 0; k < nch; k++) {
+				uint32_t r = ch[k].rank;
+				if (r >= src_world)
+					continue;
+				it->rb_have[r] = true;
+				memcpy(it->rb_off[r], ch[k].box_offset, sizeof it->rb_off[r]);
+				memcpy(it->rb_ext[r], ch[k].box_extent, sizeof it->rb_ext[r]);
+			}
+		}
+		free(ch);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ a new rank */
+
+/* What a rank process tells the parent, through a pipe. */
+struct report {
+	int      rank;
+	int      done;               /* 0: progress; 1: final */
+	int      rc;
+	uint64_t bytes_done, bytes_total;
+	char     msg[900];
+};
+
+static void send_report(int fd, const struct report *r)
+{
+	ssize_t n = write(fd, r, sizeof *r);
+	(void)n;   /* a parent that is gone cannot be told anything */
+}
+
+/* The new box of item it for rank r of N; false: this rank saves nothing of it. */
+static bool new_box(const struct reshard_args *a, const struct plan *p, const struct item *it,
+                    unsigned r, uint64_t *off, uint64_t *ext, int *saved_rank)
+{
+	*saved_rank = -1;
+	unsigned ndim = it->ti.ndim;
+	for (unsigned d = 0; d < ndim; d++) {
+		off[d] = 0;
+		ext[d] = it->ti.global_shape[d];
+	}
+	switch (it->ti.policy) {
+	case CKPT_SHARDED:
+		if (ndim == 0)
+			return r == 0;
+		split(it->ti.global_shape[0], r, a->world, &off[0], &ext[0]);
+		return true;
+	case CKPT_REPLICATED:
+		return r == 0;         /* one copy is the whole value */
+	default:
+		if (!a->rank_map || a->rank_map[r] < 0)
+			return false;
+		*saved_rank = a->rank_map[r];
+		if (!it->blob) {
+			if (!it->rb_have || (uint32_t)*saved_rank >= p->src_world ||
+			    !it->rb_have[*saved_rank])
+				return false;
+			memcpy(off, it->rb_off[*saved_rank], ndim * sizeof *off);
+			memcpy(ext, it->rb_ext[*saved_rank], ndim * sizeof *ext);
+		}
+		return true;
+	}
+}
+
+struct rank_item {
+	const struct item *it;
+	uint64_t off[CKPT_MAX_NDIM], ext[CKPT_MAX_NDIM];
+	int      saved_rank;
+	void    *data;
+	size_t   len;
+};
+
+static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned r, int fd,
+                    struct report *rep)
+{
+	ckpt_ctx *src = NULL, *dst = NULL;
+	ckpt_load *l = NULL;
+	ckpt_save *s = NULL;
+	struct rank_item *ri = calloc(p->n + 1, sizeof *ri);
+	size_t nri = 0;
+	int rc = ri ? 0 : -ENOMEM;
+	const char *stage = "plan";
+	/* This rank's share, and its memory. */
+	for (size_t i = 0; !rc && i < p->n; i++) {
+		struct rank_item *x = &ri[nri];
+		x->it = &p->items[i];
+		if (!new_box(a, p, x->it, r, x->off, x->ext, &x->saved_rank))
+			continue;
+		uint64_t len = x->it->blob ? 0 : ckpt_dtype_size(x->it->ti.dtype);
+		for (unsigned d = 0; !x->it->blob && d < x->it->ti.ndim; d++)
+			len *= x->ext[d];
+		x->len = (size_t)len;
+		nri++;
+		rep->bytes_total += len;
+	}
+	stage = "open the source";
+	if (!rc)
+		/* A reader of the source: rank-bound items are named by their saved rank. */
+		rc = open_ctx(a->root, 0, 1, CKPT_OPEN_READONLY, a, &src);
+	if (!rc)
+		rc = ckpt_load_open(src, p->src_step, &l);
+	/* Blobs: their size is known only by asking. */
+	for (size_t i = 0; !rc && i < nri; i++) {
+		struct rank_item *x = &ri[i];
+		if (!x->it->blob)
+			continue;
+		stage = "read a blob";
+		size_t len = 0;
+		int q = x->saved_rank >= 0 ?
+			ckpt_load_blob_rank(l, x->it->name, x->saved_rank, NULL, 0, &len) :
+			ckpt_load_blob(l, x->it->name, NULL, 0, &len);
+		if (q && q != -ENOSPC) {
+			rc = q;
+			break;
+		}
+		x->len = len;
+		rep->bytes_total += len;
+	}
+	for (size_t i = 0; !rc && i < nri; i++) {
+		if (!(ri[i].data = malloc(ri[i].len ? ri[i].len : 1)))
+			rc = -ENOMEM;
+	}
+	/* Tensors: ckpt_load_tensors in groups of about 64 MiB, so that progress shows and
+	 * every group still keeps many reads in flight over all source shard files. */
+	struct ckpt_load_req *reqs = calloc(nri + 1, sizeof *reqs);
+	if (!reqs && !rc)
+		rc = -ENOMEM;
+	stage = "load";
+	size_t g0 = 0;
+	while (!rc && g0 < nri) {
+		size_t nq = 0, g = g0;
+		uint64_t gbytes = 0;
+		for (; g < nri && (gbytes < (64u << 20) || nq == 0); g++) {
+			struct rank_item *x = &ri[g];
+			if (x->it->blob) {
+				size_t got = 0;
+				rc = x->saved_rank >= 0 ?
+					ckpt_load_blob_rank(l, x->it->name, x->saved_rank, x->data, x->len, &got) :
+					ckpt_load_blob(l, x->it->name, x->data, x->len, &got);
+				if (rc)
+					break;
+				rep->bytes_done += x->len;
+				continue;
+			}
+			reqs[nq++] = (struct ckpt_load_req){
+				.name = x->it->name, .dtype = x->it->ti.dtype, .ndim = x->it->ti.ndim,
+				.offset = x->off, .extent = x->ext, .dst = x->data, .mem = CKPT_MEM_HOST,
+				.saved_rank = x->saved_rank,
+			};
+			gbytes += x->len;
+		}
+		if (!rc && nq)
+			rc = ckpt_load_tensors(l, reqs, nq, NULL);
+		if (!rc) {
+			rep->bytes_done += gbytes;
+			send_report(fd, rep);
+		}
+		g0 = g;
+	}
+	free(reqs);
+	ckpt_load_close(l);
+	l = NULL;
+	ckpt_close(src);
+	src = NULL;
+	stage = "open the output";
+	if (!rc)
+		rc = open_ctx(a->out, (int)r, (int)a->world, CKPT_OPEN_NO_GC, a, &dst);
+	stage = "save";
+	if (!rc)
+		rc = ckpt_save_begin(dst, a->have_out_step ? a->out_step : p->src_step, &s);
+	for (size_t i = 0; !rc && i < nri; i++) {
+		const struct rank_item *x = &ri[i];
+		const struct ckpt_tensor_info *t = &x->it->ti;
+		if (x->it->blob) {
+			rc = ckpt_save_add_blob(s, t->name, t->kind, t->policy, x->data, x->len);
+			continue;
+		}
+		struct ckpt_tensor ct = {
+			.name = t->name, .kind = t->kind, .dtype = t->dtype, .policy = t->policy,
+			.ndim = t->ndim, .global_shape = t->global_shape, .offset = x->off,
+			.extent = x->ext, .data = x->data, .mem = CKPT_MEM_HOST,
+		};
+		rc = ckpt_save_add_tensor(s, &ct);
+	}
+	if (!rc)
+		rc = ckpt_save_submit(s);
+	if (!rc)
+		rc = ckpt_save_wait(s, -1);
+	if (rc)
+		snprintf(rep->msg, sizeof rep->msg, "rank %u: %s: %s", r, stage, ckpt_last_error(NULL));
+	ckpt_save_free(s);
+	ckpt_close(dst);
+	for (size_t i = 0; ri && i < nri; i++)
+		free(ri[i].data);
+	free(ri);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ the parent */
+
+/* A free TCP port for the coordinator of the N rank processes. */
+static unsigned free_port(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof sa;
+	unsigned port = 0;
+	if (s >= 0 && bind(s, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+	    getsockname(s, (struct sockaddr *)&sa, &len) == 0)
+		port = ntohs(sa.sin_port);
+	if (s >= 0)
+		close(s);
+	return port;
+}
+
+/* Refuse what would fail later, before any process starts: exit code or 0. */
+static int preflight(const struct reshard_args *a, const struct plan *p)
+{
+	for (size_t i = 0; i < p->n; i++) {
+		const struct item *it = &p->items[i];
+		if (it->ti.policy == CKPT_SHARDED && it->ti.ndim && it->ti.global_shape[0] < a->world) {
+			fprintf(stderr, "ckpt-reshard: --world %u: tensor '%s' has only %" PRIu64 " rows in "
+			        "its first dimension; it cannot be split over %u ranks\n", a->world,
+			        it->name, it->ti.global_shape[0], a->world);
+			return RX_WORLD;
+		}
+	}
+	bool rb = false;
+	for (size_t i = 0; i < p->n; i++) {
+		if (p->items[i].ti.policy != CKPT_RANK_BOUND)
+			continue;
+		if (!a->rank_map && !a->drop_rank_bound) {
+			if (!rb)
+				fprintf(stderr, "ckpt-reshard: the step holds rank-bound state, which belongs to "
+				        "one saved rank and is not resharded; map saved ranks to new ones with "
+				        "--rank-map (when that is safe for your job) or leave it out with "
+				        "--drop-rank-bound:\n");
+			fprintf(stderr, "  %s (%s)\n", p->items[i].name, ckpt_kind_name(p->items[i].ti.kind));
+			rb = true;
+		}
+	}
+	if (rb)
+		return RX_RANKBOUND;
+	for (unsigned r = 0; a->rank_map && r < a->world; r++) {
+		if (a->rank_map[r] >= (int)p->src_world) {
+			fprintf(stderr, "ckpt-reshard: --rank-map: saved rank %d does not exist (the step "
+			        "was saved by %u ranks)\n", a->rank_map[r], p->src_world);
+			return RX_USAGE;
+		}
+	}
+	/* The output root: not the source, and not already holding the step. */
+	char r1[PATH_MAX], r2[PATH_MAX];
+	if (realpath(a->root, r1) && realpath(a->out, r2) && !strcmp(r1, r2)) {
+		fprintf(stderr, "ckpt-reshard: --out is the source root; write to another root\n");
+		return RX_USAGE;
+	}
+	struct stat st;
+	if (stat(a->out, &st) == 0) {
+		ckpt_ctx *c;
+		int rc = open_ctx(a->out, 0, 1, CKPT_OPEN_READONLY, a, &c);
+		if (rc == CKPT_ENOTROOT) {
+			/* No manifest yet: an empty directory becomes a root; anything else is
+			 * somebody's data, and the rank processes would be refused anyway. */
+			DIR *d = opendir(a->out);
+			struct dirent *e;
+			const char *found = NULL;
+			while (d && (e = readdir(d)))
+				if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+					found = e->d_name;
+					break;
+				}
+			if (found)
+				fprintf(stderr, "ckpt-reshard: --out %s is not empty and not a checkpoint root "
+				        "(found '%s')\n", a->out, found);
+			if (d)
+				closedir(d);
+			if (found)
+				return RX_NOTROOT;
+		} else if (rc) {
+			fprintf(stderr, "ckpt-reshard: --out %s: %s\n", a->out, ckpt_last_error(NULL));
+			return reshard_exit_for(rc);
+		} else {
+			struct ckpt_step_info si;
+			uint64_t s2 = a->have_out_step ? a->out_step : p->src_step;
+			rc = ckpt_step_info(c, s2, &si);
+			ckpt_close(c);
+			if (rc == 0 && si.state == CKPT_STATE_COMMITTED) {
+				fprintf(stderr, "ckpt-reshard: %s already holds step %" PRIu64 "; choose another "
+				        "--step or root\n", a->out, s2);
+				return RX_EXISTS;
+			}
+		}
+	}
+	return 0;
+}
+
+static int run_reshard(struct reshard_args *a)
+{
+	ckpt_ctx *c = NULL;
+	ckpt_load *l = NULL;
+	struct plan p;
+	memset(&p, 0, sizeof p);
+	int rc = reshard_open_source(a, &c);
+	if (!rc)
+		rc = ckpt_load_open(c, a->latest ? CKPT_LATEST : a->step, &l);
+	struct ckpt_step_info si;
+	if (!rc)
+		rc = ckpt_step_info(c, ckpt_load_step(l), &si);
+	if (!rc)
+		rc = plan_build(l, &p, si.world);
+	/* No context may be open across fork (the manifest and io_uring do not survive it). */
+	ckpt_load_close(l);
+	ckpt_close(c);
+	if (rc) {
+		fprintf(stderr, "ckpt-reshard: %s\n", ckpt_last_error(NULL));
+		plan_free(&p);
+		return reshard_exit_for(rc);
+	}
+	int x = preflight(a, &p);
+	if (x) {
+		plan_free(&p);
+		return x;
+	}
+	if (!a->chunk && p.max_chunk)
+		a->chunk = (p.max_chunk + 4095) / 4096 * 4096;
+	if (!a->port)
+		a->port = free_port();
+	int fds[2];
+	if (pipe(fds) < 0) {
+		plan_free(&p);
+		return RX_FAIL;
+	}
+	double t0 = tool_now();
+	pid_t *pids = calloc(a->world, sizeof *pids);
+	struct report *last = calloc(a->world, sizeof *last);
+	if (!pids || !last) {
+		plan_free(&p);
+		return RX_FAIL;
+	}
+	unsigned started = 0;
+	for (unsigned r = 0; r < a->world; r++, started++) {
+		fflush(NULL);
+		pids[r] = fork();
+		if (pids[r] < 0) {
+			fprintf(stderr, "ckpt-reshard: fork: %s\n", strerror(errno));
+			break;
+		}
+		if (pids[r] == 0) {
+			close(fds[0]);
+			struct report rep;
+			memset(&rep, 0, sizeof rep);
+			rep.rank = (int)r;
+			rep.rc = rank_run(a, &p, r, fds[1], &rep);
+			rep.done = 1;
+			send_report(fds[1], &rep);
+			_exit(rep.rc ? 1 : 0);
+		}
+	}
+	close(fds[1]);
+	struct tool_progress pr;
+	tool_progress_start(&pr, "reshard", a->quiet || a->json);
+	struct report rep;
+	while (read(fds[0], &rep, sizeof rep) == (ssize_t)sizeof rep) {
+		if (rep.rank < 0 || (unsigned)rep.rank >= a->world)
+			continue;
+		last[rep.rank] = rep;
+		uint64_t done = 0, total = 0;
+		for (unsigned r = 0; r < a->world; r++) {
+			done += last[r].bytes_done;
+			total += last[r].bytes_total;
+		}
+		tool_progress_update(&pr, done, total);
+	}
+	tool_progress_end(&pr);
+	close(fds[0]);
+	int worst = 0;
+	for (unsigned r = 0; r < started; r++) {
+		int st;
+		waitpid(pids[r], &st, 0);
+		if (!last[r].done) {
+			last[r].rc = -ECHILD;
+			snprintf(last[r].msg, sizeof last[r].msg, "rank %u died without a report", r);
+		}
+		if (last[r].rc && (!worst || last[r].rc == CKPT_ENODEV))
+			worst = last[r].rc;
+	}
+	if (started < a->world && !worst)
+		worst = -EAGAIN;
+	double dt = tool_now() - t0;
+	uint64_t bytes = 0;
+	for (unsigned r = 0; r < a->world; r++)
+		bytes += last[r].bytes_done;
+	uint64_t s2 = a->have_out_step ? a->out_step : p.src_step;
+	char b[32];
+	if (a->json) {
+		printf("{\"op\":\"reshard\",\"ok\":%s,\"from_step\":%" PRIu64 ",\"to_step\":%" PRIu64
+		       ",\"source_world\":%u,\"world\":%u,\"out\":", worst ? "false" : "true",
+		       p.src_step, s2, p.src_world, a->world);
+		tool_json_str(stdout, a->out);
+		printf(",\"items\":%zu,\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"ranks\":[", p.n, bytes, dt);
+		for (unsigned r = 0; r < a->world; r++) {
+			printf("%s{\"rank\":%u,\"ok\":%s,\"bytes\":%" PRIu64, r ? "," : "", r,
+			       last[r].rc ? "false" : "true", last[r].bytes_done);
+			if (last[r].rc) {
+				printf(",\"error\":");
+				tool_json_str(stdout, last[r].msg);
+			}
+			printf("}");
+		}
+		printf("]}\n");
+	} else if (!worst) {
+		printf("resharded step %" PRIu64 " (world %u) into %s step %" PRIu64 " (world %u): %zu "
+		       "items, %s in %.3f s\n", p.src_step, p.src_world, a->out, s2, a->world, p.n,
+		       tool_bytes(bytes, b), dt);
+	}
+	for (unsigned r = 0; r < a->world && worst; r++) {
+		if (last[r].rc)
+			fprintf(stderr, "ckpt-reshard: %s\n", last[r].msg);
+	}
+	if (worst == CKPT_ENODEV)
+		fprintf(stderr, "ckpt-reshard: saving with %u ranks needs the distributed commit, which "
+		        "this build does not have yet\n", a->world);
+	free(pids);
+	free(last);
+	plan_free(&p);
+	return worst == CKPT_ENODEV ? RX_NODEV : worst == -EEXIST ? RX_EXISTS :
+	       worst == CKPT_ENOTROOT ? RX_NOTROOT : worst ? RX_FAIL : RX_OK;
+}
+
+/* ------------------------------------------------------------------ main */
+
+static int parse_rank_map(struct reshard_args *a, const char *s)
+{
+	size_t n = 1;
+	for (const char *q = s; *q; q++)
+		n += *q == ',';
+	a->rank_map = calloc(n, sizeof *a->rank_map);
+	if (!a->rank_map)
+		return -1;
+	char *dup = strdup(s), *save = NULL;
+	size_t i = 0;
+	for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save), i++) {
+		uint64_t v;
+		if (!strcmp(tok, "-"))
+			a->rank_map[i] = -1;
+		else if (tool_parse_u64(tok, &v) || v > INT_MAX) {
+			free(dup);
+			return -1;
+		} else
+			a->rank_map[i] = (int)v;
+	}
+	free(dup);
+	return i == n ? (int)n : -1;
+}
+
+int main(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			usage(stdout);
+			return RX_OK;
+		}
+	}
+	struct reshard_args a;
+	memset(&a, 0, sizeof a);
+	static const struct option opts[] = {
+		{ "world", required_argument, 0, 'w' }, { "out", required_argument, 0, 'o' },
+		{ "step", required_argument, 0, 's' }, { "chunk", required_argument, 0, 'C' },
+		{ "compress", required_argument, 0, 'c' }, { "pool", required_argument, 0, 'P' },
+		{ "rank-map", required_argument, 0, 'm' }, { "drop-rank-bound", no_argument, 0, 'd' },
+		{ "port", required_argument, 0, 'p' },
+		{ "export-safetensors", required_argument, 0, 'e' }, { "kind", required_argument, 0, 'k' },
+		{ "buffer", required_argument, 0, 'b' }, { "quiet", no_argument, 0, 'q' },
+		{ "json", no_argument, 0, 'j' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+	};
+	const char *pos[2];
+	int npos = 0, ch;
+	bool have_world = false;
+	const char *map = NULL;
+	uint64_t v;
+	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (ch) {
+		case 'w':
+			if (tool_parse_u64(optarg, &v) || v == 0 || v > 65536) {
+				fprintf(stderr, "ckpt-reshard: --world '%s': a number of ranks from 1 to 65536\n",
+				        optarg);
+				return RX_USAGE;
+			}
+			a.world = (unsigned)v;
+			have_world = true;
+			break;
+		case 'o': a.out = optarg; break;
+		case 's':
+			if (tool_parse_u64(optarg, &a.out_step) || a.out_step == UINT64_MAX) {
+				fprintf(stderr, "ckpt-reshard: --step '%s' is not a step number\n", optarg);
+				return RX_USAGE;
+			}
+			a.have_out_step = true;
+			break;
+		case 'C':
+			if (tool_parse_size(optarg, &a.chunk) || a.chunk == 0 || a.chunk % 4096) {
+				fprintf(stderr, "ckpt-reshard: --chunk '%s': a size, multiple of 4096\n", optarg);
+				return RX_USAGE;
+			}
+			break;
+		case 'P':
+			if (tool_parse_size(optarg, &a.pool)) {
+				fprintf(stderr, "ckpt-reshard: --pool '%s' is not a size\n", optarg);
+				return RX_USAGE;
+			}
+			break;
+		case 'b':
+			if (tool_parse_size(optarg, &a.buffer) || a.buffer == 0) {
+				fprintf(stderr, "ckpt-reshard: --buffer '%s' is not a size\n", optarg);
+				return RX_USAGE;
+			}
+			break;
+		case 'c':
+			if (!strcmp(optarg, "none")) a.zstd_level = 0;
+			else if (!strcmp(optarg, "zstd")) a.zstd_level = 3;
+			else if (!strncmp(optarg, "zstd:", 5) && atoi(optarg + 5) >= 1 && atoi(optarg + 5) <= 22)
+				a.zstd_level = atoi(optarg + 5);
+			else {
+				fprintf(stderr, "ckpt-reshard: --compress '%s': none or zstd[:1..22]\n", optarg);
+				return RX_USAGE;
+			}
+			break;
+		case 'm': map = optarg; break;
+		case 'd': a.drop_rank_bound = true; break;
+		case 'p':
+			if (tool_parse_u64(optarg, &v) || v == 0 || v > 65535) {
+				fprintf(stderr, "ckpt-reshard: --port '%s': 1 to 65535\n", optarg);
+				return RX_USAGE;
+			}
+			a.port = (unsigned)v;
+			break;
+		case 'e': a.export_file = optarg; break;
+		case 'k': {
+			static const char *kinds[] = { "model", "optimizer", "rng", "scheduler", "extra" };
+			for (int k = 0; k < 5; k++)
+				if (!strcmp(optarg, kinds[k]))
+					a.kind = k + 1;
+			if (!a.kind) {
+				fprintf(stderr, "ckpt-reshard: --kind '%s': model, optimizer, rng, scheduler or "
+				        "extra\n", optarg);
+				return RX_USAGE;
+			}
+			break;
+		}
+		case 'q': a.quiet = true; break;
+		case 'j': a.json = true; break;
+		default: usage(stderr); return RX_USAGE;
+		}
+	}
+	for (; optind < argc; optind++) {
+		if (npos == 2) {
+			fprintf(stderr, "ckpt-reshard: too many arguments ('%s')\n", argv[optind]);
+			return RX_USAGE;
+		}
+		pos[npos++] = argv[optind];
+	}
+	if (npos != 2) {
+		fprintf(stderr, "ckpt-reshard: ROOT and STEP are required\n");
+		usage(stderr);
+		return RX_USAGE;
+	}
+	a.root = pos[0];
+	if (!strcmp(pos[1], "latest"))
+		a.latest = true;
+	else if (tool_parse_u64(pos[1], &a.step) || a.step == UINT64_MAX) {
+		fprintf(stderr, "ckpt-reshard: '%s' is not a step (a number, or latest)\n", pos[1]);
+		return RX_USAGE;
+	}
+	if (a.export_file) {
+		if (have_world || a.out || map || a.drop_rank_bound) {
+			fprintf(stderr, "ckpt-reshard: --export-safetensors does not combine with --world, "
+			        "--out, --rank-map or --drop-rank-bound\n");
+			return RX_USAGE;
+		}
+		return reshard_export_safetensors(&a);
+	}
+	if (!have_world || !a.out) {
+		fprintf(stderr, "ckpt-reshard: --world N and --out ROOT2 are required (or "
+		        "--export-safetensors FILE)\n");
+		return RX_USAGE;
+	}
+	if (a.kind) {
+		fprintf(stderr, "ckpt-reshard: --kind applies to --export-safetensors only\n");
+		return RX_USAGE;
+	}
+	if (map && a.drop_rank_bound) {
+		fprintf(stderr, "ckpt-reshard: --rank-map and --drop-rank-bound exclude each other\n");
+		return RX_USAGE;
+	}
+	if (map && parse_rank_map(&a, map) != (int)a.world) {
+		fprintf(stderr, "ckpt-reshard: --rank-map '%s': %u comma-separated saved ranks (or '-')\n",
+		        map, a.world);
+		free(a.rank_map);
+		return RX_USAGE;
+	}
+	int x = run_reshard(&a);
+	free(a.rank_map);
+	return x;
+}
