@@ -34,8 +34,9 @@ struct commit_vote {
  * Validate a gathered set of decoded indices (one per rank, ix[r] for rank r):
  * every rank exactly once, same step and world; every name with the same kind,
  * dtype, policy, flags and global shape on every rank; sharded tensors tile the
- * global shape exactly (no gap, no overlap); replicated items identical by hash
- * wherever present; rank-bound items at most once per rank.
+ * global shape exactly (no gap, no overlap); replicated items whole (box =
+ * global shape) and identical by hash wherever present; rank-bound items at most
+ * once per rank.
  * 0, or CKPT_EINVALID with the first problem in the error message.
  */
 int commit_validate(const struct io_shard_index *const *ix, uint32_t world, uint64_t step);
