@@ -56,8 +56,9 @@ int commit_decide(struct manifest *m, const char *job_id, uint64_t step, uint32_
  * Listens for the W participants of a job, gathers BEGIN and PREPARE per step,
  * decides with commit_decide() in step order, and broadcasts the decision. Runs
  * its own thread; a handshake runs in a short-lived thread of its own, so a slow or
- * hostile peer never stalls the job. Presumed abort: any step not decided by
- * timeout_ms after its first message, or whose non-voted rank disconnects, aborts.
+ * hostile peer never stalls the job. Presumed abort: any step whose votes are not
+ * all in timeout_ms after its first vote, or whose non-voted rank disconnects,
+ * aborts. Only BEGIN starts a step.
  */
 struct commit_coord_opts {
 	struct manifest *manifest;   /* borrowed; must outlive the coordinator */
@@ -95,7 +96,10 @@ int  commit_part_connect(const struct commit_part_opts *o, struct commit_part **
 void commit_part_close(struct commit_part *p);        /* NULL: no-op */
 /* May this rank write step? 0, -EEXIST (committed), or the coordinator's refusal. */
 int  commit_part_begin(struct commit_part *p, uint64_t step);
-/* Send this rank's vote (after its shard is durable). */
+/* Send this rank's vote (after its shard is durable). The coordinator counts it
+ * only for a step this rank has begun (commit_part_begin) that is still in flight;
+ * otherwise the wait for it reports CKPT_EABORTED. A second vote for the same
+ * attempt is ignored: the first stands. */
 int  commit_part_prepare(struct commit_part *p, const struct commit_vote *v);
 /* Tell the coordinator this rank cannot vote for step (a local failure). */
 int  commit_part_abort(struct commit_part *p, uint64_t step, int code, const char *why);
