@@ -115,18 +115,25 @@ static void *handshake_main(void *p)
 	if (rc)
 		ckpt_log(CKPT_LOG_WARN, "coordinator: rejected %s: %s", net_conn_name(h->conn),
 		         ckpt_err_msg());
+	bool handed = false;
 	pthread_mutex_lock(&c->lock);
 	if (h->reserved)
 		c->reserved[h->rank] = false;
 	if (!rc && !c->stop) {
 		c->arrived[rank] = h->conn;
 		h->conn = NULL;
+		handed = true;
 	}
+	pthread_mutex_unlock(&c->lock);
+	net_close(h->conn);
+	if (handed)
+		coord_wake(c);
+	/* The last touch of c: commit_coord_stop frees it (and closes the wake pipe)
+	 * as soon as handshakes reaches 0. */
+	pthread_mutex_lock(&c->lock);
 	c->handshakes--;
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
-	net_close(h->conn);
-	coord_wake(c);
 	free(h);
 	return NULL;
 }
