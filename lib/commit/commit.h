@@ -72,7 +72,8 @@ struct commit_coord_opts {
 	unsigned    timeout_ms;
 };
 struct commit_coord;
-/* Errors: from net_listen (-EADDRINUSE, ...), -ENOMEM. */
+/* Errors: -EINVAL (no manifest, job id or address; world 0), from net_listen
+ * (-EADDRINUSE, ...), -ENOMEM. */
 int  commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **out);
 unsigned commit_coord_port(const struct commit_coord *c);
 void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */

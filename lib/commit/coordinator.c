@@ -509,6 +509,10 @@ static void *coord_main(void *arg)
 int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **out)
 {
 	*out = NULL;
+	if (!o || !o->manifest || !o->job_id || !o->addr || o->world == 0 ||
+	    (o->secret_len && !o->secret))
+		return ckpt_err(-EINVAL, "coordinator: needs a manifest, a job id, an address, a "
+		                "world size > 0 and a secret of the given length");
 	struct commit_coord *c = calloc(1, sizeof *c);
 	if (!c)
 		return ckpt_err(-ENOMEM, "coordinator");

@@ -412,6 +412,32 @@ START_TEST(in_doubt_when_decision_lost)
 }
 END_TEST
 
+START_TEST(start_rejects_bad_options)
+{
+	struct env e;
+	env_start(&e, 1, 1000);
+	struct commit_coord_opts ok = { .manifest = e.m, .job_id = JOB, .world = 2,
+	                                .transport = NET_TCP, .addr = "127.0.0.1" };
+	struct commit_coord_opts bad[4] = { ok, ok, ok, ok };
+	bad[0].world = 0;
+	bad[1].job_id = NULL;
+	bad[2].manifest = NULL;
+	bad[3].secret_len = 8;            /* and no secret */
+	for (int k = 0; k < 4; k++) {
+		struct commit_coord *c = (struct commit_coord *)1;
+		ck_assert_int_eq(commit_coord_start(&bad[k], &c), -EINVAL);
+		ck_assert_ptr_null(c);
+	}
+	/* The port in use: the listener's error, nothing left behind. */
+	ok.port = e.port;
+	struct commit_coord *c = (struct commit_coord *)1;
+	ck_assert_int_eq(commit_coord_start(&ok, &c), -EADDRINUSE);
+	ck_assert_ptr_null(c);
+	commit_coord_stop(NULL);
+	env_stop(&e);
+}
+END_TEST
+
 /* ================================================================ bad peers */
 
 static int raw_connect(unsigned port)
@@ -843,6 +869,7 @@ int main(void)
 	tcase_add_test(tc, timeout_one_rank_silent);
 	tcase_add_test(tc, in_doubt_when_coordinator_stops);
 	tcase_add_test(tc, in_doubt_when_decision_lost);
+	tcase_add_test(tc, start_rejects_bad_options);
 	suite_add_tcase(s, tc);
 	TCase *bp = tcase_create("bad_peers");
 	tcase_set_timeout(bp, 120);
