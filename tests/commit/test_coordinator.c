@@ -321,6 +321,30 @@ START_TEST(rank_abort)
 }
 END_TEST
 
+START_TEST(late_vote_does_not_revive_a_step)
+{
+	/* Rank 1 fails step 1; rank 0 finishes writing and votes after the abort. The
+	 * late vote must not re-open step 1 — with a 30 s vote timeout, a revived step
+	 * would hold step 2 behind it past every wait here. */
+	struct env e;
+	env_start(&e, 2, 30000);
+	struct commit_part *p[2] = { part_connect(&e, 0), part_connect(&e, 1) };
+	ck_assert_int_eq(commit_part_begin(p[0], 1), 0);
+	ck_assert_int_eq(commit_part_begin(p[1], 1), 0);
+	ck_assert_int_eq(commit_part_abort(p[1], 1, -EIO, "write error"), 0);
+	expect_wait(p[0], 1, CKPT_EABORTED, (const char *const[]){ "write error", NULL });
+	ck_assert_int_eq(prepare(p[0], 1, 0, 2), 0);
+	expect_wait(p[0], 1, CKPT_EABORTED, (const char *const[]){ "no save in flight", NULL });
+	commit_all(&e, p, 2);
+	assert_not_committed(&e, 1);
+	struct manifest_step rec;
+	ck_assert_int_eq(manifest_step_get(e.m, 1, &rec), 0);
+	ck_assert_int_eq(rec.state, CKPT_STATE_ABORTED);
+	parts_close(p, 2);
+	env_stop(&e);
+}
+END_TEST
+
 START_TEST(disconnect_before_vote)
 {
 	/* A vote timeout far beyond the wait: only the disconnect can end it. */
@@ -867,6 +891,7 @@ int main(void)
 	tcase_add_test(tc, commits_ordered_by_step);
 	tcase_add_test(tc, begin_committed_step);
 	tcase_add_test(tc, rank_abort);
+	tcase_add_test(tc, late_vote_does_not_revive_a_step);
 	tcase_add_test(tc, disconnect_before_vote);
 	tcase_add_test(tc, timeout_one_rank_silent);
 	tcase_add_test(tc, in_doubt_when_coordinator_stops);
