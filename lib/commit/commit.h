@@ -34,8 +34,9 @@ struct commit_vote {
  * Validate a gathered set of decoded indices (one per rank, ix[r] for rank r):
  * every rank exactly once, same step and world; every name with the same kind,
  * dtype, policy, flags and global shape on every rank; sharded tensors tile the
- * global shape exactly (no gap, no overlap); replicated items identical by hash
- * wherever present; rank-bound items at most once per rank.
+ * global shape exactly (no gap, no overlap); replicated items whole (box =
+ * global shape) and identical by hash wherever present; rank-bound items at most
+ * once per rank.
  * 0, or CKPT_EINVALID with the first problem in the error message.
  */
 int commit_validate(const struct io_shard_index *const *ix, uint32_t world, uint64_t step);
@@ -74,8 +75,9 @@ int commit_decide(struct manifest *m, const char *job_id, uint64_t step, uint32_
  * Listens for the W participants of a job, gathers BEGIN and PREPARE per step,
  * decides with commit_decide() in step order, and broadcasts the decision. Runs
  * its own thread; a handshake runs in a short-lived thread of its own, so a slow or
- * hostile peer never stalls the job. Presumed abort: any step not decided by
- * timeout_ms after its first message, or whose non-voted rank disconnects, aborts.
+ * hostile peer never stalls the job. Presumed abort: any step whose votes are not
+ * all in timeout_ms after its first vote, or whose non-voted rank disconnects,
+ * aborts. Only BEGIN starts a step.
  */
 struct commit_coord_opts {
 	struct manifest *manifest;   /* borrowed; must outlive the coordinator */
@@ -89,7 +91,8 @@ struct commit_coord_opts {
 	unsigned    timeout_ms;
 };
 struct commit_coord;
-/* Errors: from net_listen (-EADDRINUSE, ...), -ENOMEM. */
+/* Errors: -EINVAL (no manifest, job id or address; world 0), from net_listen
+ * (-EADDRINUSE, ...), -ENOMEM. */
 int  commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **out);
 unsigned commit_coord_port(const struct commit_coord *c);
 void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */
@@ -113,7 +116,10 @@ int  commit_part_connect(const struct commit_part_opts *o, struct commit_part **
 void commit_part_close(struct commit_part *p);        /* NULL: no-op */
 /* May this rank write step? 0, -EEXIST (committed), or the coordinator's refusal. */
 int  commit_part_begin(struct commit_part *p, uint64_t step);
-/* Send this rank's vote (after its shard is durable). */
+/* Send this rank's vote (after its shard is durable). The coordinator counts it
+ * only for a step this rank has begun (commit_part_begin) that is still in flight;
+ * otherwise the wait for it reports CKPT_EABORTED. A second vote for the same
+ * attempt is ignored: the first stands. */
 int  commit_part_prepare(struct commit_part *p, const struct commit_vote *v);
 /* Tell the coordinator this rank cannot vote for step (a local failure). */
 int  commit_part_abort(struct commit_part *p, uint64_t step, int code, const char *why);

@@ -10,8 +10,15 @@
  *
  * Presumed abort: a step aborts when a rank asks for it, when a rank that has not
  * voted disconnects, or when its votes are not all in timeout_ms after its first
- * message. A step with every vote in is decided only when no lower step is still
- * in flight, so commits are ordered by step.
+ * vote. A step with every vote in is decided only when no lower step is still in
+ * flight, so commits are ordered by step; it does not time out while it waits.
+ *
+ * Only BEGIN creates a step, and a vote counts only from a rank that began the
+ * step's current attempt: a PREPARE that arrives after its step was decided (a
+ * rank that finished writing after another rank had failed) must neither revive
+ * the step — a revived step with votes that never complete would hold every
+ * higher step behind it until its timeout — nor slip into a later attempt of the
+ * same step with the index of a file its rank has since removed.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +39,7 @@ struct coord_step {
 	uint64_t            step;
 	uint64_t            deadline_ns;       /* 0 until the first vote */
 	uint32_t            nvotes;
+	bool               *began;             /* [world]: BEGIN of this attempt seen */
 	int                 abort_code;        /* non-zero: abort with why */
 	char                why[COMMIT_MAX_REASON];
 	void              **payloads;          /* [world] PREPARE payloads (own the votes' bytes) */
@@ -107,18 +115,25 @@ static void *handshake_main(void *p)
 	if (rc)
 		ckpt_log(CKPT_LOG_WARN, "coordinator: rejected %s: %s", net_conn_name(h->conn),
 		         ckpt_err_msg());
+	bool handed = false;
 	pthread_mutex_lock(&c->lock);
 	if (h->reserved)
 		c->reserved[h->rank] = false;
 	if (!rc && !c->stop) {
 		c->arrived[rank] = h->conn;
 		h->conn = NULL;
+		handed = true;
 	}
+	pthread_mutex_unlock(&c->lock);
+	net_close(h->conn);
+	if (handed)
+		coord_wake(c);
+	/* The last touch of c: commit_coord_stop frees it (and closes the wake pipe)
+	 * as soon as handshakes reaches 0. */
+	pthread_mutex_lock(&c->lock);
 	c->handshakes--;
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
-	net_close(h->conn);
-	coord_wake(c);
 	free(h);
 	return NULL;
 }
@@ -168,11 +183,13 @@ static struct coord_step *step_find(struct commit_coord *c, uint64_t step, bool 
 	if (s) {
 		s->payloads = calloc(c->world, sizeof *s->payloads);
 		s->votes = calloc(c->world, sizeof *s->votes);
+		s->began = calloc(c->world, sizeof *s->began);
 	}
-	if (!s || !s->payloads || !s->votes) {
+	if (!s || !s->payloads || !s->votes || !s->began) {
 		if (s) {
 			free(s->payloads);
 			free(s->votes);
+			free(s->began);
 		}
 		free(s);
 		return NULL;
@@ -189,6 +206,7 @@ static void step_free(struct commit_coord *c, struct coord_step *s)
 		free(s->payloads[r]);
 	free(s->payloads);
 	free(s->votes);
+	free(s->began);
 	free(s);
 }
 
@@ -262,10 +280,12 @@ static void on_begin(struct commit_coord *c, uint32_t rank, const struct net_msg
 		send_status(c, rank, COMMIT_MSG_BEGIN_REPLY, step, rc, ckpt_err_msg());
 		return;
 	}
-	if (!step_find(c, step, true)) {
+	struct coord_step *s = step_find(c, step, true);
+	if (!s) {
 		send_status(c, rank, COMMIT_MSG_BEGIN_REPLY, step, -ENOMEM, "coordinator out of memory");
 		return;
 	}
+	s->began[rank] = true;
 	send_status(c, rank, COMMIT_MSG_BEGIN_REPLY, step, 0, NULL);
 }
 
@@ -289,9 +309,15 @@ static void on_prepare(struct commit_coord *c, uint32_t rank, struct net_msg *m)
 		         rank, (unsigned long long)v.step);
 		return;
 	}
-	struct coord_step *s = step_find(c, v.step, true);
-	if (!s) {
-		conn_drop(c, rank, "coordinator out of memory");
+	struct coord_step *s = step_find(c, v.step, false);
+	if (!s || !s->began[rank]) {
+		/* Late (its step was decided) or never begun: not a vote. The rank hears
+		 * so, in case it is still waiting; a rank keeps the first decision. */
+		char why[128];
+		snprintf(why, sizeof why, "step %llu: the vote of rank %u came for no save in flight "
+		         "that it had begun", (unsigned long long)v.step, rank);
+		ckpt_log(CKPT_LOG_WARN, "coordinator: ignoring it: %s", why);
+		send_status(c, rank, COMMIT_MSG_DECISION, v.step, CKPT_EABORTED, why);
 		return;
 	}
 	if (s->payloads[rank]) {
@@ -363,6 +389,8 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 	snprintf(why, sizeof why, "%s", s->why);
 	if (!code) {
 		int rc = commit_decide(c->manifest, c->job_id, s->step, c->world, s->votes);
+		/* The reason goes to the ranks: copied before the manifest is asked again. */
+		snprintf(why, sizeof why, "%s", rc ? ckpt_err_msg() : "");
 		/* The manifest decides: a failure after the commit transaction (an injected
 		 * fault, a lost disk) does not undo it, and telling ranks to abort would make
 		 * them delete the files of a committed step. */
@@ -370,12 +398,12 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 		if (rc && manifest_step_get(c->manifest, s->step, &rec) == 0 &&
 		    rec.state == CKPT_STATE_COMMITTED && rc != -EEXIST) {
 			ckpt_log(CKPT_LOG_WARN, "coordinator: step %llu committed; then: %s",
-			         (unsigned long long)s->step, ckpt_err_msg());
+			         (unsigned long long)s->step, why);
 			rc = 0;
+			why[0] = '\0';
 		}
 		if (rc) {
 			code = rc == -EEXIST ? -EEXIST : CKPT_EABORTED;
-			snprintf(why, sizeof why, "%s", ckpt_err_msg());
 			ckpt_log(CKPT_LOG_WARN, "coordinator: step %llu not committed: %s",
 			         (unsigned long long)s->step, why);
 		}
@@ -398,7 +426,8 @@ static int steps_process(struct commit_coord *c)
 	struct coord_step **pp = &c->steps;
 	while (*pp) {
 		struct coord_step *s = *pp;
-		if (!s->abort_code && s->deadline_ns && now >= s->deadline_ns) {
+		bool all_in = s->nvotes == c->world;
+		if (!s->abort_code && !all_in && s->deadline_ns && now >= s->deadline_ns) {
 			char missing[256] = "";
 			size_t n = 0;
 			for (uint32_t r = 0; r < c->world && n + 12 < sizeof missing; r++)
@@ -407,15 +436,14 @@ static int steps_process(struct commit_coord *c)
 			step_abort(s, CKPT_EABORTED, "step %llu timed out after %u ms waiting for the votes "
 			           "of ranks %s", (unsigned long long)s->step, c->timeout_ms, missing);
 		}
-		bool ready = s->nvotes == c->world && !lower_pending;
-		if (s->abort_code || ready) {
+		if (s->abort_code || (all_in && !lower_pending)) {
 			step_decide(c, s);
 			*pp = s->next;
 			step_free(c, s);
 			continue;
 		}
 		lower_pending = true;
-		if (s->deadline_ns && (!next || s->deadline_ns < next))
+		if (!all_in && s->deadline_ns && (!next || s->deadline_ns < next))
 			next = s->deadline_ns;
 		pp = &s->next;
 	}
@@ -481,6 +509,10 @@ static void *coord_main(void *arg)
 int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **out)
 {
 	*out = NULL;
+	if (!o || !o->manifest || !o->job_id || !o->addr || o->world == 0 ||
+	    (o->secret_len && !o->secret))
+		return ckpt_err(-EINVAL, "coordinator: needs a manifest, a job id, an address, a "
+		                "world size > 0 and a secret of the given length");
 	struct commit_coord *c = calloc(1, sizeof *c);
 	if (!c)
 		return ckpt_err(-ENOMEM, "coordinator");

@@ -96,11 +96,17 @@ int commit_decide(struct manifest *m, const char *job_id, uint64_t step, uint32_
 		rc = ckpt_err(-ENOMEM, "commit of step %llu", (unsigned long long)step);
 	else
 		rc = decide(m, job_id, step, world, votes, ix, shards, paths);
-	/* An injected fault after the txn leaves the step committed: the manifest decides. */
+	/* An injected fault after the txn leaves the step committed: the manifest decides.
+	 * The manifest calls below set this thread's message themselves ("no such step"),
+	 * so the reason is copied first and restored after: it is what the coordinator
+	 * sends the ranks. */
 	if (rc && rc != -EEXIST) {
+		char *why = strdup(ckpt_err_msg());
 		struct manifest_step cur;
 		if (!(manifest_step_get(m, step, &cur) == 0 && cur.state == CKPT_STATE_COMMITTED))
-			manifest_record_abort(m, step, world, ckpt_err_msg());
+			manifest_record_abort(m, step, world, why ? why : "commit failed");
+		ckpt_err_restore(why ? why : "commit failed (out of memory for the reason)");
+		free(why);
 	}
 	for (uint32_t r = 0; ix && r < world; r++)
 		io_index_free(ix[r]);

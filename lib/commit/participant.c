@@ -110,14 +110,18 @@ static void *rx_main(void *arg)
 		pthread_mutex_lock(&p->lock);
 		/* Decisions of steps this rank never began are not ours to keep. */
 		struct part_entry *e = entry_get(p, st.step, false);
-		if (e) {
-			if (m.type == COMMIT_MSG_BEGIN_REPLY) {
-				e->begin_done = true;
-				e->begin_code = st.code;
-			} else {
-				e->decided = true;
-				e->decision = st.code;
-			}
+		if (e && m.type == COMMIT_MSG_BEGIN_REPLY) {
+			/* Messages on the connection are ordered: a decision filed before this
+			 * reply was about an earlier attempt at the step, not this one. */
+			e->begin_done = true;
+			e->begin_code = st.code;
+			e->decided = false;
+			snprintf(e->reason, sizeof e->reason, "%s", st.reason);
+			pthread_cond_broadcast(&p->cond);
+		} else if (e && !e->decided) {
+			/* The first decision stands (a refused late vote is answered too). */
+			e->decided = true;
+			e->decision = st.code;
 			snprintf(e->reason, sizeof e->reason, "%s", st.reason);
 			pthread_cond_broadcast(&p->cond);
 		}

@@ -2,13 +2,14 @@
  * validate.c — the coordinator's check of a gathered checkpoint index before it
  * may be committed (DESIGN §6): every rank once; every name consistent across
  * ranks; sharded tensors tile their global shape exactly; replicated items are
- * identical by hash; rank-bound items once per rank.
+ * whole and identical by hash; rank-bound items once per rank.
  *
  * Cost: sorting the pieces by name, then per sharded tensor a sweep over its
  * pieces sorted by their first-dimension offset, so the usual 1-D sharding is
  * checked in O(pieces log pieces).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,12 @@ static int piece_by_offset0(const void *a, const void *b)
 	return p < q ? -1 : p > q;
 }
 
+static int u32_cmp(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? -1 : x > y;
+}
+
 static bool boxes_overlap(const struct io_tensor_entry *a, const struct io_tensor_entry *b)
 {
 	for (unsigned d = 0; d < a->ndim; d++) {
@@ -42,6 +49,29 @@ static bool boxes_overlap(const struct io_tensor_entry *a, const struct io_tenso
 			return false;
 	}
 	return true;
+}
+
+/* "0,1,5" — the ranks of pieces p[0..n), ascending, shortened with "..." to fit. */
+static void ranks_list(char *out, size_t cap, const struct piece *p, size_t n)
+{
+	uint32_t *r = malloc((n ? n : 1) * sizeof *r);
+	size_t len = 0;
+	out[0] = '\0';
+	if (!r) {
+		snprintf(out, cap, "(%zu ranks)", n);
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		r[i] = p[i].rank;
+	qsort(r, n, sizeof *r, u32_cmp);
+	for (size_t i = 0; i < n; i++) {
+		if (len + 16 > cap) {
+			snprintf(out + len, cap - len, "...");
+			break;
+		}
+		len += (size_t)snprintf(out + len, cap - len, "%s%u", i ? "," : "", r[i]);
+	}
+	free(r);
 }
 
 static int check_sharded(struct piece *p, size_t n, uint64_t step)
@@ -77,16 +107,33 @@ static int check_sharded(struct piece *p, size_t n, uint64_t step)
 				                p[i].rank, p[j].rank);
 		}
 	}
-	if (have != want)
-		return ckpt_err(CKPT_EINVALID, "step %llu: tensor '%s': pieces cover %llu of %llu "
-		                "elements (a gap)", (unsigned long long)step, t0->name,
-		                (unsigned long long)have, (unsigned long long)want);
+	if (have != want) {
+		/* Which ranks hold pieces tells the operator which one is missing or short. */
+		char who[160];
+		ranks_list(who, sizeof who, p, n);
+		return ckpt_err(CKPT_EINVALID, "step %llu: tensor '%s': the pieces of ranks %s "
+		                "cover %llu of %llu elements (a gap)", (unsigned long long)step,
+		                t0->name, who, (unsigned long long)have, (unsigned long long)want);
+	}
 	return 0;
 }
 
 static int check_replicated(const struct piece *p, size_t n, uint64_t step)
 {
 	const struct io_tensor_entry *a = p[0].t;
+	/* Every rank holds the whole value (a reader of any rank loads it from any
+	 * shard): a sub-box would pass the hash check when all ranks hold the same one. */
+	for (size_t i = 0; i < n; i++) {
+		const struct io_tensor_entry *t = p[i].t;
+		for (unsigned d = 0; d < t->ndim; d++)
+			if (t->offset[d] || t->extent[d] != t->global_shape[d])
+				return ckpt_err(CKPT_EINVALID, "step %llu: replicated '%s' on rank %u is "
+				                "not the whole value: dim %u holds [%llu, +%llu) of %llu",
+				                (unsigned long long)step, t->name, p[i].rank, d,
+				                (unsigned long long)t->offset[d],
+				                (unsigned long long)t->extent[d],
+				                (unsigned long long)t->global_shape[d]);
+	}
 	for (size_t i = 1; i < n; i++) {
 		const struct io_tensor_entry *b = p[i].t;
 		bool same = a->raw_bytes == b->raw_bytes && a->nchunks == b->nchunks;

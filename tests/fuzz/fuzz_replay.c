@@ -4,6 +4,10 @@
  * mutations of them (bit flips, byte and integer overwrites, truncation,
  * duplication of a range). Usage: fuzz_replay CORPUS_DIR [N]. The seed comes
  * from CKPT_TEST_SEED or the clock and is printed.
+ *
+ * A target may also define fuzz_replay_seeds(): valid inputs generated from the
+ * seed, added to the corpus (so each run starts from new valid messages too);
+ * "fuzz_replay --emit DIR" writes a set of them as a seed corpus for libFuzzer.
  */
 #include <dirent.h>
 #include <stdint.h>
@@ -14,6 +18,11 @@
 #include "testutil.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+/* Optional (weak): up to max seeded valid inputs, malloc'd; returns the count. */
+size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max)
+	__attribute__((weak));
+
+#define MAX_INPUTS 256
 
 struct input { uint8_t *p; size_t n; };
 
@@ -68,8 +77,25 @@ static void mutate(uint8_t **buf, size_t *n, uint64_t *s)
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
-		fprintf(stderr, "usage: %s CORPUS_DIR [MUTATIONS]\n", argv[0]);
+		fprintf(stderr, "usage: %s CORPUS_DIR [MUTATIONS] | --emit DIR\n", argv[0]);
 		return 2;
+	}
+	if (!strcmp(argv[1], "--emit")) {
+		uint8_t *bufs[48];
+		size_t lens[48];
+		if (argc < 3 || !fuzz_replay_seeds) {
+			fprintf(stderr, "--emit DIR: this target has no seed generator\n");
+			return 2;
+		}
+		size_t n = fuzz_replay_seeds(1, bufs, lens, 48);
+		for (size_t i = 0; i < n; i++) {
+			char path[4096];
+			snprintf(path, sizeof path, "%s/seed-%02zu", argv[2], i);
+			if (tu_write_file(path, bufs[i], lens[i]))
+				return 1;
+			free(bufs[i]);
+		}
+		return 0;
 	}
 	unsigned long iters = argc > 2 ? strtoul(argv[2], NULL, 10) : 5000;
 	DIR *d = opendir(argv[1]);
@@ -77,10 +103,10 @@ int main(int argc, char **argv)
 		perror(argv[1]);
 		return 2;
 	}
-	struct input in[256];
+	struct input in[MAX_INPUTS];
 	size_t nin = 0;
 	struct dirent *de;
-	while ((de = readdir(d)) && nin < 256) {
+	while ((de = readdir(d)) && nin < MAX_INPUTS / 2) {
 		if (de->d_name[0] == '.')
 			continue;
 		char path[4096];
@@ -93,11 +119,21 @@ int main(int argc, char **argv)
 		}
 	}
 	closedir(d);
+	uint64_t s = tu_seed();
+	if (fuzz_replay_seeds) {
+		uint8_t *bufs[MAX_INPUTS / 2];
+		size_t lens[MAX_INPUTS / 2];
+		size_t n = fuzz_replay_seeds(s, bufs, lens, MAX_INPUTS - nin < MAX_INPUTS / 2
+		                             ? MAX_INPUTS - nin : MAX_INPUTS / 2);
+		for (size_t i = 0; i < n; i++) {
+			LLVMFuzzerTestOneInput(bufs[i], lens[i]);
+			in[nin++] = (struct input){ bufs[i], lens[i] };
+		}
+	}
 	if (nin == 0) {
 		fprintf(stderr, "%s: empty corpus\n", argv[1]);
 		return 1;
 	}
-	uint64_t s = tu_seed();
 	for (unsigned long i = 0; i < iters; i++) {
 		const struct input *src = &in[tu_rand(&s) % nin];
 		size_t n = src->n;
