@@ -92,6 +92,30 @@ static int load_build_catalog(ckpt_load *l)
 	return 0;
 }
 
+/* The committed index of rank r is the footer of its shard file: read it, and hold
+ * it to the hash and place the manifest recorded at commit, so a replaced or damaged
+ * file is not mistaken for the committed one. */
+static int load_index_from_footer(ckpt_load *l, uint32_t r)
+{
+	char path[4400];
+	const struct manifest_shard *sh = &l->shards[r];
+	snprintf(path, sizeof path, "%s/%s", l->ctx->cfg.root, sh->path);
+	struct io_shard_reader *rd;
+	int rc = io_shard_reader_open(NULL, path, NULL, &rd);
+	if (rc)
+		return rc;
+	uint8_t h[CKPT_HASH_BYTES];
+	if (io_shard_reader_footer_hash(rd, h) || memcmp(h, sh->footer_hash, sizeof h) ||
+	    io_shard_reader_index(rd)->data_end != sh->footer_offset)
+		rc = ckpt_err(CKPT_ECORRUPT, "%s: its footer is not the index committed for rank %u "
+		              "(hash or offset %llu differs: file replaced or damaged)", path, r,
+		              (unsigned long long)sh->footer_offset);
+	else
+		l->ix[r] = io_shard_reader_take_index(rd);
+	io_shard_reader_close(rd);
+	return rc;
+}
+
 int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 {
 	if (!out)
@@ -132,7 +156,11 @@ int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 	for (uint32_t r = 0; r < world; r++) {
 		if ((rc = manifest_shard_get(m, step, r, &l->shards[r])))
 			goto fail;
-		if ((rc = io_index_decode(l->shards[r].index, l->shards[r].index_len, &l->ix[r])))
+		if (l->shards[r].index_len)
+			rc = io_index_decode(l->shards[r].index, l->shards[r].index_len, &l->ix[r]);
+		else
+			rc = load_index_from_footer(l, r);
+		if (rc)
 			goto fail;
 		if (l->ix[r]->rank != r || l->ix[r]->world != world || l->ix[r]->step != step) {
 			rc = ckpt_err(CKPT_ECORRUPT, "shard record of rank %u describes step %llu rank %u "

@@ -59,7 +59,17 @@ static int verify_footer(ckpt_load *l, uint32_t r)
 	if (rc)
 		return rc;
 	uint64_t off = io_shard_reader_index(rd)->data_end;
+	uint8_t h[CKPT_HASH_BYTES];
+	bool same = !io_shard_reader_footer_hash(rd, h) &&
+	            !memcmp(h, l->shards[r].footer_hash, sizeof h) &&
+	            off == l->shards[r].footer_offset;
 	io_shard_reader_close(rd);
+	if (!l->shards[r].index_len)
+		/* The manifest names the footer by its hash (and the reader has checked the
+		 * footer's bytes against that hash). */
+		return same ? 0 : ckpt_err(CKPT_ECORRUPT, "%s: the footer at offset %llu is not the "
+		                           "index committed for rank %u (file replaced or damaged)",
+		                           path, (unsigned long long)off, r);
 	size_t len = l->shards[r].index_len;
 	uint8_t *buf = malloc(len ? len : 1);
 	if (!buf)

@@ -71,6 +71,14 @@ void commit_gather_free(struct commit_gather *g);
 int commit_decide(struct manifest *m, const char *job_id, uint64_t step, uint32_t world,
                   const struct commit_vote *votes);
 
+/* The decision over a gather that already holds every rank's index (the
+ * coordinator validates votes as they arrive): finish the checks, then the same
+ * durable transaction as commit_decide. votes[r] supplies the footer facts; the
+ * gather is not freed. Same returns as commit_decide. */
+int commit_decide_gathered(struct manifest *m, const char *job_id, uint64_t step,
+                           uint32_t world, const struct commit_vote *votes,
+                           struct commit_gather *g);
+
 /* ------------------------------------------------------------------ coordinator
  * Listens for the W participants of a job, gathers BEGIN and PREPARE per step,
  * decides with commit_decide() in step order, and broadcasts the decision. Runs
@@ -95,6 +103,16 @@ struct commit_coord;
  * (-EADDRINUSE, ...), -ENOMEM. */
 int  commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **out);
 unsigned commit_coord_port(const struct commit_coord *c);
+/* Timing of the last step decided (benchmarks, logs): from the moment the last vote
+ * was read off its connection to the moment the decision was sent to every rank. */
+struct commit_coord_stats {
+	uint64_t step;
+	uint64_t last_vote_ns;      /* decoding and checking the last vote */
+	uint64_t commit_ns;         /* final checks and the durable commit transaction */
+	uint64_t broadcast_ns;      /* sending the decision to every rank */
+	uint64_t total_ns;          /* last vote received -> decision sent */
+};
+int  commit_coord_last_stats(struct commit_coord *c, struct commit_coord_stats *out);
 void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */
 
 /* ------------------------------------------------------------------ participant

@@ -1,7 +1,7 @@
 /*
  * coordinator.c — the commit coordinator (DESIGN §6): gathers each step's W votes
- * over lib/net, decides in step order with commit_decide(), and broadcasts the
- * decision.
+ * over lib/net, checking each as it arrives (gather.c), decides in step order, and
+ * broadcasts the decision.
  *
  * One thread runs a poll loop over the listener and the W rank connections; it
  * never blocks on a peer (net_recv with timeout 0 keeps partial progress). The
@@ -44,6 +44,9 @@ struct coord_step {
 	char                why[COMMIT_MAX_REASON];
 	void              **payloads;          /* [world] PREPARE payloads (own the votes' bytes) */
 	struct commit_vote *votes;             /* [world] */
+	struct commit_gather *gather;          /* votes decoded and checked as they arrive */
+	uint64_t            t_last_recv;       /* the last vote read off its connection */
+	uint64_t            t_last_done;       /* ... and decoded and checked */
 	struct coord_step  *next;              /* ascending by step */
 };
 
@@ -68,6 +71,7 @@ struct commit_coord {
 	bool                 stop;
 
 	struct coord_step   *steps;            /* loop thread only */
+	struct commit_coord_stats stats;       /* last decided step, under lock */
 };
 
 struct handshake_arg {
@@ -184,12 +188,15 @@ static struct coord_step *step_find(struct commit_coord *c, uint64_t step, bool 
 		s->payloads = calloc(c->world, sizeof *s->payloads);
 		s->votes = calloc(c->world, sizeof *s->votes);
 		s->began = calloc(c->world, sizeof *s->began);
+		if (commit_gather_create(c->world, step, true, &s->gather))
+			s->gather = NULL;
 	}
-	if (!s || !s->payloads || !s->votes || !s->began) {
+	if (!s || !s->payloads || !s->votes || !s->began || !s->gather) {
 		if (s) {
 			free(s->payloads);
 			free(s->votes);
 			free(s->began);
+			commit_gather_free(s->gather);
 		}
 		free(s);
 		return NULL;
@@ -207,6 +214,7 @@ static void step_free(struct commit_coord *c, struct coord_step *s)
 	free(s->payloads);
 	free(s->votes);
 	free(s->began);
+	commit_gather_free(s->gather);
 	free(s);
 }
 
@@ -291,6 +299,7 @@ static void on_begin(struct commit_coord *c, uint32_t rank, const struct net_msg
 
 static void on_prepare(struct commit_coord *c, uint32_t rank, struct net_msg *m)
 {
+	uint64_t t_recv = ckpt_now_ns();
 	struct commit_vote v;
 	if (commit_prepare_decode(m->payload, m->len, &v)) {
 		conn_drop(c, rank, ckpt_err_msg());
@@ -328,6 +337,22 @@ static void on_prepare(struct commit_coord *c, uint32_t rank, struct net_msg *m)
 	s->payloads[rank] = m->payload;      /* the vote's index points into it */
 	m->payload = NULL;
 	s->votes[rank] = v;
+	/* Decode and check the vote now, while other ranks are still writing: when the
+	 * last vote arrives, only its own checks and the commit are left. */
+	struct io_shard_index *ix;
+	if (io_index_decode(v.index, v.index_len, &ix)) {
+		step_abort(s, CKPT_EABORTED, "step %llu: the index of rank %u does not decode: %s",
+		           (unsigned long long)v.step, rank, ckpt_err_msg());
+	} else if (ix->rank != rank || ix->step != v.step) {
+		step_abort(s, CKPT_EABORTED, "step %llu: rank %u voted with the index of step %llu "
+		           "rank %u", (unsigned long long)v.step, rank, (unsigned long long)ix->step,
+		           ix->rank);
+		io_index_free(ix);
+	} else if (commit_gather_add(s->gather, ix)) {
+		step_abort(s, CKPT_EABORTED, "%s", ckpt_err_msg());
+	}
+	s->t_last_recv = t_recv;
+	s->t_last_done = ckpt_now_ns();
 	/* Stragglers get timeout_ms from the first vote: the save's own duration is
 	 * not bounded here, only the wait for the last rank once one is done. */
 	if (!s->nvotes++)
@@ -387,8 +412,10 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 	int code = s->abort_code;
 	char why[COMMIT_MAX_REASON];
 	snprintf(why, sizeof why, "%s", s->why);
+	uint64_t t_commit = ckpt_now_ns();
 	if (!code) {
-		int rc = commit_decide(c->manifest, c->job_id, s->step, c->world, s->votes);
+		int rc = commit_decide_gathered(c->manifest, c->job_id, s->step, c->world, s->votes,
+		                                s->gather);
 		/* The reason goes to the ranks: copied before the manifest is asked again. */
 		snprintf(why, sizeof why, "%s", rc ? ckpt_err_msg() : "");
 		/* The manifest decides: a failure after the commit transaction (an injected
@@ -415,7 +442,18 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 		      rec.state == CKPT_STATE_COMMITTED))
 			manifest_record_abort(c->manifest, s->step, c->world, why);
 	}
+	uint64_t t_sent = ckpt_now_ns();
 	broadcast(c, s->step, code, why);
+	uint64_t t_end = ckpt_now_ns();
+	if (!code && s->t_last_recv) {
+		pthread_mutex_lock(&c->lock);
+		c->stats = (struct commit_coord_stats){
+			.step = s->step, .last_vote_ns = s->t_last_done - s->t_last_recv,
+			.commit_ns = t_sent - t_commit, .broadcast_ns = t_end - t_sent,
+			.total_ns = t_end - s->t_last_recv,
+		};
+		pthread_mutex_unlock(&c->lock);
+	}
 }
 
 /* Decide what can be decided; returns ms until the next deadline (or -1). */
@@ -558,6 +596,14 @@ fail:
 	c->lis = NULL;
 	commit_coord_stop(c);
 	return rc;
+}
+
+int commit_coord_last_stats(struct commit_coord *c, struct commit_coord_stats *out)
+{
+	pthread_mutex_lock(&c->lock);
+	*out = c->stats;
+	pthread_mutex_unlock(&c->lock);
+	return out->step || out->total_ns ? 0 : CKPT_ENOTFOUND;
 }
 
 unsigned commit_coord_port(const struct commit_coord *c)

@@ -11,6 +11,7 @@
  * whole shape is the same as the volumes adding up to it.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -233,6 +234,18 @@ static int add_piece(struct commit_gather *g, const struct gpiece *p)
 			                "ranks %u and %u", (unsigned long long)g->step, a->name,
 			                e->first.rank, p->rank);
 	}
+	if (b->policy == CKPT_REPLICATED) {
+		/* Every rank holds the whole value (a reader of any rank loads it from any
+		 * shard): a sub-box would pass the hash check when all ranks hold the same one. */
+		for (unsigned d = 0; d < b->ndim; d++)
+			if (b->offset[d] || b->extent[d] != b->global_shape[d])
+				return ckpt_err(CKPT_EINVALID, "step %llu: replicated '%s' on rank %u is "
+				                "not the whole value: dim %u holds [%llu, +%llu) of %llu",
+				                (unsigned long long)g->step, b->name, p->rank, d,
+				                (unsigned long long)b->offset[d],
+				                (unsigned long long)b->extent[d],
+				                (unsigned long long)b->global_shape[d]);
+	}
 	switch (b->policy) {
 	case CKPT_SHARDED:    return add_sharded(g, e, p);
 	case CKPT_REPLICATED: return created ? 0 : add_replicated(g, e, p);
@@ -280,10 +293,21 @@ int commit_gather_finish(struct commit_gather *g, struct commit_summary *sum)
 			                (unsigned long long)g->step, r);
 	for (size_t i = 0; i < g->table_cap; i++) {
 		const struct group *e = g->table[i];
-		if (e && e->first.t->policy == CKPT_SHARDED && e->volume != e->global_elems)
-			return ckpt_err(CKPT_EINVALID, "step %llu: tensor '%s': pieces cover %llu of %llu "
-			                "elements (a gap)", (unsigned long long)g->step, e->name,
-			                (unsigned long long)e->volume, (unsigned long long)e->global_elems);
+		if (e && e->first.t->policy == CKPT_SHARDED && e->volume != e->global_elems) {
+			/* Which ranks hold pieces tells the operator which one is missing or short. */
+			char who[160];
+			size_t n = 0;
+			who[0] = '\0';
+			for (uint32_t k = 0; k < e->n && n + 16 < sizeof who; k++)
+				n += (size_t)snprintf(who + n, sizeof who - n, "%s%u", k ? "," : "",
+				                      e->pieces[k].rank);
+			if (!e->n)
+				snprintf(who, sizeof who, "(none)");
+			return ckpt_err(CKPT_EINVALID, "step %llu: tensor '%s': the pieces of ranks %s "
+			                "cover %llu of %llu elements (a gap)", (unsigned long long)g->step,
+			                e->name, who, (unsigned long long)e->volume,
+			                (unsigned long long)e->global_elems);
+		}
 	}
 	if (sum) {
 		sum->ntensors = (uint32_t)g->ngroups;

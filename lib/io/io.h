@@ -179,6 +179,13 @@ int  io_shard_reader_open(struct io_engine *e, const char *path,
                           const struct io_shard_index *index, struct io_shard_reader **out);
 const struct io_shard_index *io_shard_reader_index(const struct io_shard_reader *r);
 const char *io_shard_reader_path(const struct io_shard_reader *r);
+/* The XXH3-128 of the footer as read from the file at open (which checked it against
+ * the trailer): the manifest's record of the shard names its footer by this hash.
+ * -ENODATA for a reader opened with a borrowed index. */
+int  io_shard_reader_footer_hash(const struct io_shard_reader *r, uint8_t out[CKPT_HASH_BYTES]);
+/* Take the index the reader decoded from the file; the reader keeps using it, so it
+ * must outlive the reader. NULL for a reader opened with a borrowed index. */
+struct io_shard_index *io_shard_reader_take_index(struct io_shard_reader *r);
 void io_shard_reader_close(struct io_shard_reader *r);
 
 /* One chunk to read, and where its raw bytes go. */

@@ -34,6 +34,8 @@ struct io_shard_reader {
 	uint64_t          file_size;
 	const struct io_shard_index *ix;
 	struct io_shard_index *owned;     /* decoded from the file, or NULL (borrowed) */
+	bool              have_footer;    /* footer read from the file and its hash checked */
+	uint8_t           footer_hash[CKPT_HASH_BYTES];
 };
 
 static int open_file(const char *path, int *fd)
@@ -152,6 +154,8 @@ static int load_index(struct io_shard_reader *r)
 	uint8_t h[CKPT_HASH_BYTES];
 	if (!rc) {
 		io_hash128(f, (size_t)tr.footer_len, h);
+		memcpy(r->footer_hash, h, CKPT_HASH_BYTES);
+		r->have_footer = true;
 		if (memcmp(h, tr.footer_hash, CKPT_HASH_BYTES))
 			rc = ckpt_err(CKPT_ECORRUPT, "%s: footer hash mismatch (offset %llu, %llu bytes)",
 			              r->path, (unsigned long long)tr.footer_off,
@@ -224,6 +228,21 @@ int io_shard_reader_open(struct io_engine *e, const char *path,
 const struct io_shard_index *io_shard_reader_index(const struct io_shard_reader *r)
 {
 	return r->ix;
+}
+
+int io_shard_reader_footer_hash(const struct io_shard_reader *r, uint8_t out[CKPT_HASH_BYTES])
+{
+	if (!r->have_footer)
+		return -ENODATA;
+	memcpy(out, r->footer_hash, CKPT_HASH_BYTES);
+	return 0;
+}
+
+struct io_shard_index *io_shard_reader_take_index(struct io_shard_reader *r)
+{
+	struct io_shard_index *ix = r->owned;
+	r->owned = NULL;                  /* still borrowed by the reader from here on */
+	return ix;
 }
 
 const char *io_shard_reader_path(const struct io_shard_reader *r) { return r->path; }

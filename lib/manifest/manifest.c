@@ -403,7 +403,8 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
 		return ckpt_err(-ENOMEM, "manifest %s: step %llu rank %u: %zu bytes for the shard "
 		                "index", m->root, s, rank, sh.index_len);
 	}
-	memcpy(block, sh.index, sh.index_len);
+	if (sh.index_len)
+		memcpy(block, sh.index, sh.index_len);
 	memcpy(block + sh.index_len, sh.path, pl);
 	block[sh.index_len + pl] = '\0';
 	manifest_txn_abort(m, txn);

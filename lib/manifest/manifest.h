@@ -57,8 +57,10 @@ struct manifest_shard {
 	uint32_t    rank;
 	const char *path;          /* relative to the root */
 	uint64_t    file_size;
-	uint8_t     footer_hash[CKPT_HASH_BYTES];
-	const void *index;         /* encoded shard index (opaque here) */
+	uint8_t     footer_hash[CKPT_HASH_BYTES];  /* XXH3-128 of the file's footer */
+	uint64_t    footer_offset, footer_len;     /* where the footer (the shard index) is */
+	const void *index;         /* optional copy of the encoded index (opaque here); NULL/0:
+	                            * readers take it from the file's footer, checked by hash */
 	size_t      index_len;
 	void       *owned_;        /* private */
 };

@@ -18,10 +18,10 @@
 /* Record versions: the first u16 of every value. A decoder accepts versions
  * 1..current and refuses newer ones with CKPT_EVERSION. */
 #define MANIFEST_STEP_REC_VERSION  1u
-#define MANIFEST_SHARD_REC_VERSION 1u
+#define MANIFEST_SHARD_REC_VERSION 2u  /* 2: footer offset and length; index optional */
 
 #define MANIFEST_STEP_REC_FIXED   48u      /* bytes before job_id (see the layout) */
-#define MANIFEST_SHARD_REC_FIXED  40u      /* bytes before path */
+#define MANIFEST_SHARD_REC_FIXED  56u      /* bytes before path */
 #define MANIFEST_MAX_NOTE         1024u    /* abort reason kept in an ABORTED record */
 #define MANIFEST_MAX_INDEX        (1ull << 30) /* = IO_MAX_FOOTER_BYTES; not included: no io dependency */
 

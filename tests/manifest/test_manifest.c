@@ -717,7 +717,7 @@ START_TEST(corrupt_step_record)
 	size_t n = manifest_shard_rec_size(&ss.sh[1]);
 	uint8_t *rec = malloc(n);
 	manifest_shard_encode(&ss.sh[1], rec);
-	ckpt_put_le64(rec + 32, 101);
+	ckpt_put_le64(rec + 48, 101);      /* the index length field */
 	uint8_t skey[12];
 	manifest_shard_key(skey, 8, 1);
 	raw_put(root, "shards", skey, sizeof skey, rec, n);
