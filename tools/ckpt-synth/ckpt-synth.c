@@ -38,6 +38,7 @@ struct args {
 /* What each rank reports to the parent through a pipe. */
 struct rank_result {
 	int      rc;
+	int      rank;
 	uint64_t bytes, stored, tensors, verified_bytes, mismatches, skipped;
 	double   seconds, stall, durable;
 	int64_t  rss_before, rss_peak;
@@ -56,7 +57,9 @@ static void usage(FILE *f)
 	"moments, a rank-bound RNG blob per rank, a replicated scheduler blob) of about SIZE\n"
 	"bytes, sharded along the first dimension over W ranks. Contents depend only on the\n"
 	"seed, so verify may read as any number of ranks.\n"
-	"SIZE takes K, M, G, T suffixes. Exit: 0 ok, 1 failure or mismatch, 2 usage.\n");
+	"SIZE takes K, M, G, T suffixes. Exit: 0 ok, 1 failure or mismatch, 2 usage.\n"
+	"Each failing rank prints one line to stderr: 'ckpt-synth: save failed on rank R: why'\n"
+	"(a rank process that died says how: exit status or signal).\n");
 }
 
 static double now_s(void)
@@ -326,7 +329,8 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 	if (er && ew) {
 		*nres = 1;
 		memset(res, 0, sizeof *res);
-		res->rc = fn(a, atoi(er), atoi(ew), res);
+		res->rank = atoi(er);
+		res->rc = fn(a, res->rank, atoi(ew), res);
 		return 0;
 	}
 	unsigned w = a->world;
@@ -355,6 +359,7 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 			close(fds[0]);
 			struct rank_result rr;
 			memset(&rr, 0, sizeof rr);
+			rr.rank = (int)r;
 			rr.rc = fn(a, (int)r, (int)w, &rr);
 			ssize_t n = write(fds[1], &rr, sizeof rr);
 			_exit(n == (ssize_t)sizeof rr && rr.rc == 0 ? 0 : 1);
@@ -362,9 +367,15 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 	}
 	close(fds[1]);
 	unsigned got = 0;
+	bool *reported = calloc(w, sizeof *reported);
 	struct rank_result rr;
-	while (got < w && read(fds[0], &rr, sizeof rr) == (ssize_t)sizeof rr)
-		res[got++] = rr;
+	while (got < w && read(fds[0], &rr, sizeof rr) == (ssize_t)sizeof rr) {
+		if (rr.rank >= 0 && (unsigned)rr.rank < w && reported && !reported[rr.rank]) {
+			reported[rr.rank] = true;
+			res[rr.rank] = rr;
+			got++;
+		}
+	}
 	close(fds[0]);
 	int failed = 0;
 	for (unsigned r = 0; r < w; r++) {
@@ -372,14 +383,23 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 		waitpid(pids[r], &st, 0);
 		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
 			failed++;
+		/* A rank that died without reporting still counts as a failure; say how it
+		 * died (a crash fault exits with its own status, kill -9 is a signal). */
+		if (!reported || !reported[r]) {
+			memset(&res[r], 0, sizeof res[r]);
+			res[r].rank = (int)r;
+			res[r].rc = -ECHILD;
+			if (WIFSIGNALED(st))
+				snprintf(res[r].msg, sizeof res[r].msg, "rank process %d died without a "
+				         "report (killed by signal %d)", (int)pids[r], WTERMSIG(st));
+			else
+				snprintf(res[r].msg, sizeof res[r].msg, "rank process %d died without a "
+				         "report (exit status %d)", (int)pids[r],
+				         WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+		}
 	}
+	free(reported);
 	free(pids);
-	/* A rank that died without reporting still counts as a failure. */
-	for (; got < w; got++) {
-		memset(&res[got], 0, sizeof res[got]);
-		res[got].rc = -ECHILD;
-		snprintf(res[got].msg, sizeof res[got].msg, "a rank process died without a report");
-	}
 	*nres = w;
 	return failed ? 1 : 0;
 }
@@ -394,9 +414,11 @@ static int cmd_save(const struct args *a)
 	int64_t rss = 0;
 	int rc = 0;
 	for (unsigned i = 0; i < n; i++) {
-		if (res[i].rc && !rc) {
-			rc = res[i].rc;
-			fprintf(stderr, "ckpt-synth: save failed: %s\n", res[i].msg);
+		/* Every failing rank says why: the faulting one names the fault, the others
+		 * the coordinator's reason or that they are in doubt. */
+		if (res[i].rc) {
+			rc = rc ? rc : res[i].rc;
+			fprintf(stderr, "ckpt-synth: save failed on rank %d: %s\n", res[i].rank, res[i].msg);
 		}
 		bytes += res[i].bytes;
 		stored += res[i].stored;
@@ -433,9 +455,9 @@ static int cmd_verify(const struct args *a)
 	double load_s = 0;
 	int rc = 0;
 	for (unsigned i = 0; i < n; i++) {
-		if (res[i].rc && !rc) {
-			rc = res[i].rc;
-			fprintf(stderr, "ckpt-synth: verify failed on rank %u: %s\n", i, res[i].msg);
+		if (res[i].rc) {
+			rc = rc ? rc : res[i].rc;
+			fprintf(stderr, "ckpt-synth: verify failed on rank %d: %s\n", res[i].rank, res[i].msg);
 		}
 		tensors += res[i].tensors;
 		bytes += res[i].verified_bytes;
