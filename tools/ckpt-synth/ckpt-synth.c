@@ -59,7 +59,8 @@ static void usage(FILE *f)
 	"seed, so verify may read as any number of ranks.\n"
 	"SIZE takes K, M, G, T suffixes. Exit: 0 ok, 1 failure or mismatch, 2 usage.\n"
 	"Each failing rank prints one line to stderr: 'ckpt-synth: save failed on rank R: why'\n"
-	"(a rank process that died says how: exit status or signal).\n");
+	"(a rank process that died says how: exit status or signal); then the ranks that\n"
+	"succeeded say so: 'ckpt-synth: save succeeded on rank R'.\n");
 }
 
 static double now_s(void)
@@ -408,7 +409,7 @@ static int cmd_save(const struct args *a)
 {
 	struct rank_result *res = calloc(a->world, sizeof *res);
 	unsigned n = 0;
-	run_ranks(a, save_rank, res, &n);
+	int failed = run_ranks(a, save_rank, res, &n);
 	uint64_t bytes = 0, stored = 0;
 	double secs = 0, stall = 0, durable = 0;
 	int64_t rss = 0;
@@ -420,6 +421,9 @@ static int cmd_save(const struct args *a)
 			rc = rc ? rc : res[i].rc;
 			fprintf(stderr, "ckpt-synth: save failed on rank %d: %s\n", res[i].rank, res[i].msg);
 		}
+		else if (a->world > 1 && failed)
+			/* Some failed: say which ranks were told the step committed. */
+			fprintf(stderr, "ckpt-synth: save succeeded on rank %d\n", res[i].rank);
 		bytes += res[i].bytes;
 		stored += res[i].stored;
 		if (res[i].seconds > secs) secs = res[i].seconds;
