@@ -121,7 +121,7 @@ run_case() {
     # Every failing rank says why, in words a user can act on.
     local line
     while IFS= read -r line; do
-      if ! grep -Eq "fault injected|aborted by the coordinator: .+|in doubt|manifest decides|died without a report|before voting|lost the coordinator|coordinator closed|no answer to BEGIN|connect to the coordinator" <<<"$line"; then
+      if ! grep -Eq "fault injected|aborted by the coordinator: .+|in doubt|manifest decides|died without a report|before voting|lost the coordinator|coordinator closed|no answer to BEGIN|(connect to|join job .* at) the coordinator" <<<"$line"; then
         errs+=("(d) a failing rank does not name the cause: $line")
       fi
     done < <(grep "save failed on rank" <<<"$out")
