@@ -486,13 +486,20 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	if (!c->part) {
 		rc = commit_decide(c->manifest, c->cfg.job_id, s->step, 1, &v);
 		/* The manifest decides: a failure after the commit transaction leaves the
-		 * step committed, and its file must stay. */
-		struct manifest_step rec;
-		if (rc && rc != -EEXIST && manifest_step_get(c->manifest, s->step, &rec) == 0 &&
-		    rec.state == CKPT_STATE_COMMITTED) {
-			ckpt_log(CKPT_LOG_WARN, "step %llu committed; then: %s",
-			         (unsigned long long)s->step, ckpt_err_msg());
-			rc = 0;
+		 * step committed, and its file must stay. The look-up records its own
+		 * message (e.g. "no such step") on a miss: keep the failure's cause. */
+		if (rc && rc != -EEXIST) {
+			char why[sizeof s->msg];
+			snprintf(why, sizeof why, "%s", ckpt_err_msg());
+			struct manifest_step rec;
+			bool committed = manifest_step_get(c->manifest, s->step, &rec) == 0 &&
+			                 rec.state == CKPT_STATE_COMMITTED;
+			ckpt_err_restore(why);
+			if (committed) {
+				ckpt_log(CKPT_LOG_WARN, "step %llu committed; then: %s",
+				         (unsigned long long)s->step, why);
+				rc = 0;
+			}
 		}
 		goto out;
 	}

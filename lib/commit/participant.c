@@ -7,6 +7,13 @@
  * may be in flight and any thread may wait. Losing the coordinator before voting
  * aborts the save; losing it after voting leaves the outcome in doubt
  * (CKPT_EINDOUBT): the manifest decides, and this rank keeps its file.
+ *
+ * A decision may reach this rank before the reply to its BEGIN: the coordinator
+ * aborted the step (another rank failed) while this rank's BEGIN was on the way,
+ * and then took that BEGIN as the start of a new attempt. Such a rank must not
+ * write or vote: its begin fails with the coordinator's reason, and it sends ABORT
+ * so that the attempt its BEGIN opened is aborted too instead of waiting for votes
+ * that will not come. Likewise a rank never votes for a step already decided.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -23,7 +30,8 @@ struct part_entry {
 	uint64_t           step;
 	bool               begin_done, decided, prepared;
 	int                begin_code, decision;
-	char               reason[COMMIT_MAX_REASON + 1];
+	char               begin_reason[COMMIT_MAX_REASON + 1];   /* the BEGIN reply's */
+	char               reason[COMMIT_MAX_REASON + 1];         /* the decision's */
 	struct part_entry *next;
 };
 
@@ -110,19 +118,18 @@ static void *rx_main(void *arg)
 		pthread_mutex_lock(&p->lock);
 		/* Decisions of steps this rank never began are not ours to keep. */
 		struct part_entry *e = entry_get(p, st.step, false);
-		if (e && m.type == COMMIT_MSG_BEGIN_REPLY) {
-			/* Messages on the connection are ordered: a decision filed before this
-			 * reply was about an earlier attempt at the step, not this one. */
-			e->begin_done = true;
-			e->begin_code = st.code;
-			e->decided = false;
-			snprintf(e->reason, sizeof e->reason, "%s", st.reason);
-			pthread_cond_broadcast(&p->cond);
-		} else if (e && !e->decided) {
-			/* The first decision stands (a refused late vote is answered too). */
-			e->decided = true;
-			e->decision = st.code;
-			snprintf(e->reason, sizeof e->reason, "%s", st.reason);
+		if (e) {
+			/* Separate reasons: a BEGIN reply that follows a decision must not
+			 * blank the decision's reason. */
+			if (m.type == COMMIT_MSG_BEGIN_REPLY) {
+				e->begin_done = true;
+				e->begin_code = st.code;
+				snprintf(e->begin_reason, sizeof e->begin_reason, "%s", st.reason);
+			} else if (!e->decided) {
+				e->decided = true;
+				e->decision = st.code;
+				snprintf(e->reason, sizeof e->reason, "%s", st.reason);
+			}
 			pthread_cond_broadcast(&p->cond);
 		}
 		pthread_mutex_unlock(&p->lock);
@@ -222,6 +229,7 @@ int commit_part_begin(struct commit_part *p, uint64_t step)
 	ckpt_buf_free(&b);
 	struct timespec dl;
 	deadline_at(&dl, (int)p->timeout_ms);
+	bool stale = false;
 	pthread_mutex_lock(&p->lock);
 	while (!rc && !e->begin_done && !p->lost)
 		if (pthread_cond_timedwait(&p->cond, &p->lock, &dl) == ETIMEDOUT)
@@ -232,10 +240,23 @@ int commit_part_begin(struct commit_part *p, uint64_t step)
 		              p->name, p->lost_why);
 	if (!rc && e->begin_code)
 		rc = ckpt_err(e->begin_code, "step %llu refused by the %s: %s",
-		              (unsigned long long)step, p->name, e->reason);
+		              (unsigned long long)step, p->name, e->begin_reason);
+	if (!rc && e->decided) {
+		/* Decided before this rank began (see the top of the file). */
+		stale = true;
+		rc = ckpt_err(e->decision == -EEXIST ? -EEXIST : CKPT_EABORTED,
+		              "step %llu aborted by the coordinator before this rank began: %s",
+		              (unsigned long long)step, e->reason);
+	}
 	if (rc)
 		entry_drop(p, step);
 	pthread_mutex_unlock(&p->lock);
+	if (stale) {
+		char why[COMMIT_MAX_REASON];
+		snprintf(why, sizeof why, "%s", ckpt_err_msg());
+		commit_part_abort(p, step, rc, why);
+		ckpt_err_restore(why);
+	}
 	return rc;
 }
 
@@ -243,11 +264,16 @@ int commit_part_prepare(struct commit_part *p, const struct commit_vote *v)
 {
 	pthread_mutex_lock(&p->lock);
 	struct part_entry *e = entry_get(p, v->step, true);
+	bool decided = e && e->decided;
 	if (e)
 		e->prepared = true;
 	pthread_mutex_unlock(&p->lock);
 	if (!e)
 		return ckpt_err(-ENOMEM, "prepare step %llu", (unsigned long long)v->step);
+	/* Already decided (aborted while this rank wrote): a vote now would only open
+	 * a new attempt at the coordinator. commit_part_wait reports the decision. */
+	if (decided)
+		return 0;
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
 	int rc = commit_prepare_encode(v, &b);

@@ -10,6 +10,7 @@
  * (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or runs as one rank
  * when RANK and WORLD_SIZE are already set (started by torchrun, srun, mpirun).
  * verify reads every tensor back as W ranks would (any W) and compares bit for bit.
+ * Forked rank processes are named ckpt-rank-R (the process name: pgrep -x).
  * Uses the public API only.
  */
 #define _GNU_SOURCE
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +40,7 @@ struct args {
 /* What each rank reports to the parent through a pipe. */
 struct rank_result {
 	int      rc;
+	int      rank;
 	uint64_t bytes, stored, tensors, verified_bytes, mismatches, skipped;
 	double   seconds, stall, durable;
 	int64_t  rss_before, rss_peak;
@@ -56,7 +59,10 @@ static void usage(FILE *f)
 	"moments, a rank-bound RNG blob per rank, a replicated scheduler blob) of about SIZE\n"
 	"bytes, sharded along the first dimension over W ranks. Contents depend only on the\n"
 	"seed, so verify may read as any number of ranks.\n"
-	"SIZE takes K, M, G, T suffixes. Exit: 0 ok, 1 failure or mismatch, 2 usage.\n");
+	"SIZE takes K, M, G, T suffixes. Exit: 0 ok, 1 failure or mismatch, 2 usage.\n"
+	"Each failing rank prints one line to stderr: 'ckpt-synth: save failed on rank R: why'\n"
+	"(a rank process that died says how: exit status or signal); then the ranks that\n"
+	"succeeded say so: 'ckpt-synth: save succeeded on rank R'.\n");
 }
 
 static double now_s(void)
@@ -326,7 +332,8 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 	if (er && ew) {
 		*nres = 1;
 		memset(res, 0, sizeof *res);
-		res->rc = fn(a, atoi(er), atoi(ew), res);
+		res->rank = atoi(er);
+		res->rc = fn(a, res->rank, atoi(ew), res);
 		return 0;
 	}
 	unsigned w = a->world;
@@ -341,6 +348,10 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 		if (pids[r] < 0)
 			return -errno;
 		if (pids[r] == 0) {
+			/* Named for operators and tests: pgrep -x ckpt-rank-3 finds rank 3. */
+			char comm[16];
+			snprintf(comm, sizeof comm, "ckpt-rank-%u", r);
+			prctl(PR_SET_NAME, comm, 0, 0, 0);
 			char rs[16], ws[16];
 			snprintf(rs, sizeof rs, "%u", r);
 			snprintf(ws, sizeof ws, "%u", w);
@@ -355,6 +366,7 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 			close(fds[0]);
 			struct rank_result rr;
 			memset(&rr, 0, sizeof rr);
+			rr.rank = (int)r;
 			rr.rc = fn(a, (int)r, (int)w, &rr);
 			ssize_t n = write(fds[1], &rr, sizeof rr);
 			_exit(n == (ssize_t)sizeof rr && rr.rc == 0 ? 0 : 1);
@@ -362,9 +374,15 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 	}
 	close(fds[1]);
 	unsigned got = 0;
+	bool *reported = calloc(w, sizeof *reported);
 	struct rank_result rr;
-	while (got < w && read(fds[0], &rr, sizeof rr) == (ssize_t)sizeof rr)
-		res[got++] = rr;
+	while (got < w && read(fds[0], &rr, sizeof rr) == (ssize_t)sizeof rr) {
+		if (rr.rank >= 0 && (unsigned)rr.rank < w && reported && !reported[rr.rank]) {
+			reported[rr.rank] = true;
+			res[rr.rank] = rr;
+			got++;
+		}
+	}
 	close(fds[0]);
 	int failed = 0;
 	for (unsigned r = 0; r < w; r++) {
@@ -372,14 +390,23 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 		waitpid(pids[r], &st, 0);
 		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
 			failed++;
+		/* A rank that died without reporting still counts as a failure; say how it
+		 * died (a crash fault exits with its own status, kill -9 is a signal). */
+		if (!reported || !reported[r]) {
+			memset(&res[r], 0, sizeof res[r]);
+			res[r].rank = (int)r;
+			res[r].rc = -ECHILD;
+			if (WIFSIGNALED(st))
+				snprintf(res[r].msg, sizeof res[r].msg, "rank process %d died without a "
+				         "report (killed by signal %d)", (int)pids[r], WTERMSIG(st));
+			else
+				snprintf(res[r].msg, sizeof res[r].msg, "rank process %d died without a "
+				         "report (exit status %d)", (int)pids[r],
+				         WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+		}
 	}
+	free(reported);
 	free(pids);
-	/* A rank that died without reporting still counts as a failure. */
-	for (; got < w; got++) {
-		memset(&res[got], 0, sizeof res[got]);
-		res[got].rc = -ECHILD;
-		snprintf(res[got].msg, sizeof res[got].msg, "a rank process died without a report");
-	}
 	*nres = w;
 	return failed ? 1 : 0;
 }
@@ -388,16 +415,21 @@ static int cmd_save(const struct args *a)
 {
 	struct rank_result *res = calloc(a->world, sizeof *res);
 	unsigned n = 0;
-	run_ranks(a, save_rank, res, &n);
+	int failed = run_ranks(a, save_rank, res, &n);
 	uint64_t bytes = 0, stored = 0;
 	double secs = 0, stall = 0, durable = 0;
 	int64_t rss = 0;
 	int rc = 0;
 	for (unsigned i = 0; i < n; i++) {
-		if (res[i].rc && !rc) {
-			rc = res[i].rc;
-			fprintf(stderr, "ckpt-synth: save failed: %s\n", res[i].msg);
+		/* Every failing rank says why: the faulting one names the fault, the others
+		 * the coordinator's reason or that they are in doubt. */
+		if (res[i].rc) {
+			rc = rc ? rc : res[i].rc;
+			fprintf(stderr, "ckpt-synth: save failed on rank %d: %s\n", res[i].rank, res[i].msg);
 		}
+		else if (a->world > 1 && failed)
+			/* Some failed: say which ranks were told the step committed. */
+			fprintf(stderr, "ckpt-synth: save succeeded on rank %d\n", res[i].rank);
 		bytes += res[i].bytes;
 		stored += res[i].stored;
 		if (res[i].seconds > secs) secs = res[i].seconds;
@@ -433,9 +465,9 @@ static int cmd_verify(const struct args *a)
 	double load_s = 0;
 	int rc = 0;
 	for (unsigned i = 0; i < n; i++) {
-		if (res[i].rc && !rc) {
-			rc = res[i].rc;
-			fprintf(stderr, "ckpt-synth: verify failed on rank %u: %s\n", i, res[i].msg);
+		if (res[i].rc) {
+			rc = rc ? rc : res[i].rc;
+			fprintf(stderr, "ckpt-synth: verify failed on rank %d: %s\n", res[i].rank, res[i].msg);
 		}
 		tensors += res[i].tensors;
 		bytes += res[i].verified_bytes;

@@ -1,0 +1,207 @@
+/*
+ * test_participant_order.c — the participant (lib/commit/participant.c) against a
+ * scripted coordinator that replays, deterministically, message orders the crash
+ * matrix only hits by chance on a busy machine:
+ *   - the abort decision of a step arrives BEFORE the reply to this rank's BEGIN
+ *     (the coordinator aborted the step because another rank failed while this
+ *     rank's BEGIN was on the way, then took that BEGIN as a new attempt): the
+ *     begin must fail with the coordinator's reason (not a blank one), the rank
+ *     must not write or vote, and it must send ABORT so that the new attempt does
+ *     not wait for votes;
+ *   - the abort decision arrives after BEGIN's reply but before the vote: no
+ *     PREPARE goes out, and the wait reports the coordinator's reason.
+ * The script is ordered by the TCP stream itself (a second BEGIN serves as a
+ * barrier), never by sleeps.
+ */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commit/commit_internal.h"
+#include "testutil.h"
+
+#define JOB "order-test"
+#define TMO 5000
+
+struct script {
+	struct net_listener *lis;
+	int                  scenario;
+	/* results, read after join */
+	int                  err;
+	char                 what[256];
+	unsigned             aborts_for_7, prepares_for_8;
+};
+
+static int any_rank(void *arg, uint32_t rank, const char **why)
+{
+	(void)arg; (void)rank; (void)why;
+	return 0;
+}
+
+static int send_status(struct net_conn *c, uint16_t type, uint64_t step, int code, const char *why)
+{
+	struct commit_status_msg m = { .step = step, .code = code };
+	snprintf(m.reason, sizeof m.reason, "%s", why);
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	int rc = commit_status_encode(&m, &b);
+	if (!rc)
+		rc = net_send(c, type, b.p, b.len, TMO);
+	ckpt_buf_free(&b);
+	return rc;
+}
+
+/* Receive one message; its step (BEGIN: the payload; others: the status/vote). */
+static int recv_step(struct net_conn *c, uint16_t *type, uint64_t *step)
+{
+	struct net_msg m;
+	int rc = net_recv(c, &m, TMO);
+	if (rc)
+		return rc;
+	*type = m.type;
+	struct commit_status_msg st;
+	struct commit_vote v;
+	if (m.type == COMMIT_MSG_BEGIN)
+		rc = commit_step_decode(m.payload, m.len, step);
+	else if (m.type == COMMIT_MSG_PREPARE && !(rc = commit_prepare_decode(m.payload, m.len, &v)))
+		*step = v.step;
+	else if (m.type == COMMIT_MSG_ABORT && !(rc = commit_status_decode(m.payload, m.len, &st)))
+		*step = st.step;
+	net_msg_free(&m);
+	return rc;
+}
+
+#define SCRIPT_FAIL(...) do { s->err = 1; snprintf(s->what, sizeof s->what, __VA_ARGS__); goto out; } while (0)
+
+static void *coordinator_script(void *arg)
+{
+	struct script *s = arg;
+	struct net_conn *c = NULL;
+	uint32_t rank;
+	uint16_t type;
+	uint64_t step;
+	if (net_accept(s->lis, TMO, &c))
+		SCRIPT_FAIL("accept: %s", ckpt_err_msg());
+	struct net_auth a = { .job_id = JOB, .world = 3 };
+	if (net_handshake_server(c, &a, any_rank, NULL, &rank, TMO))
+		SCRIPT_FAIL("handshake: %s", ckpt_err_msg());
+	if (s->scenario == 1) {
+		/* BEGIN 7 -> DECISION(7, abort) first, then BEGIN_REPLY(7, ok). */
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 7)
+			SCRIPT_FAIL("want BEGIN 7, got type %u step %llu", type, (unsigned long long)step);
+		if (send_status(c, COMMIT_MSG_DECISION, 7, CKPT_EABORTED, "rank 2 failed: disk on fire") ||
+		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 7, 0, ""))
+			SCRIPT_FAIL("send: %s", ckpt_err_msg());
+	} else {
+		/* BEGIN 8 -> reply ok; BEGIN 9 -> DECISION(8, abort), then reply ok to 9 (the
+		 * barrier: the decision reaches the rank after its begin of 8 returned). */
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 8)
+			SCRIPT_FAIL("want BEGIN 8, got type %u step %llu", type, (unsigned long long)step);
+		if (send_status(c, COMMIT_MSG_BEGIN_REPLY, 8, 0, ""))
+			SCRIPT_FAIL("send: %s", ckpt_err_msg());
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 9)
+			SCRIPT_FAIL("want BEGIN 9, got type %u step %llu", type, (unsigned long long)step);
+		if (send_status(c, COMMIT_MSG_DECISION, 8, CKPT_EABORTED, "rank 1 failed: write error") ||
+		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 9, 0, ""))
+			SCRIPT_FAIL("send: %s", ckpt_err_msg());
+	}
+	/* Everything else the rank sends, until it hangs up. */
+	for (;;) {
+		int rc = recv_step(c, &type, &step);
+		if (rc == -ECONNRESET)
+			break;
+		if (rc)
+			SCRIPT_FAIL("recv: %s", ckpt_err_msg());
+		if (type == COMMIT_MSG_ABORT && step == 7)
+			s->aborts_for_7++;
+		if (type == COMMIT_MSG_PREPARE && step == 8)
+			s->prepares_for_8++;
+	}
+out:
+	net_close(c);
+	return NULL;
+}
+
+static struct commit_part *start(struct script *s, pthread_t *t, int scenario)
+{
+	memset(s, 0, sizeof *s);
+	s->scenario = scenario;
+	ck_assert_int_eq(net_listen(NET_TCP, "127.0.0.1", 0, &s->lis), 0);
+	ck_assert_int_eq(pthread_create(t, NULL, coordinator_script, s), 0);
+	struct commit_part_opts o = { .transport = NET_TCP, .addr = "127.0.0.1",
+	                              .port = net_listener_port(s->lis), .job_id = JOB,
+	                              .rank = 1, .world = 3, .timeout_ms = TMO };
+	struct commit_part *p = NULL;
+	int rc = commit_part_connect(&o, &p);
+	ck_assert_msg(rc == 0, "connect: %s", ckpt_err_msg());
+	return p;
+}
+
+static void finish(struct script *s, pthread_t t, struct commit_part *p)
+{
+	commit_part_close(p);
+	pthread_join(t, NULL);
+	net_listener_close(s->lis);
+	ck_assert_msg(!s->err, "scripted coordinator: %s", s->what);
+}
+
+START_TEST(decision_before_begin_reply)
+{
+	struct script s;
+	pthread_t t;
+	struct commit_part *p = start(&s, &t, 1);
+	int rc = commit_part_begin(p, 7);
+	const char *msg = ckpt_err_msg();
+	ck_assert_msg(rc == CKPT_EABORTED, "begin of an aborted step: rc %d (%s)", rc, msg);
+	ck_assert_msg(strstr(msg, "disk on fire"), "the coordinator's reason is lost: '%s'", msg);
+	finish(&s, t, p);
+	ck_assert_msg(s.aborts_for_7 == 1, "the rank sent %u ABORT for step 7, want 1", s.aborts_for_7);
+}
+END_TEST
+
+START_TEST(decision_before_vote)
+{
+	struct script s;
+	pthread_t t;
+	struct commit_part *p = start(&s, &t, 2);
+	ck_assert_int_eq(commit_part_begin(p, 8), 0);
+	/* DECISION 8 precedes the reply to BEGIN 9 on the stream: once begin(9)
+	 * returns, the decision has been filed. */
+	ck_assert_int_eq(commit_part_begin(p, 9), 0);
+	uint8_t idx[16] = { 1, 2, 3 };
+	struct commit_vote v = { .rank = 1, .step = 8, .index = idx, .index_len = sizeof idx,
+	                         .file_size = 4096 };
+	ck_assert_int_eq(commit_part_prepare(p, &v), 0);
+	int rc = commit_part_wait(p, 8, TMO);
+	const char *msg = ckpt_err_msg();
+	ck_assert_msg(rc == CKPT_EABORTED, "wait: rc %d (%s)", rc, msg);
+	ck_assert_msg(strstr(msg, "rank 1 failed: write error"), "reason: '%s'", msg);
+	commit_part_abort(p, 9, CKPT_EABORTED, "test over");
+	finish(&s, t, p);
+	ck_assert_msg(s.prepares_for_8 == 0, "the rank voted for a step already aborted");
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("participant_order");
+	TCase *tc = tcase_create("order");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, decision_before_begin_reply);
+	tcase_add_test(tc, decision_before_vote);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
