@@ -124,7 +124,7 @@ int rdma_post_recv_slot(struct rdma_conn *r, uint32_t slot)
 	return 0;
 }
 
-/* Header of every SEND; returns what it reports as given back. Locked. */
+/* The header of every SEND; it hands over all that is owed to the peer. Locked. */
 static void hdr_fill(struct rdma_conn *r, uint8_t *h, enum rdma_kind kind, uint32_t len,
                      uint32_t ring_off)
 {
