@@ -4,7 +4,9 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config liburing-dev liblmdb-dev lmdb-utils libxxhash-dev
       libzstd-dev check libsubunit-dev libssl-dev libibverbs-dev librdmacm-dev
-      fio clang libclang-rt-14-dev python3 util-linux)
+      fio clang libclang-rt-14-dev python3 util-linux
+      # the rdma guest (tests/rdma/run-rdma-tests.sh, shared/rdma-vm): qemu, soft-RoCE tools
+      qemu-system-x86 busybox-static ibverbs-utils rdmacm-utils ibverbs-providers iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

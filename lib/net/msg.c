@@ -35,6 +35,17 @@ static int rx_fail(struct net_conn *c, int code, const char *why)
 	return ckpt_err(code, "%s: %s", c->name, why);
 }
 
+/* A transport call failed: the connection is finished. The message carries the
+ * transport's own reason when it has one (which work request, which status). */
+static int transport_fail(struct net_conn *c, int code, const char *what)
+{
+	net_conn_break(c, code);
+	const char *detail = c->ops->error_detail ? c->ops->error_detail(c) : NULL;
+	if (detail)
+		return ckpt_err(code, "%s: %s: %s", c->name, what, detail);
+	return ckpt_err(code, "%s: %s", c->name, what);
+}
+
 static int fail_fast(const struct net_conn *c)
 {
 	int code = atomic_load(&c->broken);
@@ -134,10 +145,8 @@ int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_
 		}
 		if (n == -EINTR)
 			continue;
-		if (n != -EAGAIN) {
-			net_conn_break(c, (int)n);
-			return ckpt_err((int)n, "%s: receive failed", c->name);
-		}
+		if (n != -EAGAIN)
+			return transport_fail(c, (int)n, "receive failed");
 		int left = net_ms_left(deadline);
 		if (left == 0) {
 			/* -EAGAIN is the normal answer of a poll loop: no message text. */
@@ -146,10 +155,8 @@ int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_
 			return ckpt_err(-ETIMEDOUT, "%s: no message within %d ms", c->name, timeout_ms);
 		}
 		int w = c->ops->wait(c, POLLIN, left);
-		if (w < 0 && w != -EINTR) {
-			net_conn_break(c, w);
-			return ckpt_err(w, "%s: waiting to receive", c->name);
-		}
+		if (w < 0 && w != -EINTR)
+			return transport_fail(c, w, "waiting to receive");
 	}
 
 	m->type = rx->type;
@@ -211,9 +218,9 @@ int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t 
 		if (n == -EINTR)
 			continue;
 		if (n != -EAGAIN && n != 0) {
-			net_conn_break(c, (int)n);
-			return ckpt_err((int)n, "%s: send of a %zu-byte message (type %u) failed",
-			                c->name, len, type);
+			char what[96];
+			snprintf(what, sizeof what, "send of a %zu-byte message (type %u) failed", len, type);
+			return transport_fail(c, (int)n, what);
 		}
 		int left = net_ms_left(deadline);
 		if (left == 0) {
@@ -227,10 +234,8 @@ int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t 
 			                "out after %zu bytes", c->name, len, type, sent);
 		}
 		int w = c->ops->wait(c, POLLOUT, left);
-		if (w < 0 && w != -EINTR) {
-			net_conn_break(c, w);
-			return ckpt_err(w, "%s: waiting to send", c->name);
-		}
+		if (w < 0 && w != -EINTR)
+			return transport_fail(c, w, "waiting to send");
 	}
 	return 0;
 }

@@ -1,8 +1,8 @@
 /*
  * net.h — lib/net's interface: framed, versioned messages between ranks and the
- * coordinator over a transport (tcp now, rdma later), with an authenticated
- * handshake. lib/commit uses only this header, so a transport can be added
- * without touching it.
+ * coordinator over a transport (tcp, or rdma: docs/protocol-rdma.md), with an
+ * authenticated handshake. lib/commit uses only this header, so a transport can
+ * be added without touching it.
  *
  * Framing: every message is a 16-byte header (magic, protocol version, type,
  * flags, payload length) and a payload of any size up to the receiver's limit.
@@ -12,6 +12,10 @@
  *
  * Threads: a net_conn belongs to one thread at a time, except that one thread
  * may send while another receives. A net_listener likewise.
+ *
+ * Processes (rdma): fork before the first rdma listen or connect. librdmacm opens
+ * the devices once per process, and the kernel refuses their use from a child
+ * (every post fails with -EACCES); docs/protocol-rdma.md.
  */
 #ifndef CKPT_NET_H
 #define CKPT_NET_H

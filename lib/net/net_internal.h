@@ -3,7 +3,7 @@
  * listener and connection objects that msg.c (framing) and auth.c (handshake)
  * work on.
  *
- * A transport (tcp.c today, rdma.c later) supplies only a struct
+ * A transport (tcp.c; rdma.c with rdma_stream.c) supplies only a struct
  * net_transport_ops: connection set-up, non-blocking byte transfer, a wait for
  * readiness, and teardown. Everything above bytes — framing, limits, partial
  * receive progress, timeouts across calls, the handshake — lives in
@@ -70,11 +70,16 @@ struct net_transport_ops {
 	 * thread is inside send, recv_some or wait on the same connection. */
 	void (*shutdown)(struct net_conn *c);
 	void (*close)(struct net_conn *c);     /* frees priv */
+	/* Optional (NULL: none): after send, recv_some or wait failed, the
+	 * transport's own reason (rdma: the failed work request and its
+	 * ibv_wc_status_str), for net's error message. Valid until close. */
+	const char *(*error_detail)(const struct net_conn *c);
 };
 
 extern const struct net_transport_ops net_tcp_ops;
-/* rdma.c will add: extern const struct net_transport_ops net_rdma_ops; (and a case
- * in net_transport_ops_get), under CKPT_HAVE_RDMA. */
+#ifdef CKPT_HAVE_RDMA
+extern const struct net_transport_ops net_rdma_ops;   /* rdma.c, rdma_stream.c */
+#endif
 
 /* Look up a transport by enum net_transport; CKPT_ENODEV with a message if not built. */
 int net_transport_ops_get(int transport, const struct net_transport_ops **out);

@@ -19,8 +19,14 @@ int net_transport_ops_get(int transport, const struct net_transport_ops **out)
 		*out = &net_tcp_ops;
 		return 0;
 	case NET_RDMA:
-		/* Not written yet; rdma.c adds its ops here (see net_internal.h). */
-		return ckpt_err(CKPT_ENODEV, "rdma transport is not available in this build");
+#ifdef CKPT_HAVE_RDMA
+		*out = &net_rdma_ops;
+		return 0;
+#else
+		/* Asked for by name: say so, never fall back to tcp. */
+		return ckpt_err(CKPT_ENODEV, "rdma transport is not available in this build "
+		                "(built without libibverbs/librdmacm)");
+#endif
 	default:
 		return ckpt_err(CKPT_ENODEV, "unknown transport %d", transport);
 	}
