@@ -5,10 +5,12 @@
  * -> footer -> fdatasync -> fsync dir -> vote -> commit decision.
  *
  * The snapshot point is reached when the last byte of the caller's data has been
- * copied into the pool: from then on the caller may change its tensors. When the
- * state is larger than the pool, buffers come back as writes complete
- * (backpressure) and the snapshot point moves accordingly; host memory never
- * grows past the pool.
+ * copied into the pool: from then on the caller may change its tensors. Copies
+ * run ahead of the writer through a window of pool buffers (lib/snapshot; device
+ * memory by DMA on a CUDA stream), so the snapshot point comes at copy speed when
+ * the state fits. When the state is larger than the pool, buffers come back as
+ * writes complete (backpressure) and the snapshot point moves accordingly; host
+ * memory never grows past the pool.
  */
 #include <errno.h>
 #include <stdio.h>
