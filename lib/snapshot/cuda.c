@@ -207,8 +207,11 @@ int snapshot_bind(struct snapshot *sn, int device)
 }
 
 /* Run under sn->lock: make the bound (else home) device current for the creation
- * of streams and events, which belong to the device current at creation; the
- * caller's thread gets its own device back. */
+ * of streams and events, which belong to the device current at creation. A
+ * caller's thread gets its own device back (with_device_end); the save worker,
+ * our own thread, keeps the bound device current: since CUDA 12 cudaSetDevice
+ * creates the device's primary context, and switching the worker back to device
+ * 0 would cost every rank a context on GPU 0. */
 static int with_device_begin(struct snapshot *sn, int *prev)
 {
 	int dev = sn->bound >= 0 ? sn->bound : sn->home;
@@ -218,14 +221,16 @@ static int with_device_begin(struct snapshot *sn, int *prev)
 	return e == cudaSuccess ? 0 : cuda_err(e, "select CUDA device %d", dev);
 }
 
-static void with_device_end(int prev)
+static void with_device_end(int prev, bool restore)
 {
+	if (!restore)
+		return;
 	int cur;
 	if (cudaGetDevice(&cur) == cudaSuccess && cur != prev)
 		cudaSetDevice(prev);
 }
 
-static int stream_create(struct snapshot *sn, cudaStream_t *s, const char *what)
+static int stream_create(struct snapshot *sn, cudaStream_t *s, const char *what, bool restore)
 {
 	if (*s)
 		return 0;
@@ -233,7 +238,7 @@ static int stream_create(struct snapshot *sn, cudaStream_t *s, const char *what)
 	if (rc)
 		return rc;
 	cudaError_t e = cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
-	with_device_end(prev);
+	with_device_end(prev, restore);
 	if (e != cudaSuccess) {
 		*s = NULL;
 		return cuda_err(e, "create the %s stream", what);
@@ -248,7 +253,7 @@ int snap_dev_prepare(struct snapshot *sn, unsigned n)
 	if (!sn->device)
 		return ckpt_err(CKPT_ENODEV, "device memory, but no CUDA device is usable here");
 	pthread_mutex_lock(&sn->lock);
-	int rc = stream_create(sn, &sn->save_stream, "snapshot copy");
+	int rc = stream_create(sn, &sn->save_stream, "snapshot copy", false);
 	if (!rc && n > sn->nevents) {
 		cudaEvent_t *ev = realloc(sn->events, n * sizeof *ev);
 		if (!ev) {
@@ -268,7 +273,7 @@ int snap_dev_prepare(struct snapshot *sn, unsigned n)
 					}
 					sn->nevents++;
 				}
-				with_device_end(prev);
+				with_device_end(prev, false);
 			}
 		}
 	}
@@ -308,7 +313,7 @@ int snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), voi
 		/* No timing, no blocking sync: it exists for cudaStreamWaitEvent, which the
 		 * GPU resolves without the host. */
 		cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-		with_device_end(prev);
+		with_device_end(prev, false);
 		if (e != cudaSuccess)
 			rc = cuda_err(e, "create the snapshot event");
 	}
@@ -358,7 +363,7 @@ int snapshot_copy_out(struct snapshot *sn, void *dst, const void *src, size_t n,
 		return ckpt_err(CKPT_ENODEV, "device memory, but no CUDA device is usable here");
 	if (!sn->load_stream) {
 		pthread_mutex_lock(&sn->lock);
-		int rc = stream_create(sn, &sn->load_stream, "load copy");
+		int rc = stream_create(sn, &sn->load_stream, "load copy", true);
 		pthread_mutex_unlock(&sn->lock);
 		if (rc)
 			return rc;

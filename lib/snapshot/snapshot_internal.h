@@ -34,7 +34,8 @@ struct snapshot {
 
 /* ---- the device backend (cuda.c, or host.c without CUDA) ----
  * slot indexes the per-slot events; callers guarantee slot < the n of the last
- * successful snap_dev_prepare(sn, n). */
+ * successful snap_dev_prepare(sn, n). Called from the pipe's thread (the save
+ * worker), which prepare and seal leave with the bound device current. */
 
 /* Create the save stream and at least n slot events (bound device). */
 int  snap_dev_prepare(struct snapshot *sn, unsigned n);
