@@ -29,16 +29,21 @@ int ckpt_save_snapshot_event(ckpt_save *s, struct CUevent_st **ev)
 	if (!s || !ev)
 		return ckpt_err(-EINVAL, "ckpt_save_snapshot_event: NULL argument");
 	*ev = NULL;
-	if (s->state == SAVE_OPEN)
-		return ckpt_err(CKPT_ESTATE, "save of step %llu was not submitted",
-		                (unsigned long long)s->step);
 	ckpt_ctx *c = s->ctx;
-	if (!snapshot_has_device(c->snap))
-		return ckpt_err(CKPT_ENODEV, "save of step %llu: no snapshot event without a CUDA "
-		                "device (libckpt built without CUDA, or no device found at open)",
-		                (unsigned long long)s->step);
 	int rc = 0;
+	/* s->state is the worker's once queued: read under the lock. */
 	pthread_mutex_lock(&c->lock);
+	if (s->state == SAVE_OPEN)
+		rc = ckpt_err(CKPT_ESTATE, "save of step %llu was not submitted",
+		              (unsigned long long)s->step);
+	else if (!snapshot_has_device(c->snap))
+		rc = ckpt_err(CKPT_ENODEV, "save of step %llu: no snapshot event without a CUDA "
+		              "device (libckpt built without CUDA, or no device found at open)",
+		              (unsigned long long)s->step);
+	if (rc) {
+		pthread_mutex_unlock(&c->lock);
+		return rc;
+	}
 	/* Until the worker has issued the last copy: at once when the state fits in
 	 * the pool, else as long as the part that does not fit takes (cuda.h). */
 	while (!s->snapshot_issued && s->state != SAVE_DONE)

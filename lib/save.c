@@ -257,11 +257,21 @@ int ckpt_save_submit(ckpt_save *s)
 	return 0;
 }
 
+/* The worker writes s->state under ctx->lock once the save is queued: read it
+ * there too (a bare read races with QUEUED -> RUNNING). */
+static bool save_submitted(ckpt_save *s)
+{
+	pthread_mutex_lock(&s->ctx->lock);
+	bool r = s->state != SAVE_OPEN;
+	pthread_mutex_unlock(&s->ctx->lock);
+	return r;
+}
+
 static int save_wait_until(ckpt_save *s, bool snapshot, int timeout_ms)
 {
 	if (!s)
 		return ckpt_err(-EINVAL, "save handle is NULL");
-	if (s->state == SAVE_OPEN)
+	if (!save_submitted(s))
 		return ckpt_err(CKPT_ESTATE, "save of step %llu was not submitted",
 		                (unsigned long long)s->step);
 	ckpt_ctx *c = s->ctx;
@@ -309,7 +319,7 @@ void ckpt_save_free(ckpt_save *s)
 	if (!s)
 		return;
 	ckpt_ctx *c = s->ctx;
-	if (s->state != SAVE_OPEN)
+	if (save_submitted(s))
 		save_wait_until(s, false, -1);
 	else if (c->part)
 		/* Begun but never submitted: the other ranks must not wait for this vote. */
