@@ -45,6 +45,9 @@ if(CMAKE_CUDA_COMPILER)
   ckpt_gpu_test(test_gpu_event SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_event.c
                 ${CKPT_GPU_TEST_DIR}/flip_kernel.cu)
   target_compile_definitions(test_gpu_event PRIVATE CKPT_TEST_HAVE_KERNEL=1)
+  # One CUDA runtime in the process: the shared one libckpt links, not nvcc's
+  # default static copy next to it.
+  set_target_properties(test_gpu_event PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
 else()
   ckpt_gpu_test(test_gpu_event SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_event.c)
 endif()
