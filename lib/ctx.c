@@ -16,6 +16,7 @@
 
 #include "glue.h"
 #include "net/net.h"
+#include "snapshot/snapshot.h"
 
 bool glue_is_coordinator(const ckpt_ctx *c)
 {
@@ -170,6 +171,8 @@ void ckpt_close(ckpt_ctx *c)
 	commit_coord_stop(c->coord);
 	io_engine_destroy(c->load_engine);
 	io_pool_destroy(c->pool);
+	/* After the pool: its memory is pinned through the snapshot object. */
+	snapshot_destroy(c->snap);
 	manifest_close(c->manifest);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
@@ -222,7 +225,12 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	size_t nbufs = c->cfg.pool_bytes / c->cfg.chunk_bytes;
 	if (ro && nbufs > 2u * c->cfg.queue_depth)
 		nbufs = 2u * c->cfg.queue_depth;
-	if ((rc = io_pool_create(c->cfg.chunk_bytes, (unsigned)nbufs, NULL, &c->pool))) {
+	/* With a CUDA device the pool is pinned (DESIGN §8), so that device-to-host
+	 * copies land in it by DMA; otherwise it is lib/io's pre-faulted memory. */
+	if ((rc = snapshot_create(&c->snap)))
+		goto fail;
+	if ((rc = io_pool_create(c->cfg.chunk_bytes, (unsigned)nbufs, snapshot_pool_alloc(c->snap),
+	                         &c->pool))) {
 		ckpt_err_prefix(rc, "buffer pool of %zu x %zu bytes", nbufs, c->cfg.chunk_bytes);
 		goto fail;
 	}

@@ -15,6 +15,8 @@
 #include "io/io.h"
 #include "manifest/manifest.h"
 
+struct snapshot;   /* lib/snapshot/snapshot.h */
+
 /* Options after defaults and the environment were applied (lib/config.c). */
 struct glue_config {
 	char    *root;
@@ -59,6 +61,9 @@ struct ckpt_save {
 	/* shared, under ctx->lock */
 	enum save_state   state;
 	bool              snapshot_done;
+	bool              snapshot_issued; /* every snapshot copy issued; event set */
+	void             *snapshot_event;  /* cudaEvent_t after the last copy, or NULL;
+	                                      destroyed by ckpt_save_free */
 	int               rc;             /* outcome once state == SAVE_DONE */
 	char              msg[1024];      /* ckpt_last_error of the outcome */
 	uint64_t          t_submit, t_snapshot, t_durable, t_commit;
@@ -70,6 +75,7 @@ struct ckpt_ctx {
 	struct manifest   *manifest;      /* RW on the coordinator; opened RDONLY lazily elsewhere */
 	pthread_mutex_t    manifest_lock; /* lazy open */
 	struct io_pool    *pool;
+	struct snapshot   *snap;          /* device detection, pinned allocator, CUDA streams */
 	pthread_mutex_t    load_lock;     /* serialises use of load_engine */
 	struct io_engine  *load_engine;
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "glue.h"
+#include "snapshot/snapshot.h"
 
 /* ------------------------------------------------------------------ open / close */
 
@@ -220,6 +221,8 @@ struct copy_plan {
 	uint64_t run;                      /* bytes of one run */
 	uint64_t lo, hi;                   /* byte range of P holding the overlap */
 	uint8_t *dst;
+	struct snapshot *sn;               /* copies into device memory go through it */
+	int      mem;                      /* dst's kind, resolved: CKPT_MEM_HOST or _DEVICE */
 };
 
 /* Build the plan; false if P and R do not overlap. */
@@ -271,11 +274,11 @@ static bool plan_make(struct copy_plan *p, const struct io_tensor_entry *t, unsi
 }
 
 /* Copy the part of the overlap held by P's bytes [cb, cb+len) from raw. */
-static void plan_copy(const struct copy_plan *p, uint64_t cb, const uint8_t *raw, size_t len)
+static int plan_copy(const struct copy_plan *p, uint64_t cb, const uint8_t *raw, size_t len)
 {
 	uint64_t ce = cb + len;
 	if (ce <= p->lo || cb >= p->hi)
-		return;
+		return 0;
 	uint64_t r0 = cb / p->prow, r1 = (ce - 1) / p->prow;
 	for (uint64_t r = r0; r <= r1; r++) {
 		/* Row index -> index over dims 0..k-1 of P; skip rows outside I. */
@@ -296,9 +299,14 @@ static void plan_copy(const struct copy_plan *p, uint64_t cb, const uint8_t *raw
 		dst_off += (p->io[p->k] - p->ro[p->k]) * p->rstride[p->k];
 		uint64_t s = r * p->prow + p->run_off, e = s + p->run;
 		uint64_t a = s > cb ? s : cb, b = e < ce ? e : ce;
-		if (a < b)
-			memcpy(p->dst + dst_off + (a - s), raw + (a - cb), (size_t)(b - a));
+		if (a < b) {
+			int rc = snapshot_copy_out(p->sn, p->dst + dst_off + (a - s), raw + (a - cb),
+			                           (size_t)(b - a), p->mem);
+			if (rc)
+				return rc;
+		}
 	}
+	return 0;
 }
 
 /* ------------------------------------------------------------------ the batch */
@@ -314,7 +322,12 @@ static int load_chunk_cb(void *arg, const struct io_read_req *req, const void *r
 {
 	const struct load_job *j = arg;
 	const struct io_chunk_entry *ch = &j->ix->chunks[req->chunk];
-	plan_copy(&j->plan, ch->raw_offset, raw, len);
+	int rc = plan_copy(&j->plan, ch->raw_offset, raw, len);
+	/* Copies to device memory read raw, whose buffer goes back to the pool when this
+	 * returns: wait for them (the reads of other chunks stay in flight). */
+	int w = snapshot_copy_out_wait(j->plan.sn);
+	if (rc || w)
+		return rc ? rc : w;
 	(*j->pending)--;
 	return 0;
 }
@@ -399,6 +412,7 @@ struct load_plan_req {
 	uint64_t ro[CKPT_MAX_NDIM], re[CKPT_MAX_NDIM];
 	uint32_t first, count;
 	bool     empty;               /* nothing to read */
+	int      mem;                 /* the destination's kind, resolved */
 };
 
 /* Check request q against the step; 0 or its error (message names the tensor). */
@@ -416,8 +430,10 @@ static int load_req_check(const ckpt_load *l, const struct ckpt_load_req *q,
 	const struct io_tensor_entry *t = e->meta;
 	if (q->flags)
 		return ckpt_err(-EINVAL, "tensor '%s': request flags 0x%x (must be 0)", name, q->flags);
-	if (q->mem == CKPT_MEM_DEVICE)
-		return ckpt_err(CKPT_ENODEV, "tensor '%s': device memory needs a CUDA build", name);
+	int dev;
+	p->mem = snapshot_mem_kind(l->ctx->snap, q->dst, q->mem, &dev);
+	if (p->mem < 0)
+		return ckpt_err_prefix(p->mem, "tensor '%s'", name);
 	if (q->dtype != t->dtype)
 		return ckpt_err(CKPT_EDTYPE, "tensor '%s' is %s, asked for %s", name,
 		                ckpt_dtype_name(t->dtype), ckpt_dtype_name(q->dtype));
@@ -476,6 +492,8 @@ static int load_req_plan(ckpt_load *l, const struct load_plan_req *p, void *dst,
 		j->pending = pending;
 		if (!plan_make(&j->plan, t, ndim, p->ro, p->re, dst))
 			continue;
+		j->plan.sn = l->ctx->snap;
+		j->plan.mem = p->mem;
 		(*njobs)++;
 		uint64_t vol = 1;
 		for (unsigned d = 0; d < j->plan.ndim; d++)

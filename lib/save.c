@@ -5,10 +5,12 @@
  * -> footer -> fdatasync -> fsync dir -> vote -> commit decision.
  *
  * The snapshot point is reached when the last byte of the caller's data has been
- * copied into the pool: from then on the caller may change its tensors. When the
- * state is larger than the pool, buffers come back as writes complete
- * (backpressure) and the snapshot point moves accordingly; host memory never
- * grows past the pool.
+ * copied into the pool: from then on the caller may change its tensors. Copies
+ * run ahead of the writer through a window of pool buffers (lib/snapshot; device
+ * memory by DMA on a CUDA stream), so the snapshot point comes at copy speed when
+ * the state fits. When the state is larger than the pool, buffers come back as
+ * writes complete (backpressure) and the snapshot point moves accordingly; host
+ * memory never grows past the pool.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -58,16 +60,20 @@ static int item_name_add(struct ckpt_save *s, const char *name, size_t len)
 	return 0;
 }
 
+static bool save_submitted(ckpt_save *s)
+{
+	pthread_mutex_lock(&s->ctx->lock);
+	bool r = s->state != SAVE_OPEN;
+	pthread_mutex_unlock(&s->ctx->lock);
+	return r;
+}
+
 static int save_check_open(ckpt_save *s)
 {
 	if (!s)
 		return ckpt_err(-EINVAL, "save handle is NULL");
-	/* Only the caller's thread moves a save out of SAVE_OPEN, so this read needs no
-	 * lock while it is still open; once submitted, read it under the lock. */
-	pthread_mutex_lock(&s->ctx->lock);
-	bool open = s->state == SAVE_OPEN;
-	pthread_mutex_unlock(&s->ctx->lock);
-	if (!open)
+	/* Once submitted, the state is the worker's: read under the lock. */
+	if (save_submitted(s))
 		return ckpt_err(CKPT_ESTATE, "save of step %llu was already submitted",
 		                (unsigned long long)s->step);
 	return 0;
@@ -124,11 +130,6 @@ int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t)
 	it.policy = (uint8_t)t->policy;
 	it.ndim = (uint8_t)t->ndim;
 	it.data = t->data;
-	it.mem = snapshot_mem_kind(t->data, t->mem);
-#ifndef CKPT_HAVE_CUDA
-	if (it.mem == CKPT_MEM_DEVICE)
-		return ckpt_err(CKPT_ENODEV, "tensor '%s': device memory needs a CUDA build", t->name);
-#endif
 	for (unsigned d = 0; d < t->ndim; d++) {
 		it.global_shape[d] = t->global_shape[d];
 		it.offset[d] = t->offset ? t->offset[d] : 0;
@@ -151,6 +152,17 @@ int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t)
 		return ckpt_err(CKPT_ESHAPE, "tensor '%s': size overflows 64 bits", t->name);
 	if (it.raw_bytes && !t->data)
 		return ckpt_err(-EINVAL, "tensor '%s': data is NULL", t->name);
+	/* Host or device memory, decided now so that a pointer the snapshot cannot
+	 * copy fails here, in the caller's thread, and not half-way through the save. */
+	int dev = -1;
+	it.mem = CKPT_MEM_HOST;
+	if (it.raw_bytes) {
+		int kind = snapshot_mem_kind(s->ctx->snap, t->data, t->mem, &dev);
+		int rc2 = kind < 0 ? kind : snapshot_bind(s->ctx->snap, dev);
+		if (rc2)
+			return ckpt_err_prefix(rc2, "tensor '%s'", t->name);
+		it.mem = kind;
+	}
 	return save_push(s, &it);
 }
 
@@ -254,18 +266,17 @@ int ckpt_save_submit(ckpt_save *s)
 	return 0;
 }
 
+/* The worker writes s->state under ctx->lock once the save is queued: read it
+ * there too (a bare read races with QUEUED -> RUNNING). */
+
 static int save_wait_until(ckpt_save *s, bool snapshot, int timeout_ms)
 {
 	if (!s)
 		return ckpt_err(-EINVAL, "save handle is NULL");
-	ckpt_ctx *c = s->ctx;
-	/* state is the worker's once submitted: read it under the lock. */
-	pthread_mutex_lock(&c->lock);
-	bool open = s->state == SAVE_OPEN;
-	pthread_mutex_unlock(&c->lock);
-	if (open)
+	if (!save_submitted(s))
 		return ckpt_err(CKPT_ESTATE, "save of step %llu was not submitted",
 		                (unsigned long long)s->step);
+	ckpt_ctx *c = s->ctx;
 	struct timespec dl;
 	if (timeout_ms >= 0) {
 		clock_gettime(CLOCK_REALTIME, &dl);
@@ -310,10 +321,7 @@ void ckpt_save_free(ckpt_save *s)
 	if (!s)
 		return;
 	ckpt_ctx *c = s->ctx;
-	pthread_mutex_lock(&c->lock);
-	bool open = s->state == SAVE_OPEN;
-	pthread_mutex_unlock(&c->lock);
-	if (!open)
+	if (save_submitted(s))
 		save_wait_until(s, false, -1);
 	else if (c->part)
 		/* Begun but never submitted: the other ranks must not wait for this vote. */
@@ -322,6 +330,7 @@ void ckpt_save_free(ckpt_save *s)
 	c->inflight--;
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
+	snapshot_event_destroy(c->snap, s->snapshot_event);
 	for (size_t i = 0; i < s->nitems; i++)
 		free(s->items[i].name);
 	free(s->items);
@@ -394,13 +403,80 @@ static int step_dir_create(ckpt_ctx *c, uint64_t step, char *dir, size_t cap)
 	return ckpt_fsync_dir(c->cfg.root);
 }
 
-/* Stream every item through the pool into the shard writer. */
-static int save_stream(ckpt_ctx *c, ckpt_save *s, struct io_shard_writer *w)
+/* ------------------------------------------------------------------ the snapshot stream
+ *
+ * Copies are issued ahead through a window of pool buffers (lib/snapshot's pipe),
+ * and taken out in order as each chunk's own copy lands: hashed (device chunks) and
+ * appended to the writer. When the state fits in the window every copy is issued
+ * before the first write, so the snapshot point comes at copy speed; when it does
+ * not, the copies wait for buffers that completed writes give back (backpressure),
+ * and the snapshot point moves by what did not fit.
+ */
+
+/* Where the worker is in the save's items. Items are declared to the writer only
+ * when their first chunk is appended (or at the end, for empty ones): the writer
+ * wants a tensor's chunks consecutive, and the file keeps the layout it had before
+ * copies ran ahead. The writer numbers tensors in declaration order, so a chunk's
+ * tag (its item's index) is also its tensor's index in the shard. */
+struct save_cursor {
+	struct snapshot_pipe *pipe;
+	size_t   item;          /* next item to issue from */
+	uint64_t off;           /* next byte of that item */
+	size_t   declared;      /* items the writer knows */
+	bool     sealed;
+};
+
+/* Every copy has landed: the snapshot point. Runs on a CUDA thread when there were
+ * device copies (it must not call CUDA), else on the worker inside seal. */
+static void save_snapshot_landed(void *arg)
 {
-	struct io_pool *pool = c->pool;
+	ckpt_save *s = arg;
+	save_mark_snapshot(s->ctx, s);
+}
+
+/* Issue copies until every chunk is issued and the pipe sealed (0), or until the
+ * pipe wants a chunk taken out first (-EAGAIN). */
+static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur)
+{
 	size_t chunk = c->cfg.chunk_bytes;
-	for (size_t i = 0; i < s->nitems; i++) {
-		const struct save_item *it = &s->items[i];
+	while (cur->item < s->nitems) {
+		const struct save_item *it = &s->items[cur->item];
+		if (cur->off >= it->raw_bytes) {
+			cur->item++;
+			cur->off = 0;
+			continue;
+		}
+		size_t n = (size_t)(it->raw_bytes - cur->off < chunk ? it->raw_bytes - cur->off : chunk);
+		int rc = snapshot_pipe_issue(cur->pipe, (const uint8_t *)it->data + cur->off, n, it->mem,
+		                             cur->item);
+		if (rc == -EAGAIN)
+			return rc;
+		if (rc)
+			return ckpt_err_prefix(rc, "tensor '%s'", it->name);
+		cur->off += n;
+	}
+	if (cur->sealed)
+		return 0;
+	cur->sealed = true;
+	void *ev = NULL;
+	int rc = snapshot_pipe_seal(cur->pipe, &ev, save_snapshot_landed, s);
+	if (rc)
+		return rc;
+	/* ckpt_save_snapshot_event may hand the event out from now on. */
+	pthread_mutex_lock(&c->lock);
+	s->snapshot_event = ev;
+	s->snapshot_issued = true;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+/* Declare items [cur->declared, upto) to the writer. */
+static int save_declare(struct io_shard_writer *w, ckpt_save *s, size_t upto,
+                        struct save_cursor *cur)
+{
+	for (; cur->declared < upto; cur->declared++) {
+		const struct save_item *it = &s->items[cur->declared];
 		struct io_tensor_desc d = {
 			.name = it->name, .kind = it->kind, .dtype = it->dtype, .policy = it->policy,
 			.flags = it->flags, .ndim = it->ndim, .global_shape = it->global_shape,
@@ -409,26 +485,46 @@ static int save_stream(ckpt_ctx *c, ckpt_save *s, struct io_shard_writer *w)
 		int t = io_shard_writer_add_tensor(w, &d);
 		if (t < 0)
 			return t;
-		const uint8_t *src = it->data;
-		for (uint64_t off = 0; off < it->raw_bytes; off += chunk) {
-			size_t n = (size_t)(it->raw_bytes - off < chunk ? it->raw_bytes - off : chunk);
-			int b = io_pool_get(pool, -1);
-			if (b < 0)
-				return ckpt_err(b, "buffer pool");
-			/* The snapshot copy, hashed on the way: after this the caller's bytes are
-			 * not read again. */
-			uint8_t hash[CKPT_HASH_BYTES];
-			int rc = snapshot_copy_in(io_pool_addr(pool, (unsigned)b), src + off, n, it->mem, hash);
-			if (rc) {
-				io_pool_put(pool, (unsigned)b);
-				return ckpt_err_prefix(rc, "tensor '%s'", it->name);
-			}
-			rc = io_shard_writer_append_hashed(w, (uint32_t)t, (unsigned)b, n, hash);
-			if (rc)
-				return rc;
-		}
+		if ((size_t)t != cur->declared)
+			return ckpt_err(-EINVAL, "tensor '%s': shard index %d, item %zu", it->name, t,
+			                cur->declared);
 	}
 	return 0;
+}
+
+/* Take the oldest chunk out of the pipe once its copy landed, and append it. */
+static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
+                          struct io_shard_writer *w)
+{
+	unsigned b;
+	size_t n;
+	uint64_t tag;
+	uint8_t hash[CKPT_HASH_BYTES];
+	int rc = snapshot_pipe_next(cur->pipe, &b, &n, hash, &tag);
+	if (rc)
+		return rc;
+	/* From here this function owns buffer b until the writer takes it. */
+	if ((rc = save_declare(w, s, (size_t)tag + 1, cur))) {
+		io_pool_put(c->pool, b);
+		return rc;
+	}
+	return io_shard_writer_append_hashed(w, (uint32_t)tag, b, n, hash);
+}
+
+/* Stream the rest of the items through the pipe into the writer. */
+static int save_stream(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
+                       struct io_shard_writer *w)
+{
+	int rc;
+	while ((rc = save_issue(c, s, cur)) == -EAGAIN)
+		if ((rc = save_drain_one(c, s, cur, w)))
+			return rc;
+	if (rc)
+		return rc;
+	while (snapshot_pipe_pending(cur->pipe))
+		if ((rc = save_drain_one(c, s, cur, w)))
+			return rc;
+	return save_declare(w, s, s->nitems, cur);   /* trailing empty items */
 }
 
 static uint64_t save_size_hint(const ckpt_ctx *c, const ckpt_save *s)
@@ -452,6 +548,16 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	ckpt_err_clear();
 	int rc = 0;
 	bool voted = false;
+	struct save_cursor cur;
+	memset(&cur, 0, sizeof cur);
+	unsigned window = snapshot_pipe_window(io_pool_nbufs(c->pool), c->cfg.queue_depth);
+	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, &cur.pipe)))
+		goto out;
+	/* Copies first, as many as the window takes, before any file is touched: the
+	 * caller waits for the snapshot point (or the snapshot event) and for nothing
+	 * else, and the copies run while the shard file is set up. */
+	if ((rc = save_issue(c, s, &cur)) && rc != -EAGAIN)
+		goto out;
 	if (!c->save_engine && (rc = io_engine_create(c->pool, c->cfg.queue_depth, &c->save_engine)))
 		goto out;
 	if ((rc = step_dir_create(c, s->step, dir, sizeof dir)))
@@ -464,9 +570,12 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	                          (uint32_t)c->cfg.world, save_size_hint(c, s), c->cfg.zstd_level, &w);
 	if (rc)
 		goto out;
-	if ((rc = save_stream(c, s, w)))
+	if ((rc = save_stream(c, s, &cur, w)))
 		goto out;
-	save_mark_snapshot(c, s);
+	/* Every chunk was taken out, so every copy has landed; this also waits for the
+	 * landed callback, which marks the snapshot point. */
+	snapshot_pipe_close(cur.pipe);
+	cur.pipe = NULL;
 	/* Durability point of this rank: data, footer, fdatasync, directory fsync. */
 	rc = io_shard_writer_finish(w, &res);
 	w = NULL;
@@ -511,6 +620,9 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	/* From here the coordinator's decision is the outcome, whatever happened locally. */
 	rc = commit_part_wait(c->part, s->step, (int)c->cfg.timeout_ms * 2);
 out:
+	/* Before the writer's abort and before save_finish: copies in flight must land
+	 * before their buffers go back, and the landed callback must not outlive s. */
+	snapshot_pipe_close(cur.pipe);
 	if (w)
 		io_shard_writer_abort(w);
 	if (c->part && rc && !voted)

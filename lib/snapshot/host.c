@@ -1,33 +1,112 @@
 /*
- * host.c — the snapshot stage for host memory (and the fallback of every build
- * without CUDA): a fused copy and hash into the pool buffer, so the data crosses
- * the memory bus once on its way to the disk.
+ * host.c — the snapshot object as every build sees it, and the whole of it in
+ * builds without CUDA: host memory only, the pool's default memory (page-aligned,
+ * pre-faulted, from lib/io), memcpy on load, and a device backend whose every call
+ * fails with CKPT_ENODEV (pipe.c never reaches it, because device pointers are
+ * refused when the tensor is added).
  */
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "snapshot/snapshot.h"
+#include "snapshot/snapshot_internal.h"
+
+bool snapshot_has_device(const struct snapshot *sn) { return sn && sn->device; }
+bool snapshot_pool_pinned(const struct snapshot *sn) { return sn && sn->pool_pinned; }
+
+const struct io_pool_alloc *snapshot_pool_alloc(struct snapshot *sn)
+{
+	return sn && sn->device ? &sn->alloc : NULL;
+}
 
 #ifndef CKPT_HAVE_CUDA
-int snapshot_mem_kind(const void *p, int mem)
+#define NO_CUDA "device memory: this libckpt was built without CUDA"
+
+int snapshot_create(struct snapshot **out)
 {
+	*out = calloc(1, sizeof **out);
+	return *out ? 0 : ckpt_err(-ENOMEM, "snapshot state");
+}
+
+void snapshot_destroy(struct snapshot *sn)
+{
+	free(sn);
+}
+
+int snapshot_mem_kind(struct snapshot *sn, const void *p, int mem, int *device)
+{
+	CKPT_UNUSED(sn);
 	CKPT_UNUSED(p);
-	return mem == CKPT_MEM_AUTO ? CKPT_MEM_HOST : mem;
+	*device = -1;
+	if (mem == CKPT_MEM_AUTO || mem == CKPT_MEM_HOST)
+		return CKPT_MEM_HOST;
+	if (mem == CKPT_MEM_DEVICE)
+		return ckpt_err(CKPT_ENODEV, NO_CUDA);
+	return ckpt_err(-EINVAL, "unknown memory kind %d", mem);
 }
 
-int snapshot_copy_in(void *dst, const void *src, size_t n, int mem,
-                     uint8_t hash[CKPT_HASH_BYTES])
+int snapshot_bind(struct snapshot *sn, int device)
 {
-	if (mem == CKPT_MEM_DEVICE)
-		return ckpt_err(CKPT_ENODEV, "device memory: this libckpt was built without CUDA");
-	io_copy_hash128(dst, src, n, hash);
-	return 0;
+	CKPT_UNUSED(sn);
+	return device < 0 ? 0 : ckpt_err(CKPT_ENODEV, NO_CUDA);
 }
 
-int snapshot_copy_out(void *dst, const void *src, size_t n, int mem)
+int snapshot_copy_out(struct snapshot *sn, void *dst, const void *src, size_t n, int mem)
 {
+	CKPT_UNUSED(sn);
 	if (mem == CKPT_MEM_DEVICE)
-		return ckpt_err(CKPT_ENODEV, "device memory: this libckpt was built without CUDA");
+		return ckpt_err(CKPT_ENODEV, NO_CUDA);
 	memcpy(dst, src, n);
 	return 0;
 }
-#endif
+
+int snapshot_copy_out_wait(struct snapshot *sn)
+{
+	CKPT_UNUSED(sn);
+	return 0;
+}
+
+void snapshot_event_destroy(struct snapshot *sn, void *event)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(event);
+}
+
+int snap_dev_prepare(struct snapshot *sn, unsigned n)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(n);
+	return ckpt_err(CKPT_ENODEV, NO_CUDA);
+}
+
+int snap_dev_copy(struct snapshot *sn, void *dst, const void *src, size_t n, unsigned slot)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(dst);
+	CKPT_UNUSED(src);
+	CKPT_UNUSED(n);
+	CKPT_UNUSED(slot);
+	return ckpt_err(CKPT_ENODEV, NO_CUDA);
+}
+
+int snap_dev_wait(struct snapshot *sn, unsigned slot)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(slot);
+	return ckpt_err(CKPT_ENODEV, NO_CUDA);
+}
+
+int snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), void *arg)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(landed);
+	CKPT_UNUSED(arg);
+	*event = NULL;
+	return ckpt_err(CKPT_ENODEV, NO_CUDA);
+}
+
+void snap_dev_quiesce(struct snapshot *sn)
+{
+	CKPT_UNUSED(sn);
+}
+#endif /* !CKPT_HAVE_CUDA */

@@ -1,32 +1,135 @@
 /*
  * snapshot.h — lib/snapshot's interface: copying the caller's state into pool
- * buffers (the snapshot) and, on load, copying verified bytes out to the caller.
+ * buffers (the snapshot) and, on load, copying verified bytes out to the caller,
+ * from and to host or CUDA device memory (DESIGN §8).
  *
- * The host implementation is a fused copy+hash. A CUDA build adds device memory:
- * device-to-host copies on a dedicated stream with an event per chunk, so the
- * writer waits on each chunk, not on the whole stream (DESIGN §8).
+ * One struct snapshot per context. It decides once, at create, whether device
+ * memory can be used (a CUDA build, a driver, at least one device); without that
+ * everything works on host memory and device pointers are refused with
+ * CKPT_ENODEV. In device mode it supplies the pool's pinned allocator and owns the
+ * CUDA objects: a non-blocking copy stream for saves, one for loads, and one event
+ * per window slot. It holds no global state.
+ *
+ * A save streams through a struct snapshot_pipe: a window of pool buffers whose
+ * copies are in flight. Chunks are issued ahead (device chunks as asynchronous
+ * device-to-host copies, each followed by its own event; host chunks as a fused
+ * copy+hash) and taken out in issue order once their own copy has landed, so the
+ * copies of chunks k+1..k+d run while chunk k is hashed and written.
+ *
+ * Buffer ownership: a buffer taken by issue belongs to the pipe until next() hands
+ * it to the caller (who passes it on to the shard writer), or until close() puts it
+ * back. close() first waits for the copies in flight, so that no DMA ever writes
+ * into a buffer that the pool has handed to someone else.
+ *
+ * Threads: snapshot_create/destroy with no other call running; snapshot_mem_kind
+ * from any thread; one pipe at a time per snapshot, used by one thread (the save
+ * worker); snapshot_copy_out/_wait by one thread at a time (loads hold the
+ * context's load lock). The landed callback of seal may run on a CUDA thread.
  *
  * Depends on: io (the pool, the hash).
  */
 #ifndef CKPT_SNAPSHOT_H
 #define CKPT_SNAPSHOT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "ckpt_internal.h"
 #include "io/io.h"
 
-/* Copy n bytes of the caller's state at src (memory kind mem) into dst, a pool
- * buffer, and compute the XXH3-128 of those bytes. After 0 the caller's bytes are
- * not read again. Errors: CKPT_ENODEV (device memory without CUDA), -EIO (copy). */
-int snapshot_copy_in(void *dst, const void *src, size_t n, int mem,
-                     uint8_t hash[CKPT_HASH_BYTES]);
+struct snapshot;
 
-/* Copy n verified bytes to the caller's destination (memory kind mem). */
-int snapshot_copy_out(void *dst, const void *src, size_t n, int mem);
+/* Probe for a usable device and set up. Never fails for lack of CUDA (the object
+ * is then in host mode; the reason is logged at INFO). Errors: -ENOMEM. */
+int  snapshot_create(struct snapshot **out);
+/* Waits for copies still in flight. NULL: no-op. */
+void snapshot_destroy(struct snapshot *sn);
+/* Device mode: device memory can be saved and loaded. */
+bool snapshot_has_device(const struct snapshot *sn);
+/* The pool's memory provider: in device mode page-aligned anonymous memory pinned
+ * with cudaHostRegister (portable); NULL otherwise (io's own pre-faulted memory).
+ * The pointer lives as long as sn; the pool must be destroyed before sn. */
+const struct io_pool_alloc *snapshot_pool_alloc(struct snapshot *sn);
+/* Whether the pool memory handed out by the allocator is pinned (device mode, and
+ * cudaHostRegister succeeded). */
+bool snapshot_pool_pinned(const struct snapshot *sn);
 
-/* Resolve CKPT_MEM_AUTO for a pointer: CKPT_MEM_DEVICE if CUDA says so, else HOST. */
-int snapshot_mem_kind(const void *p, int mem);
+/* Resolve the memory kind of p: CKPT_MEM_HOST or CKPT_MEM_DEVICE (mem AUTO asks
+ * CUDA; HOST is taken as said; DEVICE is checked, and a pointer CUDA calls host
+ * memory is treated as host memory). *device gets the pointer's device, or -1.
+ * Errors: CKPT_ENODEV (device memory without a usable device), -EINVAL (unknown
+ * mem). The message says what; the caller prefixes the tensor's name. */
+int  snapshot_mem_kind(struct snapshot *sn, const void *p, int mem, int *device);
+/* Saves copy on one device's stream: the first call binds it, a later call with
+ * another device fails with -EINVAL (naming both). Loads need no binding. */
+int  snapshot_bind(struct snapshot *sn, int device);
+
+/* ------------------------------------------------------------------ save pipeline */
+
+struct snapshot_pipe;
+
+/* A sensible window for a pool of nbufs buffers when up to queue_depth writes are
+ * in flight: the rest of the pool holds copies ahead of the writer. >= 1. */
+unsigned snapshot_pipe_window(unsigned nbufs, unsigned queue_depth);
+
+/* A pipeline of at most window chunks (>= 1; clamped to the pool's size) over
+ * pool. Errors: -EINVAL, -ENOMEM. */
+int  snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned window,
+                        struct snapshot_pipe **out);
+/*
+ * Start the copy of n bytes (0 < n <= pool buffer size) of the caller's memory src
+ * of kind mem (resolved: HOST or DEVICE) into a pool buffer; tag comes back with
+ * the chunk from next(). A host chunk is copied and hashed here; a device chunk is
+ * queued on the copy stream with its event. Returns 0, or -EAGAIN when the window
+ * is full or no buffer is free while chunks are pending: take one out with next()
+ * and call again. With nothing pending it waits for a buffer (the writer's writes
+ * give them back). Errors: CKPT_ENODEV, -EIO and the like from CUDA (the message
+ * has CUDA's words), -EINVAL.
+ */
+int  snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int mem,
+                         uint64_t tag);
+/* Chunks issued and not yet taken out. */
+unsigned snapshot_pipe_pending(const struct snapshot_pipe *p);
+/* Device chunks issued since open. */
+uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p);
+/*
+ * Take out the oldest chunk once its copy has landed (waits on that chunk's event
+ * only): its pool buffer (the caller owns it from now on), length, XXH3-128 of its
+ * bytes (computed from the pool buffer for device chunks) and tag.
+ * Errors: -ENOENT (nothing pending), CUDA failures converted (the buffer is then
+ * still the pipe's, and close() returns it).
+ */
+int  snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
+                        uint8_t hash[CKPT_HASH_BYTES], uint64_t *tag);
+/*
+ * Every copy has been issued. In device mode, *event (a cudaEvent_t, owned by the
+ * caller: snapshot_event_destroy) is recorded on the copy stream after the last
+ * copy, and landed(arg) runs once every copy has completed (from a CUDA thread, via
+ * cudaLaunchHostFunc; it must not call CUDA). With no device copies landed(arg) runs
+ * here, before seal returns; in host mode *event is NULL. Call at most once.
+ * Errors: CUDA failures converted (landed is then not called).
+ */
+int  snapshot_pipe_seal(struct snapshot_pipe *p, void **event, void (*landed)(void *),
+                        void *arg);
+/* Wait for the copies in flight (and the landed callback), put every buffer still
+ * held back into the pool, free. NULL: no-op. */
+void snapshot_pipe_close(struct snapshot_pipe *p);
+
+/* Destroy an event from seal. NULL: no-op. Safe while a stream still waits on it. */
+void snapshot_event_destroy(struct snapshot *sn, void *event);
+
+/* ------------------------------------------------------------------ load */
+
+/*
+ * Copy n verified bytes at src (valid only until the chunk callback returns) to the
+ * caller's dst of kind mem (resolved). Host: memcpy. Device: an asynchronous
+ * host-to-device copy on the load stream; snapshot_copy_out_wait must run before
+ * src's buffer goes back to the pool (at the end of the chunk callback).
+ * Errors: CKPT_ENODEV, CUDA failures converted.
+ */
+int  snapshot_copy_out(struct snapshot *sn, void *dst, const void *src, size_t n, int mem);
+/* Wait for the device copies queued by snapshot_copy_out. 0 when none. */
+int  snapshot_copy_out_wait(struct snapshot *sn);
 
 #endif /* CKPT_SNAPSHOT_H */

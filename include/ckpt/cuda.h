@@ -1,0 +1,71 @@
+/*
+ * ckpt/cuda.h — libckpt's CUDA additions to the public API (ckpt.h): whether a
+ * context copies device memory, and the snapshot event of an asynchronous save.
+ *
+ * Include it after the CUDA runtime headers are reachable (it includes
+ * <cuda_runtime_api.h>). The functions exist in every libckpt, with or without
+ * CUDA; without it they report CKPT_ENODEV / 0.
+ *
+ * Device tensors: pass device pointers to ckpt_save_add_tensor (mem CKPT_MEM_AUTO
+ * detects them with cudaPointerGetAttributes; CKPT_MEM_DEVICE says so). A context
+ * saves from one device: the device of its first device tensor. Select the device
+ * (cudaSetDevice, torch.cuda.set_device) before ckpt_open: the pinned pool is
+ * registered with the device current then, and streams are created on it.
+ *
+ * The snapshot point of a save is when the last byte of its tensors has been
+ * copied out (device-to-host copies into the pinned pool, chunk by chunk, on the
+ * library's own non-blocking stream). From then on the caller may modify its
+ * tensors. Two ways to wait for it:
+ *   - block the host: ckpt_save_wait_snapshot(s, timeout_ms);
+ *   - block only the GPU: ckpt_save_snapshot_event(s, &ev), then
+ *     cudaStreamWaitEvent(optimizer_stream, ev, 0) before the kernels that modify
+ *     the saved tensors (the optimizer step). Forward and backward of the next step
+ *     do not modify them, so they run while the copies drain.
+ *
+ * Caveats
+ *   - The event exists once every copy of the save has been *issued*. When the
+ *     state fits in the buffer pool (ckpt_opts.pool_bytes) that is right after
+ *     submit (the copies are only queued). When it does not fit, the copies of the
+ *     last chunks wait for pool buffers that the disk gives back, and
+ *     ckpt_save_snapshot_event blocks the host until the last copy is issued: the
+ *     stall is the part that did not fit. Size the pool to the per-rank state for a
+ *     stall near zero.
+ *   - The event is owned by the save: valid until ckpt_save_free(s). Do not
+ *     destroy it. A stream already waiting on it when the save is freed is safe.
+ *   - The event says the copies are done, not that the save is durable or
+ *     committed: that is ckpt_save_wait, which also reports failures.
+ */
+#ifndef CKPT_CUDA_H
+#define CKPT_CUDA_H
+
+#include <cuda_runtime_api.h>
+
+#include "ckpt/ckpt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 if c copies device memory (built with CUDA, and a device was found at
+ * ckpt_open), 0 if it works on host memory only, -EINVAL if c is NULL.
+ * Any thread. */
+CKPT_API int ckpt_cuda_available(const ckpt_ctx *c);
+
+/*
+ * After ckpt_save_submit(s): *ev is a CUDA event recorded on the library's copy
+ * stream after the last device-to-host copy of s; it completes at the snapshot
+ * point. Blocks until every copy of s has been issued (see Caveats above: at once
+ * when the state fits in the pool). The event belongs to s (valid until
+ * ckpt_save_free). For a save of host memory only, the event is recorded after the
+ * host copies and is already complete.
+ * Errors: -EINVAL (NULL argument), CKPT_ESTATE (not submitted), CKPT_ENODEV (no
+ * CUDA device in this context, or libckpt built without CUDA), or the save's own
+ * failure if it failed before every copy was issued. *ev is NULL on error.
+ * Thread: the save's thread (ckpt_save rules).
+ */
+CKPT_API int ckpt_save_snapshot_event(ckpt_save *s, cudaEvent_t *ev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CKPT_CUDA_H */

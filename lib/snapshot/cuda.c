@@ -1,0 +1,385 @@
+/*
+ * cuda.c — the snapshot object with the CUDA runtime (C API, no kernels): device
+ * detection, the pinned pool allocator, pointer classification, the copy streams
+ * and per-slot events of the save pipeline, and host-to-device copies for loads.
+ *
+ * Every cudaError_t is converted here, at the module boundary, to our codes, with
+ * CUDA's own name and words in the message (cuda_err). A machine without a driver
+ * or a device puts the object in host mode at create: nothing else changes.
+ *
+ * The pinned pool is anonymous memory pinned with cudaHostRegister rather than
+ * cudaHostAlloc: cudaHostAlloc memory is a mapping of the NVIDIA device file, which
+ * io_uring refuses to register as fixed buffers on kernels that still check for
+ * file-backed memory (EOPNOTSUPP), and which O_DIRECT cannot always pin. Anonymous
+ * memory works with both, and cudaHostRegister makes it just as fast for DMA.
+ * The registration is "portable" so that every CUDA context sees it as pinned.
+ *
+ * Built only with CKPT_HAVE_CUDA (CMakeLists.txt); host.c stands in otherwise.
+ *
+ * Streams are created non-blocking: the copy stream must not synchronise with the
+ * legacy default stream, or every copy would wait for the caller's kernels there.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "snapshot/snapshot_internal.h"
+
+/* Convert e (not cudaSuccess) and record the message. Clears CUDA's last error so
+ * that a non-sticky failure does not resurface in an unrelated later call. */
+static int cuda_err(cudaError_t e, const char *fmt_what, ...) CKPT_PRINTF(2, 3);
+static int cuda_err(cudaError_t e, const char *fmt_what, ...)
+{
+	char what[512];
+	va_list ap;
+	va_start(ap, fmt_what);
+	vsnprintf(what, sizeof what, fmt_what, ap);
+	va_end(ap);
+	(void)cudaGetLastError();
+	int code;
+	switch (e) {
+	case cudaErrorMemoryAllocation:   code = -ENOMEM; break;
+	case cudaErrorInvalidValue:       code = -EINVAL; break;
+	case cudaErrorNoDevice:
+	case cudaErrorInsufficientDriver:
+	case cudaErrorInvalidDevice:
+	case cudaErrorDevicesUnavailable: code = CKPT_ENODEV; break;
+	default:                          code = -EIO; break;
+	}
+	return ckpt_err(code, "%s: CUDA %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/* ------------------------------------------------------------------ pinned pool memory */
+
+static void prefault(void *m, size_t bytes)
+{
+#ifdef MADV_POPULATE_WRITE
+	if (madvise(m, bytes, MADV_POPULATE_WRITE) == 0)
+		return;
+#endif
+	long pg = sysconf(_SC_PAGESIZE);
+	size_t step = pg > 0 ? (size_t)pg : 4096;
+	for (size_t o = 0; o < bytes; o += step)
+		((volatile uint8_t *)m)[o] = 0;
+}
+
+static void *pinned_alloc(size_t bytes, void *arg)
+{
+	struct snapshot *sn = arg;
+	void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	/* Huge pages: fewer pages to fault, pin and map for DMA (advice only). */
+	madvise(m, bytes, MADV_HUGEPAGE);
+	/* Faulted in now, so that neither the first save nor RSS accounting pays later. */
+	prefault(m, bytes);
+	cudaError_t e = cudaHostRegister(m, bytes, cudaHostRegisterPortable);
+	sn->pool_pinned = e == cudaSuccess;
+	if (e != cudaSuccess) {
+		/* Still correct: copies from device memory into pageable memory are staged
+		 * by the driver, slower and synchronous with the host. */
+		(void)cudaGetLastError();
+		ckpt_log(CKPT_LOG_WARN, "buffer pool of %zu bytes not pinned (cudaHostRegister: %s); "
+		         "device copies will be slower", bytes, cudaGetErrorString(e));
+	}
+	return m;
+}
+
+static void pinned_free(void *p, size_t bytes, void *arg)
+{
+	struct snapshot *sn = arg;
+	if (sn->pool_pinned) {
+		cudaError_t e = cudaHostUnregister(p);
+		/* At process exit the runtime may already be gone: the unmap below is what
+		 * matters, and the kernel drops the pin with the mapping. */
+		if (e != cudaSuccess && e != cudaErrorCudartUnloading)
+			ckpt_log(CKPT_LOG_WARN, "buffer pool: cudaHostUnregister: %s", cudaGetErrorString(e));
+		(void)cudaGetLastError();
+		sn->pool_pinned = false;
+	}
+	munmap(p, bytes);
+}
+
+/* ------------------------------------------------------------------ object */
+
+int snapshot_create(struct snapshot **out)
+{
+	struct snapshot *sn = calloc(1, sizeof *sn);
+	*out = NULL;
+	if (!sn)
+		return ckpt_err(-ENOMEM, "snapshot state");
+	pthread_mutex_init(&sn->lock, NULL);
+	sn->bound = -1;
+	sn->home = -1;
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess || n <= 0) {
+		(void)cudaGetLastError();
+		ckpt_log(CKPT_LOG_INFO, "no CUDA device (%s): host memory only",
+		         e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+	} else if ((e = cudaGetDevice(&sn->home)) != cudaSuccess) {
+		(void)cudaGetLastError();
+		ckpt_log(CKPT_LOG_INFO, "CUDA: cudaGetDevice: %s: host memory only",
+		         cudaGetErrorString(e));
+	} else {
+		sn->device = true;
+		sn->alloc.alloc = pinned_alloc;
+		sn->alloc.free = pinned_free;
+		sn->alloc.arg = sn;
+	}
+	*out = sn;
+	return 0;
+}
+
+void snapshot_destroy(struct snapshot *sn)
+{
+	if (!sn)
+		return;
+	/* Errors are ignored: this runs at close, maybe at process exit after the
+	 * runtime has unloaded, and there is nobody left to tell. */
+	if (sn->save_stream) {
+		cudaStreamSynchronize(sn->save_stream);
+		cudaStreamDestroy(sn->save_stream);
+	}
+	if (sn->load_stream) {
+		cudaStreamSynchronize(sn->load_stream);
+		cudaStreamDestroy(sn->load_stream);
+	}
+	for (unsigned i = 0; i < sn->nevents; i++)
+		cudaEventDestroy(sn->events[i]);
+	(void)cudaGetLastError();
+	free(sn->events);
+	pthread_mutex_destroy(&sn->lock);
+	free(sn);
+}
+
+int snapshot_mem_kind(struct snapshot *sn, const void *p, int mem, int *device)
+{
+	*device = -1;
+	if (mem != CKPT_MEM_AUTO && mem != CKPT_MEM_HOST && mem != CKPT_MEM_DEVICE)
+		return ckpt_err(-EINVAL, "unknown memory kind %d", mem);
+	if (mem == CKPT_MEM_HOST)
+		return CKPT_MEM_HOST;
+	if (!sn->device) {
+		if (mem == CKPT_MEM_DEVICE)
+			return ckpt_err(CKPT_ENODEV, "device memory, but no CUDA device is usable here");
+		return CKPT_MEM_HOST;
+	}
+	struct cudaPointerAttributes a;
+	memset(&a, 0, sizeof a);
+	cudaError_t e = cudaPointerGetAttributes(&a, p);
+	if (e != cudaSuccess) {
+		/* Old runtimes fail for memory CUDA never saw: that is host memory. */
+		if (mem == CKPT_MEM_AUTO) {
+			(void)cudaGetLastError();
+			return CKPT_MEM_HOST;
+		}
+		return cuda_err(e, "classify pointer %p", p);
+	}
+	if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) {
+		/* Managed memory is copied by the DMA engine too: a host memcpy would
+		 * fault every page over to the host. */
+		*device = a.device;
+		return CKPT_MEM_DEVICE;
+	}
+	return CKPT_MEM_HOST;
+}
+
+int snapshot_bind(struct snapshot *sn, int device)
+{
+	if (device < 0)
+		return 0;
+	if (!sn->device)
+		return ckpt_err(CKPT_ENODEV, "device memory, but no CUDA device is usable here");
+	int rc = 0;
+	pthread_mutex_lock(&sn->lock);
+	if (sn->bound < 0)
+		sn->bound = device;
+	else if (sn->bound != device)
+		rc = ckpt_err(-EINVAL, "memory on CUDA device %d; this context saves from device %d "
+		              "(one device per context)", device, sn->bound);
+	pthread_mutex_unlock(&sn->lock);
+	return rc;
+}
+
+/* Run under sn->lock: make the bound (else home) device current for the creation
+ * of streams and events, which belong to the device current at creation. A
+ * caller's thread gets its own device back (with_device_end); the save worker,
+ * our own thread, keeps the bound device current: since CUDA 12 cudaSetDevice
+ * creates the device's primary context, and switching the worker back to device
+ * 0 would cost every rank a context on GPU 0. */
+static int with_device_begin(struct snapshot *sn, int *prev)
+{
+	int dev = sn->bound >= 0 ? sn->bound : sn->home;
+	cudaError_t e = cudaGetDevice(prev);
+	if (e == cudaSuccess && *prev != dev)
+		e = cudaSetDevice(dev);
+	return e == cudaSuccess ? 0 : cuda_err(e, "select CUDA device %d", dev);
+}
+
+static void with_device_end(int prev, bool restore)
+{
+	if (!restore)
+		return;
+	int cur;
+	if (cudaGetDevice(&cur) == cudaSuccess && cur != prev)
+		cudaSetDevice(prev);
+}
+
+static int stream_create(struct snapshot *sn, cudaStream_t *s, const char *what, bool restore)
+{
+	if (*s)
+		return 0;
+	int prev, rc = with_device_begin(sn, &prev);
+	if (rc)
+		return rc;
+	cudaError_t e = cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+	with_device_end(prev, restore);
+	if (e != cudaSuccess) {
+		*s = NULL;
+		return cuda_err(e, "create the %s stream", what);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ device backend */
+
+int snap_dev_prepare(struct snapshot *sn, unsigned n)
+{
+	if (!sn->device)
+		return ckpt_err(CKPT_ENODEV, "device memory, but no CUDA device is usable here");
+	pthread_mutex_lock(&sn->lock);
+	int rc = stream_create(sn, &sn->save_stream, "snapshot copy", false);
+	if (!rc && n > sn->nevents) {
+		cudaEvent_t *ev = realloc(sn->events, n * sizeof *ev);
+		if (!ev) {
+			rc = ckpt_err(-ENOMEM, "%u snapshot events", n);
+		} else {
+			sn->events = ev;
+			int prev;
+			if (!(rc = with_device_begin(sn, &prev))) {
+				while (sn->nevents < n) {
+					/* Blocking sync: the worker sleeps on a chunk's event instead
+					 * of spinning on a core the training process may need. */
+					cudaError_t e = cudaEventCreateWithFlags(&ev[sn->nevents],
+					        cudaEventDisableTiming | cudaEventBlockingSync);
+					if (e != cudaSuccess) {
+						rc = cuda_err(e, "create snapshot event %u", sn->nevents);
+						break;
+					}
+					sn->nevents++;
+				}
+				with_device_end(prev, false);
+			}
+		}
+	}
+	pthread_mutex_unlock(&sn->lock);
+	return rc;
+}
+
+int snap_dev_copy(struct snapshot *sn, void *dst, const void *src, size_t n, unsigned slot)
+{
+	/* cudaMemcpyDefault: with unified addressing the runtime knows both sides, and
+	 * a managed or host source is still copied correctly. */
+	cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, sn->save_stream);
+	if (e != cudaSuccess)
+		return cuda_err(e, "copy %zu bytes from device memory %p", n, src);
+	e = cudaEventRecord(sn->events[slot], sn->save_stream);
+	if (e != cudaSuccess)
+		return cuda_err(e, "record the event of snapshot slot %u", slot);
+	return 0;
+}
+
+int snap_dev_wait(struct snapshot *sn, unsigned slot)
+{
+	cudaError_t e = cudaEventSynchronize(sn->events[slot]);
+	return e == cudaSuccess ? 0 : cuda_err(e, "wait for the copy of snapshot slot %u", slot);
+}
+
+int snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), void *arg)
+{
+	*event = NULL;
+	int rc = snap_dev_prepare(sn, 0);
+	if (rc)
+		return rc;
+	cudaEvent_t ev = NULL;
+	int prev;
+	pthread_mutex_lock(&sn->lock);
+	if (!(rc = with_device_begin(sn, &prev))) {
+		/* No timing, no blocking sync: it exists for cudaStreamWaitEvent, which the
+		 * GPU resolves without the host. */
+		cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+		with_device_end(prev, false);
+		if (e != cudaSuccess)
+			rc = cuda_err(e, "create the snapshot event");
+	}
+	pthread_mutex_unlock(&sn->lock);
+	if (rc)
+		return rc;
+	cudaError_t e = cudaEventRecord(ev, sn->save_stream);
+	if (e == cudaSuccess && landed)
+		e = cudaLaunchHostFunc(sn->save_stream, landed, arg);
+	if (e != cudaSuccess) {
+		rc = cuda_err(e, "record the snapshot event");
+		cudaEventDestroy(ev);
+		return rc;
+	}
+	*event = ev;
+	return 0;
+}
+
+void snap_dev_quiesce(struct snapshot *sn)
+{
+	if (!sn->save_stream)
+		return;
+	cudaError_t e = cudaStreamSynchronize(sn->save_stream);
+	if (e != cudaSuccess) {
+		ckpt_log(CKPT_LOG_ERROR, "snapshot copy stream: %s", cudaGetErrorString(e));
+		(void)cudaGetLastError();
+	}
+}
+
+void snapshot_event_destroy(struct snapshot *sn, void *event)
+{
+	CKPT_UNUSED(sn);
+	/* A stream that still waits on it keeps it alive until then (CUDA's rule). */
+	if (event)
+		cudaEventDestroy((cudaEvent_t)event);
+}
+
+/* ------------------------------------------------------------------ load */
+
+int snapshot_copy_out(struct snapshot *sn, void *dst, const void *src, size_t n, int mem)
+{
+	if (mem != CKPT_MEM_DEVICE) {
+		memcpy(dst, src, n);
+		return 0;
+	}
+	if (!sn->device)
+		return ckpt_err(CKPT_ENODEV, "device memory, but no CUDA device is usable here");
+	if (!sn->load_stream) {
+		pthread_mutex_lock(&sn->lock);
+		int rc = stream_create(sn, &sn->load_stream, "load copy", true);
+		pthread_mutex_unlock(&sn->lock);
+		if (rc)
+			return rc;
+	}
+	cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, sn->load_stream);
+	if (e != cudaSuccess)
+		return cuda_err(e, "copy %zu bytes to device memory %p", n, dst);
+	sn->load_queued = true;
+	return 0;
+}
+
+int snapshot_copy_out_wait(struct snapshot *sn)
+{
+	if (!sn->load_queued)
+		return 0;
+	sn->load_queued = false;
+	cudaError_t e = cudaStreamSynchronize(sn->load_stream);
+	return e == cudaSuccess ? 0 : cuda_err(e, "wait for copies to device memory");
+}

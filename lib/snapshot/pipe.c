@@ -1,0 +1,189 @@
+/*
+ * pipe.c — the snapshot pipeline of a save: a ring of at most `window` chunks
+ * whose copies into pool buffers are in flight, issued ahead of the writer and
+ * taken out strictly in issue order (the shard writer wants a tensor's chunks in
+ * order, and the order of the file is the order of the caller's items).
+ *
+ * Why a window and not the whole pool: the buffers outside the window carry the
+ * writes in flight. A pipe that took every free buffer would leave the writer one
+ * buffer at a time, and the disk, the bound of a durable save, would idle.
+ *
+ * Why issue returns -EAGAIN instead of blocking for a buffer when chunks are
+ * pending: buffers come back only when the writer reaps its completions, which it
+ * does inside its own calls on this same thread. Blocking here would wait for a
+ * reap that nobody runs; taking a chunk out and appending it is what frees one.
+ *
+ * Threads: one thread per pipe (snapshot.h).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "snapshot/snapshot_internal.h"
+
+struct pipe_slot {
+	unsigned buf;
+	size_t   len;
+	uint64_t tag;
+	bool     device;                 /* copy in flight on the stream; hash at next() */
+	uint8_t  hash[CKPT_HASH_BYTES];  /* host chunks: computed while copying */
+};
+
+struct snapshot_pipe {
+	struct snapshot  *sn;
+	struct io_pool   *pool;
+	unsigned          window, head, count;   /* ring: slots [head, head+count) */
+	struct pipe_slot *slots;
+	bool              prepared;              /* device backend ready for window slots */
+	uint64_t          device_chunks;
+	bool              sealed;
+};
+
+unsigned snapshot_pipe_window(unsigned nbufs, unsigned queue_depth)
+{
+	if (nbufs > queue_depth + 1)
+		return nbufs - queue_depth;
+	return nbufs > 1 ? nbufs - 1 : 1;
+}
+
+int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned window,
+                       struct snapshot_pipe **out)
+{
+	*out = NULL;
+	if (!sn || !pool || window == 0)
+		return ckpt_err(-EINVAL, "snapshot pipe: no snapshot, pool or window");
+	if (window > io_pool_nbufs(pool))
+		window = io_pool_nbufs(pool);
+	struct snapshot_pipe *p = calloc(1, sizeof *p);
+	if (!p || !(p->slots = calloc(window, sizeof *p->slots))) {
+		free(p);
+		return ckpt_err(-ENOMEM, "snapshot pipe of %u slots", window);
+	}
+	p->sn = sn;
+	p->pool = pool;
+	p->window = window;
+	*out = p;
+	return 0;
+}
+
+unsigned snapshot_pipe_pending(const struct snapshot_pipe *p) { return p->count; }
+uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p) { return p->device_chunks; }
+
+int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int mem,
+                        uint64_t tag)
+{
+	if (p->sealed)
+		return ckpt_err(-EINVAL, "snapshot pipe: issue after seal");
+	if (n == 0 || n > io_pool_buf_bytes(p->pool))
+		return ckpt_err(-EINVAL, "snapshot pipe: chunk of %zu bytes (buffers hold %zu)", n,
+		                io_pool_buf_bytes(p->pool));
+	if (mem != CKPT_MEM_HOST && mem != CKPT_MEM_DEVICE)
+		return ckpt_err(-EINVAL, "snapshot pipe: memory kind %d not resolved", mem);
+	if (p->count == p->window)
+		return -EAGAIN;
+	if (mem == CKPT_MEM_DEVICE && !p->prepared) {
+		/* Events for every slot at once: creating them is the slow part of the
+		 * first device save, and doing it here keeps it out of the copy loop. */
+		int rc = snap_dev_prepare(p->sn, p->window);
+		if (rc)
+			return rc;
+		p->prepared = true;
+	}
+	int b = io_pool_get(p->pool, 0);
+	if (b < 0) {
+		if (p->count)
+			return -EAGAIN;
+		/* Nothing of ours pending: the buffers are with the writer's writes, which
+		 * its last append left with at least one free or none in flight, or with
+		 * a load running on another thread, which gives them back by itself. */
+		b = io_pool_get(p->pool, -1);
+		if (b < 0)
+			return ckpt_err(b, "snapshot pipe: buffer pool");
+	}
+	unsigned slot = (p->head + p->count) % p->window;
+	struct pipe_slot *s = &p->slots[slot];
+	void *dst = io_pool_addr(p->pool, (unsigned)b);
+	s->buf = (unsigned)b;
+	s->len = n;
+	s->tag = tag;
+	s->device = mem == CKPT_MEM_DEVICE;
+	if (s->device) {
+		int rc = snap_dev_copy(p->sn, dst, src, n, slot);
+		if (rc) {
+			/* The copy may have been queued before the event failed: wait for the
+			 * stream before the buffer can go to another owner. */
+			snap_dev_quiesce(p->sn);
+			io_pool_put(p->pool, (unsigned)b);
+			return rc;
+		}
+		p->device_chunks++;
+	} else {
+		/* Host memory: the copy is done when this returns, hashed on the way so the
+		 * bytes cross the memory bus once. */
+		io_copy_hash128(dst, src, n, s->hash);
+	}
+	p->count++;
+	return 0;
+}
+
+int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
+                       uint8_t hash[CKPT_HASH_BYTES], uint64_t *tag)
+{
+	if (!p->count)
+		return ckpt_err(-ENOENT, "snapshot pipe: nothing pending");
+	unsigned slot = p->head;
+	struct pipe_slot *s = &p->slots[slot];
+	if (s->device) {
+		/* This chunk's event only: later copies keep running meanwhile. */
+		int rc = snap_dev_wait(p->sn, slot);
+		if (rc)
+			return rc;
+		/* Hashed from the pinned buffer after the copy landed, never on the device:
+		 * the hash must describe the bytes that go to the disk. */
+		io_hash128(io_pool_addr(p->pool, s->buf), s->len, s->hash);
+		s->device = false;
+	}
+	*buf = s->buf;
+	*len = s->len;
+	*tag = s->tag;
+	memcpy(hash, s->hash, CKPT_HASH_BYTES);
+	p->head = (p->head + 1) % p->window;
+	p->count--;
+	return 0;
+}
+
+int snapshot_pipe_seal(struct snapshot_pipe *p, void **event, void (*landed)(void *),
+                       void *arg)
+{
+	*event = NULL;
+	if (p->sealed)
+		return ckpt_err(-EINVAL, "snapshot pipe: sealed twice");
+	p->sealed = true;
+	if (!snapshot_has_device(p->sn)) {
+		landed(arg);
+		return 0;
+	}
+	/* Device mode: always hand out an event, so that a caller's stream can wait on
+	 * it whatever its tensors were; with no device copies it completes at once. */
+	int rc = snap_dev_seal(p->sn, event, p->device_chunks ? landed : NULL, arg);
+	if (rc == 0 && !p->device_chunks)
+		landed(arg);
+	return rc;
+}
+
+void snapshot_pipe_close(struct snapshot_pipe *p)
+{
+	if (!p)
+		return;
+	/* Copies may still be landing in buffers we are about to give back, and the
+	 * landed callback may still hold its argument: wait for both. */
+	if (p->device_chunks || p->sealed)
+		snap_dev_quiesce(p->sn);
+	while (p->count) {
+		io_pool_put(p->pool, p->slots[p->head].buf);
+		p->head = (p->head + 1) % p->window;
+		p->count--;
+	}
+	free(p->slots);
+	free(p);
+}

@@ -1,0 +1,54 @@
+# tests/gpu — the CUDA tests (plain C programs, no Check: the GPU machine may lack
+# it). Included from the top-level CMakeLists.txt whenever CKPT_HAVE_CUDA, also with
+# CKPT_BUILD_TESTS=OFF, which is why this file is not a CMakeLists.txt that the
+# tests/ folder would pick up a second time. Each test exits 77 without a device.
+#
+# Run them on the GPU machine:  ctest --test-dir BUILD -L gpu --output-on-failure
+enable_testing()
+
+# The CUDA language (nvcc) only for the one kernel of test_gpu_event; the library
+# and every other test use the runtime API from C.
+include(CheckLanguage)
+check_language(CUDA)
+if(CMAKE_CUDA_COMPILER)
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    # sm_90 (H100/H200) plus its PTX, which newer GPUs JIT-compile; 75/80 for the rest.
+    set(CMAKE_CUDA_ARCHITECTURES 75 80 90)
+  endif()
+  enable_language(CUDA)
+else()
+  message(STATUS "libckpt: no CUDA compiler for the test kernel; test_gpu_event uses a memset")
+endif()
+
+set(CKPT_GPU_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
+function(ckpt_gpu_test name)
+  cmake_parse_arguments(T "" "" "SOURCES;ARGS" ${ARGN})
+  add_executable(${name} ${T_SOURCES} ${PROJECT_SOURCE_DIR}/tests/testutil.c)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/lib
+                             ${CKPT_GPU_TEST_DIR})
+  target_compile_definitions(${name} PRIVATE _GNU_SOURCE)
+  target_link_libraries(${name} PRIVATE ckpt_static CUDA::cudart)
+endfunction()
+function(ckpt_gpu_add name exe)
+  add_test(NAME ${name} COMMAND ${exe} ${ARGN})
+  set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS "gpu")
+endfunction()
+
+ckpt_gpu_test(test_gpu_roundtrip SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_roundtrip.c)
+ckpt_gpu_add(test_gpu_roundtrip test_gpu_roundtrip)
+ckpt_gpu_add(test_gpu_load_device test_gpu_roundtrip --load-device)
+ckpt_gpu_test(test_gpu_overwrite SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_overwrite.c)
+ckpt_gpu_add(test_gpu_overwrite test_gpu_overwrite)
+ckpt_gpu_test(test_gpu_pool SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_pool.c)
+ckpt_gpu_add(test_gpu_pool test_gpu_pool)
+if(CMAKE_CUDA_COMPILER)
+  ckpt_gpu_test(test_gpu_event SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_event.c
+                ${CKPT_GPU_TEST_DIR}/flip_kernel.cu)
+  target_compile_definitions(test_gpu_event PRIVATE CKPT_TEST_HAVE_KERNEL=1)
+  # One CUDA runtime in the process: the shared one libckpt links, not nvcc's
+  # default static copy next to it.
+  set_target_properties(test_gpu_event PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+else()
+  ckpt_gpu_test(test_gpu_event SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_event.c)
+endif()
+ckpt_gpu_add(test_gpu_event test_gpu_event)
