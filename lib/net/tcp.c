@@ -68,6 +68,13 @@ static int tcp_resolve(const char *addr, unsigned port, bool passive, int unreso
 		 * interface is loopback, which is exactly where single-node jobs run. */
 		.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0),
 	};
+	/* An address literal ("10.0.0.1", "::1") is never looked up in DNS: a malformed
+	 * one ("256.1.2.3") fails at once as a bad address, and a machine without a
+	 * resolver (the GPU hosts) does not wait for one. */
+	if (addr && addr[strspn(addr, "0123456789.")] == '\0')
+		hints.ai_flags |= AI_NUMERICHOST;
+	else if (addr && strchr(addr, ':'))
+		hints.ai_flags |= AI_NUMERICHOST;
 	int gai = getaddrinfo(addr, serv, &hints, out);
 	if (gai)
 		return tcp_gai_err(gai, errno, unresolved, addr, port);
