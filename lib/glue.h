@@ -43,6 +43,8 @@ struct save_item {
 	uint64_t    raw_bytes;
 	const void *data;
 	int         mem;
+	ckpt_source_fn source;        /* non-NULL: bytes pulled from it, not from data */
+	void       *source_arg;
 };
 
 enum save_state { SAVE_OPEN = 0, SAVE_QUEUED, SAVE_RUNNING, SAVE_DONE };

@@ -101,7 +101,25 @@ static int save_push(struct ckpt_save *s, struct save_item *it)
 	return 0;
 }
 
+static int save_add(ckpt_save *s, const struct ckpt_tensor *t, ckpt_source_fn fn, void *arg);
+
 int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t)
+{
+	return save_add(s, t, NULL, NULL);
+}
+
+int ckpt_save_add_tensor_source(ckpt_save *s, const struct ckpt_tensor *t, ckpt_source_fn fn,
+                                void *arg)
+{
+	if (!fn)
+		return ckpt_err(-EINVAL, "tensor source: the callback is NULL");
+	if (t && t->mem == CKPT_MEM_DEVICE)
+		return ckpt_err(-EINVAL, "tensor '%s': a source fills host memory (mem must be "
+		                "auto or host)", t->name ? t->name : "?");
+	return save_add(s, t, fn, arg);
+}
+
+static int save_add(ckpt_save *s, const struct ckpt_tensor *t, ckpt_source_fn fn, void *arg)
 {
 	int rc = save_check_open(s);
 	if (rc)
@@ -150,13 +168,15 @@ int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t)
 	    !ckpt_shape_elems(it.ndim, it.extent, &elems) ||
 	    !ckpt_mul_u64(elems, esize, &it.raw_bytes))
 		return ckpt_err(CKPT_ESHAPE, "tensor '%s': size overflows 64 bits", t->name);
-	if (it.raw_bytes && !t->data)
+	it.source = fn;
+	it.source_arg = arg;
+	if (it.raw_bytes && !t->data && !fn)
 		return ckpt_err(-EINVAL, "tensor '%s': data is NULL", t->name);
 	/* Host or device memory, decided now so that a pointer the snapshot cannot
 	 * copy fails here, in the caller's thread, and not half-way through the save. */
 	int dev = -1;
 	it.mem = CKPT_MEM_HOST;
-	if (it.raw_bytes) {
+	if (it.raw_bytes && !fn) {
 		int kind = snapshot_mem_kind(s->ctx->snap, t->data, t->mem, &dev);
 		int rc2 = kind < 0 ? kind : snapshot_bind(s->ctx->snap, dev);
 		if (rc2)
@@ -447,8 +467,11 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur)
 			continue;
 		}
 		size_t n = (size_t)(it->raw_bytes - cur->off < chunk ? it->raw_bytes - cur->off : chunk);
-		int rc = snapshot_pipe_issue(cur->pipe, (const uint8_t *)it->data + cur->off, n, it->mem,
-		                             cur->item);
+		int rc = it->source
+			? snapshot_pipe_issue_fill(cur->pipe, it->source, it->source_arg, cur->off, n,
+			                           cur->item)
+			: snapshot_pipe_issue(cur->pipe, (const uint8_t *)it->data + cur->off, n, it->mem,
+			                      cur->item);
 		if (rc == -EAGAIN)
 			return rc;
 		if (rc)

@@ -184,6 +184,19 @@ CKPT_API int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out);
  * point (ckpt_save_wait_snapshot). Errors: CKPT_ENAME, CKPT_ESHAPE, -EINVAL (kind,
  * dtype, policy), -EEXIST (name already added to this save), CKPT_ESTATE (submitted). */
 CKPT_API int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t);
+/* A tensor's bytes pulled on demand: fill dst with the len bytes of this rank's box
+ * (row-major) that start at byte off; return 0, or a negative code that fails the
+ * save with it. Called by the save worker's thread, in increasing off, between
+ * ckpt_save_submit and the snapshot point, never after it; off and len follow the
+ * chunk size. */
+typedef int (*ckpt_source_fn)(void *arg, uint64_t off, void *dst, size_t len);
+/* ckpt_save_add_tensor whose bytes come from fn (t->data is ignored): a tensor
+ * streamed from another checkpoint, a file or a socket, with host memory bounded by
+ * the pool whatever its size. t->mem must be CKPT_MEM_AUTO or CKPT_MEM_HOST. fn and
+ * arg must stay valid until the snapshot point. Errors: as ckpt_save_add_tensor;
+ * -EINVAL (fn NULL, or device memory). */
+CKPT_API int ckpt_save_add_tensor_source(ckpt_save *s, const struct ckpt_tensor *t,
+                                         ckpt_source_fn fn, void *arg);
 /* Add opaque bytes (RNG state, scheduler, dataloader position). policy is
  * CKPT_REPLICATED or CKPT_RANK_BOUND. Same errors as ckpt_save_add_tensor. */
 CKPT_API int ckpt_save_add_blob(ckpt_save *s, const char *name, int kind, int policy,

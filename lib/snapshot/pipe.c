@@ -126,6 +126,42 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 	return 0;
 }
 
+int snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, void *arg,
+                             uint64_t off, size_t n, uint64_t tag)
+{
+	if (p->sealed)
+		return ckpt_err(-EINVAL, "snapshot pipe: issue after seal");
+	if (n == 0 || n > io_pool_buf_bytes(p->pool))
+		return ckpt_err(-EINVAL, "snapshot pipe: chunk of %zu bytes (buffers hold %zu)", n,
+		                io_pool_buf_bytes(p->pool));
+	if (p->count == p->window)
+		return -EAGAIN;
+	int b = io_pool_get(p->pool, 0);
+	if (b < 0) {
+		if (p->count)
+			return -EAGAIN;
+		b = io_pool_get(p->pool, -1);
+		if (b < 0)
+			return ckpt_err(b, "snapshot pipe: buffer pool");
+	}
+	void *dst = io_pool_addr(p->pool, (unsigned)b);
+	int rc = fill(arg, off, dst, n);
+	if (rc) {
+		io_pool_put(p->pool, (unsigned)b);
+		return rc;
+	}
+	unsigned slot = (p->head + p->count) % p->window;
+	struct pipe_slot *s = &p->slots[slot];
+	s->buf = (unsigned)b;
+	s->len = n;
+	s->tag = tag;
+	s->device = false;
+	/* The source wrote into a buffer nobody else owns: hash it while it is warm. */
+	io_hash128(dst, n, s->hash);
+	p->count++;
+	return 0;
+}
+
 int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
                        uint8_t hash[CKPT_HASH_BYTES], uint64_t *tag)
 {

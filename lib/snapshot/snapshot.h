@@ -89,6 +89,13 @@ int  snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned wind
  */
 int  snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int mem,
                          uint64_t tag);
+/* Like snapshot_pipe_issue for a chunk whose bytes come from a source callback (a
+ * tensor streamed from elsewhere): fill(arg, off, dst, n) writes them into the pool
+ * buffer, here, in this thread; they are hashed as they land. fill's error is
+ * returned (the buffer goes back to the pool). -EAGAIN as snapshot_pipe_issue. */
+typedef int (*snapshot_fill_fn)(void *arg, uint64_t off, void *dst, size_t n);
+int  snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, void *arg,
+                              uint64_t off, size_t n, uint64_t tag);
 /* Chunks issued and not yet taken out. */
 unsigned snapshot_pipe_pending(const struct snapshot_pipe *p);
 /* Device chunks issued since open. */

@@ -270,6 +270,67 @@ struct rank_item {
 	size_t   len;
 };
 
+/* One tensor of a new rank, pulled from the source checkpoint chunk by chunk. */
+struct fill_state {
+	ckpt_load              *l;
+	const struct rank_item *x;
+	struct report          *rep;
+	int                     fd;
+	uint8_t                *scratch;
+	size_t                  cap;
+	uint64_t                since;    /* bytes since the last progress report */
+};
+
+/* ckpt_source_fn: bytes [off, off+len) of the new box, row-major. Loads the rows of
+ * the box that hold them (one batch read over the source shards), then copies. */
+static int tensor_fill(void *arg, uint64_t off, void *dst, size_t len)
+{
+	struct fill_state *f = arg;
+	const struct rank_item *x = f->x;
+	const struct ckpt_tensor_info *t = &x->it->ti;
+	unsigned nd = t->ndim;
+	uint64_t rowb = ckpt_dtype_size(t->dtype);
+	for (unsigned d = 1; d < nd; d++)
+		rowb *= x->ext[d];
+	struct ckpt_load_req q = { .name = t->name, .dtype = t->dtype, .ndim = nd,
+	                           .mem = CKPT_MEM_HOST, .saved_rank = x->saved_rank };
+	int rc;
+	if (nd == 0) {
+		q.dst = dst;              /* one element: the chunk is the whole value */
+		rc = ckpt_load_tensors(f->l, &q, 1, NULL);
+	} else {
+		uint64_t r0 = off / rowb, r1 = (off + len - 1) / rowb;
+		size_t need = (size_t)((r1 - r0 + 1) * rowb);
+		if (need > f->cap) {
+			uint8_t *n = realloc(f->scratch, need);
+			if (!n)
+				return -ENOMEM;
+			f->scratch = n;
+			f->cap = need;
+		}
+		uint64_t o[CKPT_MAX_NDIM], e[CKPT_MAX_NDIM];
+		memcpy(o, x->off, nd * sizeof *o);
+		memcpy(e, x->ext, nd * sizeof *e);
+		o[0] += r0;
+		e[0] = r1 - r0 + 1;
+		q.offset = o;
+		q.extent = e;
+		q.dst = f->scratch;
+		rc = ckpt_load_tensors(f->l, &q, 1, NULL);
+		if (!rc)
+			memcpy(dst, f->scratch + (off - r0 * rowb), len);
+	}
+	if (rc)
+		return rc;
+	f->rep->bytes_done += len;
+	f->since += len;
+	if (f->since >= (64u << 20)) {
+		f->since = 0;
+		send_report(f->fd, f->rep);
+	}
+	return 0;
+}
+
 static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned r, int fd,
                     struct report *rep)
 {
@@ -316,58 +377,33 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 		x->len = len;
 		rep->bytes_total += len;
 	}
+	/* Blobs are small: read them now. Tensors are pulled chunk by chunk while the
+	 * new shard is written (tensor_fill), so memory stays bounded by the two pools
+	 * and one chunk of scratch, whatever this rank's share. */
 	for (size_t i = 0; !rc && i < nri; i++) {
-		if (!(ri[i].data = malloc(ri[i].len ? ri[i].len : 1)))
+		struct rank_item *x = &ri[i];
+		if (!x->it->blob)
+			continue;
+		stage = "read a blob";
+		if (!(x->data = malloc(x->len ? x->len : 1))) {
 			rc = -ENOMEM;
-	}
-	/* Tensors: ckpt_load_tensors in groups of about 64 MiB, so that progress shows and
-	 * every group still keeps many reads in flight over all source shard files. */
-	struct ckpt_load_req *reqs = calloc(nri + 1, sizeof *reqs);
-	if (!reqs && !rc)
-		rc = -ENOMEM;
-	stage = "load";
-	size_t g0 = 0;
-	while (!rc && g0 < nri) {
-		size_t nq = 0, g = g0;
-		uint64_t gbytes = 0;
-		for (; g < nri && (gbytes < (64u << 20) || nq == 0); g++) {
-			struct rank_item *x = &ri[g];
-			if (x->it->blob) {
-				size_t got = 0;
-				rc = x->saved_rank >= 0 ?
-					ckpt_load_blob_rank(l, x->it->name, x->saved_rank, x->data, x->len, &got) :
-					ckpt_load_blob(l, x->it->name, x->data, x->len, &got);
-				if (rc)
-					break;
-				rep->bytes_done += x->len;
-				continue;
-			}
-			reqs[nq++] = (struct ckpt_load_req){
-				.name = x->it->name, .dtype = x->it->ti.dtype, .ndim = x->it->ti.ndim,
-				.offset = x->off, .extent = x->ext, .dst = x->data, .mem = CKPT_MEM_HOST,
-				.saved_rank = x->saved_rank,
-			};
-			gbytes += x->len;
+			break;
 		}
-		if (!rc && nq)
-			rc = ckpt_load_tensors(l, reqs, nq, NULL);
-		if (!rc) {
-			rep->bytes_done += gbytes;
-			send_report(fd, rep);
-		}
-		g0 = g;
+		size_t got = 0;
+		rc = x->saved_rank >= 0 ?
+			ckpt_load_blob_rank(l, x->it->name, x->saved_rank, x->data, x->len, &got) :
+			ckpt_load_blob(l, x->it->name, x->data, x->len, &got);
+		rep->bytes_done += x->len;
 	}
-	free(reqs);
-	ckpt_load_close(l);
-	l = NULL;
-	ckpt_close(src);
-	src = NULL;
 	stage = "open the output";
 	if (!rc)
 		rc = open_ctx(a->out, (int)r, (int)a->world, CKPT_OPEN_NO_GC, a, &dst);
 	stage = "save";
 	if (!rc)
 		rc = ckpt_save_begin(dst, a->have_out_step ? a->out_step : p->src_step, &s);
+	struct fill_state *fs = calloc(nri + 1, sizeof *fs);
+	if (!fs && !rc)
+		rc = -ENOMEM;
 	for (size_t i = 0; !rc && i < nri; i++) {
 		const struct rank_item *x = &ri[i];
 		const struct ckpt_tensor_info *t = &x->it->ti;
@@ -375,12 +411,13 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 			rc = ckpt_save_add_blob(s, t->name, t->kind, t->policy, x->data, x->len);
 			continue;
 		}
+		fs[i] = (struct fill_state){ .l = l, .x = x, .rep = rep, .fd = fd };
 		struct ckpt_tensor ct = {
 			.name = t->name, .kind = t->kind, .dtype = t->dtype, .policy = t->policy,
 			.ndim = t->ndim, .global_shape = t->global_shape, .offset = x->off,
-			.extent = x->ext, .data = x->data, .mem = CKPT_MEM_HOST,
+			.extent = x->ext, .mem = CKPT_MEM_HOST,
 		};
-		rc = ckpt_save_add_tensor(s, &ct);
+		rc = ckpt_save_add_tensor_source(s, &ct, tensor_fill, &fs[i]);
 	}
 	if (!rc)
 		rc = ckpt_save_submit(s);
@@ -389,6 +426,11 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 	if (rc)
 		snprintf(rep->msg, sizeof rep->msg, "rank %u: %s: %s", r, stage, ckpt_last_error(NULL));
 	ckpt_save_free(s);
+	for (size_t i = 0; fs && i < nri; i++)
+		free(fs[i].scratch);
+	free(fs);
+	ckpt_load_close(l);
+	ckpt_close(src);
 	ckpt_close(dst);
 	for (size_t i = 0; ri && i < nri; i++)
 		free(ri[i].data);
