@@ -22,6 +22,7 @@
 #include "io/io.h"
 #include "manifest/manifest.h"
 #include "net/net.h"
+#include "synth.h"
 
 #define TMO      120000
 #define STEPS    10
@@ -168,39 +169,6 @@ static int bench_bulk(size_t bytes, double *mib_s)
 
 /* ---------------------------------------------------------------- commit */
 
-static int make_index(uint32_t r, uint32_t w, uint64_t step, void **buf, size_t *len)
-{
-	struct io_tensor_entry t[NTENSORS];
-	struct io_chunk_entry ch[NTENSORS];
-	char names[NTENSORS][32];
-	memset(t, 0, sizeof t);
-	memset(ch, 0, sizeof ch);
-	uint64_t off = 4096;
-	uint32_t nch = 0;
-	for (uint32_t i = 0; i < NTENSORS; i++) {
-		snprintf(names[i], sizeof names[i], "model/layer.%u/w", i);
-		t[i] = (struct io_tensor_entry){ .name = names[i], .name_len = (uint16_t)strlen(names[i]),
-		                                 .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
-		                                 .policy = CKPT_SHARDED, .ndim = 2, .first_chunk = nch };
-		t[i].global_shape[0] = ROWS;
-		t[i].global_shape[1] = 64;
-		t[i].offset[0] = (uint64_t)ROWS * r / w;
-		t[i].extent[0] = (uint64_t)ROWS * (r + 1) / w - t[i].offset[0];
-		t[i].extent[1] = 64;
-		t[i].raw_bytes = t[i].extent[0] * 64 * 4;
-		if (t[i].raw_bytes) {
-			t[i].nchunks = 1;
-			ch[nch] = (struct io_chunk_entry){ .tensor = i, .codec = IO_CODEC_RAW,
-			                                   .raw_len = t[i].raw_bytes, .file_offset = off,
-			                                   .stored_len = t[i].raw_bytes };
-			off += ckpt_align_up(t[i].raw_bytes, CKPT_ALIGN);
-			nch++;
-		}
-	}
-	struct io_shard_index ix = { .step = step, .rank = r, .world = w, .data_end = off,
-	                             .ntensors = NTENSORS, .nchunks = nch, .tensors = t, .chunks = ch };
-	return io_index_encode(&ix, buf, len);
-}
 
 struct rank_arg {
 	struct commit_part *p;
@@ -218,7 +186,7 @@ static void *rank_main(void *p)
 	size_t len = 0;
 	a->rc = commit_part_begin(a->p, a->step);
 	if (!a->rc)
-		a->rc = make_index(a->rank, a->world, a->step, &ix, &len);
+		a->rc = synth_rows_encode(a->step, a->rank, a->world, NTENSORS, ROWS, 64, &ix, &len);
 	pthread_barrier_wait(a->bar);   /* every rank ready: vote together */
 	if (!a->rc) {
 		struct commit_vote v = { .rank = a->rank, .step = a->step, .index = ix,

@@ -3,6 +3,7 @@
  */
 #include "synth.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,4 +129,49 @@ void synth_typical(struct synth *s, uint64_t step, uint32_t rank, uint32_t world
 	          .content = 77 + rank, .kind = CKPT_KIND_RNG });
 	synth_add(s, &(struct synth_item){ .name = "sched", .policy = CKPT_REPLICATED, .ndim = 1,
 	          .blob = true, .shape = { 40 }, .extent = { 40 }, .kind = CKPT_KIND_SCHEDULER });
+}
+
+int synth_rows_encode(uint64_t step, uint32_t r, uint32_t w, unsigned n, uint64_t rows,
+                      uint64_t cols, void **buf, size_t *len)
+{
+	struct io_tensor_entry *t = calloc(n ? n : 1, sizeof *t);
+	struct io_chunk_entry *ch = calloc(n ? n : 1, sizeof *ch);
+	char (*names)[32] = calloc(n ? n : 1, sizeof *names);
+	int rc = t && ch && names ? 0 : -ENOMEM;
+	uint64_t off = IO_HEADER_BYTES;
+	uint32_t nch = 0;
+	for (unsigned i = 0; i < n && !rc; i++) {
+		snprintf(names[i], sizeof names[i], "model/layer.%u/w", i);
+		t[i].name = names[i];
+		t[i].name_len = (uint16_t)strlen(names[i]);
+		t[i].kind = CKPT_KIND_MODEL;
+		t[i].dtype = CKPT_F32;
+		t[i].policy = CKPT_SHARDED;
+		t[i].ndim = 2;
+		t[i].global_shape[0] = rows;
+		t[i].global_shape[1] = cols;
+		t[i].offset[0] = rows * r / w;
+		t[i].extent[0] = rows * (r + 1) / w - t[i].offset[0];
+		t[i].extent[1] = cols;
+		t[i].raw_bytes = t[i].extent[0] * cols * 4;
+		t[i].first_chunk = nch;
+		if (t[i].raw_bytes) {
+			t[i].nchunks = 1;
+			ch[nch] = (struct io_chunk_entry){ .tensor = i, .codec = IO_CODEC_RAW,
+			                                   .raw_len = t[i].raw_bytes, .file_offset = off,
+			                                   .stored_len = t[i].raw_bytes };
+			ch[nch].hash[0] = (uint8_t)i;
+			off += ckpt_align_up(t[i].raw_bytes, CKPT_ALIGN);
+			nch++;
+		}
+	}
+	if (!rc) {
+		struct io_shard_index ix = { .step = step, .rank = r, .world = w, .data_end = off,
+		                             .ntensors = n, .nchunks = nch, .tensors = t, .chunks = ch };
+		rc = io_index_encode(&ix, buf, len);
+	}
+	free(t);
+	free(ch);
+	free(names);
+	return rc;
 }

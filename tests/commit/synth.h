@@ -50,4 +50,10 @@ struct commit_vote synth_vote(uint64_t step, uint32_t rank, const void *idx, siz
  * replicated blob. */
 void synth_typical(struct synth *s, uint64_t step, uint32_t rank, uint32_t world);
 
+/* The encoded index (malloc'd) of rank r of a w-rank job: n tensors
+ * "model/layer.I/w", f32 [rows, cols], split by rows, one raw chunk each — what the
+ * commit and rdma benchmarks and the rdma commit tests vote with. 0 or -ENOMEM. */
+int synth_rows_encode(uint64_t step, uint32_t r, uint32_t w, unsigned n, uint64_t rows,
+                      uint64_t cols, void **buf, size_t *len);
+
 #endif

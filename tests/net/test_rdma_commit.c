@@ -25,6 +25,7 @@
 #include "io/io.h"
 #include "manifest/manifest.h"
 #include "net/net.h"
+#include "synth.h"
 #include "net/rdma_internal.h"
 #include "testutil.h"
 
@@ -40,46 +41,6 @@ static double ms_since(uint64_t t0) { return (double)(ckpt_now_ns() - t0) / 1e6;
 #define NTENSORS 8
 #define ROWS     4096u
 
-/* Rank r's shard index: NTENSORS tensors [ROWS, 16] f32 split by rows (as
- * bench/commit/bench_commit.c builds them). */
-static int make_index(uint32_t r, uint32_t w, uint64_t step, void **buf, size_t *len)
-{
-	struct io_tensor_entry t[NTENSORS];
-	struct io_chunk_entry ch[NTENSORS];
-	char names[NTENSORS][32];
-	memset(t, 0, sizeof t);
-	memset(ch, 0, sizeof ch);
-	uint64_t off = 4096;
-	uint32_t nch = 0;
-	for (uint32_t i = 0; i < NTENSORS; i++) {
-		snprintf(names[i], sizeof names[i], "model/layer.%u/w", i);
-		t[i].name = names[i];
-		t[i].name_len = (uint16_t)strlen(names[i]);
-		t[i].kind = CKPT_KIND_MODEL;
-		t[i].dtype = CKPT_F32;
-		t[i].policy = CKPT_SHARDED;
-		t[i].ndim = 2;
-		t[i].global_shape[0] = ROWS;
-		t[i].global_shape[1] = 16;
-		t[i].offset[0] = (uint64_t)ROWS * r / w;
-		t[i].extent[0] = (uint64_t)ROWS * (r + 1) / w - t[i].offset[0];
-		t[i].extent[1] = 16;
-		t[i].raw_bytes = t[i].extent[0] * 16 * 4;
-		t[i].first_chunk = nch;
-		if (t[i].raw_bytes) {
-			t[i].nchunks = 1;
-			ch[nch] = (struct io_chunk_entry){ .tensor = i, .codec = IO_CODEC_RAW,
-			                                   .raw_len = t[i].raw_bytes, .file_offset = off,
-			                                   .stored_len = t[i].raw_bytes };
-			ch[nch].hash[0] = (uint8_t)i;
-			off += ckpt_align_up(t[i].raw_bytes, CKPT_ALIGN);
-			nch++;
-		}
-	}
-	struct io_shard_index ix = { .step = step, .rank = r, .world = w, .data_end = off,
-	                             .ntensors = NTENSORS, .nchunks = nch, .tensors = t, .chunks = ch };
-	return io_index_encode(&ix, buf, len);
-}
 
 struct rank_job {
 	struct commit_part *p;
@@ -96,7 +57,7 @@ static void *rank_main(void *arg)
 	size_t len = 0;
 	j->rc = commit_part_begin(j->p, j->step);
 	if (!j->rc)
-		j->rc = make_index(j->rank, j->world, j->step, &ix, &len);
+		j->rc = synth_rows_encode(j->step, j->rank, j->world, NTENSORS, ROWS, 16, &ix, &len);
 	if (!j->rc) {
 		struct commit_vote v = { .rank = j->rank, .step = j->step, .index = ix,
 		                         .index_len = len, .file_size = 1 };
