@@ -270,23 +270,30 @@ struct rank_item {
 	size_t   len;
 };
 
+/* What every tensor of a rank shares while it is pulled: the save worker calls the
+ * sources one at a time, so one scratch buffer serves them all. */
+struct fill_shared {
+	ckpt_load     *l;
+	struct report *rep;
+	int            fd;
+	uint8_t       *scratch;
+	size_t         cap;
+	uint64_t       since;             /* bytes since the last progress report */
+};
+
 /* One tensor of a new rank, pulled from the source checkpoint chunk by chunk. */
 struct fill_state {
-	ckpt_load              *l;
+	struct fill_shared     *sh;
 	const struct rank_item *x;
-	struct report          *rep;
-	int                     fd;
-	uint8_t                *scratch;
-	size_t                  cap;
-	uint64_t                since;    /* bytes since the last progress report */
 };
 
 /* ckpt_source_fn: bytes [off, off+len) of the new box, row-major. Loads the rows of
  * the box that hold them (one batch read over the source shards), then copies. */
 static int tensor_fill(void *arg, uint64_t off, void *dst, size_t len)
 {
-	struct fill_state *f = arg;
-	const struct rank_item *x = f->x;
+	const struct fill_state *fs = arg;
+	struct fill_shared *f = fs->sh;
+	const struct rank_item *x = fs->x;
 	const struct ckpt_tensor_info *t = &x->it->ti;
 	unsigned nd = t->ndim;
 	uint64_t rowb = ckpt_dtype_size(t->dtype);
@@ -401,6 +408,7 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 	stage = "save";
 	if (!rc)
 		rc = ckpt_save_begin(dst, a->have_out_step ? a->out_step : p->src_step, &s);
+	struct fill_shared shared = { .l = l, .rep = rep, .fd = fd };
 	struct fill_state *fs = calloc(nri + 1, sizeof *fs);
 	if (!fs && !rc)
 		rc = -ENOMEM;
@@ -411,7 +419,7 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 			rc = ckpt_save_add_blob(s, t->name, t->kind, t->policy, x->data, x->len);
 			continue;
 		}
-		fs[i] = (struct fill_state){ .l = l, .x = x, .rep = rep, .fd = fd };
+		fs[i] = (struct fill_state){ .sh = &shared, .x = x };
 		struct ckpt_tensor ct = {
 			.name = t->name, .kind = t->kind, .dtype = t->dtype, .policy = t->policy,
 			.ndim = t->ndim, .global_shape = t->global_shape, .offset = x->off,
@@ -426,8 +434,7 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 	if (rc)
 		snprintf(rep->msg, sizeof rep->msg, "rank %u: %s: %s", r, stage, ckpt_last_error(NULL));
 	ckpt_save_free(s);
-	for (size_t i = 0; fs && i < nri; i++)
-		free(fs[i].scratch);
+	free(shared.scratch);
 	free(fs);
 	ckpt_load_close(l);
 	ckpt_close(src);
