@@ -92,5 +92,5 @@ for r in rows:
     v, lim = float(v), float(lim)
     print(f"| {name} | {v/G:.2f} GB/s | {lim/G:.2f} GB/s | {v/lim:.2f} | {'>= ' + tgt if tgt[0].isdigit() else tgt} |")
 if rss:
-    print(f"| reshard peak RSS (parent and one rank, GNU time: the largest process) | {rss/1024:.0f} MiB | share + pool | | the largest rank share (known limit) |")
+    print(f"| reshard peak RSS (the largest process, GNU time) | {rss/1024:.0f} MiB | two pools (output, source reads) + one chunk of scratch | | bounded by the pools, not by the state |")
 PY
