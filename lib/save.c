@@ -573,13 +573,20 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	bool voted = false;
 	struct save_cursor cur;
 	memset(&cur, 0, sizeof cur);
+	uint64_t t_run = ckpt_now_ns();
+	ckpt_log(CKPT_LOG_DEBUG, "step %llu: worker starts %.3f ms after submit",
+	         (unsigned long long)s->step, (double)(t_run - s->t_submit) / 1e6);
 	unsigned window = snapshot_pipe_window(io_pool_nbufs(c->pool), c->cfg.queue_depth);
 	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, &cur.pipe)))
 		goto out;
 	/* Copies first, as many as the window takes, before any file is touched: the
 	 * caller waits for the snapshot point (or the snapshot event) and for nothing
 	 * else, and the copies run while the shard file is set up. */
-	if ((rc = save_issue(c, s, &cur)) && rc != -EAGAIN)
+	rc = save_issue(c, s, &cur);
+	ckpt_log(CKPT_LOG_DEBUG, "step %llu: first issue pass %.3f ms: %s",
+	         (unsigned long long)s->step, (double)(ckpt_now_ns() - t_run) / 1e6,
+	         rc == -EAGAIN ? "window full" : rc ? "failed" : "all issued and sealed");
+	if (rc && rc != -EAGAIN)
 		goto out;
 	if (!c->save_engine && (rc = io_engine_create(c->pool, c->cfg.queue_depth, &c->save_engine)))
 		goto out;
