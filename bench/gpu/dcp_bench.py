@@ -108,7 +108,7 @@ def main():
 
     os.makedirs(a.dir, exist_ok=True)
     wanted = [p for p in a.phases.split(",") if p]
-    keep_for_load = None
+    keep_for_load = ()
 
     def run(name, fn):
         if name not in wanted:
@@ -124,7 +124,7 @@ def main():
         except Exception as e:  # noqa: BLE001 — one failing phase must not stop the others
             out["phases"][name] = {"error": f"{type(e).__name__}: {e}"}
             traceback.print_exc(file=sys.stderr)
-        if path != keep_for_load:
+        if path not in keep_for_load:
             shutil.rmtree(path, ignore_errors=True)
         print(f"dcp_bench: {name}: {out['phases'][name]}", file=sys.stderr, flush=True)
 
@@ -184,9 +184,12 @@ def main():
         return res
 
     def p_load(path):
+        # The best phase's checkpoint, else save_t8's (same bytes, same format).
         src = os.path.join(a.dir, "best")
         if not os.path.isdir(src):
-            raise RuntimeError("no checkpoint from the 'best' phase to load")
+            src = os.path.join(a.dir, "save_t8")
+        if not os.path.isdir(src):
+            raise RuntimeError("no checkpoint from the 'best' or 'save_t8' phase to load")
         how = drop_cache(src)
         dst = {k: torch.empty_like(v) for k, v in sd.items()}
         torch.cuda.synchronize()
@@ -198,14 +201,16 @@ def main():
         del dst
         return {"load_s": t, "cache": how, "verified": equal}
 
-    keep_for_load = os.path.join(a.dir, "best") if "load" in wanted else None
+    if "load" in wanted:
+        keep_for_load = (os.path.join(a.dir, "best"), os.path.join(a.dir, "save_t8"))
     run("save", p_save)
     run("save_t8", p_save_t8)
     run("async", p_async)
     run("best", p_best)
-    keep_for_load = None
+    keep_for_load = ()
     run("load", p_load)
-    shutil.rmtree(os.path.join(a.dir, "best"), ignore_errors=True)
+    for d in ("best", "save_t8"):
+        shutil.rmtree(os.path.join(a.dir, d), ignore_errors=True)
     out["total_s"] = now() - t_start
     emit()
     return 0
