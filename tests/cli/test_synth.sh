@@ -29,6 +29,8 @@ expect_rc 0 "0 mismatches" "verify latest" "$synth" verify --root "$root/r" --st
 out=$("$synth" verify --root "$root/r" --step 2 --bytes 3M --seed 12 --world 2 --json)
 python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert d['ok'] and d['mismatches']==0 and d['tensors']>40, d" "$out" \
   && echo "ok: verify --json" || { echo "FAIL: verify --json: $out"; fail=1; }
+expect_rc 1 "should be absent" "--no-rng refuses a step that has its RNG state" \
+  "$synth" verify --root "$root/r" --step 1 --bytes 3M --seed 11 --no-rng
 expect_rc 1 "mismatches" "wrong seed is caught" "$synth" verify --root "$root/r" --step 1 --bytes 3M --seed 99
 expect_rc 1 "already committed" "saving a committed step again fails" \
   "$synth" save --root "$root/r" --step 1 --bytes 3M --seed 11

@@ -33,6 +33,7 @@ struct args {
 	const char *cmd, *root;
 	uint64_t    step, bytes, seed, chunk, pool;
 	bool        latest, json, have_step, have_bytes;
+	bool        no_rng;        /* verify: the rank-bound RNG state must be absent */
 	unsigned    world;
 	int         zstd_level;
 };
@@ -53,7 +54,8 @@ static void usage(FILE *f)
 	fprintf(f,
 	"usage: ckpt-synth save   --root DIR --step N --bytes SIZE --seed S [--world W]\n"
 	"                         [--compress zstd[:L]] [--chunk SIZE] [--pool SIZE] [--json]\n"
-	"       ckpt-synth verify --root DIR --step N|latest --bytes SIZE --seed S [--world W] [--json]\n"
+	"       ckpt-synth verify --root DIR --step N|latest --bytes SIZE --seed S [--world W]\n"
+	"                         [--no-rng] [--json]\n"
 	"\n"
 	"A deterministic synthetic model (a few dozen tensors of mixed dtypes, fp32 optimizer\n"
 	"moments, a rank-bound RNG blob per rank, a replicated scheduler blob) of about SIZE\n"
@@ -240,9 +242,10 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 		goto out;
 	res->step = ckpt_load_step(l);
 	int count = ckpt_load_count(l);
-	if (count != (int)m.n + 2) {
-		fprintf(stderr, "ckpt-synth: rank %d: step holds %d items, the model has %zu\n", rank,
-		        count, m.n + 2);
+	int expect = (int)m.n + (a->no_rng ? 1 : 2);
+	if (count != expect) {
+		fprintf(stderr, "ckpt-synth: rank %d: step holds %d items, the model has %d\n", rank,
+		        count, expect);
 		res->mismatches++;
 	}
 	/* This rank's boxes of every tensor in ONE batch, as a restore loads them: the
@@ -320,7 +323,15 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 		goto out;
 	wlen = synth_blob_rng(&m, (unsigned)rank, want, sizeof want);
 	rc = ckpt_load_blob(l, "rng", got, sizeof got, &len);
-	if (info.world == (uint32_t)world) {
+	if (a->no_rng) {
+		/* Resharded with the RNG state left out: it must be absent, not just skipped. */
+		if (rc != CKPT_ENOTFOUND) {
+			fprintf(stderr, "ckpt-synth: rank %d: 'rng' should be absent (--no-rng)\n", rank);
+			res->mismatches++;
+		}
+		res->skipped++;
+		rc = 0;
+	} else if (info.world == (uint32_t)world) {
 		if (rc)
 			goto out;
 		if (len != wlen || memcmp(got, want, len)) {
@@ -512,7 +523,8 @@ static int cmd_verify(const struct args *a)
 	else
 		printf("verified %" PRIu64 " tensors, %" PRIu64 " bytes, %" PRIu64 " mismatches"
 		       " (step %" PRIu64 ", as %u rank(s)%s)\n", tensors, bytes, mism, step, n,
-		       skipped ? "; rank-bound RNG state not carried to a new world size" : "");
+		       !skipped ? "" : a->no_rng ? "; no RNG state, as expected (--no-rng)"
+		       : "; rank-bound RNG state not carried to a new world size");
 	free(res);
 	return (rc || mism) ? 1 : 0;
 }
@@ -525,7 +537,8 @@ int main(int argc, char **argv)
 		{ "bytes", required_argument, 0, 'b' }, { "seed", required_argument, 0, 'S' },
 		{ "world", required_argument, 0, 'w' }, { "compress", required_argument, 0, 'c' },
 		{ "chunk", required_argument, 0, 'C' }, { "pool", required_argument, 0, 'P' },
-		{ "json", no_argument, 0, 'j' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+		{ "json", no_argument, 0, 'j' }, { "help", no_argument, 0, 'h' },
+		{ "no-rng", no_argument, 0, 'N' }, { 0, 0, 0, 0 },
 	};
 	if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
 		usage(argc < 2 ? stderr : stdout);
@@ -589,6 +602,7 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'j': a.json = true; break;
+		case 'N': a.no_rng = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
