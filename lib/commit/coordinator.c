@@ -402,9 +402,21 @@ static void broadcast(struct commit_coord *c, uint64_t step, int code, const cha
 {
 	if (ckpt_fault(CKPT_FP_BEFORE_DECISION_SEND) == CKPT_FA_DROP)
 		return;
+	/* One encoding for every rank: the broadcast is on the commit's critical path. */
+	struct commit_status_msg m = { .step = step, .code = code };
+	snprintf(m.reason, sizeof m.reason, "%s", why ? why : "");
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	if (commit_status_encode(&m, &b)) {
+		ckpt_log(CKPT_LOG_ERROR, "coordinator: step %llu: cannot encode the decision: %s",
+		         (unsigned long long)step, ckpt_err_msg());
+		ckpt_buf_free(&b);
+		return;
+	}
 	for (uint32_t r = 0; r < c->world; r++)
-		if (c->conns[r])
-			send_status(c, r, COMMIT_MSG_DECISION, step, code, why);
+		if (c->conns[r] && net_send(c->conns[r], COMMIT_MSG_DECISION, b.p, b.len, SEND_TIMEOUT_MS))
+			conn_drop(c, r, ckpt_err_msg());
+	ckpt_buf_free(&b);
 }
 
 static void step_decide(struct commit_coord *c, struct coord_step *s)
