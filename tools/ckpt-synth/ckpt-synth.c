@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,11 +31,31 @@
 #include "ckpt/ckpt.h"
 #include "model.h"
 
+/* A barrier in shared memory for forked rank processes. It polls and gives up after a
+ * minute, so that a rank that died cannot hang the others (a pthread barrier would). */
+struct shared_barrier {
+	atomic_uint count, generation;
+	unsigned    n;
+};
+
+static void shared_barrier_wait(struct shared_barrier *b)
+{
+	unsigned gen = atomic_load(&b->generation);
+	if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
+		atomic_store(&b->count, 0);
+		atomic_fetch_add(&b->generation, 1);
+		return;
+	}
+	for (int i = 0; i < 120000 && atomic_load(&b->generation) == gen; i++)
+		usleep(500);
+}
+
 struct args {
 	const char *cmd, *root;
 	uint64_t    step, bytes, seed, chunk, pool;
 	bool        latest, json, have_step, have_bytes;
 	bool        no_rng;        /* verify: the rank-bound RNG state must be absent */
+	struct shared_barrier *load_barrier; /* verify as forked ranks: load together, then compare */
 	unsigned    world;
 	int         zstd_level;
 };
@@ -228,14 +250,28 @@ out_free:
 
 /* ------------------------------------------------------------------ verify */
 
+/* The forked ranks of verify load at the same time and compare only once all have
+ * loaded, so the timed phase is a resharded restore and nothing else. Every rank
+ * passes both barriers on every path (passes counts them). */
+static void load_barrier(const struct args *a, int *passes)
+{
+	if (a->load_barrier)
+		shared_barrier_wait(a->load_barrier);
+	(*passes)++;
+}
+
 static int verify_rank(const struct args *a, int rank, int world, struct rank_result *res)
 {
 	struct synth_model m;
 	ckpt_ctx *c = NULL;
 	ckpt_load *l = NULL;
+	int passes = 0;
 	int rc = synth_model_build(&m, a->bytes, a->seed);
-	if (rc)
+	if (rc) {
+		while (passes < 2)
+			load_barrier(a, &passes);
 		return rc;
+	}
 	if ((rc = open_ctx(a, rank, world, CKPT_OPEN_READONLY, &c)))
 		goto out;
 	if ((rc = ckpt_load_open(c, a->latest ? CKPT_LATEST : a->step, &l)))
@@ -273,11 +309,13 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 		                                  .offset = off[i], .extent = ext[i], .dst = dst,
 		                                  .mem = CKPT_MEM_HOST, .saved_rank = -1 };
 	}
+	load_barrier(a, &passes);
 	if (!rc) {
 		double t0 = now_s();
 		rc = ckpt_load_tensors(l, reqs, m.n, results);
 		res->seconds += now_s() - t0;
 	}
+	load_barrier(a, &passes);
 	for (size_t i = 0; i < m.n && !rc; i++) {
 		const struct synth_tensor *t = &m.t[i];
 		uint8_t *want = malloc(blen[i] ? blen[i] : 1);
@@ -350,6 +388,8 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 		rc = 0;
 	}
 out:
+	while (passes < 2)
+		load_barrier(a, &passes);
 	if (rc)
 		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error(c));
 	ckpt_load_close(l);
@@ -498,7 +538,20 @@ static int cmd_verify(const struct args *a)
 {
 	struct rank_result *res = calloc(a->world, sizeof *res);
 	unsigned n = 0;
-	run_ranks(a, verify_rank, res, &n);
+	struct args va = *a;
+	/* A barrier shared by the forked ranks (not under an outside launcher). */
+	struct shared_barrier *bar = NULL;
+	if (!(getenv("RANK") && getenv("WORLD_SIZE")) && a->world > 1) {
+		bar = mmap(NULL, sizeof *bar, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		if (bar == MAP_FAILED)
+			bar = NULL;
+		else
+			bar->n = a->world;
+	}
+	va.load_barrier = bar;
+	run_ranks(&va, verify_rank, res, &n);
+	if (bar)
+		munmap(bar, sizeof *bar);
 	uint64_t tensors = 0, bytes = 0, mism = 0, skipped = 0, step = 0;
 	double load_s = 0;
 	int rc = 0;
