@@ -89,6 +89,7 @@ static int rank_main(const char *root, int rank, size_t per_tensor, unsigned por
 	for (int i = 0; i < NT; i++)
 		CUDA_OK(cudaFree(dev[i]));
 	ckpt_close(c);
+	fflush(stdout);      /* the rank ends with _exit, which does not flush */
 	return 0;
 }
 
