@@ -12,7 +12,7 @@
  *   save A        begin .. submit .. ckpt_save_wait_snapshot (the snapshot point: the
  *                 caller may modify its tensors) .. ckpt_save_wait (durable+committed)
  *   load          every tensor of A into a second set of device tensors
- *                 (ckpt_load_tensor with CKPT_MEM_DEVICE), then verified bit-exact
+ *                 (one ckpt_load_tensors batch with CKPT_MEM_DEVICE), then verified bit-exact
  *                 against the originals; if this libckpt's load does not take device
  *                 destinations yet (CKPT_ENODEV) the load goes through a pinned host
  *                 buffer and cudaMemcpy, and "load_mode" says "staged"
@@ -246,9 +246,21 @@ int main(int argc, char **argv)
 	ckpt_load *l;
 	t0 = now();
 	CKPT_OK(ckpt_load_open(c, 2, &l));
-	for (int i = 0; i < n; i++) {
-		int rc = ckpt_load_tensor(l, ts[i].name, ts[i].dtype, 2, NULL, NULL, ts[i].dst,
-		                          CKPT_MEM_DEVICE);
+	/* All tensors in one batch, as a restore loads them: the reads of every tensor are
+	 * in flight together. */
+	struct ckpt_load_req *reqs = calloc((size_t)n, sizeof *reqs);
+	if (!reqs)
+		FAIL("out of memory");
+	for (int i = 0; i < n; i++)
+		reqs[i] = (struct ckpt_load_req){ .name = ts[i].name, .dtype = ts[i].dtype, .ndim = 2,
+		                                  .dst = ts[i].dst, .mem = CKPT_MEM_DEVICE,
+		                                  .saved_rank = -1 };
+	int brc = ckpt_load_tensors(l, reqs, (size_t)n, NULL);
+	free(reqs);
+	if (brc && brc != CKPT_ENODEV)
+		FAIL("load: %s", ckpt_last_error(c));
+	for (int i = 0; brc && i < n; i++) {
+		int rc = brc;
 		if (rc == CKPT_ENODEV && i == 0) {
 			/* This libckpt's load does not take device destinations yet. */
 			mode = "staged";
