@@ -30,6 +30,7 @@
 
 #include "ckpt/ckpt.h"
 #include "model.h"
+#include "toolutil.h"
 
 /* A barrier in shared memory for forked rank processes. It polls and gives up after a
  * minute, so that a rank that died cannot hang the others (a pthread barrier would). */
@@ -96,27 +97,6 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -1;
-	unsigned shift = 0;
-	switch (*end) {
-	case 'k': case 'K': shift = 10; end++; break;
-	case 'm': case 'M': shift = 20; end++; break;
-	case 'g': case 'G': shift = 30; end++; break;
-	case 't': case 'T': shift = 40; end++; break;
-	}
-	if (*end == 'i') end++;
-	if (*end == 'B' || *end == 'b') end++;
-	if (*end)
-		return -1;
-	*out = (uint64_t)v << shift;
-	return 0;
-}
 
 /* VmRSS / VmHWM of this process in bytes; "5" to clear_refs resets the peak. */
 static int64_t proc_status_kb(const char *key)
@@ -617,7 +597,7 @@ int main(int argc, char **argv)
 			a.have_step = true;
 			break;
 		case 'b':
-			if (parse_size(optarg, &a.bytes)) {
+			if (tool_parse_size(optarg, &a.bytes)) {
 				fprintf(stderr, "ckpt-synth: --bytes '%s' is not a size\n", optarg);
 				return 2;
 			}
@@ -643,13 +623,13 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'C':
-			if (parse_size(optarg, &a.chunk)) {
+			if (tool_parse_size(optarg, &a.chunk)) {
 				fprintf(stderr, "ckpt-synth: --chunk '%s' is not a size\n", optarg);
 				return 2;
 			}
 			break;
 		case 'P':
-			if (parse_size(optarg, &a.pool)) {
+			if (tool_parse_size(optarg, &a.pool)) {
 				fprintf(stderr, "ckpt-synth: --pool '%s' is not a size\n", optarg);
 				return 2;
 			}
