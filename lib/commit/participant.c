@@ -229,12 +229,14 @@ int commit_part_begin(struct commit_part *p, uint64_t step)
 	ckpt_buf_free(&b);
 	struct timespec dl;
 	deadline_at(&dl, (int)p->timeout_ms);
-	bool stale = false;
+	bool stale = false, unanswered = false;
 	pthread_mutex_lock(&p->lock);
 	while (!rc && !e->begin_done && !p->lost)
-		if (pthread_cond_timedwait(&p->cond, &p->lock, &dl) == ETIMEDOUT)
+		if (pthread_cond_timedwait(&p->cond, &p->lock, &dl) == ETIMEDOUT) {
 			rc = ckpt_err(-ETIMEDOUT, "step %llu: no answer to BEGIN from the %s in %u ms",
 			              (unsigned long long)step, p->name, p->timeout_ms);
+			unanswered = true;
+		}
 	if (!rc && !e->begin_done)
 		rc = ckpt_err(-ECONNRESET, "step %llu: lost the %s: %s", (unsigned long long)step,
 		              p->name, p->lost_why);
@@ -251,7 +253,10 @@ int commit_part_begin(struct commit_part *p, uint64_t step)
 	if (rc)
 		entry_drop(p, step);
 	pthread_mutex_unlock(&p->lock);
-	if (stale) {
+	/* A BEGIN that was decided before this rank began, or never answered, may still
+	 * have opened an attempt at the coordinator: close it, so that it does not hold
+	 * the steps after it while waiting for this rank's vote. */
+	if (stale || unanswered) {
 		char why[COMMIT_MAX_REASON];
 		snprintf(why, sizeof why, "%s", ckpt_err_msg());
 		commit_part_abort(p, step, rc, why);

@@ -9,7 +9,10 @@
  *     must not write or vote, and it must send ABORT so that the new attempt does
  *     not wait for votes;
  *   - the abort decision arrives after BEGIN's reply but before the vote: no
- *     PREPARE goes out, and the wait reports the coordinator's reason.
+ *     PREPARE goes out, and the wait reports the coordinator's reason;
+ *   - BEGIN is never answered: the begin times out, and the rank sends ABORT for the
+ *     step, so that an attempt the coordinator may have opened does not hold the
+ *     steps after it.
  * The script is ordered by the TCP stream itself (a second BEGIN serves as a
  * barrier), never by sleeps.
  */
@@ -89,7 +92,11 @@ static void *coordinator_script(void *arg)
 	struct net_auth a = { .job_id = JOB, .world = 3 };
 	if (net_handshake_server(c, &a, any_rank, NULL, &rank, TMO))
 		SCRIPT_FAIL("handshake: %s", ckpt_err_msg());
-	if (s->scenario == 1) {
+	if (s->scenario == 3) {
+		/* BEGIN 7, and silence. */
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 7)
+			SCRIPT_FAIL("want BEGIN 7, got type %u step %llu", type, (unsigned long long)step);
+	} else if (s->scenario == 1) {
 		/* BEGIN 7 -> DECISION(7, abort) first, then BEGIN_REPLY(7, ok). */
 		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 7)
 			SCRIPT_FAIL("want BEGIN 7, got type %u step %llu", type, (unsigned long long)step);
@@ -126,7 +133,8 @@ out:
 	return NULL;
 }
 
-static struct commit_part *start(struct script *s, pthread_t *t, int scenario)
+static struct commit_part *start_tmo(struct script *s, pthread_t *t, int scenario,
+                                     unsigned timeout_ms)
 {
 	memset(s, 0, sizeof *s);
 	s->scenario = scenario;
@@ -134,11 +142,16 @@ static struct commit_part *start(struct script *s, pthread_t *t, int scenario)
 	ck_assert_int_eq(pthread_create(t, NULL, coordinator_script, s), 0);
 	struct commit_part_opts o = { .transport = NET_TCP, .addr = "127.0.0.1",
 	                              .port = net_listener_port(s->lis), .job_id = JOB,
-	                              .rank = 1, .world = 3, .timeout_ms = TMO };
+	                              .rank = 1, .world = 3, .timeout_ms = timeout_ms };
 	struct commit_part *p = NULL;
 	int rc = commit_part_connect(&o, &p);
 	ck_assert_msg(rc == 0, "connect: %s", ckpt_err_msg());
 	return p;
+}
+
+static struct commit_part *start(struct script *s, pthread_t *t, int scenario)
+{
+	return start_tmo(s, t, scenario, TMO);
 }
 
 static void finish(struct script *s, pthread_t t, struct commit_part *p)
@@ -186,6 +199,20 @@ START_TEST(decision_before_vote)
 }
 END_TEST
 
+START_TEST(begin_never_answered)
+{
+	struct script s;
+	pthread_t t;
+	struct commit_part *p = start_tmo(&s, &t, 3, 300);
+	int rc = commit_part_begin(p, 7);
+	const char *msg = ckpt_err_msg();
+	ck_assert_msg(rc == -ETIMEDOUT, "begin without an answer: rc %d (%s)", rc, msg);
+	ck_assert_msg(strstr(msg, "no answer to BEGIN"), "message: '%s'", msg);
+	finish(&s, t, p);
+	ck_assert_msg(s.aborts_for_7 == 1, "the rank sent %u ABORT for step 7, want 1", s.aborts_for_7);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("participant_order");
@@ -193,6 +220,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, decision_before_begin_reply);
 	tcase_add_test(tc, decision_before_vote);
+	tcase_add_test(tc, begin_never_answered);
 	suite_add_tcase(s, tc);
 	return s;
 }
