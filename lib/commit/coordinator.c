@@ -68,6 +68,7 @@ struct commit_coord {
 	struct net_conn    **arrived;          /* [world]: handshaken, not yet taken by the loop */
 	bool                *reserved;         /* [world]: a handshake claims this rank */
 	unsigned             handshakes;       /* running handshake threads */
+	struct handshake_arg *pending;         /* their connections, for stop to break */
 	bool                 stop;
 
 	struct coord_step   *steps;            /* loop thread only */
@@ -75,10 +76,11 @@ struct commit_coord {
 };
 
 struct handshake_arg {
-	struct commit_coord *c;
-	struct net_conn     *conn;
-	bool                 reserved;
-	uint32_t             rank;
+	struct commit_coord  *c;
+	struct net_conn      *conn;
+	bool                  reserved;
+	uint32_t              rank;
+	struct handshake_arg *next;        /* c->pending, under c->lock, while it runs */
 };
 
 /* ------------------------------------------------------------------ handshakes */
@@ -121,6 +123,14 @@ static void *handshake_main(void *p)
 		         ckpt_err_msg());
 	bool handed = false;
 	pthread_mutex_lock(&c->lock);
+	/* Off the pending list before its connection can be closed or handed on: stop
+	 * breaks the connections on that list, under the same lock. */
+	for (struct handshake_arg **pp = &c->pending; *pp; pp = &(*pp)->next) {
+		if (*pp == h) {
+			*pp = h->next;
+			break;
+		}
+	}
 	if (h->reserved)
 		c->reserved[h->rank] = false;
 	if (!rc && !c->stop) {
@@ -153,20 +163,30 @@ static void coord_accept(struct commit_coord *c)
 		pthread_attr_t attr;
 		pthread_attr_init(&attr);
 		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		pthread_mutex_lock(&c->lock);
-		c->handshakes++;
-		pthread_mutex_unlock(&c->lock);
 		if (h) {
 			h->c = c;
 			h->conn = conn;
 		}
+		pthread_mutex_lock(&c->lock);
+		c->handshakes++;
+		if (h) {
+			h->next = c->pending;
+			c->pending = h;
+		}
+		pthread_mutex_unlock(&c->lock);
 		if (!h || pthread_create(&t, &attr, handshake_main, h)) {
 			ckpt_log(CKPT_LOG_ERROR, "coordinator: cannot start a handshake thread");
-			net_close(conn);
-			free(h);
 			pthread_mutex_lock(&c->lock);
+			for (struct handshake_arg **pp = &c->pending; h && *pp; pp = &(*pp)->next) {
+				if (*pp == h) {
+					*pp = h->next;
+					break;
+				}
+			}
 			c->handshakes--;
 			pthread_mutex_unlock(&c->lock);
+			net_close(conn);
+			free(h);
 		}
 		pthread_attr_destroy(&attr);
 	}
@@ -634,8 +654,11 @@ void commit_coord_stop(struct commit_coord *c)
 		coord_wake(c);
 		pthread_join(c->thread, NULL);
 	}
-	/* Handshake threads finish within their timeout; they see stop and close. */
+	/* Handshakes still running are waiting on silent peers: break their connections
+	 * so that they end now, not at their timeout; they see stop and close. */
 	pthread_mutex_lock(&c->lock);
+	for (struct handshake_arg *h = c->pending; h; h = h->next)
+		net_conn_shutdown(h->conn);
 	while (c->handshakes)
 		pthread_cond_wait(&c->cond, &c->lock);
 	pthread_mutex_unlock(&c->lock);

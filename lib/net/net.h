@@ -62,6 +62,10 @@ void net_listener_close(struct net_listener *l);        /* NULL: no-op */
 int  net_connect(int transport, const char *addr, unsigned port, int timeout_ms,
                  struct net_conn **out);
 void net_close(struct net_conn *c);                     /* NULL: no-op */
+/* Break c from any thread: every call blocked on it returns at once with an error,
+ * and every later call fails. c stays valid until net_close (by its owner). Used to
+ * end a handshake that a silent peer would hold for its whole timeout. */
+void net_conn_shutdown(struct net_conn *c);
 /* "tcp 127.0.0.1:4242 rank 3" — for messages. */
 const char *net_conn_name(const struct net_conn *c);
 /* An fd that polls readable when net_recv may make progress. */

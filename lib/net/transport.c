@@ -140,6 +140,12 @@ void net_conn_name_suffix(struct net_conn *c, const char *suffix)
 	snprintf(c->name + n, sizeof c->name - n, " %s", suffix);
 }
 
+void net_conn_shutdown(struct net_conn *c)
+{
+	if (c)
+		net_conn_break(c, -ECONNABORTED);
+}
+
 int net_conn_break(struct net_conn *c, int code)
 {
 	int expected = 0;
