@@ -139,6 +139,9 @@ void load_engine_release(ckpt_ctx *c);
 /* Rank's shard reader of an opened step, opened on first use on the load engine;
  * call with the engine acquired. */
 int  load_shard_reader(ckpt_load *l, uint32_t rank, struct io_shard_reader **out);
+/* Open rank r's shard file on its own footer and hold that footer to the committed
+ * record (hash and place): CKPT_ECORRUPT, naming the file, if it differs. */
+int  load_footer_open(const ckpt_load *l, uint32_t r, struct io_shard_reader **out);
 /* Regular files and their bytes in a step directory (lib/gc.c). 0 or -errno. */
 int  gc_step_dir_usage(const char *root, uint64_t step, uint32_t *nfiles, uint64_t *bytes);
 /* Remove a step directory and its files, then fsync the root (lib/gc.c). */

@@ -93,10 +93,7 @@ static int load_build_catalog(ckpt_load *l)
 	return 0;
 }
 
-/* The committed index of rank r is the footer of its shard file: read it, and hold
- * it to the hash and place the manifest recorded at commit, so a replaced or damaged
- * file is not mistaken for the committed one. */
-static int load_index_from_footer(ckpt_load *l, uint32_t r)
+int load_footer_open(const ckpt_load *l, uint32_t r, struct io_shard_reader **out)
 {
 	char path[4400];
 	const struct manifest_shard *sh = &l->shards[r];
@@ -107,14 +104,27 @@ static int load_index_from_footer(ckpt_load *l, uint32_t r)
 		return rc;
 	uint8_t h[CKPT_HASH_BYTES];
 	if (io_shard_reader_footer_hash(rd, h) || memcmp(h, sh->footer_hash, sizeof h) ||
-	    io_shard_reader_index(rd)->data_end != sh->footer_offset)
+	    io_shard_reader_index(rd)->data_end != sh->footer_offset) {
 		rc = ckpt_err(CKPT_ECORRUPT, "%s: its footer is not the index committed for rank %u "
 		              "(hash or offset %llu differs: file replaced or damaged)", path, r,
 		              (unsigned long long)sh->footer_offset);
-	else
-		l->ix[r] = io_shard_reader_take_index(rd);
+		io_shard_reader_close(rd);
+		return rc;
+	}
+	*out = rd;
+	return 0;
+}
+
+/* The committed index of rank r is the footer of its shard file. */
+static int load_index_from_footer(ckpt_load *l, uint32_t r)
+{
+	struct io_shard_reader *rd;
+	int rc = load_footer_open(l, r, &rd);
+	if (rc)
+		return rc;
+	l->ix[r] = io_shard_reader_take_index(rd);
 	io_shard_reader_close(rd);
-	return rc;
+	return 0;
 }
 
 int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)

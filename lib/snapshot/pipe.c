@@ -69,26 +69,17 @@ int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned windo
 unsigned snapshot_pipe_pending(const struct snapshot_pipe *p) { return p->count; }
 uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p) { return p->device_chunks; }
 
-int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int mem,
-                        uint64_t tag)
+/* The buffer for the next chunk of n bytes, or -EAGAIN when the window is full (or
+ * the pool is empty while chunks of ours are pending: taking one out frees one). */
+static int pipe_take(struct snapshot_pipe *p, size_t n)
 {
 	if (p->sealed)
 		return ckpt_err(-EINVAL, "snapshot pipe: issue after seal");
 	if (n == 0 || n > io_pool_buf_bytes(p->pool))
 		return ckpt_err(-EINVAL, "snapshot pipe: chunk of %zu bytes (buffers hold %zu)", n,
 		                io_pool_buf_bytes(p->pool));
-	if (mem != CKPT_MEM_HOST && mem != CKPT_MEM_DEVICE)
-		return ckpt_err(-EINVAL, "snapshot pipe: memory kind %d not resolved", mem);
 	if (p->count == p->window)
 		return -EAGAIN;
-	if (mem == CKPT_MEM_DEVICE && !p->prepared) {
-		/* Events for every slot at once: creating them is the slow part of the
-		 * first device save, and doing it here keeps it out of the copy loop. */
-		int rc = snap_dev_prepare(p->sn, p->window);
-		if (rc)
-			return rc;
-		p->prepared = true;
-	}
 	int b = io_pool_get(p->pool, 0);
 	if (b < 0) {
 		if (p->count)
@@ -100,6 +91,25 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 		if (b < 0)
 			return ckpt_err(b, "snapshot pipe: buffer pool");
 	}
+	return b;
+}
+
+int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int mem,
+                        uint64_t tag)
+{
+	if (mem != CKPT_MEM_HOST && mem != CKPT_MEM_DEVICE)
+		return ckpt_err(-EINVAL, "snapshot pipe: memory kind %d not resolved", mem);
+	if (mem == CKPT_MEM_DEVICE && !p->prepared) {
+		/* Events for every slot at once: creating them is the slow part of the
+		 * first device save, and doing it here keeps it out of the copy loop. */
+		int rc = snap_dev_prepare(p->sn, p->window);
+		if (rc)
+			return rc;
+		p->prepared = true;
+	}
+	int b = pipe_take(p, n);
+	if (b < 0)
+		return b;
 	unsigned slot = (p->head + p->count) % p->window;
 	struct pipe_slot *s = &p->slots[slot];
 	void *dst = io_pool_addr(p->pool, (unsigned)b);
@@ -129,21 +139,9 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 int snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, void *arg,
                              uint64_t off, size_t n, uint64_t tag)
 {
-	if (p->sealed)
-		return ckpt_err(-EINVAL, "snapshot pipe: issue after seal");
-	if (n == 0 || n > io_pool_buf_bytes(p->pool))
-		return ckpt_err(-EINVAL, "snapshot pipe: chunk of %zu bytes (buffers hold %zu)", n,
-		                io_pool_buf_bytes(p->pool));
-	if (p->count == p->window)
-		return -EAGAIN;
-	int b = io_pool_get(p->pool, 0);
-	if (b < 0) {
-		if (p->count)
-			return -EAGAIN;
-		b = io_pool_get(p->pool, -1);
-		if (b < 0)
-			return ckpt_err(b, "snapshot pipe: buffer pool");
-	}
+	int b = pipe_take(p, n);
+	if (b < 0)
+		return b;
 	void *dst = io_pool_addr(p->pool, (unsigned)b);
 	int rc = fill(arg, off, dst, n);
 	if (rc) {
