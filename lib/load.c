@@ -26,6 +26,18 @@ void ckpt_load_close(ckpt_load *l)
 		return;
 	uint32_t world = l->rec.world;
 	for (uint32_t r = 0; r < world; r++) {
+		if (l->readers && l->readers[r]) {
+			/* What the loads read of this file: partial reads show here. */
+			struct io_read_stats st;
+			io_shard_reader_stats(l->readers[r], &st);
+			if (st.reads)
+				ckpt_log(CKPT_LOG_DEBUG, "step %llu: %s: %llu chunk reads (%llu partial, "
+				         "%llu blocks checked), %llu bytes, block table %llu bytes",
+				         (unsigned long long)l->rec.step, l->shards[r].path,
+				         (unsigned long long)st.reads, (unsigned long long)st.partial_reads,
+				         (unsigned long long)st.blocks_checked, (unsigned long long)st.bytes,
+				         (unsigned long long)st.table_bytes);
+		}
 		if (l->readers)
 			io_shard_reader_close(l->readers[r]);
 		if (l->ix)
