@@ -1,7 +1,8 @@
 /*
  * codec.c — chunk identity and compression: XXH3-128 of the raw bytes (stored in
- * xxHash's canonical, big-endian form so the bytes mean the same on every host)
- * and one-shot zstd frames (docs/format.md §5).
+ * xxHash's canonical, big-endian form so the bytes mean the same on every host),
+ * of a chunk and of each of its blocks in the same pass (docs/format.md §3a), and
+ * one-shot zstd frames (docs/format.md §5).
  *
  * zstd's size_t results are converted here and never leave this file. Contexts
  * are expensive to create (hundreds of KiB), so each thread keeps one
