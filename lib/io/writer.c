@@ -385,8 +385,27 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	return io_shard_writer_append_hashed(w, t, buf, len, NULL);
 }
 
+static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
+                        const uint8_t *hash, const struct io_ext_write *ext);
+
 int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigned buf,
                                   size_t len, const uint8_t *hash)
+{
+	return append_chunk(w, t, buf, len, hash, NULL);
+}
+
+int io_shard_writer_append_ext(struct io_shard_writer *w, uint32_t t, unsigned buf,
+                               size_t len, const uint8_t *hash, const struct io_ext_write *ext)
+{
+	if (!ext || !ext->write || !hash) {
+		io_pool_put(w->pool, buf);
+		return ckpt_err(-EINVAL, "%s: external chunk write without a writer or hash", w->path);
+	}
+	return append_chunk(w, t, buf, len, hash, ext);
+}
+
+static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
+                        const uint8_t *hash, const struct io_ext_write *ext)
 {
 	uint8_t *raw = io_pool_addr(w->pool, buf);
 	if (!raw)
@@ -416,7 +435,7 @@ int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigne
 	c->codec = IO_CODEC_RAW;
 	c->stored_len = len;
 	unsigned wbuf = buf;
-	if (w->zstd_level > 0) {
+	if (w->zstd_level > 0 && !ext) {
 		size_t clen;
 		int ob = try_compress(w, raw, len, &clen);
 		if (ob >= 0) {
@@ -431,15 +450,27 @@ int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigne
 	memset(p + c->stored_len, 0, (size_t)(padded - c->stored_len));
 	c->file_offset = w->next_off;
 	uint32_t k = w->nchunks;
-	rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p, (size_t)padded, c->file_offset,
-	                     w_write_done, w, (uint64_t)k << 32 | wbuf);
-	if (rc < 0) {
+	/* An external writer (GPUDirect Storage) writes the whole 4 KiB blocks from its
+	 * own copy of the bytes, here and now; the partial last block, zero-padded, goes
+	 * out from the pool buffer like any chunk. */
+	uint64_t done = ext ? ckpt_align_down(len, CKPT_ALIGN) : 0;
+	if (done && (rc = ext->write(ext->arg, w->fd, w->path, c->file_offset, (size_t)done))) {
 		io_pool_put(w->pool, wbuf);
-		ckpt_err(rc, "queue write %s at offset %llu", w->path,
-		         (unsigned long long)c->file_offset);
 		return w_fail(w, rc);
 	}
-	w->inflight++;
+	if (done == padded) {
+		io_pool_put(w->pool, wbuf);
+	} else {
+		rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p + done, (size_t)(padded - done),
+		                     c->file_offset + done, w_write_done, w, (uint64_t)k << 32 | wbuf);
+		if (rc < 0) {
+			io_pool_put(w->pool, wbuf);
+			ckpt_err(rc, "queue write %s at offset %llu", w->path,
+			         (unsigned long long)(c->file_offset + done));
+			return w_fail(w, rc);
+		}
+		w->inflight++;
+	}
 	if ((int64_t)t != w->cur) {
 		te->first_chunk = k;
 		w->cur = t;
