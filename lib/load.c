@@ -359,6 +359,11 @@ static int load_read(ckpt_load *l, struct io_engine *eng, struct io_read_req *re
 		}
 	}
 	int rc = k ? snapshot_gds_read_batch(sn, l->ctx->pool, reads, k, load_chunk_cb) : 0;
+	if (rc == -EOPNOTSUPP) {       /* cuFile refused a file; nothing was read */
+		ckpt_log(CKPT_LOG_WARN, "%s; reading through the pinned path", ckpt_err_msg());
+		ckpt_err_clear();
+		return io_read_batch(eng, reads, n, load_chunk_cb);
+	}
 	if (!rc && k < n)
 		rc = io_read_batch(eng, reads + k, n - k, load_chunk_cb);
 	return rc;

@@ -452,6 +452,8 @@ struct save_cursor {
 	uint64_t out_off;
 	const uint8_t *out_src; /* device bytes of the chunk being appended */
 	void    *gds_event;     /* sealed, published after the writes */
+	bool     gds_refused;   /* cuFile refused the file: write from out_host */
+	const uint8_t *out_host;/* the pool copy of the chunk being appended */
 	ckpt_ctx *ctx;
 };
 
@@ -480,15 +482,33 @@ static void save_publish_event(ckpt_ctx *c, ckpt_save *s, void *ev)
 	pthread_mutex_unlock(&c->lock);
 }
 
-/* ext->write of a GPUDirect Storage save: the chunk's whole blocks from device. */
+/* ext->write of a GPUDirect Storage save: the chunk's whole blocks from device
+ * memory. A file cuFile refuses is written from the pool copy instead (the same
+ * bytes, hashed), so asking for GDS never fails a save the pinned path would do. */
 static int save_gds_write(void *arg, int fd, const char *path, uint64_t off, size_t n)
 {
 	struct save_cursor *cur = arg;
 	ckpt_ctx *c = cur->ctx;
-	int rc = 0;
-	if (!cur->gds_file && (rc = snapshot_gds_file_open(c->snap, fd, path, &cur->gds_file)))
-		return rc;
-	return snapshot_gds_write(c->snap, cur->gds_file, path, cur->out_src, n, off);
+	if (!cur->gds_file && !cur->gds_refused) {
+		int rc = snapshot_gds_file_open(c->snap, path, &cur->gds_file);
+		if (rc == -EOPNOTSUPP) {
+			ckpt_log(CKPT_LOG_WARN, "%s; writing through the pinned path", ckpt_err_msg());
+			cur->gds_refused = true;
+		} else if (rc) {
+			return rc;
+		}
+	}
+	if (cur->gds_file)
+		return snapshot_gds_write(c->snap, cur->gds_file, path, cur->out_src, n, off);
+	for (size_t done = 0; done < n;) {
+		ssize_t w = pwrite(fd, cur->out_host + done, n - done, (off_t)(off + done));
+		if (w <= 0)
+			return ckpt_err(w < 0 ? -errno : -EIO, "%s: write %zu bytes at offset %llu: %s",
+			                path, n - done, (unsigned long long)(off + done),
+			                w < 0 ? strerror(errno) : "nothing written");
+		done += (size_t)w;
+	}
+	return 0;
 }
 
 /* Issue copies until every chunk is issued and the pipe sealed (0), or until the
@@ -578,6 +598,7 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 	cur->out_off += n;
 	if (cur->gds && it->mem == CKPT_MEM_DEVICE && !it->source) {
 		cur->out_src = (const uint8_t *)it->data + off;
+		cur->out_host = io_pool_addr(c->pool, b);
 		struct io_ext_write ext = { .write = save_gds_write, .arg = cur };
 		return io_shard_writer_append_ext(w, (uint32_t)tag, b, n, hash, &ext);
 	}

@@ -74,7 +74,7 @@ phase ckpt 150 "$B/bench_gpu_ckpt" --root "$dir/ckpt" --pool-bytes "$pool" --lay
 rm -rf "$dir/ckpt"
 # The same with GPUDirect Storage asked for (loads and synchronous saves by cuFile).
 if [ "${BENCH_SKIP_GDS:-0}" != 1 ]; then
-  phase ckpt_gds 150 env CKPT_GDS=1 "$B/bench_gpu_ckpt" --root "$dir/ckpt" --pool-bytes "$pool" \
+  phase ckpt_gds 150 env CKPT_GDS=1 CUFILE_EXPERIMENTAL_FS=true CUFILE_SKIP_TOPOLOGY_DETECTION=true "$B/bench_gpu_ckpt" --root "$dir/ckpt" --pool-bytes "$pool" \
         --layers "$layers"
   rm -rf "$dir/ckpt"
 fi

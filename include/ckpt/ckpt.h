@@ -165,14 +165,19 @@ CKPT_API void ckpt_opts_init(struct ckpt_opts *o, size_t size);
  *     makes anyway), so the snapshot point — ckpt_save_wait_snapshot and the
  *     snapshot event — comes only when the last of them is written. Use it where the
  *     caller waits for the save anyway (ckpt_save_wait right after submit).
- * Without a kernel driver for GPUDirect (nvidia-fs) cuFile runs in its compatibility
- * mode through its own host buffers: correct, but no faster than the pinned path.
+ * cuFile may still refuse a file (cuFileHandleRegister: a file system or volume it
+ * cannot classify): libckpt then logs it (WARN), counts it in files_refused and
+ * reads or writes that file through the pinned path. Without a kernel driver for
+ * GPUDirect (nvidia-fs) cuFile runs in its compatibility mode through its own host
+ * buffers: correct, but no faster than the pinned path. cuFile itself is set up
+ * with its own cufile.json and CUFILE_* environment (docs/gpu.md).
  */
 struct ckpt_gds_stats {
 	size_t   size;              /* first; caller sets sizeof */
 	int      active;            /* 1: cuFile is in use in this context */
 	uint64_t chunks_read, bytes_read;        /* by cuFile, since open */
 	uint64_t chunks_written, bytes_written;
+	uint64_t files_refused;     /* files cuFile would not register: the pinned path served */
 };
 /* Errors: -EINVAL (NULL, or size too small). Any thread. */
 CKPT_API int ckpt_gds_stats(const ckpt_ctx *c, struct ckpt_gds_stats *st);

@@ -33,6 +33,8 @@
 #include "io/io_internal.h"
 
 #define COOKIE_TAIL   (1ull << 63)      /* the footer+trailer write */
+#define COOKIE_PART   (1ull << 62)      /* only the chunk's last block (io_ext_write) */
+#define COOKIE_KMASK  0x3fffffffu       /* chunk number bits above the buffer's */
 
 struct io_shard_writer {
 	struct io_engine *e;
@@ -86,10 +88,12 @@ static void w_write_done(void *owner, uint64_t cookie, int64_t res)
 		w->tail_res = res;
 		return;
 	}
-	uint32_t buf = (uint32_t)cookie, k = (uint32_t)(cookie >> 32);
+	uint32_t buf = (uint32_t)cookie, k = (uint32_t)(cookie >> 32) & COOKIE_KMASK;
 	io_pool_put(w->pool, buf);
 	const struct io_chunk_entry *c = &w->chunks[k];
 	uint64_t want = ckpt_align_up(c->stored_len, CKPT_ALIGN);
+	if (cookie & COOKIE_PART)
+		want -= ckpt_align_down(c->stored_len, CKPT_ALIGN);
 	if (res < 0) {
 		ckpt_err((int)res, "write %s at offset %llu (%llu bytes)", w->path,
 		         (unsigned long long)c->file_offset, (unsigned long long)want);
@@ -454,6 +458,11 @@ static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, siz
 	 * own copy of the bytes, here and now; the partial last block, zero-padded, goes
 	 * out from the pool buffer like any chunk. */
 	uint64_t done = ext ? ckpt_align_down(len, CKPT_ALIGN) : 0;
+	if (ext && k > COOKIE_KMASK) {
+		io_pool_put(w->pool, wbuf);
+		return w_fail(w, ckpt_err(-EINVAL, "%s: chunk %u: too many chunks for an external "
+		                          "write", w->path, k));
+	}
 	if (done && (rc = ext->write(ext->arg, w->fd, w->path, c->file_offset, (size_t)done))) {
 		io_pool_put(w->pool, wbuf);
 		return w_fail(w, rc);
@@ -462,7 +471,8 @@ static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, siz
 		io_pool_put(w->pool, wbuf);
 	} else {
 		rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p + done, (size_t)(padded - done),
-		                     c->file_offset + done, w_write_done, w, (uint64_t)k << 32 | wbuf);
+		                     c->file_offset + done, w_write_done, w,
+		                     (uint64_t)k << 32 | wbuf | (done ? COOKIE_PART : 0));
 		if (rc < 0) {
 			io_pool_put(w->pool, wbuf);
 			ckpt_err(rc, "queue write %s at offset %llu", w->path,

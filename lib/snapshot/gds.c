@@ -46,7 +46,7 @@ struct snap_gds {
 	ssize_t      (*write)(gds_handle_t fh, const void *buf, size_t n, off_t off,
 	                      off_t buf_off);
 	pthread_mutex_t lock;        /* the counters */
-	uint64_t chunks_read, bytes_read, chunks_written, bytes_written;
+	uint64_t chunks_read, bytes_read, chunks_written, bytes_written, files_refused;
 };
 
 static void gds_unload(struct snap_gds *g)
@@ -119,9 +119,9 @@ bool snapshot_gds_on(const struct snapshot *sn)
 	return sn && sn->gds;
 }
 
-void snapshot_gds_counters(struct snapshot *sn, uint64_t out[4])
+void snapshot_gds_counters(struct snapshot *sn, uint64_t out[5])
 {
-	memset(out, 0, 4 * sizeof *out);
+	memset(out, 0, 5 * sizeof *out);
 	struct snap_gds *g = sn ? sn->gds : NULL;
 	if (!g)
 		return;
@@ -130,6 +130,7 @@ void snapshot_gds_counters(struct snapshot *sn, uint64_t out[4])
 	out[1] = g->bytes_read;
 	out[2] = g->chunks_written;
 	out[3] = g->bytes_written;
+	out[4] = g->files_refused;
 	pthread_mutex_unlock(&g->lock);
 }
 
@@ -153,38 +154,40 @@ struct gds_file {
 	gds_handle_t fh;
 };
 
-static int gds_file_open(struct snap_gds *g, const char *path, int fd_or_neg,
-                         struct gds_file *f)
+/* cuFile gets a descriptor of its own (O_DIRECT, and readable: it refuses the
+ * writer's write-only one); writes through it reach the same file, which the
+ * writer's fdatasync makes durable like its own. */
+static int gds_file_open(struct snap_gds *g, const char *path, bool wr, struct gds_file *f)
 {
-	f->fd = fd_or_neg;
 	f->fh = NULL;
-	if (f->fd < 0) {
-		f->fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-		if (f->fd < 0)
-			f->fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (f->fd < 0)
-			return ckpt_err(-errno, "GPUDirect Storage: open %s: %s", path, strerror(errno));
-	}
+	int mode = wr ? O_RDWR : O_RDONLY;
+	f->fd = open(path, mode | O_DIRECT | O_CLOEXEC);
+	if (f->fd < 0)
+		f->fd = open(path, mode | O_CLOEXEC);
+	if (f->fd < 0)
+		return ckpt_err(-errno, "GPUDirect Storage: open %s: %s", path, strerror(errno));
 	gds_descr_t d;
 	memset(&d, 0, sizeof d);
 	d.type = GDS_HANDLE_TYPE_OPAQUE_FD;
 	d.handle.fd = f->fd;
 	gds_status_t st = g->handle_register(&f->fh, &d);
 	if (st.err != GDS_SUCCESS) {
-		if (fd_or_neg < 0)
-			close(f->fd);
+		close(f->fd);
 		f->fd = -1;
-		return ckpt_err(-EIO, "GPUDirect Storage: cuFileHandleRegister %s failed (cuFile "
-		                "error %d)", path, st.err);
+		pthread_mutex_lock(&g->lock);
+		g->files_refused++;
+		pthread_mutex_unlock(&g->lock);
+		return ckpt_err(-EOPNOTSUPP, "GPUDirect Storage: cuFileHandleRegister %s failed "
+		                "(cuFile error %d)", path, st.err);
 	}
 	return 0;
 }
 
-static void gds_file_close(struct snap_gds *g, struct gds_file *f, bool own_fd)
+static void gds_file_close(struct snap_gds *g, struct gds_file *f)
 {
 	if (f->fh)
 		g->handle_deregister(f->fh);
-	if (own_fd && f->fd >= 0)
+	if (f->fd >= 0)
 		close(f->fd);
 	f->fh = NULL;
 	f->fd = -1;
@@ -241,22 +244,13 @@ static void batch_fail(struct gds_batch *b, int rc)
 	pthread_mutex_unlock(&b->lock);
 }
 
-static int batch_file(struct gds_batch *b, struct io_shard_reader *r, struct gds_file **out)
+/* The registration of r's file (opened before the workers start). */
+static struct gds_file *batch_file(struct gds_batch *b, const struct io_shard_reader *r)
 {
-	int rc = 0;
-	pthread_mutex_lock(&b->lock);
-	size_t i = 0;
-	while (i < b->nfiles && b->readers[i] != r)
-		i++;
-	if (i == b->nfiles) {
-		b->readers[i] = r;
-		rc = gds_file_open(b->sn->gds, io_shard_reader_path(r), -1, &b->files[i]);
-		if (!rc)
-			b->nfiles++;
-	}
-	pthread_mutex_unlock(&b->lock);
-	*out = rc ? NULL : &b->files[i];
-	return rc;
+	for (size_t i = 0; i < b->nfiles; i++)
+		if (b->readers[i] == r)
+			return &b->files[i];
+	return NULL;
 }
 
 static int read_one(struct gds_worker *w, size_t i, struct gds_item *it)
@@ -269,10 +263,9 @@ static int read_one(struct gds_worker *w, size_t i, struct gds_item *it)
 	const struct io_chunk_entry *c = &ix->chunks[q->chunk];
 	const char *tname = ix->tensors[c->tensor].name;
 	unsigned long long off = (unsigned long long)c->file_offset;
-	struct gds_file *f;
-	int rc = batch_file(b, q->reader, &f);
-	if (rc)
-		return rc;
+	struct gds_file *f = batch_file(b, q->reader);
+	if (!f)
+		return ckpt_err(-EINVAL, "GPUDirect Storage: %s was not opened", path);
 	size_t len = (size_t)c->raw_len;
 	size_t alen = (len + CKPT_ALIGN - 1) & ~(size_t)(CKPT_ALIGN - 1);
 	ssize_t got = g->read(f->fh, w->stage, alen, (off_t)c->file_offset, 0);
@@ -375,6 +368,24 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 		free(b.files);
 		return ckpt_err(-ENOMEM, "GPUDirect Storage batch of %zu chunks", n);
 	}
+	/* Every file first: one that cuFile refuses sends the whole batch back to the
+	 * pinned path (-EOPNOTSUPP) before anything was read. */
+	for (size_t i = 0; i < n && !rc; i++) {
+		if (batch_file(&b, reqs[i].reader))
+			continue;
+		b.readers[b.nfiles] = reqs[i].reader;
+		rc = gds_file_open(sn->gds, io_shard_reader_path(reqs[i].reader), false,
+		                   &b.files[b.nfiles]);
+		if (!rc)
+			b.nfiles++;
+	}
+	if (rc) {
+		for (size_t i = 0; i < b.nfiles; i++)
+			gds_file_close(sn->gds, &b.files[i]);
+		free(b.readers);
+		free(b.files);
+		return rc;
+	}
 	pthread_mutex_init(&b.lock, NULL);
 	pthread_cond_init(&b.cond, NULL);
 	unsigned started = 0;
@@ -458,7 +469,7 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 			cudaFree(w[k].stage);
 	}
 	for (size_t i = 0; i < b.nfiles; i++)
-		gds_file_close(sn->gds, &b.files[i], true);
+		gds_file_close(sn->gds, &b.files[i]);
 	free(b.readers);
 	free(b.files);
 	pthread_cond_destroy(&b.cond);
@@ -471,7 +482,7 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 
 /* ------------------------------------------------------------------ save */
 
-int snapshot_gds_file_open(struct snapshot *sn, int fd, const char *path, void **out)
+int snapshot_gds_file_open(struct snapshot *sn, const char *path, void **out)
 {
 	*out = NULL;
 	if (!sn || !sn->gds)
@@ -479,7 +490,7 @@ int snapshot_gds_file_open(struct snapshot *sn, int fd, const char *path, void *
 	struct gds_file *f = malloc(sizeof *f);
 	if (!f)
 		return ckpt_err(-ENOMEM, "GPUDirect Storage file %s", path);
-	int rc = gds_file_open(sn->gds, path, fd, f);
+	int rc = gds_file_open(sn->gds, path, true, f);
 	if (rc) {
 		free(f);
 		return rc;
@@ -492,7 +503,7 @@ void snapshot_gds_file_close(struct snapshot *sn, void *file)
 {
 	if (!file)
 		return;
-	gds_file_close(sn->gds, file, false);
+	gds_file_close(sn->gds, file);
 	free(file);
 }
 

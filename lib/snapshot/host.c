@@ -123,10 +123,10 @@ bool snapshot_gds_on(const struct snapshot *sn)
 	return false;
 }
 
-void snapshot_gds_counters(struct snapshot *sn, uint64_t out[4])
+void snapshot_gds_counters(struct snapshot *sn, uint64_t out[5])
 {
 	CKPT_UNUSED(sn);
-	memset(out, 0, 4 * sizeof *out);
+	memset(out, 0, 5 * sizeof *out);
 }
 
 int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
@@ -140,10 +140,9 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 	return ckpt_err(-ENOTSUP, "GPUDirect Storage: " NO_CUDA);
 }
 
-int snapshot_gds_file_open(struct snapshot *sn, int fd, const char *path, void **file)
+int snapshot_gds_file_open(struct snapshot *sn, const char *path, void **file)
 {
 	CKPT_UNUSED(sn);
-	CKPT_UNUSED(fd);
 	CKPT_UNUSED(path);
 	*file = NULL;
 	return ckpt_err(-ENOTSUP, "GPUDirect Storage: " NO_CUDA);

@@ -149,22 +149,25 @@ int  snapshot_copy_out_wait(struct snapshot *sn);
  */
 int  snapshot_gds_enable(struct snapshot *sn);
 bool snapshot_gds_on(const struct snapshot *sn);
-/* chunks read, bytes read, chunks written, bytes written by cuFile so far. */
-void snapshot_gds_counters(struct snapshot *sn, uint64_t out[4]);
+/* chunks read, bytes read, chunks written, bytes written by cuFile so far, and
+ * files cuFile refused to register (served by the pinned path instead). */
+void snapshot_gds_counters(struct snapshot *sn, uint64_t out[5]);
 /*
  * io_read_batch through cuFile: each chunk (all stored raw) is read into device
  * staging memory, copied device-to-host into a pool buffer and hashed there, then
  * handed to cb with those verified host bytes; while cb runs, snapshot_copy_out of
  * those bytes to device memory copies from the staging memory instead (device to
  * device). Errors: as io_read_batch (CKPT_ECORRUPT naming tensor, chunk, file and
- * offset), -ENOTSUP (not enabled, or a compressed chunk: nothing was read), -EIO
- * from cuFile, CUDA failures converted.
+ * offset), -ENOTSUP (not enabled, or a compressed chunk) and -EOPNOTSUPP (cuFile
+ * refuses a file) before anything was read, -EIO from cuFile, CUDA failures
+ * converted.
  */
 int  snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
                              const struct io_read_req *reqs, size_t n, io_chunk_cb cb);
-/* Register fd (path names it in messages) for cuFile writes; *file for
- * snapshot_gds_write, released by snapshot_gds_file_close (fd stays open). */
-int  snapshot_gds_file_open(struct snapshot *sn, int fd, const char *path, void **file);
+/* Open path for cuFile writes (a descriptor of its own, registered); *file for
+ * snapshot_gds_write, released by snapshot_gds_file_close. -EOPNOTSUPP when
+ * cuFile refuses the file (the caller writes through the pinned path instead). */
+int  snapshot_gds_file_open(struct snapshot *sn, const char *path, void **file);
 void snapshot_gds_file_close(struct snapshot *sn, void *file);
 /* Write n bytes of device memory src at offset off (both as O_DIRECT needs them).
  * Errors: -EIO, -ENOSPC (a short write), naming path and offset. */

@@ -135,7 +135,14 @@ int main(int argc, char **argv)
 	printf("saved %llu bytes: snapshot point %.4f s, durable %.4f s\n",
 	       (unsigned long long)st.logical_bytes, st.snapshot_seconds, st.durable_seconds);
 	CKPT_OK(c, ckpt_gds_stats(c, &gs));
-	if (gds) {
+	bool gds_refused = gds && gs.files_refused > 0;
+	if (gds_refused) {
+		/* The fallback must still be right: the rest of the test checks every byte. */
+		CHECK(gs.chunks_written == 0, "cuFile refused the file yet wrote %llu chunks",
+		      (unsigned long long)gs.chunks_written);
+		printf("cuFile refused the shard file (WARN above): the save went through the "
+		       "pinned path\n");
+	} else if (gds) {
 		/* Every device chunk but the partial last 4 KiB blocks went through cuFile. */
 		CHECK(gs.chunks_written > (uint64_t)CKPT_DTYPE_MAX_ && gs.bytes_written > (4u << 20),
 		      "cuFile wrote %llu chunks, %llu bytes", (unsigned long long)gs.chunks_written,
@@ -182,7 +189,7 @@ int main(int argc, char **argv)
 		check_device_slice(c, l, &ts[CKPT_BF16 - 1], 5, 30, 1000, 29);
 		printf("device loads: %d tensors and 3 slices bit-exact\n", n - 1);
 	}
-	if (gds) {
+	if (gds && !gds_refused) {
 		CKPT_OK(c, ckpt_gds_stats(c, &gs));
 		CHECK(gs.chunks_read > (uint64_t)CKPT_DTYPE_MAX_, "cuFile read %llu chunks",
 		      (unsigned long long)gs.chunks_read);
@@ -232,6 +239,11 @@ int main(int argc, char **argv)
 	}
 	tu_rmtree(root);
 	free(root);
+	if (gds_refused) {
+		printf("SKIP %s: the fallback passed, but cuFile refused every file here, so its "
+		       "own reads and writes were not exercised (docs/gpu.md: cuFile on a VM)\n", me);
+		return GT_SKIP;
+	}
 	printf("PASS %s\n", me);
 	return 0;
 }
