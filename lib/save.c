@@ -689,8 +689,10 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		goto out;
 	if (cur.gds) {
 		/* Every device byte is written: now the caller may change its tensors. */
-		snapshot_gds_file_close(c->snap, cur.gds_file);
+		rc = snapshot_gds_file_close(c->snap, cur.gds_file);
 		cur.gds_file = NULL;
+		if (rc)
+			goto out;
 		save_publish_event(c, s, cur.gds_event);
 		cur.gds_event = NULL;
 		save_mark_snapshot(c, s);
@@ -746,6 +748,8 @@ out:
 	/* Before the writer's abort and before save_finish: copies in flight must land
 	 * before their buffers go back, and the landed callback must not outlive s. */
 	snapshot_pipe_close(cur.pipe);
+	/* Writes still queued read the caller's tensors: they finish before anything
+	 * is released (their failure no longer matters: rc is already one). */
 	snapshot_gds_file_close(c->snap, cur.gds_file);
 	if (cur.gds_event)
 		save_publish_event(c, s, cur.gds_event);   /* the save owns it: freed with s */

@@ -482,39 +482,149 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 
 /* ------------------------------------------------------------------ save */
 
+/* A shard file open for cuFile writes: GDS_WORKERS threads take queued writes, so
+ * that several are in flight (each cuFileWrite is synchronous). */
+#define GDS_WQ 16u
+
+struct gds_wjob {
+	const void *src;
+	size_t n;
+	uint64_t off;
+};
+
+struct gds_wfile {
+	struct snapshot *sn;
+	struct gds_file f;
+	char *path;
+	pthread_t th[GDS_WORKERS];
+	unsigned nth;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct gds_wjob q[GDS_WQ];
+	unsigned head, count, busy;
+	bool stop;
+	int rc;                      /* first failure */
+	char msg[1024];
+};
+
+static int wfile_one(struct gds_wfile *wf, const struct gds_wjob *j)
+{
+	struct snap_gds *g = wf->sn->gds;
+	ssize_t put = g->write(wf->f.fh, j->src, j->n, (off_t)j->off, 0);
+	if (put < 0 || (size_t)put != j->n)
+		return ckpt_err(put < 0 ? -EIO : -ENOSPC, "%s: cuFileWrite of %zu bytes at offset "
+		                "%llu wrote %zd", wf->path, j->n, (unsigned long long)j->off, put);
+	count(g, true, j->n);
+	return 0;
+}
+
+static void *wfile_main(void *arg)
+{
+	struct gds_wfile *wf = arg;
+	cudaError_t e = cudaSetDevice(wf->sn->home);
+	pthread_mutex_lock(&wf->lock);
+	if (e != cudaSuccess && !wf->rc) {
+		wf->rc = snap_cuda_err(e, "GPUDirect Storage: select device %d", wf->sn->home);
+		snprintf(wf->msg, sizeof wf->msg, "%s", ckpt_err_msg());
+	}
+	for (;;) {
+		while (!wf->count && !wf->stop)
+			pthread_cond_wait(&wf->cond, &wf->lock);
+		if (!wf->count)
+			break;
+		struct gds_wjob j = wf->q[wf->head];
+		wf->head = (wf->head + 1) % GDS_WQ;
+		wf->count--;
+		wf->busy++;
+		bool skip = wf->rc != 0;     /* after a failure the rest is not written */
+		pthread_cond_broadcast(&wf->cond);
+		pthread_mutex_unlock(&wf->lock);
+		int rc = skip ? 0 : wfile_one(wf, &j);
+		pthread_mutex_lock(&wf->lock);
+		wf->busy--;
+		if (rc && !wf->rc) {
+			wf->rc = rc;
+			snprintf(wf->msg, sizeof wf->msg, "%s", ckpt_err_msg());
+		}
+		pthread_cond_broadcast(&wf->cond);
+	}
+	pthread_mutex_unlock(&wf->lock);
+	return NULL;
+}
+
 int snapshot_gds_file_open(struct snapshot *sn, const char *path, void **out)
 {
 	*out = NULL;
 	if (!sn || !sn->gds)
 		return ckpt_err(-ENOTSUP, "GPUDirect Storage is not enabled");
-	struct gds_file *f = malloc(sizeof *f);
-	if (!f)
+	struct gds_wfile *wf = calloc(1, sizeof *wf);
+	if (!wf || !(wf->path = strdup(path))) {
+		free(wf);
 		return ckpt_err(-ENOMEM, "GPUDirect Storage file %s", path);
-	int rc = gds_file_open(sn->gds, path, true, f);
+	}
+	wf->sn = sn;
+	int rc = gds_file_open(sn->gds, path, true, &wf->f);
 	if (rc) {
-		free(f);
+		free(wf->path);
+		free(wf);
 		return rc;
 	}
-	*out = f;
+	pthread_mutex_init(&wf->lock, NULL);
+	pthread_cond_init(&wf->cond, NULL);
+	for (unsigned k = 0; k < GDS_WORKERS; k++) {
+		if ((rc = pthread_create(&wf->th[k], NULL, wfile_main, wf))) {
+			rc = ckpt_err(-rc, "GPUDirect Storage: start a writer thread");
+			break;
+		}
+		wf->nth++;
+	}
+	if (rc) {
+		snapshot_gds_file_close(sn, wf);
+		return rc;
+	}
+	*out = wf;
 	return 0;
-}
-
-void snapshot_gds_file_close(struct snapshot *sn, void *file)
-{
-	if (!file)
-		return;
-	gds_file_close(sn->gds, file);
-	free(file);
 }
 
 int snapshot_gds_write(struct snapshot *sn, void *file, const char *path, const void *src,
                        size_t n, uint64_t off)
 {
-	struct gds_file *f = file;
-	ssize_t put = sn->gds->write(f->fh, src, n, (off_t)off, 0);
-	if (put < 0 || (size_t)put != n)
-		return ckpt_err(put < 0 ? -EIO : -ENOSPC, "%s: cuFileWrite of %zu bytes at offset "
-		                "%llu wrote %zd", path, n, (unsigned long long)off, put);
-	count(sn->gds, true, n);
-	return 0;
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(path);
+	struct gds_wfile *wf = file;
+	pthread_mutex_lock(&wf->lock);
+	while (wf->count == GDS_WQ && !wf->rc)
+		pthread_cond_wait(&wf->cond, &wf->lock);
+	int rc = wf->rc;
+	if (rc) {
+		ckpt_err_restore(wf->msg);
+	} else {
+		wf->q[(wf->head + wf->count) % GDS_WQ] = (struct gds_wjob){ src, n, off };
+		wf->count++;
+		pthread_cond_broadcast(&wf->cond);
+	}
+	pthread_mutex_unlock(&wf->lock);
+	return rc;
+}
+
+int snapshot_gds_file_close(struct snapshot *sn, void *file)
+{
+	struct gds_wfile *wf = file;
+	if (!wf)
+		return 0;
+	pthread_mutex_lock(&wf->lock);
+	wf->stop = true;                 /* the workers finish the queue, then leave */
+	pthread_cond_broadcast(&wf->cond);
+	pthread_mutex_unlock(&wf->lock);
+	for (unsigned k = 0; k < wf->nth; k++)
+		pthread_join(wf->th[k], NULL);
+	int rc = wf->rc;
+	if (rc)
+		ckpt_err_restore(wf->msg);
+	gds_file_close(sn->gds, &wf->f);
+	pthread_cond_destroy(&wf->cond);
+	pthread_mutex_destroy(&wf->lock);
+	free(wf->path);
+	free(wf);
+	return rc;
 }

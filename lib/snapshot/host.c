@@ -148,10 +148,11 @@ int snapshot_gds_file_open(struct snapshot *sn, const char *path, void **file)
 	return ckpt_err(-ENOTSUP, "GPUDirect Storage: " NO_CUDA);
 }
 
-void snapshot_gds_file_close(struct snapshot *sn, void *file)
+int snapshot_gds_file_close(struct snapshot *sn, void *file)
 {
 	CKPT_UNUSED(sn);
 	CKPT_UNUSED(file);
+	return 0;
 }
 
 int snapshot_gds_write(struct snapshot *sn, void *file, const char *path, const void *src,

@@ -164,14 +164,17 @@ void snapshot_gds_counters(struct snapshot *sn, uint64_t out[5]);
  */
 int  snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
                              const struct io_read_req *reqs, size_t n, io_chunk_cb cb);
-/* Open path for cuFile writes (a descriptor of its own, registered); *file for
- * snapshot_gds_write, released by snapshot_gds_file_close. -EOPNOTSUPP when
- * cuFile refuses the file (the caller writes through the pinned path instead). */
+/* Open path for cuFile writes (a descriptor of its own, registered, and writer
+ * threads); *file for snapshot_gds_write. -EOPNOTSUPP when cuFile refuses the file
+ * (the caller writes through the pinned path instead). */
 int  snapshot_gds_file_open(struct snapshot *sn, const char *path, void **file);
-void snapshot_gds_file_close(struct snapshot *sn, void *file);
-/* Write n bytes of device memory src at offset off (both as O_DIRECT needs them).
- * Errors: -EIO, -ENOSPC (a short write), naming path and offset. */
+/* Queue the write of n bytes of device memory src at offset off (both as O_DIRECT
+ * needs them); up to four run at once. src must stay unchanged until
+ * snapshot_gds_file_close returns. Returns an earlier write's failure, if any. */
 int  snapshot_gds_write(struct snapshot *sn, void *file, const char *path, const void *src,
                         size_t n, uint64_t off);
+/* Wait for every queued write, release. Returns the first write's failure (-EIO,
+ * -ENOSPC for a short write, naming path and offset), else 0. NULL: 0. */
+int  snapshot_gds_file_close(struct snapshot *sn, void *file);
 
 #endif /* CKPT_SNAPSHOT_H */
