@@ -76,6 +76,7 @@ static inline bool ckpt_add_u64(uint64_t a, uint64_t b, uint64_t *out)
 static inline bool ckpt_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
 { return !__builtin_mul_overflow(a, b, out); }
 static inline uint64_t ckpt_align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+static inline uint64_t ckpt_align_down(uint64_t v, uint64_t a) { return v / a * a; }
 /* Is [off, off+len) inside [0, total)? Overflow-safe. */
 static inline bool ckpt_range_ok(uint64_t off, uint64_t len, uint64_t total)
 { return off <= total && len <= total - off; }

@@ -45,6 +45,31 @@ static int env_int(const char *name, long lo, long hi, long *out)
 	return 1;
 }
 
+/* CKPT_GDS: "0"/"off", "1"/"on" (both), or a comma list of "load" and "save". */
+static int env_gds(unsigned *out)
+{
+	const char *v = ckpt_env("CKPT_GDS");
+	*out = 0;
+	if (!v || !*v || !strcmp(v, "0") || !strcmp(v, "off"))
+		return 0;
+	if (!strcmp(v, "1") || !strcmp(v, "on")) {
+		*out = CKPT_GDS_LOAD | CKPT_GDS_SAVE;
+		return 1;
+	}
+	for (const char *p = v; *p;) {
+		size_t n = strcspn(p, ",");
+		if (n == 4 && !strncmp(p, "load", 4))
+			*out |= CKPT_GDS_LOAD;
+		else if (n == 4 && !strncmp(p, "save", 4))
+			*out |= CKPT_GDS_SAVE;
+		else
+			return ckpt_err(-EINVAL, "CKPT_GDS=%s: expected 0, 1, or a list of load and save",
+			                v);
+		p += n + (p[n] == ',');
+	}
+	return 1;
+}
+
 static int env_size(const char *name, uint64_t *out)
 {
 	const char *v = ckpt_env(name);
@@ -57,7 +82,7 @@ static int env_size(const char *name, uint64_t *out)
 
 static int resolve_rank_world(const struct ckpt_opts *o, struct glue_config *cfg)
 {
-	long rank = OPT(o, rank, -1), world = OPT(o, world, -1), v;
+	long rank = OPT(o, rank, -1), world = OPT(o, world, -1), v = 0;
 	int rc;
 	if (rank < 0) {
 		if ((rc = env_int("RANK", 0, INT32_MAX, &v)) < 0) return rc;
@@ -99,7 +124,7 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 	const char *addr = OPT(o, coord_addr, NULL);
 	if (!addr) addr = ckpt_env("CKPT_COORD_ADDR");
 	if (!addr) addr = ckpt_env("MASTER_ADDR");
-	long v;
+	long v = 0;
 	cfg->coord_port = OPT(o, coord_port, 0u);
 	if (!cfg->coord_port) {
 		if ((rc = env_int("CKPT_COORD_PORT", 1, 65535, &v)) < 0) return rc;
@@ -172,6 +197,14 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 		cfg->queue_depth = 8;
 	if (cfg->queue_depth > 4096)
 		return ckpt_err(-EINVAL, "queue depth %u: at most 4096", cfg->queue_depth);
+
+	cfg->gds = OPT(o, gds, 0u);
+	if (cfg->gds & ~(unsigned)(CKPT_GDS_LOAD | CKPT_GDS_SAVE | CKPT_GDS_OFF))
+		return ckpt_err(-EINVAL, "gds 0x%x: unknown bits", cfg->gds);
+	if (!cfg->gds && (rc = env_gds(&cfg->gds)) < 0)
+		return rc;
+	if (cfg->gds & CKPT_GDS_OFF)
+		cfg->gds = 0;
 
 	cfg->root = strdup(root);
 	cfg->coord_addr = dup_or(addr, "127.0.0.1");

@@ -229,6 +229,11 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	 * copies land in it by DMA; otherwise it is lib/io's pre-faulted memory. */
 	if ((rc = snapshot_create(&c->snap)))
 		goto fail;
+	/* GPUDirect Storage is optional: without it the pinned path serves. */
+	if (c->cfg.gds && (rc = snapshot_gds_enable(c->snap))) {
+		ckpt_log(CKPT_LOG_WARN, "GPUDirect Storage asked for, not used: %s", ckpt_err_msg());
+		rc = 0;
+	}
 	if ((rc = io_pool_create(c->cfg.chunk_bytes, (unsigned)nbufs, snapshot_pool_alloc(c->snap),
 	                         &c->pool))) {
 		ckpt_err_prefix(rc, "buffer pool of %zu x %zu bytes", nbufs, c->cfg.chunk_bytes);

@@ -31,6 +31,7 @@ struct glue_config {
 	size_t   pool_bytes, chunk_bytes;
 	int      zstd_level;
 	unsigned max_inflight, timeout_ms, queue_depth;
+	unsigned gds;              /* enum ckpt_gds bits asked for (0: none) */
 };
 int  config_resolve(const struct ckpt_opts *o, struct glue_config *cfg);
 void config_free(struct glue_config *cfg);

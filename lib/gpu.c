@@ -60,3 +60,19 @@ int ckpt_save_snapshot_event(ckpt_save *s, struct CUevent_st **ev)
 	pthread_mutex_unlock(&c->lock);
 	return rc;
 }
+
+int ckpt_gds_stats(const ckpt_ctx *c, struct ckpt_gds_stats *st)
+{
+	if (!c || !st || st->size < sizeof *st)
+		return ckpt_err(-EINVAL, "ckpt_gds_stats: NULL argument or size %zu < %zu",
+		                st ? st->size : 0, sizeof *st);
+	uint64_t v[5];
+	snapshot_gds_counters(c->snap, v);
+	st->active = snapshot_gds_on(c->snap) ? 1 : 0;
+	st->chunks_read = v[0];
+	st->bytes_read = v[1];
+	st->chunks_written = v[2];
+	st->bytes_written = v[3];
+	st->files_refused = v[4];
+	return 0;
+}

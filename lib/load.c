@@ -356,6 +356,33 @@ static int load_chunk_cb(void *arg, const struct io_read_req *req, uint64_t off,
 	return 0;
 }
 
+/* Read the batch: the chunks GPUDirect Storage can serve (raw, into device memory,
+ * when it is on) through cuFile, the others through io_uring. */
+static int load_read(ckpt_load *l, struct io_engine *eng, struct io_read_req *reads, size_t n)
+{
+	struct snapshot *sn = l->ctx->snap;
+	if (!(l->ctx->cfg.gds & CKPT_GDS_LOAD) || !snapshot_gds_on(sn))
+		return io_read_batch(eng, reads, n, load_chunk_cb);
+	size_t k = 0;                  /* reads[0, k): for cuFile */
+	for (size_t i = 0; i < n; i++) {
+		const struct load_job *j = reads[i].arg;
+		if (j->plan.mem == CKPT_MEM_DEVICE && j->ix->chunks[reads[i].chunk].codec == IO_CODEC_RAW) {
+			struct io_read_req t = reads[i];
+			reads[i] = reads[k];
+			reads[k++] = t;
+		}
+	}
+	int rc = k ? snapshot_gds_read_batch(sn, l->ctx->pool, reads, k, load_chunk_cb) : 0;
+	if (rc == -EOPNOTSUPP) {       /* cuFile refused a file; nothing was read */
+		ckpt_log(CKPT_LOG_WARN, "%s; reading through the pinned path", ckpt_err_msg());
+		ckpt_err_clear();
+		return io_read_batch(eng, reads, n, load_chunk_cb);
+	}
+	if (!rc && k < n)
+		rc = io_read_batch(eng, reads + k, n - k, load_chunk_cb);
+	return rc;
+}
+
 int load_engine_acquire(ckpt_ctx *c, struct io_engine **out)
 {
 	pthread_mutex_lock(&c->load_lock);
@@ -624,7 +651,7 @@ int ckpt_load_tensors(ckpt_load *l, const struct ckpt_load_req *reqs, size_t n, 
 	 * planned for a request that then failed its planning land in its own dst, which
 	 * the caller must treat as undefined anyway. */
 	if (nreads)
-		rc = io_read_batch(eng, reads, nreads, load_chunk_cb);
+		rc = load_read(l, eng, reads, nreads);
 	load_engine_release(l->ctx);
 	if (rc) {
 		ckpt_err_prefix(rc, "load of step %llu", (unsigned long long)l->rec.step);

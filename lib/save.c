@@ -444,6 +444,17 @@ struct save_cursor {
 	uint64_t off;           /* next byte of that item */
 	size_t   declared;      /* items the writer knows */
 	bool     sealed;
+	/* GPUDirect Storage save (ckpt/cuda.h, CKPT_GDS_SAVE): device chunks are
+	 * written from device memory, and the snapshot point waits for the writes. */
+	bool     gds;
+	void    *gds_file;      /* the shard's cuFile registration, on first write */
+	size_t   out_item;      /* the chunk taken out last: item and offset in it */
+	uint64_t out_off;
+	const uint8_t *out_src; /* device bytes of the chunk being appended */
+	void    *gds_event;     /* sealed, published after the writes */
+	bool     gds_refused;   /* cuFile refused the file: write from out_host */
+	const uint8_t *out_host;/* the pool copy of the chunk being appended */
+	ckpt_ctx *ctx;
 };
 
 /* Every copy has landed: the snapshot point. Runs on a CUDA thread when there were
@@ -452,6 +463,52 @@ static void save_snapshot_landed(void *arg)
 {
 	ckpt_save *s = arg;
 	save_mark_snapshot(s->ctx, s);
+}
+
+/* The copies of a GPUDirect Storage save have landed: not yet the snapshot point,
+ * since the writes still read the device tensors (save_publish_snapshot). */
+static void save_gds_landed(void *arg)
+{
+	CKPT_UNUSED(arg);
+}
+
+/* Let ckpt_save_snapshot_event hand the event out. */
+static void save_publish_event(ckpt_ctx *c, ckpt_save *s, void *ev)
+{
+	pthread_mutex_lock(&c->lock);
+	s->snapshot_event = ev;
+	s->snapshot_issued = true;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* ext->write of a GPUDirect Storage save: the chunk's whole blocks from device
+ * memory. A file cuFile refuses is written from the pool copy instead (the same
+ * bytes, hashed), so asking for GDS never fails a save the pinned path would do. */
+static int save_gds_write(void *arg, int fd, const char *path, uint64_t off, size_t n)
+{
+	struct save_cursor *cur = arg;
+	ckpt_ctx *c = cur->ctx;
+	if (!cur->gds_file && !cur->gds_refused) {
+		int rc = snapshot_gds_file_open(c->snap, path, &cur->gds_file);
+		if (rc == -EOPNOTSUPP) {
+			ckpt_log(CKPT_LOG_WARN, "%s; writing through the pinned path", ckpt_err_msg());
+			cur->gds_refused = true;
+		} else if (rc) {
+			return rc;
+		}
+	}
+	if (cur->gds_file)
+		return snapshot_gds_write(c->snap, cur->gds_file, path, cur->out_src, n, off);
+	for (size_t done = 0; done < n;) {
+		ssize_t w = pwrite(fd, cur->out_host + done, n - done, (off_t)(off + done));
+		if (w <= 0)
+			return ckpt_err(w < 0 ? -errno : -EIO, "%s: write %zu bytes at offset %llu: %s",
+			                path, n - done, (unsigned long long)(off + done),
+			                w < 0 ? strerror(errno) : "nothing written");
+		done += (size_t)w;
+	}
+	return 0;
 }
 
 /* Issue copies until every chunk is issued and the pipe sealed (0), or until the
@@ -482,15 +539,16 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur)
 		return 0;
 	cur->sealed = true;
 	void *ev = NULL;
-	int rc = snapshot_pipe_seal(cur->pipe, &ev, save_snapshot_landed, s);
+	int rc = snapshot_pipe_seal(cur->pipe, &ev, cur->gds ? save_gds_landed : save_snapshot_landed,
+	                            s);
 	if (rc)
 		return rc;
-	/* ckpt_save_snapshot_event may hand the event out from now on. */
-	pthread_mutex_lock(&c->lock);
-	s->snapshot_event = ev;
-	s->snapshot_issued = true;
-	pthread_cond_broadcast(&c->cond);
-	pthread_mutex_unlock(&c->lock);
+	/* ckpt_save_snapshot_event may hand the event out from now on; a GPUDirect
+	 * Storage save hands it out once its writes are done (save_run). */
+	if (cur->gds)
+		cur->gds_event = ev;
+	else
+		save_publish_event(c, s, ev);
 	return 0;
 }
 
@@ -531,6 +589,19 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		io_pool_put(c->pool, b);
 		return rc;
 	}
+	/* Chunks come out in issue order: item by item, each from its offset 0. */
+	if (tag != cur->out_item)
+		cur->out_off = 0;
+	cur->out_item = (size_t)tag;
+	const struct save_item *it = &s->items[tag];
+	uint64_t off = cur->out_off;
+	cur->out_off += n;
+	if (cur->gds && it->mem == CKPT_MEM_DEVICE && !it->source) {
+		cur->out_src = (const uint8_t *)it->data + off;
+		cur->out_host = io_pool_addr(c->pool, b);
+		struct io_ext_write ext = { .write = save_gds_write, .arg = cur };
+		return io_shard_writer_append_ext(w, (uint32_t)tag, b, n, &h, &ext);
+	}
 	return io_shard_writer_append_hashed(w, (uint32_t)tag, b, n, &h);
 }
 
@@ -548,6 +619,17 @@ static int save_stream(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		if ((rc = save_drain_one(c, s, cur, w)))
 			return rc;
 	return save_declare(w, s, s->nitems, cur);   /* trailing empty items */
+}
+
+/* A GPUDirect Storage save: asked for, available, raw, and with device tensors. */
+static bool save_uses_gds(const ckpt_ctx *c, const ckpt_save *s)
+{
+	if (!(c->cfg.gds & CKPT_GDS_SAVE) || !snapshot_gds_on(c->snap) || c->cfg.zstd_level > 0)
+		return false;
+	for (size_t i = 0; i < s->nitems; i++)
+		if (s->items[i].mem == CKPT_MEM_DEVICE && !s->items[i].source)
+			return true;
+	return false;
 }
 
 static uint64_t save_size_hint(const ckpt_ctx *c, const ckpt_save *s)
@@ -577,6 +659,9 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	uint64_t t_run = ckpt_now_ns();
 	ckpt_log(CKPT_LOG_DEBUG, "step %llu: worker starts %.3f ms after submit",
 	         (unsigned long long)s->step, (double)(t_run - s->t_submit) / 1e6);
+	cur.ctx = c;
+	cur.out_item = SIZE_MAX;
+	cur.gds = save_uses_gds(c, s);
 	unsigned window = snapshot_pipe_window(io_pool_nbufs(c->pool), c->cfg.queue_depth);
 	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, IO_BLOCK_BYTES, &cur.pipe)))
 		goto out;
@@ -604,6 +689,16 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		goto out;
 	if ((rc = save_stream(c, s, &cur, w)))
 		goto out;
+	if (cur.gds) {
+		/* Every device byte is written: now the caller may change its tensors. */
+		rc = snapshot_gds_file_close(c->snap, cur.gds_file);
+		cur.gds_file = NULL;
+		if (rc)
+			goto out;
+		save_publish_event(c, s, cur.gds_event);
+		cur.gds_event = NULL;
+		save_mark_snapshot(c, s);
+	}
 	/* Every chunk was taken out, so every copy has landed; this also waits for the
 	 * landed callback, which marks the snapshot point. */
 	snapshot_pipe_close(cur.pipe);
@@ -655,6 +750,11 @@ out:
 	/* Before the writer's abort and before save_finish: copies in flight must land
 	 * before their buffers go back, and the landed callback must not outlive s. */
 	snapshot_pipe_close(cur.pipe);
+	/* Writes still queued read the caller's tensors: they finish before anything
+	 * is released (their failure no longer matters: rc is already one). */
+	snapshot_gds_file_close(c->snap, cur.gds_file);
+	if (cur.gds_event)
+		save_publish_event(c, s, cur.gds_event);   /* the save owns it: freed with s */
 	if (w)
 		io_shard_writer_abort(w);
 	if (c->part && rc && !voted)

@@ -20,6 +20,8 @@
  *                 the optimizer stream waiting on the event; the optimizer stream then
  *                 rewrites the weights; the event's completion and durability follow
  *   rss           VmHWM growth over the RSS before ckpt_open, read after both saves
+ *   gds_*         whether GPUDirect Storage served (CKPT_GDS in the environment) and
+ *                 how many chunks cuFile read and wrote
  * Exit 77 without a device.
  */
 #include <errno.h>
@@ -300,6 +302,8 @@ int main(int argc, char **argv)
 	}
 	free(h1);
 	free(h2);
+	struct ckpt_gds_stats gs = { .size = sizeof gs };
+	CKPT_OK(ckpt_gds_stats(c, &gs));
 	ckpt_close(c);
 
 	printf("{\"device\": \"%s\", \"tensors\": %d, \"bytes\": %llu, \"pool_bytes\": %llu, "
@@ -307,12 +311,14 @@ int main(int argc, char **argv)
 	       "\"stats_snapshot_s\": %.4f, \"stats_durable_s\": %.4f, \"stats_commit_s\": %.4f, "
 	       "\"event_stall_s\": %.6f, \"event_complete_s\": %.4f, \"event_save_durable_s\": %.4f, "
 	       "\"load_s\": %.4f, \"load_mode\": \"%s\", \"verified\": %s, "
-	       "\"rss_before_open\": %llu, \"rss_peak\": %llu, \"rss_growth\": %llu}\n",
+	       "\"rss_before_open\": %llu, \"rss_peak\": %llu, \"rss_growth\": %llu, "
+	       "\"gds_active\": %d, \"gds_chunks_read\": %llu, \"gds_chunks_written\": %llu}\n",
 	       prop.name, n, (unsigned long long)total, (unsigned long long)pool, open_s, a_snap,
 	       a_durable, st.snapshot_seconds, st.durable_seconds, st.commit_seconds, b_stall,
 	       b_event, b_durable, load_s, mode, verified ? "true" : "false",
 	       (unsigned long long)rss0, (unsigned long long)hwm,
-	       (unsigned long long)(hwm > rss0 ? hwm - rss0 : 0));
+	       (unsigned long long)(hwm > rss0 ? hwm - rss0 : 0), gs.active,
+	       (unsigned long long)gs.chunks_read, (unsigned long long)gs.chunks_written);
 	for (int i = 0; i < n; i++) {
 		cudaFree(ts[i].dev);
 		cudaFree(ts[i].dst);

@@ -114,8 +114,26 @@ def main():
         fr = dcp("best", "first_run")
         print()
         print(f"DCP best, first (cold stager) run: staged {s(fr.get('staged_s'))}, durable {s(fr.get('durable_s'))}.")
+    gd = load(d, "ckpt_gds.json")
+    if os.path.exists(os.path.join(d, "ckpt_gds.json")):
+        print()
+        print("GPUDirect Storage (`CKPT_GDS=1`: device loads and synchronous saves by cuFile, "
+              "every chunk still hashed on the host), same run:")
+        print()
+        if gd.get("error"):
+            print(f"- failed: {gd['error']}")
+        else:
+            act = "active" if gd.get("gds_active") else "NOT active (fell back to the pinned path)"
+            print(f"| measure | pinned path | GPUDirect Storage ({act}) |")
+            print("| --- | --- | --- |")
+            print(f"| durable save (synchronous with GDS) | {s(ck.get('save_durable_s'))} | {s(gd.get('save_durable_s'))} |")
+            print(f"| caller may modify its tensors | {s(ck.get('save_snapshot_s'))} | {s(gd.get('save_snapshot_s'))} |")
+            print(f"| load to GPU | {s(ck.get('load_s'))} | {s(gd.get('load_s'))} |")
+            print(f"| chunks by cuFile: written / read | — | {gd.get('gds_chunks_written')} / {gd.get('gds_chunks_read')} |")
+            print(f"| verified bit-exact | {ck.get('verified')} | {gd.get('verified')} |")
     with open(os.path.join(d, "gpu-bench.json"), "w") as f:
-        json.dump({"d2h": d2h, "raw": raw, "libckpt": ck, "dcp": dc}, f, indent=1)
+        json.dump({"d2h": d2h, "raw": raw, "libckpt": ck, "libckpt_gds": gd, "dcp": dc}, f,
+                  indent=1)
     return 0
 
 

@@ -10,6 +10,7 @@
 #                  removed at the end, whatever happens
 #      BENCH_POOL  libckpt pool (8G: the state fits, which is what the targets assume)
 #      BENCH_LAYERS (16)  BENCH_SKIP_DCP=1 (libckpt only)
+#      BENCH_SKIP_GDS=1   skip the second libckpt run with CKPT_GDS=1 (GPUDirect Storage)
 #      OUT         if set, table, JSON and each phase's log are copied there
 # Needs: a CUDA device, cmake and a C compiler, python3 with torch for the DCP part,
 # and libckpt's build dependencies (on the H200: the unpacked .debs, see
@@ -71,6 +72,12 @@ phase raw 100 "$B/bench_raw_io" "$dir/raw.dat" "$mib"
 rm -f "$dir/raw.dat"
 phase ckpt 150 "$B/bench_gpu_ckpt" --root "$dir/ckpt" --pool-bytes "$pool" --layers "$layers"
 rm -rf "$dir/ckpt"
+# The same with GPUDirect Storage asked for (loads and synchronous saves by cuFile).
+if [ "${BENCH_SKIP_GDS:-0}" != 1 ]; then
+  phase ckpt_gds 150 env CKPT_GDS=1 CUFILE_EXPERIMENTAL_FS=true CUFILE_SKIP_TOPOLOGY_DETECTION=true "$B/bench_gpu_ckpt" --root "$dir/ckpt" --pool-bytes "$pool" \
+        --layers "$layers"
+  rm -rf "$dir/ckpt"
+fi
 if [ "${BENCH_SKIP_DCP:-0}" != 1 ]; then
   phase dcp 270 python3 bench/gpu/dcp_bench.py --dir "$dir/dcp" --layers "$layers" --budget 220 \
         --json-out "$res/dcp.out.json"

@@ -113,6 +113,13 @@ typedef struct ckpt_load ckpt_load;
 
 enum ckpt_transport { CKPT_TRANSPORT_AUTO = 0, CKPT_TRANSPORT_TCP, CKPT_TRANSPORT_RDMA };
 
+/* GPUDirect Storage (cuFile) uses, a bit set (ckpt_gds_stats below says more). */
+enum ckpt_gds {
+	CKPT_GDS_LOAD = 1u << 0,      /* loads of raw chunks into device memory */
+	CKPT_GDS_SAVE = 1u << 1,      /* saves write device tensors with cuFile: synchronous */
+	CKPT_GDS_OFF  = 1u << 7,      /* neither, whatever CKPT_GDS says */
+};
+
 enum ckpt_open_flags {
 	CKPT_OPEN_READONLY = 1u << 0, /* tools: no saves, manifest opened read-only, no coordinator */
 	CKPT_OPEN_NO_GC    = 1u << 1, /* the coordinator skips garbage collection at open */
@@ -135,11 +142,45 @@ struct ckpt_opts {
 	unsigned    max_inflight;  /* saves in flight at once; 0: 2 */
 	unsigned    timeout_ms;    /* commit timeout; 0: CKPT_TIMEOUT_MS, then 120000 */
 	unsigned    queue_depth;   /* io_uring writes in flight; 0: 8 */
+	unsigned    gds;           /* enum ckpt_gds bits; 0: CKPT_GDS ("load", "save", "load,save",
+	                            * "0"), then off. Falls back to the pinned path when cuFile is
+	                            * unavailable (ckpt/cuda.h) */
 	/* append only */
 };
 
 /* Fill *o with defaults. size must be sizeof *o as the caller knows it. */
 CKPT_API void ckpt_opts_init(struct ckpt_opts *o, size_t size);
+
+/*
+ * GPUDirect Storage (cuFile), optional: ckpt_opts.gds or CKPT_GDS asks for it; at
+ * ckpt_open libckpt loads libcufile and opens its driver, and when anything is
+ * missing it logs why (WARN) and keeps the pinned path. Then:
+ *   - CKPT_GDS_LOAD: loads into device memory read raw chunks with cuFile straight
+ *     into device memory. Every chunk is still verified before any of its bytes
+ *     reach the caller: it is also copied device-to-host into the pool and hashed
+ *     there (at copy-engine speed), then copied device-to-device into place.
+ *     Compressed chunks and host destinations take the pinned path.
+ *   - CKPT_GDS_SAVE: saves are synchronous for device tensors: their chunks are
+ *     written from device memory with cuFile (hashed from the pool copy the save
+ *     makes anyway), so the snapshot point — ckpt_save_wait_snapshot and the
+ *     snapshot event — comes only when the last of them is written. Use it where the
+ *     caller waits for the save anyway (ckpt_save_wait right after submit).
+ * cuFile may still refuse a file (cuFileHandleRegister: a file system or volume it
+ * cannot classify): libckpt then logs it (WARN), counts it in files_refused and
+ * reads or writes that file through the pinned path. Without a kernel driver for
+ * GPUDirect (nvidia-fs) cuFile runs in its compatibility mode through its own host
+ * buffers: correct, but no faster than the pinned path. cuFile itself is set up
+ * with its own cufile.json and CUFILE_* environment (docs/gpu.md).
+ */
+struct ckpt_gds_stats {
+	size_t   size;              /* first; caller sets sizeof */
+	int      active;            /* 1: cuFile is in use in this context */
+	uint64_t chunks_read, bytes_read;        /* by cuFile, since open */
+	uint64_t chunks_written, bytes_written;
+	uint64_t files_refused;     /* files cuFile would not register: the pinned path served */
+};
+/* Errors: -EINVAL (NULL, or size too small). Any thread. */
+CKPT_API int ckpt_gds_stats(const ckpt_ctx *c, struct ckpt_gds_stats *st);
 
 /*
  * Open a checkpoint root. Creates the root and its manifest when the directory is

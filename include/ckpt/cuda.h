@@ -65,6 +65,7 @@ CKPT_API int ckpt_cuda_available(const ckpt_ctx *c);
  */
 CKPT_API int ckpt_save_snapshot_event(ckpt_save *s, cudaEvent_t *ev);
 
+
 #ifdef __cplusplus
 }
 #endif

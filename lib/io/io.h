@@ -215,6 +215,19 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
  * computed here too. */
 int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigned buf,
                                   size_t len, const struct io_hashes *h);
+/* The same, for a chunk whose bytes another path writes (GPUDirect Storage): buf
+ * holds them (hashes computed from it: h, chunk and blocks, is required), and
+ * ext->write(arg, fd, path, off, n) is called here to write the chunk's whole 4 KiB
+ * blocks [off, off+n) from the other copy; the partial last block goes out from
+ * buf. Never compressed. Ownership of buf as io_shard_writer_append. ext's error
+ * fails the writer. */
+struct io_ext_write {
+	int  (*write)(void *arg, int fd, const char *path, uint64_t off, size_t n);
+	void  *arg;
+};
+int io_shard_writer_append_ext(struct io_shard_writer *w, uint32_t t, unsigned buf,
+                               size_t len, const struct io_hashes *h,
+                               const struct io_ext_write *ext);
 /* Durability point of the shard: waits for every write, writes footer and trailer,
  * truncates to the final size, fdatasync()s the file, fsync()s its directory. Only
  * after 0 may the shard be voted for. The writer is freed in every case; on failure

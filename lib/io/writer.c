@@ -40,6 +40,8 @@
 #include "io/io_internal.h"
 
 #define COOKIE_TAIL   (1ull << 63)      /* the footer+trailer write */
+#define COOKIE_PART   (1ull << 62)      /* only the chunk's last block (io_ext_write) */
+#define COOKIE_KMASK  0x3fffffffu       /* chunk number bits above the buffer's */
 
 struct io_shard_writer {
 	struct io_engine *e;
@@ -97,10 +99,12 @@ static void w_write_done(void *owner, uint64_t cookie, int64_t res)
 		w->tail_res = res;
 		return;
 	}
-	uint32_t buf = (uint32_t)cookie, k = (uint32_t)(cookie >> 32);
+	uint32_t buf = (uint32_t)cookie, k = (uint32_t)(cookie >> 32) & COOKIE_KMASK;
 	io_pool_put(w->pool, buf);
 	const struct io_chunk_entry *c = &w->chunks[k];
 	uint64_t want = ckpt_align_up(c->stored_len, CKPT_ALIGN);
+	if (cookie & COOKIE_PART)
+		want -= ckpt_align_down(c->stored_len, CKPT_ALIGN);
 	if (res < 0) {
 		ckpt_err((int)res, "write %s at offset %llu (%llu bytes)", w->path,
 		         (unsigned long long)c->file_offset, (unsigned long long)want);
@@ -426,8 +430,28 @@ static uint8_t *blocks_reserve(struct io_shard_writer *w, uint64_t nb)
 	return w->blocks + w->nblocks * CKPT_HASH_BYTES;
 }
 
+static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
+                        const struct io_hashes *h, const struct io_ext_write *ext);
+
 int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigned buf,
                                   size_t len, const struct io_hashes *h)
+{
+	return append_chunk(w, t, buf, len, h, NULL);
+}
+
+int io_shard_writer_append_ext(struct io_shard_writer *w, uint32_t t, unsigned buf,
+                               size_t len, const struct io_hashes *h,
+                               const struct io_ext_write *ext)
+{
+	if (!ext || !ext->write || !h) {
+		io_pool_put(w->pool, buf);
+		return ckpt_err(-EINVAL, "%s: external chunk write without a writer or hash", w->path);
+	}
+	return append_chunk(w, t, buf, len, h, ext);
+}
+
+static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
+                        const struct io_hashes *h, const struct io_ext_write *ext)
 {
 	uint8_t *raw = io_pool_addr(w->pool, buf);
 	if (!raw)
@@ -469,7 +493,7 @@ int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigne
 	c->codec = IO_CODEC_RAW;
 	c->stored_len = len;
 	unsigned wbuf = buf;
-	if (w->zstd_level > 0) {
+	if (w->zstd_level > 0 && !ext) {
 		size_t clen;
 		int ob = try_compress(w, raw, len, &clen);
 		if (ob >= 0) {
@@ -484,15 +508,33 @@ int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigne
 	memset(p + c->stored_len, 0, (size_t)(padded - c->stored_len));
 	c->file_offset = w->next_off;
 	uint32_t k = w->nchunks;
-	rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p, (size_t)padded, c->file_offset,
-	                     w_write_done, w, (uint64_t)k << 32 | wbuf);
-	if (rc < 0) {
+	/* An external writer (GPUDirect Storage) writes the whole 4 KiB blocks from its
+	 * own copy of the bytes, here and now; the partial last block, zero-padded, goes
+	 * out from the pool buffer like any chunk. */
+	uint64_t done = ext ? ckpt_align_down(len, CKPT_ALIGN) : 0;
+	if (ext && k > COOKIE_KMASK) {
 		io_pool_put(w->pool, wbuf);
-		ckpt_err(rc, "queue write %s at offset %llu", w->path,
-		         (unsigned long long)c->file_offset);
+		return w_fail(w, ckpt_err(-EINVAL, "%s: chunk %u: too many chunks for an external "
+		                          "write", w->path, k));
+	}
+	if (done && (rc = ext->write(ext->arg, w->fd, w->path, c->file_offset, (size_t)done))) {
+		io_pool_put(w->pool, wbuf);
 		return w_fail(w, rc);
 	}
-	w->inflight++;
+	if (done == padded) {
+		io_pool_put(w->pool, wbuf);
+	} else {
+		rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p + done, (size_t)(padded - done),
+		                     c->file_offset + done, w_write_done, w,
+		                     (uint64_t)k << 32 | wbuf | (done ? COOKIE_PART : 0));
+		if (rc < 0) {
+			io_pool_put(w->pool, wbuf);
+			ckpt_err(rc, "queue write %s at offset %llu", w->path,
+			         (unsigned long long)(c->file_offset + done));
+			return w_fail(w, rc);
+		}
+		w->inflight++;
+	}
 	if (c->codec == IO_CODEC_RAW)
 		w->nblocks += nb;          /* compressed chunks are read whole: no blocks */
 	if ((int64_t)t != w->cur) {

@@ -4,7 +4,7 @@
  * and per-slot events of the save pipeline, and host-to-device copies for loads.
  *
  * Every cudaError_t is converted here, at the module boundary, to our codes, with
- * CUDA's own name and words in the message (cuda_err). A machine without a driver
+ * CUDA's own name and words in the message (snap_cuda_err). A machine without a driver
  * or a device puts the object in host mode at create: nothing else changes.
  *
  * The pinned pool is anonymous memory pinned with cudaHostRegister rather than
@@ -29,10 +29,7 @@
 
 #include "snapshot/snapshot_internal.h"
 
-/* Convert e (not cudaSuccess) and record the message. Clears CUDA's last error so
- * that a non-sticky failure does not resurface in an unrelated later call. */
-static int cuda_err(cudaError_t e, const char *fmt_what, ...) CKPT_PRINTF(2, 3);
-static int cuda_err(cudaError_t e, const char *fmt_what, ...)
+int snap_cuda_err(cudaError_t e, const char *fmt_what, ...)
 {
 	char what[512];
 	va_list ap;
@@ -141,6 +138,7 @@ void snapshot_destroy(struct snapshot *sn)
 		return;
 	/* Errors are ignored: this runs at close, maybe at process exit after the
 	 * runtime has unloaded, and there is nobody left to tell. */
+	snap_gds_destroy(sn);
 	if (sn->save_stream) {
 		cudaStreamSynchronize(sn->save_stream);
 		cudaStreamDestroy(sn->save_stream);
@@ -178,7 +176,7 @@ int snapshot_mem_kind(struct snapshot *sn, const void *p, int mem, int *device)
 			(void)cudaGetLastError();
 			return CKPT_MEM_HOST;
 		}
-		return cuda_err(e, "classify pointer %p", p);
+		return snap_cuda_err(e, "classify pointer %p", p);
 	}
 	if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) {
 		/* Managed memory is copied by the DMA engine too: a host memcpy would
@@ -218,7 +216,7 @@ static int with_device_begin(struct snapshot *sn, int *prev)
 	cudaError_t e = cudaGetDevice(prev);
 	if (e == cudaSuccess && *prev != dev)
 		e = cudaSetDevice(dev);
-	return e == cudaSuccess ? 0 : cuda_err(e, "select CUDA device %d", dev);
+	return e == cudaSuccess ? 0 : snap_cuda_err(e, "select CUDA device %d", dev);
 }
 
 static void with_device_end(int prev, bool restore)
@@ -241,7 +239,7 @@ static int stream_create(struct snapshot *sn, cudaStream_t *s, const char *what,
 	with_device_end(prev, restore);
 	if (e != cudaSuccess) {
 		*s = NULL;
-		return cuda_err(e, "create the %s stream", what);
+		return snap_cuda_err(e, "create the %s stream", what);
 	}
 	return 0;
 }
@@ -270,7 +268,7 @@ int snap_dev_prepare(struct snapshot *sn, unsigned n)
 					cudaError_t e = cudaEventCreateWithFlags(&ev[sn->nevents],
 					        cudaEventDisableTiming);
 					if (e != cudaSuccess) {
-						rc = cuda_err(e, "create snapshot event %u", sn->nevents);
+						rc = snap_cuda_err(e, "create snapshot event %u", sn->nevents);
 						break;
 					}
 					sn->nevents++;
@@ -289,17 +287,17 @@ int snap_dev_copy(struct snapshot *sn, void *dst, const void *src, size_t n, uns
 	 * a managed or host source is still copied correctly. */
 	cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, sn->save_stream);
 	if (e != cudaSuccess)
-		return cuda_err(e, "copy %zu bytes from device memory %p", n, src);
+		return snap_cuda_err(e, "copy %zu bytes from device memory %p", n, src);
 	e = cudaEventRecord(sn->events[slot], sn->save_stream);
 	if (e != cudaSuccess)
-		return cuda_err(e, "record the event of snapshot slot %u", slot);
+		return snap_cuda_err(e, "record the event of snapshot slot %u", slot);
 	return 0;
 }
 
 int snap_dev_wait(struct snapshot *sn, unsigned slot)
 {
 	cudaError_t e = cudaEventSynchronize(sn->events[slot]);
-	return e == cudaSuccess ? 0 : cuda_err(e, "wait for the copy of snapshot slot %u", slot);
+	return e == cudaSuccess ? 0 : snap_cuda_err(e, "wait for the copy of snapshot slot %u", slot);
 }
 
 int snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), void *arg)
@@ -317,7 +315,7 @@ int snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), voi
 		cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
 		with_device_end(prev, false);
 		if (e != cudaSuccess)
-			rc = cuda_err(e, "create the snapshot event");
+			rc = snap_cuda_err(e, "create the snapshot event");
 	}
 	pthread_mutex_unlock(&sn->lock);
 	if (rc)
@@ -326,7 +324,7 @@ int snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), voi
 	if (e == cudaSuccess && landed)
 		e = cudaLaunchHostFunc(sn->save_stream, landed, arg);
 	if (e != cudaSuccess) {
-		rc = cuda_err(e, "record the snapshot event");
+		rc = snap_cuda_err(e, "record the snapshot event");
 		cudaEventDestroy(ev);
 		return rc;
 	}
@@ -370,9 +368,15 @@ int snapshot_copy_out(struct snapshot *sn, void *dst, const void *src, size_t n,
 		if (rc)
 			return rc;
 	}
+	/* A chunk read by GPUDirect Storage is also in device memory: copy from there
+	 * (device to device) rather than back up from its verified host copy. */
+	const uint8_t *s8 = src;
+	if (sn->mirror_len && s8 >= sn->mirror_host && n <= sn->mirror_len &&
+	    (size_t)(s8 - sn->mirror_host) <= sn->mirror_len - n)
+		src = sn->mirror_dev + (s8 - sn->mirror_host);
 	cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, sn->load_stream);
 	if (e != cudaSuccess)
-		return cuda_err(e, "copy %zu bytes to device memory %p", n, dst);
+		return snap_cuda_err(e, "copy %zu bytes to device memory %p", n, dst);
 	sn->load_queued = true;
 	return 0;
 }
@@ -383,5 +387,5 @@ int snapshot_copy_out_wait(struct snapshot *sn)
 		return 0;
 	sn->load_queued = false;
 	cudaError_t e = cudaStreamSynchronize(sn->load_stream);
-	return e == cudaSuccess ? 0 : cuda_err(e, "wait for copies to device memory");
+	return e == cudaSuccess ? 0 : snap_cuda_err(e, "wait for copies to device memory");
 }

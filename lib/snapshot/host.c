@@ -109,4 +109,61 @@ void snap_dev_quiesce(struct snapshot *sn)
 {
 	CKPT_UNUSED(sn);
 }
+/* GPUDirect Storage needs a device: never enabled here, so the glue never calls the
+ * rest (they answer -ENOTSUP should it do so). */
+int snapshot_gds_enable(struct snapshot *sn)
+{
+	CKPT_UNUSED(sn);
+	return ckpt_err(CKPT_ENODEV, "GPUDirect Storage: " NO_CUDA);
+}
+
+bool snapshot_gds_on(const struct snapshot *sn)
+{
+	CKPT_UNUSED(sn);
+	return false;
+}
+
+void snapshot_gds_counters(struct snapshot *sn, uint64_t out[5])
+{
+	CKPT_UNUSED(sn);
+	memset(out, 0, 5 * sizeof *out);
+}
+
+int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
+                            const struct io_read_req *reqs, size_t n, io_chunk_cb cb)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(pool);
+	CKPT_UNUSED(reqs);
+	CKPT_UNUSED(n);
+	CKPT_UNUSED(cb);
+	return ckpt_err(-ENOTSUP, "GPUDirect Storage: " NO_CUDA);
+}
+
+int snapshot_gds_file_open(struct snapshot *sn, const char *path, void **file)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(path);
+	*file = NULL;
+	return ckpt_err(-ENOTSUP, "GPUDirect Storage: " NO_CUDA);
+}
+
+int snapshot_gds_file_close(struct snapshot *sn, void *file)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(file);
+	return 0;
+}
+
+int snapshot_gds_write(struct snapshot *sn, void *file, const char *path, const void *src,
+                       size_t n, uint64_t off)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(file);
+	CKPT_UNUSED(path);
+	CKPT_UNUSED(src);
+	CKPT_UNUSED(n);
+	CKPT_UNUSED(off);
+	return ckpt_err(-ENOTSUP, "GPUDirect Storage: " NO_CUDA);
+}
 #endif /* !CKPT_HAVE_CUDA */

@@ -141,4 +141,43 @@ int  snapshot_copy_out(struct snapshot *sn, void *dst, const void *src, size_t n
 /* Wait for the device copies queued by snapshot_copy_out. 0 when none. */
 int  snapshot_copy_out_wait(struct snapshot *sn);
 
+/* ------------------------------------------------------------------ GPUDirect Storage */
+
+/*
+ * Load libcufile and open its driver (gds.c). 0, or why not: CKPT_ENODEV (host
+ * mode or a build without CUDA), -ENOENT (no libcufile), -EIO (its driver would not
+ * open); the caller logs the reason and keeps the pinned path. Call with no other
+ * call running, like snapshot_create.
+ */
+int  snapshot_gds_enable(struct snapshot *sn);
+bool snapshot_gds_on(const struct snapshot *sn);
+/* chunks read, bytes read, chunks written, bytes written by cuFile so far, and
+ * files cuFile refused to register (served by the pinned path instead). */
+void snapshot_gds_counters(struct snapshot *sn, uint64_t out[5]);
+/*
+ * io_read_batch through cuFile: each chunk (all stored raw) is read into device
+ * staging memory, copied device-to-host into a pool buffer and hashed there, then
+ * handed to cb with those verified host bytes (whole chunks: a request's range
+ * [lo, hi) does not narrow the read here); while cb runs, snapshot_copy_out of
+ * those bytes to device memory copies from the staging memory instead (device to
+ * device). Errors: as io_read_batch (CKPT_ECORRUPT naming tensor, chunk, file and
+ * offset), -ENOTSUP (not enabled, or a compressed chunk) and -EOPNOTSUPP (cuFile
+ * refuses a file) before anything was read, -EIO from cuFile, CUDA failures
+ * converted.
+ */
+int  snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
+                             const struct io_read_req *reqs, size_t n, io_chunk_cb cb);
+/* Open path for cuFile writes (a descriptor of its own, registered, and writer
+ * threads); *file for snapshot_gds_write. -EOPNOTSUPP when cuFile refuses the file
+ * (the caller writes through the pinned path instead). */
+int  snapshot_gds_file_open(struct snapshot *sn, const char *path, void **file);
+/* Queue the write of n bytes of device memory src at offset off (both as O_DIRECT
+ * needs them); up to four run at once. src must stay unchanged until
+ * snapshot_gds_file_close returns. Returns an earlier write's failure, if any. */
+int  snapshot_gds_write(struct snapshot *sn, void *file, const char *path, const void *src,
+                        size_t n, uint64_t off);
+/* Wait for every queued write, release. Returns the first write's failure (-EIO,
+ * -ENOSPC for a short write, naming path and offset), else 0. NULL: 0. */
+int  snapshot_gds_file_close(struct snapshot *sn, void *file);
+
 #endif /* CKPT_SNAPSHOT_H */

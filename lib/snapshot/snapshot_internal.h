@@ -29,8 +29,22 @@ struct snapshot {
 	cudaEvent_t *events;           /* one per window slot, created on first use */
 	unsigned     nevents;
 	bool         load_queued;      /* copies queued on load_stream since the last wait */
+	struct snap_gds *gds;          /* GPUDirect Storage, once enabled (gds.c) */
+	/* While a chunk read by GPUDirect Storage is handed out: its verified host copy
+	 * [mirror_host, +mirror_len) is also at mirror_dev (snapshot_copy_out uses it). */
+	const uint8_t *mirror_host, *mirror_dev;
+	size_t       mirror_len;
 #endif
 };
+
+#ifdef CKPT_HAVE_CUDA
+/* Convert e (not cudaSuccess) to our code and record the message with CUDA's own
+ * name and words. Clears CUDA's last error so that a non-sticky failure does not
+ * resurface in an unrelated later call. */
+int  snap_cuda_err(cudaError_t e, const char *fmt_what, ...) CKPT_PRINTF(2, 3);
+/* Release GPUDirect Storage (gds.c); no-op when it was never enabled. */
+void snap_gds_destroy(struct snapshot *sn);
+#endif
 
 /* ---- the device backend (cuda.c, or host.c without CUDA) ----
  * slot indexes the per-slot events; callers guarantee slot < the n of the last

@@ -425,6 +425,44 @@ START_TEST(bad_roots)
 }
 END_TEST
 
+/* GPUDirect Storage asked for where it cannot be used (no device, or no CUDA in this
+ * build): the context opens, says so, and saves and loads through the pinned path;
+ * a CKPT_GDS it cannot parse, or unknown bits, are refused. */
+START_TEST(gds_fallback)
+{
+	setenv("CKPT_GDS", "load,save", 1);
+	ckpt_ctx *c = open_root(root, 0, 64 << 10, 256 << 10, 0);
+	struct ckpt_gds_stats gs = { .size = sizeof gs };
+	ck_assert_int_eq(ckpt_gds_stats(c, &gs), 0);
+	ck_assert_int_eq(gs.active, 0);
+	struct tt t;
+	uint64_t shape[1] = { 300000 };
+	tt_make(&t, "w", CKPT_U8, 1, shape, 17);
+	ck_assert_int_eq(save_step(c, 1, &t, 1), 0);
+	check_step(c, 1, &t, 1);
+	ck_assert_int_eq(ckpt_gds_stats(c, &gs), 0);
+	ck_assert(gs.chunks_read == 0 && gs.chunks_written == 0);
+	gs.size = 1;
+	ck_assert_int_eq(ckpt_gds_stats(c, &gs), -EINVAL);
+	ckpt_close(c);
+	tt_free(&t, 1);
+
+	struct ckpt_opts o;
+	ckpt_opts_init(&o, sizeof o);
+	o.root = root;
+	o.rank = 0;
+	o.world = 1;
+	c = NULL;
+	setenv("CKPT_GDS", "load,sav", 1);
+	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "CKPT_GDS=load,sav"));
+	unsetenv("CKPT_GDS");
+	o.gds = 1u << 5;
+	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+	ck_assert_ptr_null(c);
+}
+END_TEST
+
 /* A failure half-way (injected ENOSPC / EIO, or a crash) leaves the previous step
  * intact and the broken one invisible, with no file left behind after GC. */
 static void fail_midway(const char *fault, bool crash)
@@ -785,6 +823,7 @@ int main(void)
 	tcase_add_test(tc, many_steps_in_flight);
 	tcase_add_test(tc, source_tensors);
 	tcase_add_test(tc, resharded_rows_read_blocks);
+	tcase_add_test(tc, gds_fallback);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -37,6 +37,20 @@ endfunction()
 ckpt_gpu_test(test_gpu_roundtrip SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_roundtrip.c)
 ckpt_gpu_add(test_gpu_roundtrip test_gpu_roundtrip)
 ckpt_gpu_add(test_gpu_load_device test_gpu_roundtrip --load-device)
+ckpt_gpu_add(test_gpu_gds test_gpu_roundtrip --gds)
+# cuFile cannot read the udev volume attributes of a VM's virtio disk and then refuses
+# every file; CUFILE_EXPERIMENTAL_FS lets it register them (docs/gpu.md). Where it
+# refuses anyway, the test checks the fallback and skips the rest.
+ckpt_gpu_add(test_gpu_gds_refused test_gpu_roundtrip --gds)
+set_tests_properties(test_gpu_gds PROPERTIES ENVIRONMENT "CUFILE_EXPERIMENTAL_FS=true;CUFILE_SKIP_TOPOLOGY_DETECTION=true")
+# cuFile's ABI as lib/snapshot/gds_abi.h declares it, checked against cufile.h where
+# the toolkit has it (the GPU machine does; a toolkit without GDS skips this).
+find_path(CKPT_CUFILE_INCLUDE cufile.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+if(CKPT_CUFILE_INCLUDE)
+  ckpt_gpu_test(test_gds_abi SOURCES ${CKPT_GPU_TEST_DIR}/test_gds_abi.c)
+  target_include_directories(test_gds_abi PRIVATE ${CKPT_CUFILE_INCLUDE})
+  ckpt_gpu_add(test_gds_abi test_gds_abi)
+endif()
 ckpt_gpu_test(test_gpu_overwrite SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_overwrite.c)
 ckpt_gpu_add(test_gpu_overwrite test_gpu_overwrite)
 ckpt_gpu_test(test_gpu_pool SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_pool.c)
