@@ -4,8 +4,9 @@
  *
  * For each saved piece (one rank's box) that overlaps the requested box, only the
  * chunks that hold overlapping bytes are read (io_read_batch: many in flight over
- * all shard files), verified, and the overlap is copied run by run into the
- * destination. Resharding is therefore a property of load.
+ * all shard files), and of a chunk with block hashes only the blocks that hold
+ * them; all verified, and the overlap is copied run by run into the destination.
+ * Resharding is therefore a property of load.
  */
 #include <errno.h>
 #include <limits.h>
@@ -25,6 +26,18 @@ void ckpt_load_close(ckpt_load *l)
 		return;
 	uint32_t world = l->rec.world;
 	for (uint32_t r = 0; r < world; r++) {
+		if (l->readers && l->readers[r]) {
+			/* What the loads read of this file: partial reads show here. */
+			struct io_read_stats st;
+			io_shard_reader_stats(l->readers[r], &st);
+			if (st.reads)
+				ckpt_log(CKPT_LOG_DEBUG, "step %llu: %s: %llu chunk reads (%llu partial, "
+				         "%llu blocks checked), %llu bytes, block table %llu bytes",
+				         (unsigned long long)l->rec.step, l->shards[r].path,
+				         (unsigned long long)st.reads, (unsigned long long)st.partial_reads,
+				         (unsigned long long)st.blocks_checked, (unsigned long long)st.bytes,
+				         (unsigned long long)st.table_bytes);
+		}
 		if (l->readers)
 			io_shard_reader_close(l->readers[r]);
 		if (l->ix)
@@ -328,11 +341,12 @@ struct load_job {
 	uint64_t *pending;            /* chunks of its request not yet delivered */
 };
 
-static int load_chunk_cb(void *arg, const struct io_read_req *req, const void *raw, size_t len)
+static int load_chunk_cb(void *arg, const struct io_read_req *req, uint64_t off, const void *raw,
+                         size_t len)
 {
 	const struct load_job *j = arg;
 	const struct io_chunk_entry *ch = &j->ix->chunks[req->chunk];
-	int rc = plan_copy(&j->plan, ch->raw_offset, raw, len);
+	int rc = plan_copy(&j->plan, ch->raw_offset + off, raw, len);
 	/* Copies to device memory read raw, whose buffer goes back to the pool when this
 	 * returns: wait for them (the reads of other chunks stay in flight). */
 	int w = snapshot_copy_out_wait(j->plan.sn);
@@ -553,7 +567,13 @@ static int load_req_plan(ckpt_load *l, const struct load_plan_req *p, void *dst,
 				*reads = n;
 				*rcap = cap;
 			}
-			(*reads)[(*nreads)++] = (struct io_read_req){ .reader = rd, .chunk = ci, .arg = j };
+			/* Only the bytes of the overlap: a chunk with block hashes is then read
+			 * and verified block-wise (io_read_batch decides). */
+			uint64_t lo = j->plan.lo > ch->raw_offset ? j->plan.lo - ch->raw_offset : 0;
+			uint64_t hi = j->plan.hi - ch->raw_offset < ch->raw_len
+				? j->plan.hi - ch->raw_offset : ch->raw_len;
+			(*reads)[(*nreads)++] = (struct io_read_req){ .reader = rd, .chunk = ci, .arg = j,
+			                                              .lo = lo, .hi = hi };
 			(*pending)++;
 		}
 	}

@@ -580,8 +580,8 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 	unsigned b;
 	size_t n;
 	uint64_t tag;
-	uint8_t hash[CKPT_HASH_BYTES];
-	int rc = snapshot_pipe_next(cur->pipe, &b, &n, hash, &tag);
+	struct io_hashes h;
+	int rc = snapshot_pipe_next(cur->pipe, &b, &n, &h, &tag);
 	if (rc)
 		return rc;
 	/* From here this function owns buffer b until the writer takes it. */
@@ -600,9 +600,9 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		cur->out_src = (const uint8_t *)it->data + off;
 		cur->out_host = io_pool_addr(c->pool, b);
 		struct io_ext_write ext = { .write = save_gds_write, .arg = cur };
-		return io_shard_writer_append_ext(w, (uint32_t)tag, b, n, hash, &ext);
+		return io_shard_writer_append_ext(w, (uint32_t)tag, b, n, &h, &ext);
 	}
-	return io_shard_writer_append_hashed(w, (uint32_t)tag, b, n, hash);
+	return io_shard_writer_append_hashed(w, (uint32_t)tag, b, n, &h);
 }
 
 /* Stream the rest of the items through the pipe into the writer. */
@@ -640,8 +640,9 @@ static uint64_t save_size_hint(const ckpt_ctx *c, const ckpt_save *s)
 		uint64_t nchunks = (b + c->cfg.chunk_bytes - 1) / c->cfg.chunk_bytes;
 		total += ckpt_align_up(b, CKPT_ALIGN) + nchunks * CKPT_ALIGN;
 		total += 256 + strlen(s->items[i].name) + 64 * nchunks;   /* its footer records */
+		total += b / IO_BLOCK_BYTES * CKPT_HASH_BYTES + CKPT_HASH_BYTES;  /* block hashes */
 	}
-	return total;
+	return total + CKPT_ALIGN;      /* the block table's header and padding */
 }
 
 void save_run(ckpt_ctx *c, ckpt_save *s)
@@ -662,7 +663,7 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	cur.out_item = SIZE_MAX;
 	cur.gds = save_uses_gds(c, s);
 	unsigned window = snapshot_pipe_window(io_pool_nbufs(c->pool), c->cfg.queue_depth);
-	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, &cur.pipe)))
+	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, IO_BLOCK_BYTES, &cur.pipe)))
 		goto out;
 	/* Copies first, as many as the window takes, before any file is touched: the
 	 * caller waits for the snapshot point (or the snapshot event) and for nothing
@@ -682,7 +683,8 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		goto out;
 	}
 	rc = io_shard_writer_open(c->save_engine, path, s->step, (uint32_t)c->cfg.rank,
-	                          (uint32_t)c->cfg.world, save_size_hint(c, s), c->cfg.zstd_level, &w);
+	                          (uint32_t)c->cfg.world, save_size_hint(c, s), c->cfg.zstd_level,
+	                          IO_BLOCK_BYTES, &w);
 	if (rc)
 		goto out;
 	if ((rc = save_stream(c, s, &cur, w)))

@@ -1,7 +1,8 @@
 /*
  * verify.c — end-to-end verification of a committed step (ckpt-inspect verify, and
  * later ckptd's scrubber): every shard file's footer must be the committed one, and
- * every chunk of every rank is read, decompressed and checked against its hash.
+ * every chunk of every rank is read, decompressed and checked against its hash, and
+ * (format version 2) every block of it against the shard's block table.
  *
  * The chunks go through ONE io_read_batch over all shard files so that the disk is
  * kept busy (the target is the raw read bandwidth). Only when the batch fails is
@@ -36,8 +37,10 @@ struct verify_state {
 	void            *arg;
 };
 
-static int verify_chunk_cb(void *arg, const struct io_read_req *req, const void *raw, size_t len)
+static int verify_chunk_cb(void *arg, const struct io_read_req *req, uint64_t off,
+                           const void *raw, size_t len)
 {
+	CKPT_UNUSED(off);
 	CKPT_UNUSED(raw);
 	struct verify_state *v = arg;
 	v->delivered[req - v->base] = 1;
@@ -147,7 +150,10 @@ static int verify_step(ckpt_ctx *c, ckpt_load *l, const struct ckpt_verify_opts 
 			break;
 		const struct io_shard_index *ix = l->ix[r];
 		for (uint32_t i = 0; i < ix->nchunks; i++) {
-			reqs[k++] = (struct io_read_req){ .reader = rd, .chunk = i, .arg = &v };
+			/* Whole chunks, and their block hashes against the block table: a bad
+			 * table is found here rather than by a later partial load. */
+			reqs[k++] = (struct io_read_req){ .reader = rd, .chunk = i, .arg = &v,
+			                                  .flags = IO_READ_CHECK_BLOCKS };
 			v.total += ix->chunks[i].raw_len;
 			res->stored_bytes += ix->chunks[i].stored_len;
 		}

@@ -58,7 +58,7 @@ static double shard_write(struct io_engine *e, struct io_pool *pool, const char 
 {
 	struct io_shard_writer *w;
 	uint64_t t0 = ckpt_now_ns();
-	if (io_shard_writer_open(e, path, 1, 0, 1, total + (1 << 20), zstd, &w)) {
+	if (io_shard_writer_open(e, path, 1, 0, 1, total + (1 << 20), zstd, IO_BLOCK_BYTES, &w)) {
 		fprintf(stderr, "%s\n", ckpt_err_msg()); exit(1);
 	}
 	uint64_t shape = total;

@@ -467,7 +467,8 @@ struct ckpt_verify_result {
 /*
  * Verify a committed step (or CKPT_LATEST): each shard file's footer must be the one
  * committed (same hash as its manifest record), and every chunk of every rank is read
- * (one batch, many reads in flight), decompressed and checked against its hash. On
+ * (one batch, many reads in flight), decompressed and checked against its hash, and
+ * each of its blocks against the shard's block table (docs/format.md §3a). On
  * success, and unless CKPT_VERIFY_NO_MARK or the context is read-only, the step's
  * trust becomes CKPT_TRUST_VERIFIED (*res->marked = 1). o may be NULL (defaults); res
  * may be NULL. Errors: CKPT_ENOTFOUND, CKPT_ECORRUPT (the message and res name step,

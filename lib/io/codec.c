@@ -1,7 +1,8 @@
 /*
  * codec.c — chunk identity and compression: XXH3-128 of the raw bytes (stored in
- * xxHash's canonical, big-endian form so the bytes mean the same on every host)
- * and one-shot zstd frames (docs/format.md §5).
+ * xxHash's canonical, big-endian form so the bytes mean the same on every host),
+ * of a chunk and of each of its blocks in the same pass (docs/format.md §3a), and
+ * one-shot zstd frames (docs/format.md §5).
  *
  * zstd's size_t results are converted here and never leave this file. Contexts
  * are expensive to create (hundreds of KiB), so each thread keeps one
@@ -18,37 +19,93 @@
 
 #include "io/io_internal.h"
 
-void io_hash128(const void *p, size_t n, uint8_t out[CKPT_HASH_BYTES])
+/* Pieces small enough to stay in L2 between the copy and the hashes. */
+#define COPY_HASH_PIECE (128u << 10)
+
+static void put_digest(uint8_t out[CKPT_HASH_BYTES], XXH128_hash_t h)
 {
 	XXH128_canonical_t c;
-	XXH128_canonicalFromHash(&c, XXH3_128bits(p, n));
+	XXH128_canonicalFromHash(&c, h);
 	memcpy(out, c.digest, CKPT_HASH_BYTES);
 }
 
-/* Blocks small enough to stay in L2 between the copy and the hash. */
-#define COPY_HASH_BLOCK (128u << 10)
+void io_hash128(const void *p, size_t n, uint8_t out[CKPT_HASH_BYTES])
+{
+	put_digest(out, XXH3_128bits(p, n));
+}
 
 void io_copy_hash128(void *dst, const void *src, size_t n, uint8_t out[CKPT_HASH_BYTES])
 {
-	XXH3_state_t *st = XXH3_createState();
-	if (!st) {
-		/* No memory for the streaming state: two passes still give the same hash. */
+	io_copy_hash128_blocks(dst, src, n, 0, out, NULL);
+}
+
+/* Without memory for the streaming states: the same hashes in separate passes. */
+static void copy_hash_passes(void *dst, const void *src, size_t n, uint32_t block_bytes,
+                             uint8_t out[CKPT_HASH_BYTES], uint8_t *blocks)
+{
+	if (dst)
 		memcpy(dst, src, n);
-		io_hash128(dst, n, out);
+	const uint8_t *p = dst ? dst : src;
+	io_hash128(p, n, out);
+	uint64_t nb = io_nblocks(n, block_bytes);
+	for (uint64_t b = 0; b < nb; b++) {
+		size_t off = (size_t)b * block_bytes;
+		io_hash128(p + off, n - off < block_bytes ? n - off : block_bytes,
+		           blocks + b * CKPT_HASH_BYTES);
+	}
+}
+
+/*
+ * One walk over the bytes in pieces that never cross a block boundary: each piece
+ * is copied (when dst is given), then fed to the chunk's streaming hash and to its
+ * block's while it is still in cache, so that the bytes cross the memory bus once
+ * whatever the number of hashes taken of them.
+ */
+void io_copy_hash128_blocks(void *dst, const void *src, size_t n, uint32_t block_bytes,
+                            uint8_t out[CKPT_HASH_BYTES], uint8_t *blocks)
+{
+	uint64_t nb = io_nblocks(n, block_bytes);
+	if (!dst && !nb) {
+		io_hash128(src, n, out);       /* one hash of bytes already in place */
+		return;
+	}
+	XXH3_state_t *st = XXH3_createState(), *bst = nb ? XXH3_createState() : NULL;
+	if (!st || (nb && !bst)) {
+		XXH3_freeState(st);
+		XXH3_freeState(bst);
+		copy_hash_passes(dst, src, n, block_bytes, out, blocks);
 		return;
 	}
 	XXH3_128bits_reset(st);
+	if (nb)
+		XXH3_128bits_reset(bst);
 	uint8_t *d = dst;
 	const uint8_t *s = src;
-	for (size_t off = 0; off < n; off += COPY_HASH_BLOCK) {
-		size_t k = n - off < COPY_HASH_BLOCK ? n - off : COPY_HASH_BLOCK;
-		memcpy(d + off, s + off, k);
-		XXH3_128bits_update(st, d + off, k);
+	size_t in_block = 0, b = 0;       /* bytes of the current block hashed; its index */
+	for (size_t off = 0; off < n;) {
+		size_t k = n - off < COPY_HASH_PIECE ? n - off : COPY_HASH_PIECE;
+		if (nb && k > block_bytes - in_block)
+			k = block_bytes - in_block;
+		const uint8_t *p = s + off;
+		if (d) {
+			memcpy(d + off, s + off, k);
+			p = d + off;           /* hash what was written: it is what goes to disk */
+		}
+		XXH3_128bits_update(st, p, k);
+		off += k;
+		if (nb) {
+			XXH3_128bits_update(bst, p, k);
+			in_block += k;
+			if (in_block == block_bytes || off == n) {
+				put_digest(blocks + b++ * CKPT_HASH_BYTES, XXH3_128bits_digest(bst));
+				XXH3_128bits_reset(bst);
+				in_block = 0;
+			}
+		}
 	}
-	XXH128_canonical_t c;
-	XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
-	memcpy(out, c.digest, CKPT_HASH_BYTES);
+	put_digest(out, XXH3_128bits_digest(st));
 	XXH3_freeState(st);
+	XXH3_freeState(bst);
 }
 
 void io_hash_hex(const uint8_t h[CKPT_HASH_BYTES], char out[2 * CKPT_HASH_BYTES + 1])

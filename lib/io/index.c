@@ -8,6 +8,12 @@
  * rules (chunk runs cover each tensor exactly, file ranges lie inside the data
  * area and do not overlap, names are valid and unique) are enforced here so that
  * readers of a decoded index may trust it.
+ *
+ * Version 2 adds the place of the block table to the index header (its offset,
+ * length and hash: 40 bytes whatever the shard's size, so the index that travels in
+ * PREPARE does not grow with the data). The table itself, the per-block hashes, is
+ * a region of the shard file of its own; its codec is here too (io_blocks_*), and
+ * its decoder checks the table against the index it belongs to.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -23,15 +29,24 @@ int io_index_encode(const struct io_shard_index *ix, void **out, size_t *len)
 	*len = 0;
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
+	/* The lowest version that expresses the index: 1 has no block hashes. */
+	bool v2 = ix->block_bytes != 0;
 	ckpt_buf_put(&b, IO_INDEX_MAGIC, IO_MAGIC_BYTES);
-	ckpt_buf_u32(&b, IO_FORMAT_VERSION);
-	ckpt_buf_u32(&b, 0);                         /* flags: none defined in version 1 */
+	ckpt_buf_u32(&b, v2 ? 2 : 1);
+	ckpt_buf_u32(&b, 0);                         /* flags: none defined */
 	ckpt_buf_u64(&b, ix->step);
 	ckpt_buf_u32(&b, ix->rank);
 	ckpt_buf_u32(&b, ix->world);
 	ckpt_buf_u64(&b, ix->data_end);
 	ckpt_buf_u32(&b, ix->ntensors);
 	ckpt_buf_u32(&b, ix->nchunks);
+	if (v2) {
+		ckpt_buf_u32(&b, ix->block_bytes);
+		ckpt_buf_u32(&b, 0);                 /* reserved */
+		ckpt_buf_u64(&b, ix->blocks_offset);
+		ckpt_buf_u64(&b, ix->blocks_len);
+		ckpt_buf_put(&b, ix->blocks_hash, CKPT_HASH_BYTES);
+	}
 	for (uint32_t i = 0; i < ix->ntensors; i++) {
 		const struct io_tensor_entry *t = &ix->tensors[i];
 		size_t n = strlen(t->name);
@@ -98,6 +113,16 @@ int io_index_find(const struct io_shard_index *ix, const char *name)
 		if (!strcmp(ix->tensors[i].name, name))
 			return (int)i;
 	return -1;
+}
+
+uint64_t io_index_nblocks(const struct io_shard_index *ix)
+{
+	/* raw_len <= 2^30 and block_bytes >= 2^12 (both checked by the decoder): at
+	 * most 2^18 blocks a chunk, 2^50 for 2^32 chunks. No overflow. */
+	uint64_t n = 0;
+	for (uint32_t k = 0; k < ix->nchunks; k++)
+		n += io_chunk_nblocks(ix, &ix->chunks[k]);
+	return n;
 }
 
 /* ------------------------------------------------------------------ decode */
@@ -298,6 +323,41 @@ static int overlap_and_names_check(const struct io_shard_index *ix)
 	return rc;
 }
 
+/* Version 2: the block table's place agrees with the chunk list (docs/format.md §3). */
+static int blocks_place_check(const struct io_shard_index *ix)
+{
+	uint64_t n = io_index_nblocks(ix);
+	if (n == 0) {
+		static const uint8_t zero[CKPT_HASH_BYTES];
+		if (ix->blocks_offset || ix->blocks_len || memcmp(ix->blocks_hash, zero, sizeof zero))
+			return BAD("no chunk has blocks, but a block table is recorded (offset %llu, "
+			           "%llu bytes)", (unsigned long long)ix->blocks_offset,
+			           (unsigned long long)ix->blocks_len);
+		return 0;
+	}
+	/* n <= 2^50: the length cannot overflow. */
+	uint64_t want = IO_BLOCKS_HDR_BYTES + n * CKPT_HASH_BYTES;
+	if (ix->blocks_len != want)
+		return BAD("block table of %llu bytes, %llu blocks of %u bytes need %llu",
+		           (unsigned long long)ix->blocks_len, (unsigned long long)n,
+		           ix->block_bytes, (unsigned long long)want);
+	if (ix->blocks_offset % CKPT_ALIGN || ix->blocks_offset < IO_HEADER_BYTES ||
+	    !ckpt_range_ok(ix->blocks_offset, ix->blocks_len, ix->data_end))
+		return BAD("block table [%llu, +%llu) misaligned or outside [%u, data_end %llu)",
+		           (unsigned long long)ix->blocks_offset, (unsigned long long)ix->blocks_len,
+		           IO_HEADER_BYTES, (unsigned long long)ix->data_end);
+	for (uint32_t k = 0; k < ix->nchunks; k++) {
+		const struct io_chunk_entry *ch = &ix->chunks[k];
+		/* Both ranges lie inside data_end: no overflow. */
+		if (ch->file_offset < ix->blocks_offset + ix->blocks_len &&
+		    ix->blocks_offset < ch->file_offset + ch->stored_len)
+			return BAD("block table [%llu, +%llu) overlaps chunk %u",
+			           (unsigned long long)ix->blocks_offset,
+			           (unsigned long long)ix->blocks_len, k);
+	}
+	return 0;
+}
+
 static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 {
 	const uint8_t *magic = ckpt_cursor_take(c, IO_MAGIC_BYTES);
@@ -319,6 +379,24 @@ static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 		                version, IO_FORMAT_VERSION);
 	if (version == 0)
 		return BAD("version 0");
+	if (version >= 2) {
+		ix->block_bytes = ckpt_cursor_u32(c);
+		uint32_t reserved = ckpt_cursor_u32(c);
+		ix->blocks_offset = ckpt_cursor_u64(c);
+		ix->blocks_len = ckpt_cursor_u64(c);
+		const uint8_t *h = ckpt_cursor_take(c, CKPT_HASH_BYTES);
+		if (!c->ok)
+			return BAD("truncated version-2 header (%zu bytes left)", c->left);
+		memcpy(ix->blocks_hash, h, CKPT_HASH_BYTES);
+		if (reserved)
+			return BAD("reserved header bytes not zero");
+		/* A power of two that divides 4 KiB alignment and fits a chunk. */
+		if (ix->block_bytes < IO_MIN_BLOCK_BYTES || ix->block_bytes > IO_MAX_CHUNK_BYTES ||
+		    (ix->block_bytes & (ix->block_bytes - 1)))
+			return BAD("block_bytes %u is not a power of two in [%u, %llu]",
+			           ix->block_bytes, IO_MIN_BLOCK_BYTES,
+			           (unsigned long long)IO_MAX_CHUNK_BYTES);
+	}
 	if (flags)
 		return BAD("flags 0x%x unknown", flags);
 	if (ix->world == 0 || ix->rank >= ix->world)
@@ -352,6 +430,8 @@ static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 	if (c->left)
 		return BAD("%zu bytes of trailing garbage", c->left);
 	int rc = runs_check(ix);
+	if (!rc && ix->block_bytes)
+		rc = blocks_place_check(ix);
 	return rc ? rc : overlap_and_names_check(ix);
 }
 
@@ -369,5 +449,64 @@ int io_index_decode(const void *buf, size_t len, struct io_shard_index **out)
 		return rc;
 	}
 	*out = ix;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ block table */
+
+int io_blocks_encode(uint32_t block_bytes, const uint8_t *hashes, uint64_t nblocks,
+                     void **out, size_t *len)
+{
+	*out = NULL;
+	*len = 0;
+	uint64_t n;
+	if (!ckpt_mul_u64(nblocks, CKPT_HASH_BYTES, &n) || !ckpt_add_u64(n, IO_BLOCKS_HDR_BYTES, &n) ||
+	    n > SIZE_MAX)
+		return ckpt_err(-EINVAL, "block table: %llu blocks", (unsigned long long)nblocks);
+	uint8_t *p = malloc((size_t)n);
+	if (!p)
+		return ckpt_err(-ENOMEM, "block table of %llu bytes", (unsigned long long)n);
+	memcpy(p, IO_BLOCKS_MAGIC, IO_MAGIC_BYTES);
+	ckpt_put_le32(p + IO_BLOCKS_OFF_VERSION, IO_BLOCKS_VERSION);
+	ckpt_put_le32(p + IO_BLOCKS_OFF_BSIZE, block_bytes);
+	ckpt_put_le64(p + IO_BLOCKS_OFF_COUNT, nblocks);
+	ckpt_put_le64(p + IO_BLOCKS_OFF_RESERVED, 0);
+	if (nblocks)
+		memcpy(p + IO_BLOCKS_HDR_BYTES, hashes, (size_t)(n - IO_BLOCKS_HDR_BYTES));
+	*out = p;
+	*len = (size_t)n;
+	return 0;
+}
+
+#define BADT(...) ckpt_err(CKPT_EFORMAT, "block table: " __VA_ARGS__)
+
+int io_blocks_decode(const struct io_shard_index *ix, const void *buf, size_t len,
+                     const uint8_t **hashes)
+{
+	const uint8_t *p = buf;
+	*hashes = NULL;
+	if (len < IO_BLOCKS_HDR_BYTES || memcmp(p, IO_BLOCKS_MAGIC, IO_MAGIC_BYTES))
+		return BADT("bad magic or %zu bytes (not a block table)", len);
+	uint32_t version = ckpt_get_le32(p + IO_BLOCKS_OFF_VERSION);
+	if (version > IO_FORMAT_VERSION)
+		return ckpt_err(CKPT_EVERSION, "block table: version %u, this build reads <= %u",
+		                version, IO_FORMAT_VERSION);
+	if (version < IO_BLOCKS_VERSION)
+		return BADT("version %u (block tables start at version %u)", version,
+		            IO_BLOCKS_VERSION);
+	uint32_t bsize = ckpt_get_le32(p + IO_BLOCKS_OFF_BSIZE);
+	uint64_t count = ckpt_get_le64(p + IO_BLOCKS_OFF_COUNT);
+	if (ckpt_get_le64(p + IO_BLOCKS_OFF_RESERVED))
+		return BADT("reserved bytes not zero");
+	if (!ix->block_bytes || bsize != ix->block_bytes)
+		return BADT("block size %u, the index says %u", bsize, ix->block_bytes);
+	uint64_t want = io_index_nblocks(ix);
+	if (count != want)
+		return BADT("%llu blocks, the index's chunks have %llu", (unsigned long long)count,
+		            (unsigned long long)want);
+	/* want <= 2^50 (io_index_nblocks): no overflow. */
+	if ((uint64_t)len - IO_BLOCKS_HDR_BYTES != count * CKPT_HASH_BYTES)
+		return BADT("%zu bytes for %llu blocks", len, (unsigned long long)count);
+	*hashes = p + IO_BLOCKS_HDR_BYTES;
 	return 0;
 }

@@ -18,11 +18,15 @@
 
 #include "ckpt_internal.h"
 
-#define IO_FORMAT_VERSION    1u
+#define IO_FORMAT_VERSION    2u
 #define IO_HEADER_BYTES      4096u            /* first block of every shard file */
 #define IO_TRAILER_BYTES     64u              /* last bytes of every shard file */
 #define IO_MAX_CHUNK_BYTES   (1ull << 30)     /* largest raw chunk a reader accepts */
 #define IO_MAX_FOOTER_BYTES  (1ull << 30)
+/* Block size of the block hashes the library writes (docs/format.md §3a). Readers
+ * take the size from the index, never from here. */
+#define IO_BLOCK_BYTES       (256u << 10)
+#define IO_MIN_BLOCK_BYTES   4096u
 
 enum io_codec { IO_CODEC_RAW = 0, IO_CODEC_ZSTD = 1 };
 enum io_tensor_flags { IO_TENSOR_BLOB = 1u << 0 };
@@ -53,11 +57,32 @@ struct io_chunk_entry {
 struct io_shard_index {
 	uint64_t step;
 	uint32_t rank, world;
-	uint64_t data_end;         /* first byte after the last chunk (footer starts here) */
+	uint64_t data_end;         /* end of chunks and block table (footer starts here) */
 	uint32_t ntensors, nchunks;
 	struct io_tensor_entry *tensors;
 	struct io_chunk_entry  *chunks;
+	/* Block hashes (format version 2; all zero in a version-1 index, which is what
+	 * block_bytes 0 encodes). A raw chunk longer than block_bytes has
+	 * io_nblocks(raw_len, block_bytes) block hashes in the table at blocks_offset. */
+	uint32_t block_bytes;      /* power of two, >= IO_MIN_BLOCK_BYTES; 0: version 1 */
+	uint64_t blocks_offset;    /* the block table: 0 and 0 when no chunk has blocks */
+	uint64_t blocks_len;
+	uint8_t  blocks_hash[CKPT_HASH_BYTES];   /* XXH3-128 of the table's blocks_len bytes */
 };
+
+/* Block hashes of a chunk of len raw bytes: one per block_bytes block (the last may
+ * be short) when len > block_bytes; 0 otherwise (a chunk of one block, or no block
+ * size, is checked by its own hash). */
+static inline uint64_t io_nblocks(uint64_t len, uint32_t block_bytes)
+{
+	return block_bytes && len > block_bytes ? (len - 1) / block_bytes + 1 : 0;
+}
+/* The block hashes chunk c has in its shard: compressed chunks have none. */
+static inline uint64_t io_chunk_nblocks(const struct io_shard_index *ix,
+                                        const struct io_chunk_entry *c)
+{
+	return c->codec == IO_CODEC_RAW ? io_nblocks(c->raw_len, ix->block_bytes) : 0;
+}
 
 /* Encode into a freshly malloc'd buffer (caller frees). -ENOMEM. */
 int  io_index_encode(const struct io_shard_index *ix, void **out, size_t *len);
@@ -69,6 +94,20 @@ int  io_index_decode(const void *buf, size_t len, struct io_shard_index **out);
 void io_index_free(struct io_shard_index *ix);
 /* Index of the tensor named name, or -1. Linear; callers build their own maps. */
 int  io_index_find(const struct io_shard_index *ix, const char *name);
+/* Block hashes the chunk list of a decoded index implies (sum of io_chunk_nblocks). */
+uint64_t io_index_nblocks(const struct io_shard_index *ix);
+
+/* The block table (docs/format.md §3a): nblocks hashes, in chunk order and block
+ * order within a chunk. Encode into a malloc'd buffer of exactly
+ * 32 + 16 * nblocks bytes (caller frees). -ENOMEM, -EINVAL. */
+int  io_blocks_encode(uint32_t block_bytes, const uint8_t *hashes, uint64_t nblocks,
+                      void **out, size_t *len);
+/* Decode untrusted table bytes against the (decoded, trusted) index they belong to:
+ * magic, version, block size equal to the index's, block count equal to what its
+ * chunk list implies, exact length, reserved bytes zero. *hashes points into buf
+ * (io_index_nblocks(ix) entries of CKPT_HASH_BYTES). CKPT_EFORMAT, CKPT_EVERSION. */
+int  io_blocks_decode(const struct io_shard_index *ix, const void *buf, size_t len,
+                      const uint8_t **hashes);
 
 /* ------------------------------------------------------------------ codec */
 
@@ -76,6 +115,18 @@ void io_hash128(const void *p, size_t n, uint8_t out[CKPT_HASH_BYTES]);
 /* memcpy(dst, src, n) and the XXH3-128 of the bytes in one pass: each block is
  * hashed while it is still in cache. Same hash as io_hash128. */
 void io_copy_hash128(void *dst, const void *src, size_t n, uint8_t out[CKPT_HASH_BYTES]);
+/* The same pass also hashing each block_bytes block (io_hash128 of each) into
+ * blocks, io_nblocks(n, block_bytes) hashes (nothing when that is 0). dst NULL:
+ * hash src only. */
+void io_copy_hash128_blocks(void *dst, const void *src, size_t n, uint32_t block_bytes,
+                            uint8_t out[CKPT_HASH_BYTES], uint8_t *blocks);
+
+/* The hashes of one chunk's raw bytes, computed by whoever copied them (one pass). */
+struct io_hashes {
+	uint8_t        chunk[CKPT_HASH_BYTES];   /* XXH3-128 of the whole chunk */
+	uint32_t       block_bytes;              /* size blocks were hashed with; 0: none */
+	const uint8_t *blocks;                   /* io_nblocks(len, block_bytes) hashes */
+};
 /* Hex of a hash into out (33 bytes). */
 void io_hash_hex(const uint8_t h[CKPT_HASH_BYTES], char out[2 * CKPT_HASH_BYTES + 1]);
 /* zstd one-shot. compress returns the compressed size, or 0 if it would not fit in
@@ -139,11 +190,14 @@ struct io_shard_writer;
 /*
  * Create path (O_DIRECT where the file system allows, replacing an existing file),
  * sized to size_hint bytes up front (ftruncate: extending O_DIRECT writes are slow).
- * zstd_level 0 stores raw. Errors: -errno naming the path.
+ * zstd_level 0 stores raw. block_bytes: the block size of the block hashes (a power
+ * of two in [IO_MIN_BLOCK_BYTES, IO_MAX_CHUNK_BYTES], normally IO_BLOCK_BYTES), which
+ * makes a format-version-2 file; 0 writes a version-1 file without block hashes.
+ * Errors: -EINVAL, -errno naming the path.
  */
 int io_shard_writer_open(struct io_engine *e, const char *path, uint64_t step, uint32_t rank,
                          uint32_t world, uint64_t size_hint, int zstd_level,
-                         struct io_shard_writer **out);
+                         uint32_t block_bytes, struct io_shard_writer **out);
 /* Declare the next tensor; returns its index (>= 0). Errors: CKPT_ENAME, CKPT_ESHAPE,
  * -EINVAL, -EEXIST (same name twice in this shard). */
 int io_shard_writer_add_tensor(struct io_shard_writer *w, const struct io_tensor_desc *t);
@@ -155,22 +209,25 @@ int io_shard_writer_add_tensor(struct io_shard_writer *w, const struct io_tensor
  * because of completions nobody reaped). Chunks of a tensor are appended in order; a
  * tensor's chunks are consecutive. Errors: -EIO, -ENOSPC, ... */
 int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len);
-/* The same, with the XXH3-128 of the raw bytes already computed by the caller (the
+/* The same, with the hashes of the raw bytes already computed by the caller (the
  * snapshot stage hashes while it copies: one pass over the data instead of two).
- * hash NULL: computed here. */
+ * h NULL: computed here; block hashes of another block size than the writer's are
+ * computed here too. */
 int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigned buf,
-                                  size_t len, const uint8_t *hash);
+                                  size_t len, const struct io_hashes *h);
 /* The same, for a chunk whose bytes another path writes (GPUDirect Storage): buf
- * holds them (hash computed from it), and ext->write(arg, fd, path, off, n) is
- * called here to write the chunk's whole 4 KiB blocks [off, off+n) from the other
- * copy; the partial last block goes out from buf. Never compressed. Ownership of
- * buf as io_shard_writer_append. ext's error fails the writer. */
+ * holds them (hashes computed from it: h, chunk and blocks, is required), and
+ * ext->write(arg, fd, path, off, n) is called here to write the chunk's whole 4 KiB
+ * blocks [off, off+n) from the other copy; the partial last block goes out from
+ * buf. Never compressed. Ownership of buf as io_shard_writer_append. ext's error
+ * fails the writer. */
 struct io_ext_write {
 	int  (*write)(void *arg, int fd, const char *path, uint64_t off, size_t n);
 	void  *arg;
 };
 int io_shard_writer_append_ext(struct io_shard_writer *w, uint32_t t, unsigned buf,
-                               size_t len, const uint8_t *hash, const struct io_ext_write *ext);
+                               size_t len, const struct io_hashes *h,
+                               const struct io_ext_write *ext);
 /* Durability point of the shard: waits for every write, writes footer and trailer,
  * truncates to the final size, fdatasync()s the file, fsync()s its directory. Only
  * after 0 may the shard be voted for. The writer is freed in every case; on failure
@@ -197,22 +254,52 @@ int  io_shard_reader_footer_hash(const struct io_shard_reader *r, uint8_t out[CK
 /* Take the index the reader decoded from the file; the reader keeps using it, so it
  * must outlive the reader. NULL for a reader opened with a borrowed index. */
 struct io_shard_index *io_shard_reader_take_index(struct io_shard_reader *r);
+/* Read the block table, check it against the index's blocks_hash and decode it;
+ * once per reader (later calls return the first answer). Batches call it when they
+ * first need it. 0 also when the shard has no block table. Errors: CKPT_ECORRUPT
+ * (hash mismatch, short file), CKPT_EFORMAT, -EIO, -ENOMEM; messages name the file
+ * and the table's offset. */
+int  io_shard_reader_load_blocks(struct io_shard_reader *r);
+/* What batches read through this reader since it was opened. */
+struct io_read_stats {
+	uint64_t reads;            /* chunk reads issued (whole or partial) */
+	uint64_t partial_reads;    /* of which read only a run of blocks */
+	uint64_t bytes;            /* bytes read for chunks (4 KiB-rounded lengths) */
+	uint64_t blocks_checked;   /* block hashes compared */
+	uint64_t table_bytes;      /* bytes read for the block table */
+};
+void io_shard_reader_stats(const struct io_shard_reader *r, struct io_read_stats *out);
 void io_shard_reader_close(struct io_shard_reader *r);
+
+enum io_read_flags {
+	/* Also check every block hash of the chunk against the block table (after the
+	 * chunk's own hash): what a verify of the whole file does. */
+	IO_READ_CHECK_BLOCKS = 1u << 0,
+};
 
 /* One chunk to read, and where its raw bytes go. */
 struct io_read_req {
 	struct io_shard_reader *reader;
 	uint32_t chunk;
 	void    *arg;                 /* passed back to the callback */
+	/* The raw bytes of the chunk wanted: [lo, hi) (hi 0: all of them). When the
+	 * chunk has block hashes and the range needs fewer than all its blocks, only
+	 * the run of blocks covering it is read (one I/O) and each block is checked
+	 * against the block table. */
+	uint64_t lo, hi;
+	unsigned flags;               /* enum io_read_flags */
 };
-/* Called once per chunk, in completion order, with the verified raw bytes (valid only
- * during the call). A non-zero return stops the batch and is returned. */
-typedef int (*io_chunk_cb)(void *arg, const struct io_read_req *req, const void *raw,
-                           size_t len);
+/* Called once per request, in completion order, with verified raw bytes (valid only
+ * during the call): raw holds the chunk's raw bytes [off, off + len), the whole chunk
+ * or a run of whole blocks that covers [lo, hi). A non-zero return stops the batch
+ * and is returned. */
+typedef int (*io_chunk_cb)(void *arg, const struct io_read_req *req, uint64_t off,
+                           const void *raw, size_t len);
 /* Read the chunks with up to the engine's depth in flight (over any number of files),
- * verify each hash after decompression, and hand each to cb. Errors: CKPT_ECORRUPT
- * (names tensor, chunk, file and offset), -EIO, or cb's return. Buffers always return
- * to the pool. */
+ * verify each hash after decompression (or each block hash read), and hand each to
+ * cb. Errors: CKPT_ECORRUPT (names tensor, chunk, block when it is one, file and
+ * offset), -EINVAL (a bad request), -EIO, or cb's return. Buffers always return to
+ * the pool. */
 int io_read_batch(struct io_engine *e, const struct io_read_req *reqs, size_t n,
                   io_chunk_cb cb);
 

@@ -14,6 +14,7 @@
 #define IO_HEADER_MAGIC   "CKPTSHRD"
 #define IO_TRAILER_MAGIC  "CKPTTRLR"
 #define IO_INDEX_MAGIC    "CKPTIDX1"
+#define IO_BLOCKS_MAGIC   "CKPTBLKS"
 #define IO_MAGIC_BYTES    8u
 
 /* Header block (offset 0, IO_HEADER_BYTES long). */
@@ -39,9 +40,19 @@
  * block and in the footer (both covered by hashes); see docs/format.md §4. */
 
 /* Fixed sizes of the index encoding (docs/format.md §3). */
-#define IO_INDEX_HDR_BYTES     48u
+#define IO_INDEX_HDR_BYTES     48u   /* version 1 */
+#define IO_INDEX_HDR2_BYTES    88u   /* version 2: + block_bytes, reserved, table place */
 #define IO_INDEX_TENSOR_MIN    24u   /* name_len 2 + name >= 1 + 5 enums + raw 8 + run 8, ndim 0 */
 #define IO_INDEX_CHUNK_BYTES   56u
+
+/* The block table (docs/format.md §3a): a 32-byte header, then the hashes. */
+#define IO_BLOCKS_HDR_BYTES    32u
+#define IO_BLOCKS_OFF_VERSION  8u
+#define IO_BLOCKS_OFF_BSIZE    12u
+#define IO_BLOCKS_OFF_COUNT    16u
+#define IO_BLOCKS_OFF_RESERVED 24u
+/* First version whose files have block tables. */
+#define IO_BLOCKS_VERSION      2u
 
 /* ------------------------------------------------------------------ pool */
 

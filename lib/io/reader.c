@@ -14,6 +14,13 @@
  * XXH3-128 of the raw bytes against the index -> the caller's callback. Hashing
  * and decompression of one chunk overlap the reads of the others.
  *
+ * A request for part of a chunk that has block hashes (format version 2) reads
+ * only the run of blocks that covers the part, in one I/O, and checks each block
+ * against the block table before the callback sees a byte. The table is read,
+ * checked against the hash the index gives for it, and decoded once per reader,
+ * when a request first needs it; a reader that only ever reads whole chunks never
+ * reads it.
+ *
  * Threads: a reader belongs to the thread that owns its engine.
  */
 #include <errno.h>
@@ -36,6 +43,14 @@ struct io_shard_reader {
 	struct io_shard_index *owned;     /* decoded from the file, or NULL (borrowed) */
 	bool              have_footer;    /* footer read from the file and its hash checked */
 	uint8_t           footer_hash[CKPT_HASH_BYTES];
+	/* The block table, loaded on first need (io_shard_reader_load_blocks). */
+	int               blocks_rc;      /* its answer once tried: 0 or the error */
+	bool              blocks_tried;
+	char             *blocks_msg;     /* the error's message, repeated to later callers */
+	uint8_t          *blocks_buf;     /* the table as read */
+	const uint8_t    *blocks;         /* its hashes (inside blocks_buf) */
+	uint64_t         *first_block;    /* per chunk: index of its first block hash */
+	struct io_read_stats stats;
 };
 
 static int open_file(const char *path, int *fd)
@@ -186,6 +201,9 @@ void io_shard_reader_close(struct io_shard_reader *r)
 	if (r->fd >= 0)
 		close(r->fd);
 	io_index_free(r->owned);
+	free(r->blocks_msg);
+	free(r->blocks_buf);
+	free(r->first_block);
 	free(r->path);
 	free(r);
 }
@@ -247,6 +265,65 @@ struct io_shard_index *io_shard_reader_take_index(struct io_shard_reader *r)
 
 const char *io_shard_reader_path(const struct io_shard_reader *r) { return r->path; }
 
+void io_shard_reader_stats(const struct io_shard_reader *r, struct io_read_stats *out)
+{
+	*out = r->stats;
+}
+
+static int blocks_load(struct io_shard_reader *r)
+{
+	const struct io_shard_index *ix = r->ix;
+	if (!ix->blocks_len)
+		return 0;                 /* version 1, or no chunk long enough for blocks */
+	unsigned long long off = (unsigned long long)ix->blocks_offset;
+	/* The decoder put [offset, +len) inside [4096, data_end), and the open checked
+	 * that the file holds data_end bytes; data_end is aligned, so is the read. */
+	size_t rlen = (size_t)ckpt_align_up(ix->blocks_len, CKPT_ALIGN);
+	if (!(r->blocks_buf = io_aligned_alloc(rlen)))
+		return ckpt_err(-ENOMEM, "%s: block table of %llu bytes", r->path,
+		                (unsigned long long)ix->blocks_len);
+	int rc = read_at(r, r->blocks_buf, rlen, ix->blocks_offset);
+	if (rc == CKPT_EFORMAT)       /* end of file inside it: the file is damaged */
+		return ckpt_err(CKPT_ECORRUPT, "%s: block table at offset %llu: file ends early",
+		                r->path, off);
+	if (rc)
+		return rc;
+	r->stats.table_bytes += rlen;
+	uint8_t h[CKPT_HASH_BYTES];
+	io_hash128(r->blocks_buf, (size_t)ix->blocks_len, h);
+	if (memcmp(h, ix->blocks_hash, CKPT_HASH_BYTES))
+		return ckpt_err(CKPT_ECORRUPT, "%s: block table at offset %llu (%llu bytes): hash "
+		                "mismatch", r->path, off, (unsigned long long)ix->blocks_len);
+	if ((rc = io_blocks_decode(ix, r->blocks_buf, (size_t)ix->blocks_len, &r->blocks)))
+		return ckpt_err_prefix(rc, "%s: block table at offset %llu", r->path, off);
+	if (!(r->first_block = malloc((ix->nchunks ? ix->nchunks : 1) * sizeof *r->first_block)))
+		return ckpt_err(-ENOMEM, "%s: block table", r->path);
+	uint64_t n = 0;
+	for (uint32_t k = 0; k < ix->nchunks; k++) {
+		r->first_block[k] = n;
+		n += io_chunk_nblocks(ix, &ix->chunks[k]);
+	}
+	return 0;
+}
+
+int io_shard_reader_load_blocks(struct io_shard_reader *r)
+{
+	if (r->blocks_tried) {
+		if (r->blocks_rc)
+			ckpt_err_restore(r->blocks_msg ? r->blocks_msg : "block table");
+		return r->blocks_rc;
+	}
+	r->blocks_tried = true;
+	r->blocks_rc = blocks_load(r);
+	if (r->blocks_rc) {
+		r->blocks_msg = strdup(ckpt_err_msg());
+		free(r->blocks_buf);
+		r->blocks_buf = NULL;
+		r->blocks = NULL;
+	}
+	return r->blocks_rc;
+}
+
 /* ------------------------------------------------------------------ batch reads */
 
 /* Memory for one read or one decompressed chunk: a pool buffer or an aligned
@@ -259,7 +336,8 @@ struct rd_mem {
 struct rd_slot {
 	size_t          req;
 	struct rd_mem   in;
-	size_t          len;      /* bytes read: stored length rounded to 4 KiB */
+	size_t          len;      /* bytes read: stored length (or blocks) rounded to 4 KiB */
+	uint64_t        b0, nb;   /* partial read: blocks [b0, b0 + nb); nb 0: whole chunk */
 	int64_t         res;
 	struct rd_slot *next;     /* in the done queue */
 	bool            busy;
@@ -272,6 +350,8 @@ struct rd_batch {
 	struct rd_slot   *slots;
 	unsigned          nslots, inflight, nbusy;   /* busy: in flight or done, unprocessed */
 	struct rd_slot   *done_head, **done_tail;
+	uint8_t          *scratch;                   /* block hashes of a chunk (CHECK_BLOCKS) */
+	size_t            scratch_cap;
 };
 
 static void mem_release(struct rd_batch *b, struct rd_mem *m)
@@ -325,10 +405,51 @@ static int req_check(const struct io_read_req *q, size_t i)
 		return ckpt_err(-EINVAL, "%s: chunk %u of %u", q->reader->path, q->chunk,
 		                ix->nchunks);
 	const struct io_chunk_entry *c = &ix->chunks[q->chunk];
+	if (q->hi && (q->lo >= q->hi || q->hi > c->raw_len))
+		return ckpt_err(-EINVAL, "%s: chunk %u: range [%llu, %llu) outside its %llu bytes",
+		                q->reader->path, q->chunk, (unsigned long long)q->lo,
+		                (unsigned long long)q->hi, (unsigned long long)c->raw_len);
+	if (q->flags & ~(unsigned)IO_READ_CHECK_BLOCKS)
+		return ckpt_err(-EINVAL, "%s: chunk %u: read flags 0x%x unknown", q->reader->path,
+		                q->chunk, q->flags);
 	if (!ckpt_range_ok(c->file_offset, ckpt_align_up(c->stored_len, CKPT_ALIGN),
 	                   q->reader->file_size))
 		return ckpt_err(CKPT_ECORRUPT, "%s: chunk %u at offset %llu past end of file",
 		                q->reader->path, q->chunk, (unsigned long long)c->file_offset);
+	return 0;
+}
+
+/* The block table of q's file, loaded if need be; the error names the chunk. */
+static int need_blocks(const struct io_read_req *q)
+{
+	int rc = io_shard_reader_load_blocks(q->reader);
+	if (rc) {
+		const struct io_shard_index *ix = q->reader->ix;
+		ckpt_err_prefix(rc, "tensor '%s' chunk %u", ix->tensors[ix->chunks[q->chunk].tensor].name,
+		                q->chunk);
+	}
+	return rc;
+}
+
+/* Which blocks request q reads: *nb 0 for the whole chunk. */
+static int rd_blocks(const struct io_read_req *q, uint64_t *b0, uint64_t *nb)
+{
+	const struct io_shard_index *ix = q->reader->ix;
+	const struct io_chunk_entry *c = &ix->chunks[q->chunk];
+	uint64_t n = io_chunk_nblocks(ix, c);
+	*b0 = *nb = 0;
+	if (n && (q->flags & IO_READ_CHECK_BLOCKS))
+		return need_blocks(q);
+	if (!n || !q->hi)
+		return 0;
+	uint64_t first = q->lo / ix->block_bytes, last = (q->hi - 1) / ix->block_bytes;
+	if (last - first + 1 == n)
+		return 0;                 /* every block: the chunk's own hash is cheaper */
+	int rc = need_blocks(q);
+	if (rc)
+		return rc;
+	*b0 = first;
+	*nb = last - first + 1;
 	return 0;
 }
 
@@ -337,37 +458,90 @@ static int rd_start(struct rd_batch *b, size_t i)
 {
 	const struct io_read_req *q = &b->reqs[i];
 	int rc = req_check(q, i);
+	uint64_t b0, nb;
+	if (!rc)
+		rc = rd_blocks(q, &b0, &nb);
 	if (rc)
 		return rc;
-	const struct io_chunk_entry *c = &q->reader->ix->chunks[q->chunk];
+	struct io_shard_reader *r = q->reader;
+	const struct io_chunk_entry *c = &r->ix->chunks[q->chunk];
+	uint64_t off = c->file_offset;
 	size_t len = (size_t)ckpt_align_up(c->stored_len, CKPT_ALIGN);
+	if (nb) {
+		/* Blocks are multiples of 4 KiB: the run starts aligned; its end is the
+		 * block's, or the chunk's padded end for the last block. */
+		uint64_t bsz = r->ix->block_bytes, from = b0 * bsz;
+		uint64_t to = (b0 + nb) * bsz < c->raw_len ? (b0 + nb) * bsz : c->raw_len;
+		off += from;
+		len = (size_t)ckpt_align_up(to - from, CKPT_ALIGN);
+	}
 	unsigned si = 0;
 	while (b->slots[si].busy)
 		si++;
 	struct rd_slot *s = &b->slots[si];
 	if ((rc = mem_get(b, len, true, &s->in)))
 		return rc == -ENOMEM ? ckpt_err(rc, "%s: buffer for chunk %u (%zu bytes)",
-		                                q->reader->path, q->chunk, len) : rc;
+		                                r->path, q->chunk, len) : rc;
 	s->req = i;
 	s->len = len;
-	rc = io_engine_queue(b->e, IO_OP_READ, q->reader->fd, s->in.p, len, c->file_offset,
-	                     rd_done, b, si);
+	s->b0 = b0;
+	s->nb = nb;
+	rc = io_engine_queue(b->e, IO_OP_READ, r->fd, s->in.p, len, off, rd_done, b, si);
 	if (rc < 0) {
 		mem_release(b, &s->in);
-		return ckpt_err(rc, "read %s at offset %llu", q->reader->path,
-		                (unsigned long long)c->file_offset);
+		return ckpt_err(rc, "read %s at offset %llu", r->path, (unsigned long long)off);
 	}
+	r->stats.reads++;
+	r->stats.partial_reads += nb != 0;
+	r->stats.bytes += len;
 	s->busy = true;
 	b->nbusy++;
 	b->inflight++;
 	return 0;
 }
 
+/* Blocks [b0, b0 + nb) of chunk q->chunk are at raw (their hashes, when the caller
+ * computed them, at given): check each against the table. */
+static int check_blocks(struct io_shard_reader *r, const struct io_read_req *q, uint64_t b0,
+                        uint64_t nb, const uint8_t *raw, const uint8_t *given)
+{
+	const struct io_shard_index *ix = r->ix;
+	const struct io_chunk_entry *c = &ix->chunks[q->chunk];
+	uint64_t bsz = ix->block_bytes;
+	for (uint64_t j = 0; j < nb; j++) {
+		uint64_t from = (b0 + j) * bsz, n = c->raw_len - from < bsz ? c->raw_len - from : bsz;
+		uint8_t h[CKPT_HASH_BYTES];
+		if (!given)
+			io_hash128(raw + j * bsz, (size_t)n, h);
+		const uint8_t *want = r->blocks + (r->first_block[q->chunk] + b0 + j) * CKPT_HASH_BYTES;
+		r->stats.blocks_checked++;
+		if (memcmp(given ? given + j * CKPT_HASH_BYTES : h, want, CKPT_HASH_BYTES))
+			return ckpt_err(CKPT_ECORRUPT, "tensor '%s' chunk %u block %llu (file %s, offset "
+			                "%llu): %s", ix->tensors[c->tensor].name, q->chunk,
+			                (unsigned long long)(b0 + j), r->path,
+			                (unsigned long long)(c->file_offset + from),
+			                given ? "the block table's hash does not match the chunk's bytes"
+			                      : "block hash mismatch");
+	}
+	return 0;
+}
+
+/* A completed partial read: check every block read, hand the run to the callback. */
+static int rd_finish_blocks(struct rd_slot *s, const struct io_read_req *q, io_chunk_cb cb)
+{
+	struct io_shard_reader *r = q->reader;
+	const struct io_chunk_entry *c = &r->ix->chunks[q->chunk];
+	uint64_t bsz = r->ix->block_bytes, from = s->b0 * bsz;
+	uint64_t to = (s->b0 + s->nb) * bsz < c->raw_len ? (s->b0 + s->nb) * bsz : c->raw_len;
+	int rc = check_blocks(r, q, s->b0, s->nb, s->in.p, NULL);
+	return rc ? rc : cb(q->arg, q, from, s->in.p, (size_t)(to - from));
+}
+
 /* A completed read: decompress, verify, hand to the callback. */
 static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 {
 	const struct io_read_req *q = &b->reqs[s->req];
-	const struct io_shard_reader *r = q->reader;
+	struct io_shard_reader *r = q->reader;
 	const struct io_chunk_entry *c = &r->ix->chunks[q->chunk];
 	const char *tname = r->ix->tensors[c->tensor].name;
 	unsigned long long off = (unsigned long long)c->file_offset;
@@ -378,6 +552,18 @@ static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 		return ckpt_err(CKPT_ECORRUPT, "tensor '%s' chunk %u (file %s, offset %llu): short "
 		                "read, %lld of %zu bytes (truncated?)", tname, q->chunk, r->path, off,
 		                (long long)s->res, s->len);
+	if (s->nb)
+		return rd_finish_blocks(s, q, cb);
+	/* Verify with the block table too: both kinds of hash in one pass. */
+	uint64_t nb = (q->flags & IO_READ_CHECK_BLOCKS) ? io_chunk_nblocks(r->ix, c) : 0;
+	if (nb > b->scratch_cap) {
+		uint8_t *p = nb <= SIZE_MAX / CKPT_HASH_BYTES
+			? realloc(b->scratch, (size_t)nb * CKPT_HASH_BYTES) : NULL;
+		if (!p)
+			return ckpt_err(-ENOMEM, "%s: block hashes of chunk %u", r->path, q->chunk);
+		b->scratch = p;
+		b->scratch_cap = (size_t)nb;
+	}
 	struct rd_mem out = { -1, NULL };
 	const void *raw = s->in.p;
 	int rc = 0;
@@ -394,13 +580,17 @@ static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 	}
 	if (!rc) {
 		uint8_t h[CKPT_HASH_BYTES];
-		io_hash128(raw, (size_t)c->raw_len, h);
+		io_copy_hash128_blocks(NULL, raw, (size_t)c->raw_len, nb ? r->ix->block_bytes : 0, h,
+		                       b->scratch);
 		if (memcmp(h, c->hash, CKPT_HASH_BYTES))
 			rc = ckpt_err(CKPT_ECORRUPT, "tensor '%s' chunk %u (file %s, offset %llu): "
 			              "hash mismatch", tname, q->chunk, r->path, off);
+		/* The bytes are the chunk's: a block that differs is a bad table. */
+		else if (nb)
+			rc = check_blocks(r, q, 0, nb, raw, b->scratch);
 	}
 	if (!rc)
-		rc = cb(q->arg, q, raw, (size_t)c->raw_len);
+		rc = cb(q->arg, q, 0, raw, (size_t)c->raw_len);
 	if (out.p)
 		mem_release(b, &out);
 	return rc;
@@ -458,5 +648,6 @@ int io_read_batch(struct io_engine *e, const struct io_read_req *reqs, size_t n,
 		}
 	}
 	free(b.slots);
+	free(b.scratch);
 	return err;
 }

@@ -2,9 +2,16 @@
  * writer.c — the shard writer: one rank's shard file of one step (docs/format.md §2-§5).
  *
  * Layout: a 4 KiB header block, then the chunks at 4 KiB-aligned offsets (each
- * padded with zeros to 4 KiB, as O_DIRECT needs), then the footer (the encoded
- * shard index) at data_end, zero padding, and a 64-byte trailer that ends the file
- * on a 4 KiB boundary.
+ * padded with zeros to 4 KiB, as O_DIRECT needs), then (version 2) the block table,
+ * then the footer (the encoded shard index) at data_end, zero padding, and a
+ * 64-byte trailer that ends the file on a 4 KiB boundary.
+ *
+ * Version 2 keeps, besides each chunk's hash, the hash of every block_bytes block
+ * of every raw chunk longer than one block, so that a reader needing part of a
+ * chunk can read and verify just the blocks that hold it. The hashes come from the
+ * caller's copy pass when it computed them (io_shard_writer_append_hashed), and
+ * are collected here in chunk order; finish writes them as one table after the
+ * last chunk, in the same request as footer and trailer.
  *
  * A chunk arrives in a pool buffer that the writer owns from then on. It is hashed
  * and (optionally) compressed in place of a copy: the raw bytes are never moved;
@@ -45,6 +52,10 @@ struct io_shard_writer {
 	uint32_t          rank, world;
 	int               zstd_level;
 	uint64_t          next_off;        /* where the next chunk goes */
+	uint32_t          version;         /* format version of the file: 2 with block hashes */
+	uint32_t          block_bytes;     /* 0: no block hashes (version 1) */
+	uint8_t          *blocks;          /* block hashes of the chunks so far, in order */
+	uint64_t          nblocks, bcap;
 	struct io_tensor_entry *tensors;
 	uint64_t         *appended;        /* raw bytes appended per tensor */
 	uint32_t          ntensors, tcap;
@@ -133,7 +144,7 @@ static int write_header(struct io_shard_writer *w)
 		return ckpt_err(-ENOMEM, "%s: header block", w->path);
 	memset(h, 0, IO_HEADER_BYTES);
 	memcpy(h, IO_HEADER_MAGIC, IO_MAGIC_BYTES);
-	ckpt_put_le32(h + IO_HDR_OFF_VERSION, IO_FORMAT_VERSION);
+	ckpt_put_le32(h + IO_HDR_OFF_VERSION, w->version);
 	ckpt_put_le32(h + IO_HDR_OFF_LEN, IO_HEADER_BYTES);
 	ckpt_put_le64(h + IO_HDR_OFF_STEP, w->step);
 	ckpt_put_le32(h + IO_HDR_OFF_RANK, w->rank);
@@ -162,15 +173,21 @@ static void w_free(struct io_shard_writer *w)
 	free(w->appended);
 	free(w->names);
 	free(w->chunks);
+	free(w->blocks);
 	free(w->path);
 	free(w);
 }
 
 int io_shard_writer_open(struct io_engine *e, const char *path, uint64_t step, uint32_t rank,
                          uint32_t world, uint64_t size_hint, int zstd_level,
-                         struct io_shard_writer **out)
+                         uint32_t block_bytes, struct io_shard_writer **out)
 {
 	*out = NULL;
+	if (block_bytes && (block_bytes < IO_MIN_BLOCK_BYTES || block_bytes > IO_MAX_CHUNK_BYTES ||
+	                    (block_bytes & (block_bytes - 1))))
+		return ckpt_err(-EINVAL, "%s: block size %u is not a power of two in [%u, %llu]",
+		                path, block_bytes, IO_MIN_BLOCK_BYTES,
+		                (unsigned long long)IO_MAX_CHUNK_BYTES);
 	if (world == 0 || rank >= world)
 		return ckpt_err(-EINVAL, "%s: rank %u outside world %u", path, rank, world);
 	if (zstd_level < 0 || zstd_level > 22)
@@ -188,6 +205,10 @@ int io_shard_writer_open(struct io_engine *e, const char *path, uint64_t step, u
 	w->rank = rank;
 	w->world = world;
 	w->zstd_level = zstd_level;
+	w->block_bytes = block_bytes;
+	/* The lowest version that can hold what this writer may write; the header is
+	 * written now, before any chunk, so the choice is the block size's. */
+	w->version = block_bytes ? 2 : 1;
 	w->next_off = IO_HEADER_BYTES;
 	w->cur = -1;
 	w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
@@ -389,27 +410,48 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	return io_shard_writer_append_hashed(w, t, buf, len, NULL);
 }
 
+/* Room for nb more block hashes; NULL on -ENOMEM (message recorded). */
+static uint8_t *blocks_reserve(struct io_shard_writer *w, uint64_t nb)
+{
+	if (w->nblocks + nb > w->bcap) {
+		uint64_t cap = w->bcap ? w->bcap : 256;
+		while (cap < w->nblocks + nb)
+			cap *= 2;
+		uint8_t *p = cap <= SIZE_MAX / CKPT_HASH_BYTES
+			? realloc(w->blocks, (size_t)cap * CKPT_HASH_BYTES) : NULL;
+		if (!p) {
+			ckpt_err(-ENOMEM, "%s: block hash table of %llu entries", w->path,
+			         (unsigned long long)cap);
+			return NULL;
+		}
+		w->blocks = p;
+		w->bcap = cap;
+	}
+	return w->blocks + w->nblocks * CKPT_HASH_BYTES;
+}
+
 static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
-                        const uint8_t *hash, const struct io_ext_write *ext);
+                        const struct io_hashes *h, const struct io_ext_write *ext);
 
 int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigned buf,
-                                  size_t len, const uint8_t *hash)
+                                  size_t len, const struct io_hashes *h)
 {
-	return append_chunk(w, t, buf, len, hash, NULL);
+	return append_chunk(w, t, buf, len, h, NULL);
 }
 
 int io_shard_writer_append_ext(struct io_shard_writer *w, uint32_t t, unsigned buf,
-                               size_t len, const uint8_t *hash, const struct io_ext_write *ext)
+                               size_t len, const struct io_hashes *h,
+                               const struct io_ext_write *ext)
 {
-	if (!ext || !ext->write || !hash) {
+	if (!ext || !ext->write || !h) {
 		io_pool_put(w->pool, buf);
 		return ckpt_err(-EINVAL, "%s: external chunk write without a writer or hash", w->path);
 	}
-	return append_chunk(w, t, buf, len, hash, ext);
+	return append_chunk(w, t, buf, len, h, ext);
 }
 
 static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
-                        const uint8_t *hash, const struct io_ext_write *ext)
+                        const struct io_hashes *h, const struct io_ext_write *ext)
 {
 	uint8_t *raw = io_pool_addr(w->pool, buf);
 	if (!raw)
@@ -420,6 +462,10 @@ static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, siz
 		return w_error(w);
 	}
 	int rc = append_check(w, t, len);
+	uint64_t nb = io_nblocks(len, w->block_bytes);
+	uint8_t *bdst = NULL;
+	if (!rc && nb && !(bdst = blocks_reserve(w, nb)))
+		rc = -ENOMEM;
 	if (rc) {
 		io_pool_put(w->pool, buf);
 		return rc;
@@ -431,11 +477,19 @@ static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, siz
 	c->raw_offset = w->appended[t];
 	c->raw_len = len;
 	/* The identity of a chunk is the hash of its raw bytes, taken while this
-	 * thread is the buffer's only owner. */
-	if (hash)
-		memcpy(c->hash, hash, CKPT_HASH_BYTES);
-	else
-		io_hash128(raw, len, c->hash);
+	 * thread is the buffer's only owner; so are its block hashes, kept in case the
+	 * chunk is stored raw (decided below). */
+	if (!h) {
+		io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, c->hash, bdst);
+	} else {
+		memcpy(c->hash, h->chunk, CKPT_HASH_BYTES);
+		if (nb && h->blocks && h->block_bytes == w->block_bytes) {
+			memcpy(bdst, h->blocks, (size_t)nb * CKPT_HASH_BYTES);
+		} else if (nb) {
+			uint8_t again[CKPT_HASH_BYTES];
+			io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, again, bdst);
+		}
+	}
 	c->codec = IO_CODEC_RAW;
 	c->stored_len = len;
 	unsigned wbuf = buf;
@@ -481,6 +535,8 @@ static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, siz
 		}
 		w->inflight++;
 	}
+	if (c->codec == IO_CODEC_RAW)
+		w->nblocks += nb;          /* compressed chunks are read whole: no blocks */
 	if ((int64_t)t != w->cur) {
 		te->first_chunk = k;
 		w->cur = t;
@@ -510,7 +566,7 @@ static void put_trailer(uint8_t *t, const struct io_shard_writer *w, uint64_t fo
 {
 	memset(t, 0, IO_TRAILER_BYTES);
 	memcpy(t, IO_TRAILER_MAGIC, IO_MAGIC_BYTES);
-	ckpt_put_le32(t + IO_TRL_OFF_VERSION, IO_FORMAT_VERSION);
+	ckpt_put_le32(t + IO_TRL_OFF_VERSION, w->version);
 	ckpt_put_le32(t + IO_TRL_OFF_FLAGS, 0);
 	ckpt_put_le64(t + IO_TRL_OFF_FOOTER, footer_off);
 	ckpt_put_le64(t + IO_TRL_OFF_FLEN, footer_len);
@@ -519,8 +575,10 @@ static void put_trailer(uint8_t *t, const struct io_shard_writer *w, uint64_t fo
 	ckpt_put_le64(t + IO_TRL_HASHED, XXH3_64bits(t, IO_TRL_HASHED));
 }
 
-/* Write footer + padding + trailer in one request from an aligned buffer. */
-static int write_tail(struct io_shard_writer *w, const void *footer, size_t flen,
+/* Write [block table + padding] + footer + padding + trailer in one request from an
+ * aligned buffer, at next_off; the footer starts tlen_padded bytes later. */
+static int write_tail(struct io_shard_writer *w, const void *table, size_t tlen,
+                      uint64_t tlen_padded, const void *footer, size_t flen,
                       const uint8_t *fhash, uint64_t tail_len)
 {
 	int b = -1;
@@ -530,9 +588,12 @@ static int write_tail(struct io_shard_writer *w, const void *footer, size_t flen
 	else if (!(p = io_aligned_alloc((size_t)tail_len)))
 		return ckpt_err(-ENOMEM, "%s: footer buffer of %llu bytes", w->path,
 		                (unsigned long long)tail_len);
-	memcpy(p, footer, flen);
-	memset(p + flen, 0, (size_t)tail_len - flen);
-	put_trailer(p + tail_len - IO_TRAILER_BYTES, w, w->next_off, flen, fhash);
+	if (tlen)
+		memcpy(p, table, tlen);
+	memset(p + tlen, 0, (size_t)(tlen_padded - tlen));
+	memcpy(p + tlen_padded, footer, flen);
+	memset(p + tlen_padded + flen, 0, (size_t)(tail_len - tlen_padded - flen));
+	put_trailer(p + tail_len - IO_TRAILER_BYTES, w, w->next_off + tlen_padded, flen, fhash);
 	w->tail_done = false;
 	int rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p, (size_t)tail_len, w->next_off,
 	                         w_write_done, w, COOKIE_TAIL);
@@ -581,17 +642,38 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 	struct io_shard_index ix = {
 		.step = w->step, .rank = w->rank, .world = w->world, .data_end = w->next_off,
 		.ntensors = w->ntensors, .nchunks = w->nchunks,
-		.tensors = w->tensors, .chunks = w->chunks,
+		.tensors = w->tensors, .chunks = w->chunks, .block_bytes = w->block_bytes,
 	};
-	if ((rc = io_index_encode(&ix, &res->footer, &res->footer_len)))
+	/* The block table, when some chunk has blocks, goes right after the last chunk;
+	 * the footer names it by place and hash, and starts after it. */
+	void *table = NULL;
+	size_t tlen = 0;
+	uint64_t tpad = 0;
+	if (w->nblocks) {
+		if ((rc = io_blocks_encode(w->block_bytes, w->blocks, w->nblocks, &table, &tlen)))
+			return ckpt_err_prefix(rc, "%s", w->path);
+		tpad = ckpt_align_up(tlen, CKPT_ALIGN);
+		ix.blocks_offset = w->next_off;
+		ix.blocks_len = tlen;
+		io_hash128(table, tlen, ix.blocks_hash);
+		ix.data_end = w->next_off + tpad;
+	}
+	if ((rc = io_index_encode(&ix, &res->footer, &res->footer_len))) {
+		free(table);
 		return rc;
-	if (res->footer_len > IO_MAX_FOOTER_BYTES)
+	}
+	if (res->footer_len > IO_MAX_FOOTER_BYTES) {
+		free(table);
 		return ckpt_err(-EFBIG, "%s: footer of %zu bytes exceeds the format's limit",
 		                w->path, res->footer_len);
+	}
 	io_hash128(res->footer, res->footer_len, res->footer_hash);
-	uint64_t tail_len = ckpt_align_up(res->footer_len + IO_TRAILER_BYTES, CKPT_ALIGN);
+	uint64_t tail_len = tpad + ckpt_align_up(res->footer_len + IO_TRAILER_BYTES, CKPT_ALIGN);
 	res->file_size = w->next_off + tail_len;
-	if ((rc = write_tail(w, res->footer, res->footer_len, res->footer_hash, tail_len)))
+	rc = write_tail(w, table, tlen, tpad, res->footer, res->footer_len, res->footer_hash,
+	                tail_len);
+	free(table);
+	if (rc)
 		return rc;
 	if ((rc = ckpt_fault(CKPT_FP_AFTER_FOOTER_WRITE)) < 0)
 		return ckpt_err_prefix(rc, "%s", w->path);

@@ -436,7 +436,7 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 		sn->mirror_host = host;
 		sn->mirror_dev = w[k].stage;
 		sn->mirror_len = it.len;
-		int crc = cb(reqs[it.req].arg, &reqs[it.req], host, it.len);
+		int crc = cb(reqs[it.req].arg, &reqs[it.req], 0, host, it.len);
 		sn->mirror_len = 0;
 		sn->mirror_host = sn->mirror_dev = NULL;
 		io_pool_put(pool, it.buf);

@@ -27,6 +27,7 @@ struct pipe_slot {
 	uint64_t tag;
 	bool     device;                 /* copy in flight on the stream; hash at next() */
 	uint8_t  hash[CKPT_HASH_BYTES];  /* host chunks: computed while copying */
+	uint8_t *blocks;                 /* its block hashes, computed with the chunk's */
 };
 
 struct snapshot_pipe {
@@ -34,6 +35,8 @@ struct snapshot_pipe {
 	struct io_pool   *pool;
 	unsigned          window, head, count;   /* ring: slots [head, head+count) */
 	struct pipe_slot *slots;
+	uint8_t          *block_store;           /* the slots' block hashes */
+	uint32_t          block_bytes;           /* 0: no block hashes */
 	bool              prepared;              /* device backend ready for window slots */
 	uint64_t          device_chunks;
 	bool              sealed;
@@ -47,18 +50,26 @@ unsigned snapshot_pipe_window(unsigned nbufs, unsigned queue_depth)
 }
 
 int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned window,
-                       struct snapshot_pipe **out)
+                       uint32_t block_bytes, struct snapshot_pipe **out)
 {
 	*out = NULL;
 	if (!sn || !pool || window == 0)
 		return ckpt_err(-EINVAL, "snapshot pipe: no snapshot, pool or window");
 	if (window > io_pool_nbufs(pool))
 		window = io_pool_nbufs(pool);
+	/* A chunk is at most one pool buffer: room for that many block hashes a slot. */
+	size_t per = (size_t)io_nblocks(io_pool_buf_bytes(pool), block_bytes) * CKPT_HASH_BYTES;
 	struct snapshot_pipe *p = calloc(1, sizeof *p);
-	if (!p || !(p->slots = calloc(window, sizeof *p->slots))) {
+	if (!p || !(p->slots = calloc(window, sizeof *p->slots)) ||
+	    (per && !(p->block_store = malloc(per * window)))) {
+		if (p)
+			free(p->slots);
 		free(p);
 		return ckpt_err(-ENOMEM, "snapshot pipe of %u slots", window);
 	}
+	for (unsigned i = 0; per && i < window; i++)
+		p->slots[i].blocks = p->block_store + i * per;
+	p->block_bytes = block_bytes;
 	p->sn = sn;
 	p->pool = pool;
 	p->window = window;
@@ -128,9 +139,9 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 		}
 		p->device_chunks++;
 	} else {
-		/* Host memory: the copy is done when this returns, hashed on the way so the
-		 * bytes cross the memory bus once. */
-		io_copy_hash128(dst, src, n, s->hash);
+		/* Host memory: the copy is done when this returns, hashed (the chunk and its
+		 * blocks) on the way so the bytes cross the memory bus once. */
+		io_copy_hash128_blocks(dst, src, n, p->block_bytes, s->hash, s->blocks);
 	}
 	p->count++;
 	return 0;
@@ -154,14 +165,15 @@ int snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, voi
 	s->len = n;
 	s->tag = tag;
 	s->device = false;
-	/* The source wrote into a buffer nobody else owns: hash it while it is warm. */
-	io_hash128(dst, n, s->hash);
+	/* The source wrote into a buffer nobody else owns: hash it while it is warm
+	 * (chunk and blocks in one pass). */
+	io_copy_hash128_blocks(NULL, dst, n, p->block_bytes, s->hash, s->blocks);
 	p->count++;
 	return 0;
 }
 
 int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
-                       uint8_t hash[CKPT_HASH_BYTES], uint64_t *tag)
+                       struct io_hashes *h, uint64_t *tag)
 {
 	if (!p->count)
 		return ckpt_err(-ENOENT, "snapshot pipe: nothing pending");
@@ -173,14 +185,17 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 		if (rc)
 			return rc;
 		/* Hashed from the pinned buffer after the copy landed, never on the device:
-		 * the hash must describe the bytes that go to the disk. */
-		io_hash128(io_pool_addr(p->pool, s->buf), s->len, s->hash);
+		 * the hashes must describe the bytes that go to the disk. */
+		io_copy_hash128_blocks(NULL, io_pool_addr(p->pool, s->buf), s->len, p->block_bytes,
+		                       s->hash, s->blocks);
 		s->device = false;
 	}
 	*buf = s->buf;
 	*len = s->len;
 	*tag = s->tag;
-	memcpy(hash, s->hash, CKPT_HASH_BYTES);
+	memcpy(h->chunk, s->hash, CKPT_HASH_BYTES);
+	h->block_bytes = p->block_bytes;
+	h->blocks = s->blocks;
 	p->head = (p->head + 1) % p->window;
 	p->count--;
 	return 0;
@@ -219,5 +234,6 @@ void snapshot_pipe_close(struct snapshot_pipe *p)
 		p->count--;
 	}
 	free(p->slots);
+	free(p->block_store);
 	free(p);
 }

@@ -74,9 +74,10 @@ struct snapshot_pipe;
 unsigned snapshot_pipe_window(unsigned nbufs, unsigned queue_depth);
 
 /* A pipeline of at most window chunks (>= 1; clamped to the pool's size) over
- * pool. Errors: -EINVAL, -ENOMEM. */
+ * pool. block_bytes: each chunk's blocks of that size are hashed with it (the shard
+ * writer's block size; 0: none). Errors: -EINVAL, -ENOMEM. */
 int  snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned window,
-                        struct snapshot_pipe **out);
+                        uint32_t block_bytes, struct snapshot_pipe **out);
 /*
  * Start the copy of n bytes (0 < n <= pool buffer size) of the caller's memory src
  * of kind mem (resolved: HOST or DEVICE) into a pool buffer; tag comes back with
@@ -102,13 +103,14 @@ unsigned snapshot_pipe_pending(const struct snapshot_pipe *p);
 uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p);
 /*
  * Take out the oldest chunk once its copy has landed (waits on that chunk's event
- * only): its pool buffer (the caller owns it from now on), length, XXH3-128 of its
- * bytes (computed from the pool buffer for device chunks) and tag.
- * Errors: -ENOENT (nothing pending), CUDA failures converted (the buffer is then
- * still the pipe's, and close() returns it).
+ * only): its pool buffer (the caller owns it from now on), length, the XXH3-128 of
+ * its bytes and of its blocks (computed from the pool buffer for device chunks;
+ * h->blocks points into the pipe and stays valid until the next issue or close)
+ * and tag. Errors: -ENOENT (nothing pending), CUDA failures converted (the buffer
+ * is then still the pipe's, and close() returns it).
  */
 int  snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
-                        uint8_t hash[CKPT_HASH_BYTES], uint64_t *tag);
+                        struct io_hashes *h, uint64_t *tag);
 /*
  * Every copy has been issued. In device mode, *event (a cudaEvent_t, owned by the
  * caller: snapshot_event_destroy) is recorded on the copy stream after the last
@@ -155,7 +157,8 @@ void snapshot_gds_counters(struct snapshot *sn, uint64_t out[5]);
 /*
  * io_read_batch through cuFile: each chunk (all stored raw) is read into device
  * staging memory, copied device-to-host into a pool buffer and hashed there, then
- * handed to cb with those verified host bytes; while cb runs, snapshot_copy_out of
+ * handed to cb with those verified host bytes (whole chunks: a request's range
+ * [lo, hi) does not narrow the read here); while cb runs, snapshot_copy_out of
  * those bytes to device memory copies from the staging memory instead (device to
  * device). Errors: as io_read_batch (CKPT_ECORRUPT naming tensor, chunk, file and
  * offset), -ENOTSUP (not enabled, or a compressed chunk) and -EOPNOTSUPP (cuFile

@@ -642,6 +642,104 @@ START_TEST(many_steps_in_flight)
 }
 END_TEST
 
+/* Rows [*o, *o + *e) of rank r of world w: the even split with the remainder spread
+ * over the first ranks (ckpt-synth's). */
+static void row_split(uint64_t rows, unsigned r, unsigned w, uint64_t *o, uint64_t *e)
+{
+	uint64_t q = rows / w, rem = rows % w;
+	*o = r * q + (r < rem ? r : rem);
+	*e = q + (r < rem ? 1 : 0);
+}
+
+/*
+ * A checkpoint saved by one rank, loaded as 3 and as 7 ranks would load it: each
+ * "rank" reads its rows of every tensor, which lie inside 4 MiB chunks of 256 KiB
+ * blocks, so the loads read and verify blocks, not chunks. Bit-exact every time.
+ * Then one flipped bit: the ranks whose rows need that block get CKPT_ECORRUPT
+ * naming tensor, chunk, block and file; the others load as before; and verify,
+ * which reads everything, reports it.
+ */
+START_TEST(resharded_rows_read_blocks)
+{
+	ckpt_ctx *c = open_root(root, 0, 4 << 20, 16 << 20, 0);
+	struct tt ts[2];
+	uint64_t s0[2] = { 1000, 2100 }, s1[2] = { 333, 1111 };
+	tt_make(&ts[0], "w", CKPT_BF16, 2, s0, 81);      /* 4.2 MB: chunks of 4 MiB + rest */
+	tt_make(&ts[1], "m", CKPT_F32, 2, s1, 82);       /* 1.5 MB: one chunk of 6 blocks */
+	ck_assert_int_eq(save_step(c, 1, ts, 2), 0);
+	ckpt_load *l;
+	ck_assert_int_eq(ckpt_load_open(c, 1, &l), 0);
+	const unsigned worlds[] = { 3, 7 };
+	for (unsigned wi = 0; wi < 2; wi++)
+		for (unsigned r = 0; r < worlds[wi]; r++)
+			for (unsigned i = 0; i < 2; i++) {
+				uint64_t o[2] = { 0, 0 }, e[2] = { 0, ts[i].shape[1] };
+				row_split(ts[i].shape[0], r, worlds[wi], &o[0], &e[0]);
+				size_t n = (size_t)(e[0] * e[1] * ckpt_dtype_size(ts[i].dtype));
+				uint8_t *got = malloc(n + 1), *want = malloc(n);
+				got[n] = 0x5A;
+				box_expect(&ts[i], o, e, want);
+				int rc = ckpt_load_tensor(l, ts[i].name, ts[i].dtype, 2, o, e, got,
+				                          CKPT_MEM_HOST);
+				ck_assert_msg(rc == 0, "%s as rank %u of %u: %s", ts[i].name, r, worlds[wi],
+				              ckpt_last_error(c));
+				ck_assert_msg(!memcmp(got, want, n), "%s as rank %u of %u differs",
+				              ts[i].name, r, worlds[wi]);
+				ck_assert_uint_eq(got[n], 0x5A);
+				free(got);
+				free(want);
+			}
+	ckpt_load_close(l);
+	ckpt_close(c);
+	/* Block 10 of chunk 0 of 'w' (the first chunk starts at 4096). */
+	char path[4200];
+	snprintf(path, sizeof path, "%s/step-%020d/rank-000000.shard", root, 1);
+	const uint64_t block = 256 << 10, row = 2100 * 2;
+	ck_assert_int_eq(tu_flip_bit(path, 4096 + 10 * block + 1234, 6), 0);
+	c = open_root(root, CKPT_OPEN_READONLY, 4 << 20, 16 << 20, 0);
+	ck_assert_int_eq(ckpt_load_open(c, 1, &l), 0);
+	unsigned bad = 0, good = 0;
+	for (unsigned r = 0; r < 7; r++) {
+		uint64_t o[2] = { 0, 0 }, e[2] = { 0, 2100 };
+		row_split(1000, r, 7, &o[0], &e[0]);
+		size_t n = (size_t)(e[0] * row);
+		uint8_t *got = malloc(n), *want = malloc(n);
+		box_expect(&ts[0], o, e, want);
+		int rc = ckpt_load_tensor(l, "w", CKPT_BF16, 2, o, e, got, CKPT_MEM_HOST);
+		/* Do its bytes [o*row, (o+e)*row) meet block 10's [10, 11) * block? */
+		bool needs = o[0] * row < 11 * block && (o[0] + e[0]) * row > 10 * block;
+		if (needs) {
+			ck_assert_int_eq(rc, CKPT_ECORRUPT);
+			const char *msg = ckpt_last_error(c);
+			ck_assert_msg(strstr(msg, "tensor 'w' chunk 0 block 10") &&
+			              strstr(msg, "rank-000000.shard") && strstr(msg, "step 1"),
+			              "message does not name step, tensor, chunk, block and file: %s", msg);
+			bad++;
+		} else {
+			ck_assert_msg(rc == 0, "rank %u of 7: %s", r, ckpt_last_error(c));
+			ck_assert(!memcmp(got, want, n));
+			good++;
+		}
+		free(got);
+		free(want);
+	}
+	ck_assert_uint_ge(bad, 1);
+	ck_assert_uint_ge(good, 5);
+	ckpt_load_close(l);
+	struct ckpt_verify_opts vo;
+	ckpt_verify_opts_init(&vo, sizeof vo);
+	vo.flags = CKPT_VERIFY_NO_MARK;
+	struct ckpt_verify_result vr = { .size = sizeof vr };
+	ck_assert_int_eq(ckpt_catalog_verify(c, 1, &vo, &vr), CKPT_ECORRUPT);
+	ck_assert_int_eq(vr.bad, 1);
+	ck_assert_uint_eq(vr.bad_chunk, 0);
+	ck_assert_uint_eq(vr.bad_offset, 4096);
+	ck_assert_str_eq(vr.bad_tensor, "w");
+	ckpt_close(c);
+	tt_free(ts, 2);
+}
+END_TEST
+
 struct src_state {
 	const uint8_t *bytes;
 	uint64_t next;          /* the offset the next call must ask for */
@@ -724,6 +822,7 @@ int main(void)
 	tcase_add_test(tc, corruption_found);
 	tcase_add_test(tc, many_steps_in_flight);
 	tcase_add_test(tc, source_tensors);
+	tcase_add_test(tc, resharded_rows_read_blocks);
 	tcase_add_test(tc, gds_fallback);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);

@@ -1,6 +1,7 @@
 /*
  * gen_index_corpus.c — writes the seed corpus of fuzz_index (small valid shard
- * indexes: empty, scalar + blob, multi-chunk zstd/raw, 16-D) into a directory.
+ * indexes: empty, scalar + blob, multi-chunk zstd/raw, 16-D; version 2 with and
+ * without a block table; and framed index + block table inputs) into a directory.
  * Run by hand when the encoding changes: gen_index_corpus tests/fuzz/corpus/index
  */
 #include <stdio.h>
@@ -26,6 +27,46 @@ static int emit(const char *dir, const char *name, const struct io_shard_index *
 	snprintf(path, sizeof path, "%s/%s", dir, name);
 	int rc = tu_write_file(path, buf, len);
 	free(buf);
+	return rc ? 1 : 0;
+}
+
+/* "BLKT" ‖ u32 LE index length ‖ index ‖ block table: fuzz_index's framed input. */
+static int emit_framed(const char *dir, const char *name, const struct io_shard_index *ix,
+                       const uint8_t *hashes, uint64_t nblocks)
+{
+	void *ib, *tb;
+	size_t il, tl;
+	if (io_index_encode(ix, &ib, &il))
+		return 1;
+	if (io_blocks_encode(ix->block_bytes, hashes, nblocks, &tb, &tl)) {
+		free(ib);
+		return 1;
+	}
+	struct io_shard_index *back;
+	const uint8_t *h;
+	int bad = io_index_decode(ib, il, &back);
+	if (!bad) {
+		bad = io_blocks_decode(back, tb, tl, &h);
+		io_index_free(back);
+	}
+	if (bad) {
+		fprintf(stderr, "%s: %s\n", name, ckpt_err_msg());
+		free(ib);
+		free(tb);
+		return 1;
+	}
+	size_t n = 8 + il + tl;
+	uint8_t *p = malloc(n);
+	memcpy(p, "BLKT", 4);
+	ckpt_put_le32(p + 4, (uint32_t)il);
+	memcpy(p + 8, ib, il);
+	memcpy(p + 8 + il, tb, tl);
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	int rc = tu_write_file(path, p, n);
+	free(p);
+	free(ib);
+	free(tb);
 	return rc ? 1 : 0;
 }
 
@@ -98,5 +139,40 @@ int main(int argc, char **argv)
 	struct io_shard_index deep = { .step = 1, .rank = 0, .world = 1, .data_end = 8192,
 	                               .ntensors = 1, .nchunks = 1, .tensors = &t3, .chunks = &c3 };
 	bad |= emit(argv[1], "ndim16", &deep);
+
+	/* Version 2: a tensor in two raw chunks of 3 and 2 blocks of 4 KiB, the block
+	 * table after them, then the footer at data_end. */
+	struct io_tensor_entry t4 = { .name = "model/emb", .kind = CKPT_KIND_MODEL,
+	                              .dtype = CKPT_U8, .policy = CKPT_SHARDED, .ndim = 1,
+	                              .raw_bytes = 20000, .nchunks = 2 };
+	t4.global_shape[0] = 40000;
+	t4.offset[0] = 20000;
+	t4.extent[0] = 20000;
+	struct io_chunk_entry c4[2] = {
+		{ .tensor = 0, .raw_len = 12000, .file_offset = 4096, .stored_len = 12000 },
+		{ .tensor = 0, .raw_offset = 12000, .raw_len = 8000, .file_offset = 16384,
+		  .stored_len = 8000 },
+	};
+	memset(c4[0].hash, 0x21, sizeof c4[0].hash);
+	memset(c4[1].hash, 0x22, sizeof c4[1].hash);
+	uint8_t hashes[5 * CKPT_HASH_BYTES];
+	for (unsigned i = 0; i < sizeof hashes; i++)
+		hashes[i] = (uint8_t)(i * 7);
+	struct io_shard_index v2 = { .step = 12, .rank = 0, .world = 2, .data_end = 28672,
+	                             .ntensors = 1, .nchunks = 2, .tensors = &t4, .chunks = c4,
+	                             .block_bytes = 4096, .blocks_offset = 24576,
+	                             .blocks_len = 32 + sizeof hashes };
+	void *tb;
+	size_t tl;
+	if (io_blocks_encode(4096, hashes, 5, &tb, &tl))
+		return 1;
+	io_hash128(tb, tl, v2.blocks_hash);
+	free(tb);
+	bad |= emit(argv[1], "v2_blocks", &v2);
+	bad |= emit_framed(argv[1], "v2_blocks_table", &v2, hashes, 5);
+	/* Version 2 whose chunks all fit one block: no table, zeros for its place. */
+	struct io_shard_index v2small = small;
+	v2small.block_bytes = 1u << 18;
+	bad |= emit(argv[1], "v2_no_table", &v2small);
 	return bad;
 }

@@ -1,6 +1,7 @@
 /*
  * test_index.c — the shard index codec (lib/io/index.c): round trips, and one test
- * per validation rule of the decoder, which reads untrusted bytes.
+ * per validation rule of the decoder, which reads untrusted bytes; version 2's
+ * block-table fields and the block table's own codec likewise.
  */
 #include <check.h>
 #include <errno.h>
@@ -258,11 +259,13 @@ START_TEST(header_fields)
 	b[0] ^= 1;
 	expect_bad_bytes(b, len, CKPT_EFORMAT, "magic");
 	b[0] ^= 1;
+	char newer[32];
+	snprintf(newer, sizeof newer, "version %u", IO_FORMAT_VERSION + 1);
 	ckpt_put_le32(b + 8, IO_FORMAT_VERSION + 1);
-	expect_bad_bytes(b, len, CKPT_EVERSION, "version 2");
+	expect_bad_bytes(b, len, CKPT_EVERSION, newer);
 	ckpt_put_le32(b + 8, 0);
 	expect_bad_bytes(b, len, CKPT_EFORMAT, "version 0");
-	ckpt_put_le32(b + 8, IO_FORMAT_VERSION);
+	ckpt_put_le32(b + 8, 1);
 	ckpt_put_le32(b + 12, 4);
 	expect_bad_bytes(b, len, CKPT_EFORMAT, "flags");
 	ckpt_put_le32(b + 12, 0);
@@ -417,6 +420,257 @@ START_TEST(bad_chunk_fields)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ version 2 */
+
+/* make_index with block hashes of block bytes: the table right after the chunks,
+ * data_end after it (what the writer does). */
+static struct io_shard_index *make_index_v2(uint64_t seed, uint64_t chunk, uint32_t block)
+{
+	struct io_shard_index *ix = make_index(seed, chunk);
+	/* 'deep' (9000 bytes) and 'rng' (5000) stored raw, so that some chunks have
+	 * blocks whatever the random codecs; then lay the chunks out again. */
+	uint64_t off = IO_HEADER_BYTES;
+	for (uint32_t k = 0; k < ix->nchunks; k++) {
+		struct io_chunk_entry *c = &ix->chunks[k];
+		if (c->tensor == 3 || c->tensor == 4) {
+			c->codec = IO_CODEC_RAW;
+			c->stored_len = c->raw_len;
+		}
+		c->file_offset = off;
+		off += ckpt_align_up(c->stored_len, CKPT_ALIGN);
+	}
+	ix->data_end = off;
+	ix->block_bytes = block;
+	uint64_t n = io_index_nblocks(ix);
+	if (n) {
+		ix->blocks_offset = ix->data_end;
+		ix->blocks_len = IO_BLOCKS_HDR_BYTES + n * CKPT_HASH_BYTES;
+		tu_fill(ix->blocks_hash, sizeof ix->blocks_hash, seed, 99);
+		ix->data_end += ckpt_align_up(ix->blocks_len, CKPT_ALIGN);
+	}
+	return ix;
+}
+
+static uint64_t raw_chunks_over(const struct io_shard_index *ix, uint64_t block)
+{
+	uint64_t n = 0;
+	for (uint32_t k = 0; k < ix->nchunks; k++)
+		if (ix->chunks[k].codec == IO_CODEC_RAW && ix->chunks[k].raw_len > block)
+			n += (ix->chunks[k].raw_len + block - 1) / block;
+	return n;
+}
+
+START_TEST(round_trip_v2)
+{
+	uint64_t seed = tu_seed();
+	static const uint64_t chunks[] = { 1000, 4096, 20000, 1u << 20 };
+	for (unsigned k = 0; k < CKPT_ARRAY_SIZE(chunks); k++) {
+		struct io_shard_index *ix = make_index_v2(seed + k, chunks[k], 4096), *back = NULL;
+		/* The count the decoder derives: raw chunks longer than a block, rounded up. */
+		ck_assert_uint_eq(io_index_nblocks(ix), raw_chunks_over(ix, 4096));
+		void *buf, *buf2;
+		size_t len, len2;
+		ck_assert_int_eq(io_index_encode(ix, &buf, &len), 0);
+		ck_assert_uint_eq(ckpt_get_le32((uint8_t *)buf + 8), 2);
+		ck_assert_msg(io_index_decode(buf, len, &back) == 0, "%s", ckpt_err_msg());
+		index_eq(ix, back);
+		ck_assert_uint_eq(back->block_bytes, 4096);
+		ck_assert_uint_eq(back->blocks_offset, ix->blocks_offset);
+		ck_assert_uint_eq(back->blocks_len, ix->blocks_len);
+		ck_assert_mem_eq(back->blocks_hash, ix->blocks_hash, CKPT_HASH_BYTES);
+		ck_assert_int_eq(io_index_encode(back, &buf2, &len2), 0);
+		ck_assert_uint_eq(len, len2);
+		ck_assert_mem_eq(buf, buf2, len);
+		free(buf);
+		free(buf2);
+		io_index_free(back);
+		/* A version-1 index of the same chunks is 40 bytes shorter, has no block
+		 * fields, and is still read. */
+		ix->block_bytes = 0;
+		ix->blocks_offset = ix->blocks_len = 0;
+		memset(ix->blocks_hash, 0, CKPT_HASH_BYTES);
+		size_t len1;
+		ck_assert_int_eq(io_index_encode(ix, &buf, &len1), 0);
+		ck_assert_uint_eq(ckpt_get_le32((uint8_t *)buf + 8), 1);
+		ck_assert_uint_eq(len1 + (IO_INDEX_HDR2_BYTES - IO_INDEX_HDR_BYTES), len);
+		ck_assert_msg(io_index_decode(buf, len1, &back) == 0, "%s", ckpt_err_msg());
+		ck_assert_uint_eq(back->block_bytes, 0);
+		ck_assert_uint_eq(io_index_nblocks(back), 0);
+		free(buf);
+		io_index_free(back);
+		io_index_free(ix);
+	}
+	/* Block hashes of compressed chunks and of one-block chunks: none; so a v2 index
+	 * whose chunks all fit a block has no table, and says so with zeros. */
+	struct io_shard_index *ix = make_index_v2(seed, 3000, 4096), *back;
+	ck_assert_uint_eq(io_index_nblocks(ix), 0);
+	ck_assert_uint_eq(ix->blocks_len, 0);
+	void *buf;
+	size_t len;
+	ck_assert_int_eq(io_index_encode(ix, &buf, &len), 0);
+	ck_assert_int_eq(io_index_decode(buf, len, &back), 0);
+	ck_assert_uint_eq(back->block_bytes, 4096);
+	free(buf);
+	io_index_free(back);
+	io_index_free(ix);
+	/* The size of PREPARE's index does not depend on the number of blocks: the
+	 * table's place takes 40 bytes, however long the table. */
+	struct io_shard_index *small = make_index_v2(seed, 1u << 20, 1u << 16);
+	struct io_shard_index *large = make_index_v2(seed, 1u << 20, 4096);
+	ck_assert_uint_lt(io_index_nblocks(small), io_index_nblocks(large));
+	size_t ls, ll;
+	void *bs, *bl;
+	ck_assert_int_eq(io_index_encode(small, &bs, &ls), 0);
+	ck_assert_int_eq(io_index_encode(large, &bl, &ll), 0);
+	ck_assert_uint_eq(ls, ll);
+	free(bs);
+	free(bl);
+	io_index_free(small);
+	io_index_free(large);
+}
+END_TEST
+
+START_TEST(truncated_everywhere_v2)
+{
+	struct io_shard_index *ix = make_index_v2(tu_seed(), 20000, 4096);
+	void *buf;
+	size_t len;
+	ck_assert_int_eq(io_index_encode(ix, &buf, &len), 0);
+	for (size_t n = 0; n < len; n++) {
+		void *p = malloc(n ? n : 1);
+		memcpy(p, buf, n);
+		struct io_shard_index *out;
+		int rc = io_index_decode(p, n, &out);
+		ck_assert_msg(rc == CKPT_EFORMAT, "length %zu of %zu: rc %d", n, len, rc);
+		free(p);
+	}
+	free(buf);
+	io_index_free(ix);
+}
+END_TEST
+
+#define MUT2(field_stmt, what) do {                               		struct io_shard_index *ix = make_index_v2(seed, 20000, 8192); 		ck_assert_uint_gt(ix->blocks_len, 0);                      		field_stmt;                                                		expect_bad(ix, what);                                      	} while (0)
+
+START_TEST(bad_block_fields)
+{
+	uint64_t seed = tu_seed();
+	MUT2(ix->block_bytes = 2048, "block_bytes 2048");
+	MUT2(ix->block_bytes = 12288, "block_bytes 12288");
+	MUT2(ix->block_bytes = 1u << 31, "block_bytes");
+	/* The length must be exactly what the chunks imply. */
+	MUT2(ix->blocks_len += CKPT_HASH_BYTES, "block table of");
+	MUT2(ix->blocks_len -= CKPT_HASH_BYTES, "block table of");
+	MUT2(ix->blocks_len = 0, "block table of");
+	MUT2(ix->blocks_len = UINT64_MAX, "block table of");
+	/* A different block size implies a different count. */
+	MUT2(ix->block_bytes = 4096, "block table of");
+	/* Place: aligned, after the header, inside data_end, off the chunks. */
+	MUT2(ix->blocks_offset += 512, "misaligned or outside");
+	MUT2(ix->blocks_offset = 0, "misaligned or outside");
+	MUT2(ix->blocks_offset = ix->data_end, "misaligned or outside");
+	MUT2(ix->blocks_offset = UINT64_MAX - 4095, "misaligned or outside");
+	MUT2(ix->data_end -= CKPT_ALIGN, "outside");
+	MUT2(ix->blocks_offset = ix->chunks[ix->nchunks - 1].file_offset, "overlaps chunk");
+	MUT2(ix->blocks_offset = IO_HEADER_BYTES, "overlaps chunk 0");
+	/* No blocks: no table, and zeros say so. */
+	{
+		struct io_shard_index *ix = make_index_v2(seed, 3000, 4096);
+		ix->blocks_offset = IO_HEADER_BYTES;
+		expect_bad(ix, "no chunk has blocks");
+	}
+	{
+		struct io_shard_index *ix = make_index_v2(seed, 3000, 4096);
+		ix->blocks_hash[3] = 1;
+		expect_bad(ix, "no chunk has blocks");
+	}
+	/* Reserved word after block_bytes. */
+	struct io_shard_index *ix = make_index_v2(seed, 20000, 8192);
+	void *buf;
+	size_t len;
+	ck_assert_int_eq(io_index_encode(ix, &buf, &len), 0);
+	ckpt_put_le32((uint8_t *)buf + 52, 1);
+	expect_bad_bytes(buf, len, CKPT_EFORMAT, "reserved header bytes");
+	free(buf);
+	io_index_free(ix);
+}
+END_TEST
+
+START_TEST(block_table_codec)
+{
+	uint64_t seed = tu_seed();
+	struct io_shard_index *ix = make_index_v2(seed, 20000, 4096);
+	uint64_t n = io_index_nblocks(ix);
+	ck_assert_uint_ge(n, 5);
+	uint8_t *hashes = malloc(n * CKPT_HASH_BYTES);
+	tu_fill(hashes, n * CKPT_HASH_BYTES, seed, 5);
+	void *buf;
+	size_t len;
+	ck_assert_int_eq(io_blocks_encode(4096, hashes, n, &buf, &len), 0);
+	ck_assert_uint_eq(len, ix->blocks_len);
+	uint8_t *b = buf;
+	ck_assert_mem_eq(b, "CKPTBLKS", 8);
+	ck_assert_uint_eq(ckpt_get_le32(b + 8), 2);
+	ck_assert_uint_eq(ckpt_get_le32(b + 12), 4096);
+	ck_assert_uint_eq(ckpt_get_le64(b + 16), n);
+	ck_assert_uint_eq(ckpt_get_le64(b + 24), 0);
+	const uint8_t *got;
+	ck_assert_msg(io_blocks_decode(ix, buf, len, &got) == 0, "%s", ckpt_err_msg());
+	ck_assert_ptr_eq(got, b + IO_BLOCKS_HDR_BYTES);
+	ck_assert_mem_eq(got, hashes, n * CKPT_HASH_BYTES);
+	/* Every shorter length fails, on a copy of exactly that length (ASan). */
+	for (size_t k = 0; k < len; k++) {
+		void *p = malloc(k ? k : 1);
+		memcpy(p, buf, k);
+		ck_assert_int_eq(io_blocks_decode(ix, p, k, &got), CKPT_EFORMAT);
+		ck_assert_ptr_null(got);
+		free(p);
+	}
+	struct { size_t at, width; uint64_t v; int code; const char *what; } bad[] = {
+		{ 0, 1, 'X', CKPT_EFORMAT, "bad magic" },
+		{ 8, 4, IO_FORMAT_VERSION + 1, CKPT_EVERSION, "this build reads" },
+		{ 8, 4, 1, CKPT_EFORMAT, "version 1" },
+		{ 12, 4, 8192, CKPT_EFORMAT, "block size 8192, the index says 4096" },
+		{ 16, 8, n + 1, CKPT_EFORMAT, "blocks, the index's chunks have" },
+		{ 16, 8, UINT64_MAX, CKPT_EFORMAT, "blocks, the index's chunks have" },
+		{ 24, 8, 1, CKPT_EFORMAT, "reserved" },
+	};
+	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(bad); i++) {
+		uint8_t *p = malloc(len);
+		memcpy(p, buf, len);
+		if (bad[i].width == 1)
+			p[bad[i].at] = (uint8_t)bad[i].v;
+		else if (bad[i].width == 4)
+			ckpt_put_le32(p + bad[i].at, (uint32_t)bad[i].v);
+		else
+			ckpt_put_le64(p + bad[i].at, bad[i].v);
+		int rc = io_blocks_decode(ix, p, len, &got);
+		ck_assert_msg(rc == bad[i].code && strstr(ckpt_err_msg(), bad[i].what),
+		              "case %u: rc %d, '%s' (want '%s')", i, rc, ckpt_err_msg(), bad[i].what);
+		free(p);
+	}
+	/* One byte too many. */
+	uint8_t *p = malloc(len + 1);
+	memcpy(p, buf, len);
+	p[len] = 0;
+	ck_assert_int_eq(io_blocks_decode(ix, p, len + 1, &got), CKPT_EFORMAT);
+	free(p);
+	/* Against an index of another shape, or one without blocks. */
+	struct io_shard_index *other = make_index_v2(seed + 1, 1000, 4096);
+	if (io_index_nblocks(other) != n)
+		ck_assert_int_eq(io_blocks_decode(other, buf, len, &got), CKPT_EFORMAT);
+	other->block_bytes = 0;
+	ck_assert_int_eq(io_blocks_decode(other, buf, len, &got), CKPT_EFORMAT);
+	io_index_free(other);
+	free(buf);
+	/* An empty table encodes to the header alone. */
+	ck_assert_int_eq(io_blocks_encode(4096, NULL, 0, &buf, &len), 0);
+	ck_assert_uint_eq(len, IO_BLOCKS_HDR_BYTES);
+	free(buf);
+	free(hashes);
+	io_index_free(ix);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("io_index");
@@ -430,6 +684,10 @@ int main(void)
 	tcase_add_test(tc, bad_names);
 	tcase_add_test(tc, bad_chunk_runs);
 	tcase_add_test(tc, bad_chunk_fields);
+	tcase_add_test(tc, round_trip_v2);
+	tcase_add_test(tc, truncated_everywhere_v2);
+	tcase_add_test(tc, bad_block_fields);
+	tcase_add_test(tc, block_table_codec);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
