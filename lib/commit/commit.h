@@ -79,6 +79,20 @@ int commit_decide_gathered(struct manifest *m, const char *job_id, uint64_t step
                            uint32_t world, const struct commit_vote *votes,
                            struct commit_gather *g);
 
+/* The same decision from shard records prepared as the votes arrived
+ * (commit_shard_record), so that nothing per rank is left to build after the last
+ * vote. shards[r] is rank r's; the gather is not freed. Same returns. */
+int commit_decide_records(struct manifest *m, const char *job_id, uint64_t step,
+                          uint32_t world, const struct manifest_shard *shards,
+                          struct commit_gather *g);
+/* Rank v->rank's shard record for the commit transaction: its file (path, a
+ * buffer of the caller's that must live as long as *out), size, and where its
+ * footer (the index ix decoded from v) lies, with its hash. */
+#define COMMIT_SHARD_PATH_MAX 64
+void commit_shard_record(uint64_t step, const struct commit_vote *v,
+                         const struct io_shard_index *ix, char path[COMMIT_SHARD_PATH_MAX],
+                         struct manifest_shard *out);
+
 /* ------------------------------------------------------------------ coordinator
  * Listens for the W participants of a job, gathers BEGIN and PREPARE per step,
  * decides with commit_decide() in step order, and broadcasts the decision. Runs
@@ -104,13 +118,15 @@ struct commit_coord;
 int  commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **out);
 unsigned commit_coord_port(const struct commit_coord *c);
 /* Timing of the last step decided (benchmarks, logs): from the moment the last vote
- * was read off its connection to the moment the decision was sent to every rank. */
+ * was read off its connection to the moment the decision was sent on every link
+ * (to every rank, or to every node leader in the hierarchical commit). */
 struct commit_coord_stats {
 	uint64_t step;
 	uint64_t last_vote_ns;      /* decoding and checking the last vote */
 	uint64_t commit_ns;         /* final checks and the durable commit transaction */
-	uint64_t broadcast_ns;      /* sending the decision to every rank */
+	uint64_t broadcast_ns;      /* sending the decision on every link */
 	uint64_t total_ns;          /* last vote received -> decision sent */
+	uint32_t sends;             /* links the decision went to: ranks, or node leaders */
 };
 int  commit_coord_last_stats(struct commit_coord *c, struct commit_coord_stats *out);
 void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */
