@@ -1,9 +1,10 @@
 /*
  * config.c — resolve options: the caller's struct first, then the environment with
  * the launcher conventions users already have (torchrun: RANK, WORLD_SIZE,
- * MASTER_ADDR, MASTER_PORT; Slurm: SLURM_PROCID, SLURM_NTASKS), then CKPT_*, then
- * defaults. Options structs may come from an older caller (a smaller size): fields
- * past its size take their defaults.
+ * MASTER_ADDR, MASTER_PORT, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK; Slurm:
+ * SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS_PER_NODE,
+ * SLURM_TASKS_PER_NODE), then CKPT_*, then defaults. Options structs may come from
+ * an older caller (a smaller size): fields past its size take their defaults.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -14,6 +15,9 @@
 #define DEFAULT_POOL_BYTES  (256ull << 20)
 #define DEFAULT_CHUNK_BYTES (16ull << 20)
 #define DEFAULT_PORT        29600u
+/* CKPT_COMMIT_TREE=auto: node leaders from this many ranks up (and only when the
+ * job spans several nodes of more than one rank each). */
+#define TREE_AUTO_MIN_WORLD 32
 
 void ckpt_opts_init(struct ckpt_opts *o, size_t size)
 {
@@ -57,7 +61,7 @@ static int env_size(const char *name, uint64_t *out)
 
 static int resolve_rank_world(const struct ckpt_opts *o, struct glue_config *cfg)
 {
-	long rank = OPT(o, rank, -1), world = OPT(o, world, -1), v;
+	long rank = OPT(o, rank, -1), world = OPT(o, world, -1), v = 0;
 	int rc;
 	if (rank < 0) {
 		if ((rc = env_int("RANK", 0, INT32_MAX, &v)) < 0) return rc;
@@ -76,6 +80,116 @@ static int resolve_rank_world(const struct ckpt_opts *o, struct glue_config *cfg
 	return 0;
 }
 
+/* Slurm's SLURM_TASKS_PER_NODE ("8(x32)", "2(x3),1"): the task count of node
+ * `node`, or 0 when the value is malformed or too short. */
+static long slurm_tasks_on_node(const char *v, long node)
+{
+	long seen = 0;
+	while (*v) {
+		char *end;
+		errno = 0;
+		long count = strtol(v, &end, 10), rep = 1;
+		if (errno || end == v || count < 1)
+			return 0;
+		v = end;
+		if (!strncmp(v, "(x", 2)) {
+			rep = strtol(v + 2, &end, 10);
+			if (errno || end == v + 2 || rep < 1 || *end != ')')
+				return 0;
+			v = end + 1;
+		}
+		if (node < seen + rep)
+			return count;
+		seen += rep;
+		if (*v == ',')
+			v++;
+		else if (*v)
+			return 0;
+	}
+	return 0;
+}
+
+/* Which node this rank is on, and the node's ranks: from CKPT_NODE_SIZE (nodes of
+ * that many consecutive ranks), else from the first launcher convention that gives
+ * both this rank's place on its node and the node's size. A node's ranks are
+ * consecutive (torchrun always; Slurm with its default block distribution).
+ * Unknown: a node of one rank (no leader). */
+static int resolve_node(struct glue_config *cfg)
+{
+	static const struct { const char *local_rank, *size, *node; } conv[] = {
+		{ "CKPT_LOCAL_RANK", "CKPT_LOCAL_WORLD_SIZE", "CKPT_NODE_ID" },
+		{ "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK" },          /* torchrun */
+		{ "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID" },  /* srun */
+	};
+	long lr = 0, size = 1, node = -1, v = 0;
+	const char *src = NULL;
+	int rc = env_int("CKPT_NODE_SIZE", 1, INT32_MAX, &v);
+	if (rc < 0)
+		return rc;
+	if (rc) {
+		lr = cfg->rank % v;
+		node = cfg->rank / v;
+		/* The last node may be smaller. */
+		size = v < cfg->world - (cfg->rank - lr) ? v : cfg->world - (cfg->rank - lr);
+		src = "CKPT_NODE_SIZE";
+	}
+	for (size_t i = 0; !src && i < CKPT_ARRAY_SIZE(conv); i++) {
+		long r = 0, n = 0;
+		if ((rc = env_int(conv[i].local_rank, 0, INT32_MAX, &r)) <= 0) {
+			if (rc < 0)
+				return rc;
+			continue;                 /* not this launcher */
+		}
+		if ((rc = env_int(conv[i].node, 0, INT32_MAX, &node)) < 0)
+			return rc;
+		if (!rc)
+			node = -1;
+		if ((rc = env_int(conv[i].size, 1, INT32_MAX, &n)) < 0)
+			return rc;
+		if (!rc && conv[i].local_rank[0] == 'S' && node >= 0 && ckpt_env("SLURM_TASKS_PER_NODE"))
+			/* srun without --ntasks-per-node: the per-node counts. */
+			n = slurm_tasks_on_node(ckpt_env("SLURM_TASKS_PER_NODE"), node);
+		if (n < 1)
+			continue;                 /* the node's size is not known */
+		lr = r;
+		size = n;
+		src = conv[i].local_rank;
+	}
+	if (!src) {
+		cfg->node_first = cfg->rank;
+		cfg->node_size = 1;
+		cfg->node_id = cfg->rank;
+		return 0;
+	}
+	if (lr >= size || lr > cfg->rank || cfg->rank - lr + size > cfg->world)
+		return ckpt_err(-EINVAL, "rank %d: local rank %ld on a node of %ld ranks (from %s) does "
+		                "not fit world size %d with the node's ranks consecutive", cfg->rank, lr,
+		                size, src, cfg->world);
+	cfg->node_first = cfg->rank - (int)lr;
+	cfg->node_size = (int)size;
+	cfg->node_id = node >= 0 ? (int)node : cfg->node_first / (int)size;
+	return 0;
+}
+
+/* CKPT_COMMIT_TREE=off|auto|on: the hierarchical commit (node leaders relay to the
+ * coordinator). Every rank of a job must see the same setting. */
+static int resolve_tree(struct glue_config *cfg)
+{
+	const char *t = ckpt_env("CKPT_COMMIT_TREE");
+	bool multi = cfg->node_size > 1 && cfg->node_size < cfg->world;
+	if (!t || !strcmp(t, "auto")) {
+		cfg->tree = cfg->world >= TREE_AUTO_MIN_WORLD && multi;
+	} else if (!strcmp(t, "off")) {
+		cfg->tree = false;
+	} else if (!strcmp(t, "on")) {
+		/* A node of one rank needs no leader; its rank joins the coordinator itself. */
+		cfg->tree = cfg->node_size > 1;
+	} else {
+		return ckpt_err(-EINVAL, "CKPT_COMMIT_TREE='%s': expected off, auto or on", t);
+	}
+	return 0;
+}
+
 static char *dup_or(const char *a, const char *b)
 {
 	return strdup(a ? a : b);
@@ -87,6 +201,10 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 	if (!o || o->size < offsetof(struct ckpt_opts, flags))
 		return ckpt_err(-EINVAL, "options: size field not set (use ckpt_opts_init)");
 	int rc = resolve_rank_world(o, cfg);
+	if (!rc)
+		rc = resolve_node(cfg);
+	if (!rc)
+		rc = resolve_tree(cfg);
 	if (rc)
 		return rc;
 	const char *root = OPT(o, root, NULL);
@@ -99,7 +217,7 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 	const char *addr = OPT(o, coord_addr, NULL);
 	if (!addr) addr = ckpt_env("CKPT_COORD_ADDR");
 	if (!addr) addr = ckpt_env("MASTER_ADDR");
-	long v;
+	long v = 0;
 	cfg->coord_port = OPT(o, coord_port, 0u);
 	if (!cfg->coord_port) {
 		if ((rc = env_int("CKPT_COORD_PORT", 1, 65535, &v)) < 0) return rc;

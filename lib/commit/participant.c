@@ -148,7 +148,10 @@ int commit_part_connect(const struct commit_part_opts *o, struct commit_part **o
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->cond, NULL);
 	p->timeout_ms = o->timeout_ms;
-	snprintf(p->name, sizeof p->name, "coordinator %s:%u", o->addr, o->port);
+	if (o->peer_name)
+		snprintf(p->name, sizeof p->name, "%s", o->peer_name);
+	else
+		snprintf(p->name, sizeof p->name, "coordinator %s:%u", o->addr, o->port);
 	int rc = net_connect(o->transport, o->addr, o->port, (int)o->timeout_ms, &p->conn);
 	if (rc) {
 		ckpt_err_prefix(rc, "rank %u: connect to the %s", o->rank, p->name);
