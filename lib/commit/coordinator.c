@@ -217,7 +217,8 @@ static void link_drop(struct commit_coord *c, uint32_t l, const char *why)
 	else
 		ckpt_log(hurt ? CKPT_LOG_WARN : CKPT_LOG_INFO, "coordinator: closing %s: %s",
 		         net_conn_name(k->conn), why);
-	net_close(k->conn);
+	/* The ranks are free again before the peer can see the close: one that
+	 * reconnects at once must not be refused as still connected. */
 	pthread_mutex_lock(&c->lock);
 	if (k->relay) {
 		for (uint32_t i = 0; i < k->nranks; i++)
@@ -226,6 +227,7 @@ static void link_drop(struct commit_coord *c, uint32_t l, const char *why)
 		c->owner[l] = NO_OWNER;
 	}
 	pthread_mutex_unlock(&c->lock);
+	net_close(k->conn);
 	free(k->ranks);
 	memset(k, 0, sizeof *k);
 }
