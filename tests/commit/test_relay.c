@@ -4,9 +4,9 @@
  * root, node leaders relaying for groups of ranks over unix sockets, the ranks in
  * threads of this process (or, for the kill -9, a leader in a child process).
  *
- * The honest protocol: W = 16 with nodes of 4 and W = 64 with nodes of 8 commit
- * step after step, with one decision sent per node; nodes mixed with ranks of
- * their own. Then bad leaders — out-of-range sets, sets without the leader's own
+ * The honest protocol: W = 16 with nodes of 4 and W = 64 with nodes of 8 and of 4
+ * commit step after step, with one decision sent per node; nodes mixed with ranks
+ * of their own. Then bad leaders — out-of-range sets, sets without the leader's own
  * rank, overlapping sets (with another leader, with a rank's own connection), a
  * relayed vote or report for a rank outside the set, a vote relayed under another
  * rank's tag, relaying before announcing — after each of which nothing forged is
@@ -374,6 +374,10 @@ START_TEST(tree_w16_nodes_of_4) { tree_commits(16, 4); }
 END_TEST
 
 START_TEST(tree_w64_nodes_of_8) { tree_commits(64, 8); }
+END_TEST
+
+/* 16 leaders, 4 ranks each. */
+START_TEST(tree_w64_nodes_of_4) { tree_commits(64, 4); }
 END_TEST
 
 START_TEST(nodes_mixed_with_own_links)
@@ -763,6 +767,7 @@ int main(void)
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, tree_w16_nodes_of_4);
 	tcase_add_test(tc, tree_w64_nodes_of_8);
+	tcase_add_test(tc, tree_w64_nodes_of_4);
 	tcase_add_test(tc, nodes_mixed_with_own_links);
 	suite_add_tcase(s, tc);
 	TCase *bl = tcase_create("bad_leaders");
