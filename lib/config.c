@@ -7,6 +7,7 @@
  * an older caller (a smaller size): fields past its size take their defaults.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,8 +114,11 @@ static long slurm_tasks_on_node(const char *v, long node)
  * that many consecutive ranks), else from the first launcher convention that gives
  * both this rank's place on its node and the node's size. A node's ranks are
  * consecutive (torchrun always; Slurm with its default block distribution).
- * Unknown: a node of one rank (no leader). */
-static int resolve_node(struct glue_config *cfg)
+ * Unknown: a node of one rank (no leader). Values that do not fit are an error
+ * only where the hierarchical commit would use them (resolve_tree): a context
+ * opened with an explicit rank and world, or by a tool, must not fail over a
+ * launcher variable it does not need; *bad gets the reason (else ""). */
+static int resolve_node(struct glue_config *cfg, char *bad, size_t cap)
 {
 	static const struct { const char *local_rank, *size, *node; } conv[] = {
 		{ "CKPT_LOCAL_RANK", "CKPT_LOCAL_WORLD_SIZE", "CKPT_NODE_ID" },
@@ -123,6 +127,10 @@ static int resolve_node(struct glue_config *cfg)
 	};
 	long lr = 0, size = 1, node = -1, v = 0;
 	const char *src = NULL;
+	bad[0] = '\0';
+	cfg->node_first = cfg->rank;
+	cfg->node_size = 1;
+	cfg->node_id = cfg->rank;
 	int rc = env_int("CKPT_NODE_SIZE", 1, INT32_MAX, &v);
 	if (rc < 0)
 		return rc;
@@ -135,18 +143,17 @@ static int resolve_node(struct glue_config *cfg)
 	}
 	for (size_t i = 0; !src && i < CKPT_ARRAY_SIZE(conv); i++) {
 		long r = 0, n = 0;
-		if ((rc = env_int(conv[i].local_rank, 0, INT32_MAX, &r)) <= 0) {
-			if (rc < 0)
-				return rc;
+		if ((rc = env_int(conv[i].local_rank, 0, INT32_MAX, &r)) == 0)
 			continue;                 /* not this launcher */
+		int rn = env_int(conv[i].node, 0, INT32_MAX, &node);
+		int rs = rc < 0 || rn < 0 ? 0 : env_int(conv[i].size, 1, INT32_MAX, &n);
+		if (rc < 0 || rn < 0 || rs < 0) {
+			snprintf(bad, cap, "%s", ckpt_err_msg());
+			return 0;
 		}
-		if ((rc = env_int(conv[i].node, 0, INT32_MAX, &node)) < 0)
-			return rc;
-		if (!rc)
+		if (!rn)
 			node = -1;
-		if ((rc = env_int(conv[i].size, 1, INT32_MAX, &n)) < 0)
-			return rc;
-		if (!rc && conv[i].local_rank[0] == 'S' && node >= 0 && ckpt_env("SLURM_TASKS_PER_NODE"))
+		if (!rs && conv[i].local_rank[0] == 'S' && node >= 0 && ckpt_env("SLURM_TASKS_PER_NODE"))
 			/* srun without --ntasks-per-node: the per-node counts. */
 			n = slurm_tasks_on_node(ckpt_env("SLURM_TASKS_PER_NODE"), node);
 		if (n < 1)
@@ -155,16 +162,14 @@ static int resolve_node(struct glue_config *cfg)
 		size = n;
 		src = conv[i].local_rank;
 	}
-	if (!src) {
-		cfg->node_first = cfg->rank;
-		cfg->node_size = 1;
-		cfg->node_id = cfg->rank;
+	if (!src)
+		return 0;
+	if (lr >= size || lr > cfg->rank || cfg->rank - lr + size > cfg->world) {
+		snprintf(bad, cap, "rank %d: local rank %ld on a node of %ld ranks (from %s) does "
+		         "not fit world size %d with the node's ranks consecutive", cfg->rank, lr,
+		         size, src, cfg->world);
 		return 0;
 	}
-	if (lr >= size || lr > cfg->rank || cfg->rank - lr + size > cfg->world)
-		return ckpt_err(-EINVAL, "rank %d: local rank %ld on a node of %ld ranks (from %s) does "
-		                "not fit world size %d with the node's ranks consecutive", cfg->rank, lr,
-		                size, src, cfg->world);
 	cfg->node_first = cfg->rank - (int)lr;
 	cfg->node_size = (int)size;
 	cfg->node_id = node >= 0 ? (int)node : cfg->node_first / (int)size;
@@ -172,21 +177,24 @@ static int resolve_node(struct glue_config *cfg)
 }
 
 /* CKPT_COMMIT_TREE=off|auto|on: the hierarchical commit (node leaders relay to the
- * coordinator). Every rank of a job must see the same setting. */
-static int resolve_tree(struct glue_config *cfg)
+ * coordinator). Every rank of a job must see the same setting. bad: why the node's
+ * ranks are not known ("" if they are). */
+static int resolve_tree(struct glue_config *cfg, const char *bad)
 {
 	const char *t = ckpt_env("CKPT_COMMIT_TREE");
-	bool multi = cfg->node_size > 1 && cfg->node_size < cfg->world;
-	if (!t || !strcmp(t, "auto")) {
-		cfg->tree = cfg->world >= TREE_AUTO_MIN_WORLD && multi;
-	} else if (!strcmp(t, "off")) {
-		cfg->tree = false;
-	} else if (!strcmp(t, "on")) {
-		/* A node of one rank needs no leader; its rank joins the coordinator itself. */
-		cfg->tree = cfg->node_size > 1;
-	} else {
+	if (t && strcmp(t, "auto") && strcmp(t, "off") && strcmp(t, "on"))
 		return ckpt_err(-EINVAL, "CKPT_COMMIT_TREE='%s': expected off, auto or on", t);
-	}
+	if (t && !strcmp(t, "on") && bad[0])
+		return ckpt_err(-EINVAL, "CKPT_COMMIT_TREE=on: %s", bad);
+	if (bad[0])
+		ckpt_log(CKPT_LOG_INFO, "node of this rank unknown, no node leader: %s", bad);
+	bool multi = cfg->node_size > 1 && cfg->node_size < cfg->world;
+	if (!t || !strcmp(t, "auto"))
+		cfg->tree = cfg->world >= TREE_AUTO_MIN_WORLD && multi;
+	else
+		/* on: a node of one rank needs no leader; its rank joins the coordinator
+		 * itself. */
+		cfg->tree = !strcmp(t, "on") && cfg->node_size > 1;
 	return 0;
 }
 
@@ -200,11 +208,12 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 	memset(cfg, 0, sizeof *cfg);
 	if (!o || o->size < offsetof(struct ckpt_opts, flags))
 		return ckpt_err(-EINVAL, "options: size field not set (use ckpt_opts_init)");
+	char bad[256] = "";
 	int rc = resolve_rank_world(o, cfg);
 	if (!rc)
-		rc = resolve_node(cfg);
+		rc = resolve_node(cfg, bad, sizeof bad);
 	if (!rc)
-		rc = resolve_tree(cfg);
+		rc = resolve_tree(cfg, bad);
 	if (rc)
 		return rc;
 	const char *root = OPT(o, root, NULL);

@@ -129,18 +129,33 @@ END_TEST
 
 START_TEST(bad_values)
 {
+	/* Launcher values that do not fit: an error where the tree would use them
+	 * (on), else ignored (a node of one rank): a context opened with its own rank
+	 * and world, or by a tool, does not fail over them. */
 	const char *const *bad[] = {
 		ENV("LOCAL_RANK=8", "LOCAL_WORLD_SIZE=8"),          /* local rank outside the node */
 		ENV("LOCAL_RANK=5", "LOCAL_WORLD_SIZE=8"),          /* rank 3 cannot be local 5 */
 		ENV("LOCAL_RANK=0", "LOCAL_WORLD_SIZE=8"),          /* ranks 3..10 outside world 8 */
-		ENV("CKPT_COMMIT_TREE=maybe"),
-		ENV("CKPT_NODE_SIZE=0"),
 		ENV("LOCAL_RANK=x", "LOCAL_WORLD_SIZE=8"),
+		ENV("SLURM_LOCALID=1", "SLURM_NODEID=0", "SLURM_NTASKS_PER_NODE=-2"),
 	};
 	for (size_t k = 0; k < CKPT_ARRAY_SIZE(bad); k++) {
-		struct node n = resolve(3, 8, bad[k]);
-		ck_assert_msg(n.rc == -EINVAL, "case %zu (%s): rc %d", k, bad[k][0], n.rc);
+		char *with_on[8];
+		size_t n = 0;
+		for (; bad[k][n]; n++)
+			with_on[n] = (char *)bad[k][n];
+		with_on[n++] = "CKPT_COMMIT_TREE=on";
+		with_on[n] = NULL;
+		struct node t = resolve(3, 8, (const char *const *)with_on);
+		ck_assert_msg(t.rc == -EINVAL, "case %zu (%s) with tree on: rc %d", k, bad[k][0], t.rc);
+		ck_assert_msg(strstr(ckpt_err_msg(), "CKPT_COMMIT_TREE=on"), "%s", ckpt_err_msg());
+		expect(resolve(3, 8, bad[k]), 3, 1, 3, false);
 	}
+	/* Our own variables are always checked. */
+	struct node n = resolve(3, 8, ENV("CKPT_COMMIT_TREE=maybe"));
+	ck_assert_int_eq(n.rc, -EINVAL);
+	n = resolve(3, 8, ENV("CKPT_NODE_SIZE=0"));
+	ck_assert_int_eq(n.rc, -EINVAL);
 }
 END_TEST
 
