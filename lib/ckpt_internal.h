@@ -54,6 +54,8 @@ enum ckpt_fault_point {
 	CKPT_FP_BEFORE_DECISION_SEND,
 	CKPT_FP_AFTER_FOOTER_WRITE,
 	CKPT_FP_MSG_SEND,
+	CKPT_FP_LEADER_BEFORE_FORWARD,          /* a node leader, before relaying a rank's message up */
+	CKPT_FP_LEADER_BEFORE_DECISION_RELAY,   /* a node leader, before handing a decision down */
 	CKPT_FP_COUNT_
 };
 enum ckpt_fault_action { CKPT_FA_NONE = 0, CKPT_FA_CRASH, CKPT_FA_EIO, CKPT_FA_ENOSPC,

@@ -1,11 +1,13 @@
 /*
  * config.c — resolve options: the caller's struct first, then the environment with
  * the launcher conventions users already have (torchrun: RANK, WORLD_SIZE,
- * MASTER_ADDR, MASTER_PORT; Slurm: SLURM_PROCID, SLURM_NTASKS), then CKPT_*, then
- * defaults. Options structs may come from an older caller (a smaller size): fields
- * past its size take their defaults.
+ * MASTER_ADDR, MASTER_PORT, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK; Slurm:
+ * SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS_PER_NODE,
+ * SLURM_TASKS_PER_NODE), then CKPT_*, then defaults. Options structs may come from
+ * an older caller (a smaller size): fields past its size take their defaults.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +16,9 @@
 #define DEFAULT_POOL_BYTES  (256ull << 20)
 #define DEFAULT_CHUNK_BYTES (16ull << 20)
 #define DEFAULT_PORT        29600u
+/* CKPT_COMMIT_TREE=auto: node leaders from this many ranks up (and only when the
+ * job spans several nodes of more than one rank each). */
+#define TREE_AUTO_MIN_WORLD 32
 
 void ckpt_opts_init(struct ckpt_opts *o, size_t size)
 {
@@ -101,6 +106,123 @@ static int resolve_rank_world(const struct ckpt_opts *o, struct glue_config *cfg
 	return 0;
 }
 
+/* Slurm's SLURM_TASKS_PER_NODE ("8(x32)", "2(x3),1"): the task count of node
+ * `node`, or 0 when the value is malformed or too short. */
+static long slurm_tasks_on_node(const char *v, long node)
+{
+	long seen = 0;
+	while (*v) {
+		char *end;
+		errno = 0;
+		long count = strtol(v, &end, 10), rep = 1;
+		if (errno || end == v || count < 1)
+			return 0;
+		v = end;
+		if (!strncmp(v, "(x", 2)) {
+			rep = strtol(v + 2, &end, 10);
+			if (errno || end == v + 2 || rep < 1 || *end != ')')
+				return 0;
+			v = end + 1;
+		}
+		if (node < seen + rep)
+			return count;
+		seen += rep;
+		if (*v == ',')
+			v++;
+		else if (*v)
+			return 0;
+	}
+	return 0;
+}
+
+/* Which node this rank is on, and the node's ranks: from CKPT_NODE_SIZE (nodes of
+ * that many consecutive ranks), else from the first launcher convention that gives
+ * both this rank's place on its node and the node's size. A node's ranks are
+ * consecutive (torchrun always; Slurm with its default block distribution).
+ * Unknown: a node of one rank (no leader). Values that do not fit are an error
+ * only where the hierarchical commit would use them (resolve_tree): a context
+ * opened with an explicit rank and world, or by a tool, must not fail over a
+ * launcher variable it does not need; *bad gets the reason (else ""). */
+static int resolve_node(struct glue_config *cfg, char *bad, size_t cap)
+{
+	static const struct { const char *local_rank, *size, *node; } conv[] = {
+		{ "CKPT_LOCAL_RANK", "CKPT_LOCAL_WORLD_SIZE", "CKPT_NODE_ID" },
+		{ "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK" },          /* torchrun */
+		{ "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID" },  /* srun */
+	};
+	long lr = 0, size = 1, node = -1, v = 0;
+	const char *src = NULL;
+	bad[0] = '\0';
+	cfg->node_first = cfg->rank;
+	cfg->node_size = 1;
+	cfg->node_id = cfg->rank;
+	int rc = env_int("CKPT_NODE_SIZE", 1, INT32_MAX, &v);
+	if (rc < 0)
+		return rc;
+	if (rc) {
+		lr = cfg->rank % v;
+		node = cfg->rank / v;
+		/* The last node may be smaller. */
+		size = v < cfg->world - (cfg->rank - lr) ? v : cfg->world - (cfg->rank - lr);
+		src = "CKPT_NODE_SIZE";
+	}
+	for (size_t i = 0; !src && i < CKPT_ARRAY_SIZE(conv); i++) {
+		long r = 0, n = 0;
+		if ((rc = env_int(conv[i].local_rank, 0, INT32_MAX, &r)) == 0)
+			continue;                 /* not this launcher */
+		int rn = env_int(conv[i].node, 0, INT32_MAX, &node);
+		int rs = rc < 0 || rn < 0 ? 0 : env_int(conv[i].size, 1, INT32_MAX, &n);
+		if (rc < 0 || rn < 0 || rs < 0) {
+			snprintf(bad, cap, "%s", ckpt_err_msg());
+			return 0;
+		}
+		if (!rn)
+			node = -1;
+		if (!rs && conv[i].local_rank[0] == 'S' && node >= 0 && ckpt_env("SLURM_TASKS_PER_NODE"))
+			/* srun without --ntasks-per-node: the per-node counts. */
+			n = slurm_tasks_on_node(ckpt_env("SLURM_TASKS_PER_NODE"), node);
+		if (n < 1)
+			continue;                 /* the node's size is not known */
+		lr = r;
+		size = n;
+		src = conv[i].local_rank;
+	}
+	if (!src)
+		return 0;
+	if (lr >= size || lr > cfg->rank || cfg->rank - lr + size > cfg->world) {
+		snprintf(bad, cap, "rank %d: local rank %ld on a node of %ld ranks (from %s) does "
+		         "not fit world size %d with the node's ranks consecutive", cfg->rank, lr,
+		         size, src, cfg->world);
+		return 0;
+	}
+	cfg->node_first = cfg->rank - (int)lr;
+	cfg->node_size = (int)size;
+	cfg->node_id = node >= 0 ? (int)node : cfg->node_first / (int)size;
+	return 0;
+}
+
+/* CKPT_COMMIT_TREE=off|auto|on: the hierarchical commit (node leaders relay to the
+ * coordinator). Every rank of a job must see the same setting. bad: why the node's
+ * ranks are not known ("" if they are). */
+static int resolve_tree(struct glue_config *cfg, const char *bad)
+{
+	const char *t = ckpt_env("CKPT_COMMIT_TREE");
+	if (t && strcmp(t, "auto") && strcmp(t, "off") && strcmp(t, "on"))
+		return ckpt_err(-EINVAL, "CKPT_COMMIT_TREE='%s': expected off, auto or on", t);
+	if (t && !strcmp(t, "on") && bad[0])
+		return ckpt_err(-EINVAL, "CKPT_COMMIT_TREE=on: %s", bad);
+	if (bad[0])
+		ckpt_log(CKPT_LOG_INFO, "node of this rank unknown, no node leader: %s", bad);
+	bool multi = cfg->node_size > 1 && cfg->node_size < cfg->world;
+	if (!t || !strcmp(t, "auto"))
+		cfg->tree = cfg->world >= TREE_AUTO_MIN_WORLD && multi;
+	else
+		/* on: a node of one rank needs no leader; its rank joins the coordinator
+		 * itself. */
+		cfg->tree = !strcmp(t, "on") && cfg->node_size > 1;
+	return 0;
+}
+
 static char *dup_or(const char *a, const char *b)
 {
 	return strdup(a ? a : b);
@@ -111,7 +233,12 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 	memset(cfg, 0, sizeof *cfg);
 	if (!o || o->size < offsetof(struct ckpt_opts, flags))
 		return ckpt_err(-EINVAL, "options: size field not set (use ckpt_opts_init)");
+	char bad[256] = "";
 	int rc = resolve_rank_world(o, cfg);
+	if (!rc)
+		rc = resolve_node(cfg, bad, sizeof bad);
+	if (!rc)
+		rc = resolve_tree(cfg, bad);
 	if (rc)
 		return rc;
 	const char *root = OPT(o, root, NULL);

@@ -127,7 +127,8 @@ int glue_manifest(ckpt_ctx *c, struct manifest **out)
 }
 
 /* World > 1: rank 0 starts the coordinator (after GC, so no save of this job can
- * be in flight yet), then every rank joins it. */
+ * be in flight yet), then every rank joins it — in the hierarchical commit through
+ * its node's leader, which the node's first rank starts (docs/protocol.md §2.8). */
 static int glue_commit_start(ckpt_ctx *c)
 {
 	int transport;
@@ -151,6 +152,30 @@ static int glue_commit_start(ckpt_ctx *c)
 		.job_id = c->cfg.job_id, .rank = (uint32_t)c->cfg.rank, .world = (uint32_t)c->cfg.world,
 		.secret = c->cfg.secret, .secret_len = c->cfg.secret_len, .timeout_ms = c->cfg.timeout_ms,
 	};
+	char local[108], via[96];
+	if (c->cfg.tree) {
+		/* Named after the configured port, which every rank of the node knows. */
+		commit_leader_addr(local, sizeof local, c->cfg.job_id, c->cfg.coord_port,
+		                   (uint32_t)c->cfg.node_first);
+		if (c->cfg.rank == c->cfg.node_first) {
+			struct commit_leader_opts lo = {
+				.transport = transport, .addr = po.addr, .port = po.port, .local_addr = local,
+				.job_id = c->cfg.job_id, .rank = (uint32_t)c->cfg.rank,
+				.world = (uint32_t)c->cfg.world, .node = (uint32_t)c->cfg.node_id,
+				.first = (uint32_t)c->cfg.node_first, .nranks = (uint32_t)c->cfg.node_size,
+				.secret = c->cfg.secret, .secret_len = c->cfg.secret_len,
+				.timeout_ms = c->cfg.timeout_ms,
+			};
+			if ((rc = commit_leader_start(&lo, &c->leader)))
+				return rc;
+		}
+		snprintf(via, sizeof via, "coordinator (through the leader of node %d, rank %d)",
+		         c->cfg.node_id, c->cfg.node_first);
+		po.transport = NET_UNIX;
+		po.addr = local;
+		po.port = 0;
+		po.peer_name = via;
+	}
 	return commit_part_connect(&po, &c->part);
 }
 
@@ -165,9 +190,10 @@ void ckpt_close(ckpt_ctx *c)
 		pthread_mutex_unlock(&c->lock);
 		pthread_join(c->worker, NULL);
 	}
-	/* The participant goes before the coordinator, so that rank 0's own
-	 * connection does not count as a lost rank. */
+	/* The participant goes before its leader and the coordinator, so that this
+	 * rank's own connection does not count as a lost rank. */
 	commit_part_close(c->part);
+	commit_leader_stop(c->leader);
 	commit_coord_stop(c->coord);
 	io_engine_destroy(c->load_engine);
 	io_pool_destroy(c->pool);

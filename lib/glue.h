@@ -32,6 +32,9 @@ struct glue_config {
 	int      zstd_level;
 	unsigned max_inflight, timeout_ms, queue_depth;
 	unsigned gds;              /* enum ckpt_gds bits asked for (0: none) */
+	/* This rank's node: ranks node_first .. node_first+node_size-1 (1: unknown). */
+	int      node_id, node_first, node_size;
+	bool     tree;                /* the hierarchical commit: relay through the node leader */
 };
 int  config_resolve(const struct ckpt_opts *o, struct glue_config *cfg);
 void config_free(struct glue_config *cfg);
@@ -95,6 +98,7 @@ struct ckpt_ctx {
 	/* distributed commit (world > 1) */
 	struct commit_coord *coord;       /* rank 0 of the embedded default */
 	struct commit_part  *part;        /* every rank */
+	struct commit_leader *leader;     /* a node's first rank, in the hierarchical commit */
 };
 
 /* A committed step opened for reading (lib/load.c). Immutable after open, except

@@ -26,6 +26,8 @@ static const char *const fault_points[CKPT_FP_COUNT_] = {
 	[CKPT_FP_BEFORE_DECISION_SEND]    = "before_decision_send",
 	[CKPT_FP_AFTER_FOOTER_WRITE]      = "after_footer_write",
 	[CKPT_FP_MSG_SEND]                = "msg_send",
+	[CKPT_FP_LEADER_BEFORE_FORWARD]   = "leader_before_forward",
+	[CKPT_FP_LEADER_BEFORE_DECISION_RELAY] = "leader_before_decision_relay",
 };
 
 /* The armed fault (at most one per process), and the hit counter of its point. */

@@ -79,6 +79,20 @@ int commit_decide_gathered(struct manifest *m, const char *job_id, uint64_t step
                            uint32_t world, const struct commit_vote *votes,
                            struct commit_gather *g);
 
+/* The same decision from shard records prepared as the votes arrived
+ * (commit_shard_record), so that nothing per rank is left to build after the last
+ * vote. shards[r] is rank r's; the gather is not freed. Same returns. */
+int commit_decide_records(struct manifest *m, const char *job_id, uint64_t step,
+                          uint32_t world, const struct manifest_shard *shards,
+                          struct commit_gather *g);
+/* Rank v->rank's shard record for the commit transaction: its file (path, a
+ * buffer of the caller's that must live as long as *out), size, and where its
+ * footer (the index ix decoded from v) lies, with its hash. */
+#define COMMIT_SHARD_PATH_MAX 64
+void commit_shard_record(uint64_t step, const struct commit_vote *v,
+                         const struct io_shard_index *ix, char path[COMMIT_SHARD_PATH_MAX],
+                         struct manifest_shard *out);
+
 /* ------------------------------------------------------------------ coordinator
  * Listens for the W participants of a job, gathers BEGIN and PREPARE per step,
  * decides with commit_decide() in step order, and broadcasts the decision. Runs
@@ -104,16 +118,52 @@ struct commit_coord;
 int  commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **out);
 unsigned commit_coord_port(const struct commit_coord *c);
 /* Timing of the last step decided (benchmarks, logs): from the moment the last vote
- * was read off its connection to the moment the decision was sent to every rank. */
+ * was read off its connection to the moment the decision was sent on every link
+ * (to every rank, or to every node leader in the hierarchical commit). */
 struct commit_coord_stats {
 	uint64_t step;
 	uint64_t last_vote_ns;      /* decoding and checking the last vote */
 	uint64_t commit_ns;         /* final checks and the durable commit transaction */
-	uint64_t broadcast_ns;      /* sending the decision to every rank */
+	uint64_t broadcast_ns;      /* sending the decision on every link */
 	uint64_t total_ns;          /* last vote received -> decision sent */
+	uint32_t sends;             /* links the decision went to: ranks, or node leaders */
 };
 int  commit_coord_last_stats(struct commit_coord *c, struct commit_coord_stats *out);
 void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */
+
+/* ------------------------------------------------------------------ node leader
+ * The hierarchical commit (DESIGN §12, docs/protocol.md §2.8): the process of a
+ * node's local rank 0 relays between the node's ranks and the coordinator, which
+ * then exchanges messages with one connection per node. Votes are forwarded as
+ * they arrive (the coordinator checks each), decisions come once per node and go
+ * to each of its ranks. The node's ranks are first .. first+nranks-1 and connect
+ * with commit_part_connect to local_addr over NET_UNIX. Runs its own thread.
+ */
+struct commit_leader_opts {
+	int         transport;       /* to the coordinator (enum net_transport) */
+	const char *addr;            /* the coordinator's */
+	unsigned    port;
+	const char *local_addr;      /* where the node's ranks connect (commit_leader_addr) */
+	const char *job_id;
+	uint32_t    rank, world;     /* the leader's own rank: it joins the coordinator as it */
+	uint32_t    node;            /* the node's number, for messages */
+	uint32_t    first, nranks;   /* the node's ranks; rank is one of them */
+	const void *secret;
+	size_t      secret_len;
+	unsigned    timeout_ms;      /* connecting and joining */
+};
+struct commit_leader;
+/* Listen on local_addr, join the coordinator and announce the node's ranks.
+ * Errors: -EINVAL, -EADDRINUSE (another leader of this node runs here), the
+ * coordinator's refusal (CKPT_EPEER: a rank already served), connect and handshake
+ * errors (-ETIMEDOUT, CKPT_EAUTH, ...). */
+int  commit_leader_start(const struct commit_leader_opts *o, struct commit_leader **out);
+void commit_leader_stop(struct commit_leader *l);     /* NULL: no-op */
+/* The local address of the leader of the node whose first rank is first, in job
+ * job_id whose coordinator listens on port: "@libckpt-<hash of the job id>-<port>-
+ * <first>", a Linux abstract unix socket that every rank of the node can derive. */
+void commit_leader_addr(char *out, size_t cap, const char *job_id, unsigned port,
+                        uint32_t first);
 
 /* ------------------------------------------------------------------ participant
  * One connection per rank process to the coordinator, with a receiver thread that
@@ -127,6 +177,8 @@ struct commit_part_opts {
 	const void *secret;
 	size_t      secret_len;
 	unsigned    timeout_ms;      /* connect, and default for waits */
+	const char *peer_name;       /* optional: what messages call the peer (default
+	                                "coordinator ADDR:PORT"), e.g. through a node leader */
 };
 struct commit_part;
 /* Connect and authenticate. Errors: -ETIMEDOUT, CKPT_EAUTH, CKPT_EPEER, ... */

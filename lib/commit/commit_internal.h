@@ -7,6 +7,8 @@
 #define CKPT_COMMIT_INTERNAL_H
 
 #include "commit/commit.h"
+#include <pthread.h>
+
 #include "net/net.h"
 
 enum commit_msg_type {
@@ -15,7 +17,18 @@ enum commit_msg_type {
 	COMMIT_MSG_PREPARE     = 34,                  /* p -> c: {step, rank, size, hash, index} */
 	COMMIT_MSG_DECISION    = 35,                  /* c -> p: {step, code, reason} */
 	COMMIT_MSG_ABORT       = 36,                  /* p -> c: {step, code, reason} */
+	/* The hierarchical commit (docs/protocol.md §2.8): a node leader (l) between
+	 * its node's ranks and the coordinator. */
+	COMMIT_MSG_RELAY_HELLO = 37,                  /* l -> c: {node, n, ranks[n]} */
+	COMMIT_MSG_RELAY_WELCOME = 38,                /* c -> l: {0, code, reason} (status) */
+	COMMIT_MSG_RELAYED     = 39,                  /* l -> c: {rank, type, payload} */
+	COMMIT_MSG_TO_RANK     = 40,                  /* c -> l: {rank, type, payload} */
+	COMMIT_MSG_RANK_GONE   = 41,                  /* l -> c: {rank, reason} */
 };
+
+/* Largest set of ranks one leader may speak for (a node's ranks; the limit keeps
+ * a RELAY_HELLO inside the handshake-sized messages of any transport). */
+#define COMMIT_MAX_NODE_RANKS 4096u
 
 #define COMMIT_MAX_REASON 512u
 
@@ -34,5 +47,59 @@ int commit_step_decode(const void *p, size_t n, uint64_t *step);
 /* PREPARE; on decode, v->index points into the payload. */
 int commit_prepare_encode(const struct commit_vote *v, struct ckpt_buf *b);
 int commit_prepare_decode(const void *p, size_t n, struct commit_vote *v);
+
+/* RELAYED and TO_RANK: one rank's message, tagged. The inner payload is copied
+ * after the tag on encode; on decode *inner points into p. */
+#define COMMIT_RELAY_TAG_BYTES 8u     /* version, rank, type */
+int commit_relay_encode(uint32_t rank, uint16_t type, const void *inner, size_t inner_len,
+                        struct ckpt_buf *b);
+int commit_relay_decode(const void *p, size_t n, uint32_t *rank, uint16_t *type,
+                        const uint8_t **inner, size_t *inner_len);
+
+/* RELAY_HELLO: the ranks a leader speaks for, strictly ascending (so: distinct),
+ * 1..COMMIT_MAX_NODE_RANKS of them. On decode *ranks is malloc'd. */
+int commit_hello_encode(uint32_t node, const uint32_t *ranks, uint32_t n, struct ckpt_buf *b);
+int commit_hello_decode(const void *p, size_t n, uint32_t *node, uint32_t **ranks,
+                        uint32_t *nranks);
+
+/* RANK_GONE: a rank's connection to its leader ended. */
+int commit_gone_encode(uint32_t rank, const char *reason, struct ckpt_buf *b);
+int commit_gone_decode(const void *p, size_t n, uint32_t *rank,
+                       char reason[COMMIT_MAX_REASON + 1]);
+
+/* ------------------------------------------------------------------ accept.c
+ * Admitting peers on a listener, shared by the coordinator and the node leader:
+ * each accepted connection's handshake runs on a short-lived thread of its own (a
+ * silent or hostile client costs a thread for the handshake timeout, never the
+ * owner's poll loop); an admitted connection waits, by rank, until the owner's
+ * loop takes it. The owner's lock guards the acceptor's state too, so that the
+ * owner's admit check and the acceptor's own (no rank twice in a handshake or
+ * waiting to be taken) are one atomic decision. */
+struct commit_acceptor;
+/* Called with *lock held, after the peer proved the secret: may rank join? 0, or a
+ * code with the reason in *why (sent to the peer). */
+typedef int (*commit_admit_fn)(void *arg, uint32_t rank, const char **why);
+struct commit_acceptor_opts {
+	struct net_listener *lis;       /* borrowed; the owner closes it after the free */
+	const char          *job_id;    /* borrowed, like secret: outlive the acceptor */
+	uint32_t             world;
+	const void          *secret;
+	size_t               secret_len;
+	pthread_mutex_t     *lock;      /* the owner's */
+	commit_admit_fn      admit;
+	void                *arg;
+	int                  wake_fd;   /* a byte is written here when a connection is ready */
+	const char          *who;       /* "coordinator", for log lines */
+};
+int  commit_acceptor_create(const struct commit_acceptor_opts *o, struct commit_acceptor **out);
+/* The owner's loop, when the listener polls readable: accept what is pending. */
+void commit_acceptor_accept(struct commit_acceptor *a);
+/* With *lock held: is rank in a handshake, or admitted and not yet taken? */
+bool commit_acceptor_holds_locked(const struct commit_acceptor *a, uint32_t rank);
+/* With *lock held: an admitted connection not yet taken (NULL: none), its rank. */
+struct net_conn *commit_acceptor_take_locked(struct commit_acceptor *a, uint32_t *rank);
+/* Break handshakes still running (their peers are silent), wait for their threads,
+ * close what was admitted but never taken, free. Without *lock held. NULL: no-op. */
+void commit_acceptor_free(struct commit_acceptor *a);
 
 #endif /* CKPT_COMMIT_INTERNAL_H */

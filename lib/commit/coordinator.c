@@ -3,15 +3,25 @@
  * over lib/net, checking each as it arrives (gather.c), decides in step order, and
  * broadcasts the decision.
  *
- * One thread runs a poll loop over the listener and the W rank connections; it
- * never blocks on a peer (net_recv with timeout 0 keeps partial progress). The
- * handshake of a new connection runs in a short-lived thread of its own, so a
- * silent or hostile client costs a thread for the handshake timeout, not the job.
+ * One thread runs a poll loop over the listener and the links; it never blocks on
+ * a peer (net_recv with timeout 0 keeps partial progress). The handshake of a new
+ * connection runs in a short-lived thread of its own (accept.c), so a silent or
+ * hostile client costs a thread for the handshake timeout, not the job.
+ *
+ * A link is one connection: a rank's own, or a node leader's (the hierarchical
+ * commit, docs/protocol.md §2.8). A leader authenticates as its own rank, then
+ * announces the exact set of ranks it speaks for (RELAY_HELLO); from then on its
+ * messages are tagged with the rank they are from (RELAYED), replies to one rank go
+ * back tagged (TO_RANK), and a decision goes once per link, whatever the number of
+ * ranks behind it. Every rank belongs to at most one link at a time (owner[]): an
+ * announced set that overlaps another link, or a relayed message for a rank
+ * outside the link's set, closes that link with a logged reason.
  *
  * Presumed abort: a step aborts when a rank asks for it, when a rank that has not
- * voted disconnects, or when its votes are not all in timeout_ms after its first
- * vote. A step with every vote in is decided only when no lower step is still in
- * flight, so commits are ordered by step; it does not time out while it waits.
+ * voted disconnects (its own link, or its leader's, or its leader reports it gone),
+ * or when its votes are not all in timeout_ms after its first vote. A step with
+ * every vote in is decided only when no lower step is still in flight, so commits
+ * are ordered by step; it does not time out while it waits.
  *
  * Only BEGIN creates a step, and a vote counts only from a rank that began the
  * step's current attempt: a PREPARE that arrives after its step was decided (a
@@ -32,8 +42,8 @@
 
 #include "commit/commit_internal.h"
 
-#define HANDSHAKE_TIMEOUT_MS 10000
 #define SEND_TIMEOUT_MS      5000
+#define NO_OWNER             UINT32_MAX
 
 struct coord_step {
 	uint64_t            step;
@@ -44,10 +54,22 @@ struct coord_step {
 	char                why[COMMIT_MAX_REASON];
 	void              **payloads;          /* [world] PREPARE payloads (own the votes' bytes) */
 	struct commit_vote *votes;             /* [world] */
+	struct manifest_shard *shards;         /* [world] records for the commit txn, built per vote */
+	char              (*paths)[COMMIT_SHARD_PATH_MAX];   /* [world] their paths */
 	struct commit_gather *gather;          /* votes decoded and checked as they arrive */
 	uint64_t            t_last_recv;       /* the last vote read off its connection */
 	uint64_t            t_last_done;       /* ... and decoded and checked */
 	struct coord_step  *next;              /* ascending by step */
+};
+
+/* One connection, known by the rank it authenticated as. Loop thread only. */
+struct coord_link {
+	struct net_conn *conn;                 /* NULL: no link under this rank */
+	bool             used;                 /* has sent a message: too late to announce */
+	bool             relay;                /* a node leader: speaks for ranks[] */
+	uint32_t         node;
+	uint32_t        *ranks;                /* relay: ascending, includes its own rank */
+	uint32_t         nranks;
 };
 
 struct commit_coord {
@@ -58,49 +80,33 @@ struct commit_coord {
 	size_t               secret_len;
 	unsigned             timeout_ms;
 	struct net_listener *lis;
+	struct commit_acceptor *acc;
 	pthread_t            thread;
+	bool                 thread_started;
 	int                  wake[2];
 
-	/* Shared with handshake threads, under lock. */
-	pthread_mutex_t      lock;
-	pthread_cond_t       cond;
-	struct net_conn    **conns;            /* [world]: established, owned by the loop */
-	struct net_conn    **arrived;          /* [world]: handshaken, not yet taken by the loop */
-	bool                *reserved;         /* [world]: a handshake claims this rank */
-	unsigned             handshakes;       /* running handshake threads */
-	struct handshake_arg *pending;         /* their connections, for stop to break */
+	pthread_mutex_t      lock;             /* owner[], stop, stats; the acceptor's state */
+	uint32_t            *owner;            /* [world]: the link that speaks for a rank;
+	                                          written by the loop under lock, read by
+	                                          handshake threads under lock */
 	bool                 stop;
 
+	struct coord_link   *links;            /* [world], loop thread only */
 	struct coord_step   *steps;            /* loop thread only */
 	struct commit_coord_stats stats;       /* last decided step, under lock */
 };
 
-struct handshake_arg {
-	struct commit_coord  *c;
-	struct net_conn      *conn;
-	bool                  reserved;
-	uint32_t              rank;
-	struct handshake_arg *next;        /* c->pending, under c->lock, while it runs */
-};
-
 /* ------------------------------------------------------------------ handshakes */
 
-static int coord_rank_check(void *arg, uint32_t rank, const char **why)
+/* Under c->lock (accept.c): a rank may join if no link speaks for it. */
+static int coord_admit(void *arg, uint32_t rank, const char **why)
 {
-	struct handshake_arg *h = arg;
-	struct commit_coord *c = h->c;
-	int rc = 0;
-	pthread_mutex_lock(&c->lock);
-	if (c->conns[rank] || c->arrived[rank] || c->reserved[rank]) {
-		*why = "that rank is already connected";
-		rc = CKPT_EPEER;
-	} else {
-		c->reserved[rank] = true;
-		h->reserved = true;
-		h->rank = rank;
-	}
-	pthread_mutex_unlock(&c->lock);
-	return rc;
+	struct commit_coord *c = arg;
+	if (c->owner[rank] == NO_OWNER)
+		return 0;
+	*why = c->owner[rank] == rank ? "that rank is already connected"
+	                              : "that rank is already served by its node leader";
+	return CKPT_EPEER;
 }
 
 static void coord_wake(struct commit_coord *c)
@@ -108,88 +114,6 @@ static void coord_wake(struct commit_coord *c)
 	char b = 1;
 	ssize_t n = write(c->wake[1], &b, 1);
 	(void)n;
-}
-
-static void *handshake_main(void *p)
-{
-	struct handshake_arg *h = p;
-	struct commit_coord *c = h->c;
-	struct net_auth a = { .job_id = c->job_id, .world = c->world, .secret = c->secret,
-	                      .secret_len = c->secret_len };
-	uint32_t rank = 0;
-	int rc = net_handshake_server(h->conn, &a, coord_rank_check, h, &rank, HANDSHAKE_TIMEOUT_MS);
-	if (rc)
-		ckpt_log(CKPT_LOG_WARN, "coordinator: rejected %s: %s", net_conn_name(h->conn),
-		         ckpt_err_msg());
-	bool handed = false;
-	pthread_mutex_lock(&c->lock);
-	/* Off the pending list before its connection can be closed or handed on: stop
-	 * breaks the connections on that list, under the same lock. */
-	for (struct handshake_arg **pp = &c->pending; *pp; pp = &(*pp)->next) {
-		if (*pp == h) {
-			*pp = h->next;
-			break;
-		}
-	}
-	if (h->reserved)
-		c->reserved[h->rank] = false;
-	if (!rc && !c->stop) {
-		c->arrived[rank] = h->conn;
-		h->conn = NULL;
-		handed = true;
-	}
-	pthread_mutex_unlock(&c->lock);
-	net_close(h->conn);
-	if (handed)
-		coord_wake(c);
-	/* The last touch of c: commit_coord_stop frees it (and closes the wake pipe)
-	 * as soon as handshakes reaches 0. */
-	pthread_mutex_lock(&c->lock);
-	c->handshakes--;
-	pthread_cond_broadcast(&c->cond);
-	pthread_mutex_unlock(&c->lock);
-	free(h);
-	return NULL;
-}
-
-static void coord_accept(struct commit_coord *c)
-{
-	for (;;) {
-		struct net_conn *conn;
-		if (net_accept(c->lis, 0, &conn))
-			return;
-		struct handshake_arg *h = calloc(1, sizeof *h);
-		pthread_t t;
-		pthread_attr_t attr;
-		pthread_attr_init(&attr);
-		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		if (h) {
-			h->c = c;
-			h->conn = conn;
-		}
-		pthread_mutex_lock(&c->lock);
-		c->handshakes++;
-		if (h) {
-			h->next = c->pending;
-			c->pending = h;
-		}
-		pthread_mutex_unlock(&c->lock);
-		if (!h || pthread_create(&t, &attr, handshake_main, h)) {
-			ckpt_log(CKPT_LOG_ERROR, "coordinator: cannot start a handshake thread");
-			pthread_mutex_lock(&c->lock);
-			for (struct handshake_arg **pp = &c->pending; h && *pp; pp = &(*pp)->next) {
-				if (*pp == h) {
-					*pp = h->next;
-					break;
-				}
-			}
-			c->handshakes--;
-			pthread_mutex_unlock(&c->lock);
-			net_close(conn);
-			free(h);
-		}
-		pthread_attr_destroy(&attr);
-	}
 }
 
 /* ------------------------------------------------------------------ steps */
@@ -208,14 +132,18 @@ static struct coord_step *step_find(struct commit_coord *c, uint64_t step, bool 
 		s->payloads = calloc(c->world, sizeof *s->payloads);
 		s->votes = calloc(c->world, sizeof *s->votes);
 		s->began = calloc(c->world, sizeof *s->began);
+		s->shards = calloc(c->world, sizeof *s->shards);
+		s->paths = calloc(c->world, sizeof *s->paths);
 		if (commit_gather_create(c->world, step, true, &s->gather))
 			s->gather = NULL;
 	}
-	if (!s || !s->payloads || !s->votes || !s->began || !s->gather) {
+	if (!s || !s->payloads || !s->votes || !s->began || !s->shards || !s->paths || !s->gather) {
 		if (s) {
 			free(s->payloads);
 			free(s->votes);
 			free(s->began);
+			free(s->shards);
+			free(s->paths);
 			commit_gather_free(s->gather);
 		}
 		free(s);
@@ -234,6 +162,8 @@ static void step_free(struct commit_coord *c, struct coord_step *s)
 	free(s->payloads);
 	free(s->votes);
 	free(s->began);
+	free(s->shards);
+	free(s->paths);
 	commit_gather_free(s->gather);
 	free(s);
 }
@@ -251,49 +181,87 @@ static void step_abort(struct coord_step *s, int code, const char *fmt, ...)
 	va_end(ap);
 }
 
-/* ------------------------------------------------------------------ connections */
-
-static void conn_drop(struct commit_coord *c, uint32_t rank, const char *why)
+/* A rank that had not voted never will: its steps cannot commit. True if any
+ * step was hurt. how: "disconnected", "was lost by its node leader", ... */
+static bool rank_lost(struct commit_coord *c, uint32_t rank, const char *how, const char *why)
 {
-	/* A rank that had not voted never will: its steps cannot commit. */
 	bool hurt = false;
 	for (struct coord_step *s = c->steps; s; s = s->next) {
 		if (!s->payloads[rank]) {
-			step_abort(s, CKPT_EABORTED, "rank %u disconnected before voting for step %llu (%s)",
-			           rank, (unsigned long long)s->step, why);
+			step_abort(s, CKPT_EABORTED, "rank %u %s before voting for step %llu (%s)", rank,
+			           how, (unsigned long long)s->step, why);
 			hurt = true;
 		}
 	}
-	/* A rank leaving between saves is the normal end of a job. */
-	ckpt_log(hurt ? CKPT_LOG_WARN : CKPT_LOG_INFO, "coordinator: closing %s: %s",
-	         net_conn_name(c->conns[rank]), why);
-	net_close(c->conns[rank]);
-	pthread_mutex_lock(&c->lock);
-	c->conns[rank] = NULL;
-	pthread_mutex_unlock(&c->lock);
+	return hurt;
 }
 
-static int send_status(struct commit_coord *c, uint32_t rank, uint16_t type, uint64_t step,
-                       int code, const char *reason)
+/* ------------------------------------------------------------------ links */
+
+static void link_drop(struct commit_coord *c, uint32_t l, const char *why)
+{
+	struct coord_link *k = &c->links[l];
+	bool hurt = false;
+	if (k->relay) {
+		char how[96];
+		snprintf(how, sizeof how, "disconnected (its node leader, rank %u, is gone)", l);
+		for (uint32_t i = 0; i < k->nranks; i++)
+			hurt |= rank_lost(c, k->ranks[i], how, why);
+	} else {
+		hurt = rank_lost(c, l, "disconnected", why);
+	}
+	/* A rank (or a node) leaving between saves is the normal end of a job. */
+	if (k->relay)
+		ckpt_log(hurt ? CKPT_LOG_WARN : CKPT_LOG_INFO, "coordinator: closing %s, the leader "
+		         "of node %u (%u ranks): %s", net_conn_name(k->conn), k->node, k->nranks, why);
+	else
+		ckpt_log(hurt ? CKPT_LOG_WARN : CKPT_LOG_INFO, "coordinator: closing %s: %s",
+		         net_conn_name(k->conn), why);
+	/* The ranks are free again before the peer can see the close: one that
+	 * reconnects at once must not be refused as still connected. */
+	pthread_mutex_lock(&c->lock);
+	if (k->relay) {
+		for (uint32_t i = 0; i < k->nranks; i++)
+			c->owner[k->ranks[i]] = NO_OWNER;
+	} else {
+		c->owner[l] = NO_OWNER;
+	}
+	pthread_mutex_unlock(&c->lock);
+	net_close(k->conn);
+	free(k->ranks);
+	memset(k, 0, sizeof *k);
+}
+
+/* Send one rank a status (BEGIN_REPLY, or a DECISION for it alone): on its own
+ * link as is, through its leader tagged with its rank. */
+static int send_status(struct commit_coord *c, uint32_t l, uint32_t rank, uint16_t type,
+                       uint64_t step, int code, const char *reason)
 {
 	struct commit_status_msg m = { .step = step, .code = code };
 	snprintf(m.reason, sizeof m.reason, "%s", reason ? reason : "");
-	struct ckpt_buf b;
+	struct ckpt_buf b, t;
 	ckpt_buf_init(&b);
+	ckpt_buf_init(&t);
 	int rc = commit_status_encode(&m, &b);
-	if (!rc)
-		rc = net_send(c->conns[rank], type, b.p, b.len, SEND_TIMEOUT_MS);
+	if (!rc && c->links[l].relay) {
+		rc = commit_relay_encode(rank, type, b.p, b.len, &t);
+		if (!rc)
+			rc = net_send(c->links[l].conn, COMMIT_MSG_TO_RANK, t.p, t.len, SEND_TIMEOUT_MS);
+	} else if (!rc) {
+		rc = net_send(c->links[l].conn, type, b.p, b.len, SEND_TIMEOUT_MS);
+	}
 	ckpt_buf_free(&b);
+	ckpt_buf_free(&t);
 	if (rc)
-		conn_drop(c, rank, ckpt_err_msg());
+		link_drop(c, l, ckpt_err_msg());
 	return rc;
 }
 
-static void on_begin(struct commit_coord *c, uint32_t rank, const struct net_msg *m)
+static void on_begin(struct commit_coord *c, uint32_t l, uint32_t rank, const void *p, size_t n)
 {
 	uint64_t step;
-	if (commit_step_decode(m->payload, m->len, &step)) {
-		conn_drop(c, rank, ckpt_err_msg());
+	if (commit_step_decode(p, n, &step)) {
+		link_drop(c, l, ckpt_err_msg());
 		return;
 	}
 	struct manifest_step rec;
@@ -301,52 +269,63 @@ static void on_begin(struct commit_coord *c, uint32_t rank, const struct net_msg
 	if (rc == 0 && rec.state == CKPT_STATE_COMMITTED) {
 		char why[96];
 		snprintf(why, sizeof why, "step %llu is already committed", (unsigned long long)step);
-		send_status(c, rank, COMMIT_MSG_BEGIN_REPLY, step, -EEXIST, why);
+		send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, -EEXIST, why);
 		return;
 	}
 	if (rc && rc != CKPT_ENOTFOUND) {
-		send_status(c, rank, COMMIT_MSG_BEGIN_REPLY, step, rc, ckpt_err_msg());
+		send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, rc, ckpt_err_msg());
 		return;
 	}
 	struct coord_step *s = step_find(c, step, true);
 	if (!s) {
-		send_status(c, rank, COMMIT_MSG_BEGIN_REPLY, step, -ENOMEM, "coordinator out of memory");
+		send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, -ENOMEM,
+		            "coordinator out of memory");
 		return;
 	}
 	s->began[rank] = true;
-	send_status(c, rank, COMMIT_MSG_BEGIN_REPLY, step, 0, NULL);
+	send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, 0, NULL);
 }
 
-static void on_prepare(struct commit_coord *c, uint32_t rank, struct net_msg *m)
+/* rank's vote: the PREPARE payload lies at offset off of m's (off > 0: relayed). */
+static void on_prepare(struct commit_coord *c, uint32_t l, uint32_t rank, struct net_msg *m,
+                       size_t off)
 {
 	uint64_t t_recv = ckpt_now_ns();
 	struct commit_vote v;
-	if (commit_prepare_decode(m->payload, m->len, &v)) {
-		conn_drop(c, rank, ckpt_err_msg());
+	if (commit_prepare_decode((const uint8_t *)m->payload + off, m->len - off, &v)) {
+		link_drop(c, l, ckpt_err_msg());
 		return;
 	}
 	if (v.rank != rank) {
-		/* An authenticated rank may only vote for itself. */
-		char why[96];
-		snprintf(why, sizeof why, "rank %u sent a vote for rank %u", rank, v.rank);
-		conn_drop(c, rank, why);
+		/* A rank may only vote for itself; a leader only as the rank it relays. */
+		char why[128];
+		if (c->links[l].relay)
+			snprintf(why, sizeof why, "the node leader relayed, as rank %u, a vote for rank %u",
+			         rank, v.rank);
+		else
+			snprintf(why, sizeof why, "rank %u sent a vote for rank %u", rank, v.rank);
+		link_drop(c, l, why);
 		return;
 	}
-	struct manifest_step rec;
-	if (manifest_step_get(c->manifest, v.step, &rec) == 0 && rec.state == CKPT_STATE_COMMITTED) {
-		ckpt_log(CKPT_LOG_WARN, "coordinator: ignoring a PREPARE of rank %u for committed step %llu",
-		         rank, (unsigned long long)v.step);
-		return;
-	}
+	/* Only BEGIN creates a step, and only after the manifest said the step is not
+	 * committed; this coordinator alone commits, so a step in flight is not
+	 * committed and needs no look-up here. */
 	struct coord_step *s = step_find(c, v.step, false);
 	if (!s || !s->began[rank]) {
+		struct manifest_step rec;
+		if (manifest_step_get(c->manifest, v.step, &rec) == 0 &&
+		    rec.state == CKPT_STATE_COMMITTED) {
+			ckpt_log(CKPT_LOG_WARN, "coordinator: ignoring a PREPARE of rank %u for committed "
+			         "step %llu", rank, (unsigned long long)v.step);
+			return;
+		}
 		/* Late (its step was decided) or never begun: not a vote. The rank hears
 		 * so, in case it is still waiting; a rank keeps the first decision. */
 		char why[128];
 		snprintf(why, sizeof why, "step %llu: the vote of rank %u came for no save in flight "
 		         "that it had begun", (unsigned long long)v.step, rank);
 		ckpt_log(CKPT_LOG_WARN, "coordinator: ignoring it: %s", why);
-		send_status(c, rank, COMMIT_MSG_DECISION, v.step, CKPT_EABORTED, why);
+		send_status(c, l, rank, COMMIT_MSG_DECISION, v.step, CKPT_EABORTED, why);
 		return;
 	}
 	if (s->payloads[rank]) {
@@ -358,7 +337,8 @@ static void on_prepare(struct commit_coord *c, uint32_t rank, struct net_msg *m)
 	m->payload = NULL;
 	s->votes[rank] = v;
 	/* Decode and check the vote now, while other ranks are still writing: when the
-	 * last vote arrives, only its own checks and the commit are left. */
+	 * last vote arrives, only its own checks and the commit are left. Its shard
+	 * record for the commit transaction is built now too. */
 	struct io_shard_index *ix;
 	if (io_index_decode(v.index, v.index_len, &ix)) {
 		step_abort(s, CKPT_EABORTED, "step %llu: the index of rank %u does not decode: %s",
@@ -368,8 +348,10 @@ static void on_prepare(struct commit_coord *c, uint32_t rank, struct net_msg *m)
 		           "rank %u", (unsigned long long)v.step, rank, (unsigned long long)ix->step,
 		           ix->rank);
 		io_index_free(ix);
-	} else if (commit_gather_add(s->gather, ix)) {
-		step_abort(s, CKPT_EABORTED, "%s", ckpt_err_msg());
+	} else {
+		commit_shard_record(v.step, &v, ix, s->paths[rank], &s->shards[rank]);
+		if (commit_gather_add(s->gather, ix))
+			step_abort(s, CKPT_EABORTED, "%s", ckpt_err_msg());
 	}
 	s->t_last_recv = t_recv;
 	s->t_last_done = ckpt_now_ns();
@@ -379,11 +361,11 @@ static void on_prepare(struct commit_coord *c, uint32_t rank, struct net_msg *m)
 		s->deadline_ns = ckpt_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
 }
 
-static void on_abort(struct commit_coord *c, uint32_t rank, const struct net_msg *m)
+static void on_abort(struct commit_coord *c, uint32_t l, uint32_t rank, const void *p, size_t n)
 {
 	struct commit_status_msg st;
-	if (commit_status_decode(m->payload, m->len, &st)) {
-		conn_drop(c, rank, ckpt_err_msg());
+	if (commit_status_decode(p, n, &st)) {
+		link_drop(c, l, ckpt_err_msg());
 		return;
 	}
 	struct coord_step *s = step_find(c, st.step, false);
@@ -391,38 +373,163 @@ static void on_abort(struct commit_coord *c, uint32_t rank, const struct net_msg
 		step_abort(s, CKPT_EABORTED, "rank %u failed: %s", rank, st.reason);
 }
 
-static void conn_read(struct commit_coord *c, uint32_t rank)
+/* A node leader announces the ranks it speaks for: all inside the world, its own
+ * rank among them, none served by another link or in a handshake. Refused: the
+ * leader hears why, and the link is closed. */
+static void on_relay_hello(struct commit_coord *c, uint32_t l, const struct net_msg *m)
 {
-	while (c->conns[rank]) {
+	uint32_t node, *ranks, n;
+	if (commit_hello_decode(m->payload, m->len, &node, &ranks, &n)) {
+		link_drop(c, l, ckpt_err_msg());
+		return;
+	}
+	char why[192] = "";
+	bool self = false;
+	pthread_mutex_lock(&c->lock);
+	for (uint32_t i = 0; i < n && !why[0]; i++) {
+		uint32_t r = ranks[i];
+		if (r >= c->world)
+			snprintf(why, sizeof why, "rank %u is out of range for world size %u", r, c->world);
+		else if (r == l)
+			self = true;
+		else if (c->owner[r] != NO_OWNER || commit_acceptor_holds_locked(c->acc, r))
+			snprintf(why, sizeof why, "rank %u is already connected%s", r,
+			         c->owner[r] != NO_OWNER && c->owner[r] != r ? " through another leader" : "");
+	}
+	if (!why[0] && !self)
+		snprintf(why, sizeof why, "its own rank %u is not among the ranks it announced", l);
+	if (!why[0])
+		for (uint32_t i = 0; i < n; i++)
+			c->owner[ranks[i]] = l;
+	pthread_mutex_unlock(&c->lock);
+	struct coord_link *k = &c->links[l];
+	if (why[0]) {
+		char full[COMMIT_MAX_REASON];
+		snprintf(full, sizeof full, "node leader (rank %u) of node %u refused: %s", l, node, why);
+		free(ranks);
+		if (!send_status(c, l, l, COMMIT_MSG_RELAY_WELCOME, 0, CKPT_EPEER, full))
+			link_drop(c, l, full);
+		return;
+	}
+	k->relay = true;
+	k->node = node;
+	k->ranks = ranks;
+	k->nranks = n;
+	ckpt_log(CKPT_LOG_INFO, "coordinator: %s leads node %u: ranks %u..%u (%u)",
+	         net_conn_name(k->conn), node, ranks[0], ranks[n - 1], n);
+	struct commit_status_msg ok = { .step = 0, .code = 0 };
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	int rc = commit_status_encode(&ok, &b);
+	if (!rc)
+		rc = net_send(k->conn, COMMIT_MSG_RELAY_WELCOME, b.p, b.len, SEND_TIMEOUT_MS);
+	ckpt_buf_free(&b);
+	if (rc)
+		link_drop(c, l, ckpt_err_msg());
+}
+
+/* A message a node leader relays for one of its ranks. */
+static void on_relayed(struct commit_coord *c, uint32_t l, struct net_msg *m)
+{
+	uint32_t rank;
+	uint16_t type;
+	const uint8_t *inner;
+	size_t n;
+	if (commit_relay_decode(m->payload, m->len, &rank, &type, &inner, &n)) {
+		link_drop(c, l, ckpt_err_msg());
+		return;
+	}
+	if (rank >= c->world || c->owner[rank] != l) {
+		char why[160];
+		snprintf(why, sizeof why, "the node leader relayed a message for rank %u, which is "
+		         "not among the ranks it announced", rank);
+		link_drop(c, l, why);
+		return;
+	}
+	switch (type) {
+	case COMMIT_MSG_BEGIN:   on_begin(c, l, rank, inner, n); break;
+	case COMMIT_MSG_PREPARE: on_prepare(c, l, rank, m, COMMIT_RELAY_TAG_BYTES); break;
+	case COMMIT_MSG_ABORT:   on_abort(c, l, rank, inner, n); break;
+	default: {
+		char why[96];
+		snprintf(why, sizeof why, "the node leader relayed a message of type %u for rank %u",
+		         type, rank);
+		link_drop(c, l, why);
+	}
+	}
+}
+
+static void on_rank_gone(struct commit_coord *c, uint32_t l, const struct net_msg *m)
+{
+	uint32_t rank;
+	char reason[COMMIT_MAX_REASON + 1];
+	if (commit_gone_decode(m->payload, m->len, &rank, reason)) {
+		link_drop(c, l, ckpt_err_msg());
+		return;
+	}
+	if (rank >= c->world || c->owner[rank] != l) {
+		char why[160];
+		snprintf(why, sizeof why, "the node leader reported rank %u gone, which is not among "
+		         "the ranks it announced", rank);
+		link_drop(c, l, why);
+		return;
+	}
+	bool hurt = rank_lost(c, rank, "disconnected from its node leader", reason);
+	ckpt_log(hurt ? CKPT_LOG_WARN : CKPT_LOG_INFO, "coordinator: rank %u left node leader %s: %s",
+	         rank, net_conn_name(c->links[l].conn), reason);
+}
+
+static void link_read(struct commit_coord *c, uint32_t l)
+{
+	struct coord_link *k = &c->links[l];
+	while (k->conn) {
 		struct net_msg m;
-		int rc = net_recv(c->conns[rank], &m, 0);
+		int rc = net_recv(k->conn, &m, 0);
 		if (rc == -EAGAIN)
 			return;
 		if (rc) {
-			conn_drop(c, rank, rc == -ECONNRESET ? "peer closed the connection" : ckpt_err_msg());
+			link_drop(c, l, rc == -ECONNRESET ? "peer closed the connection" : ckpt_err_msg());
 			return;
 		}
-		switch (m.type) {
-		case COMMIT_MSG_BEGIN:   on_begin(c, rank, &m); break;
-		case COMMIT_MSG_PREPARE: on_prepare(c, rank, &m); break;
-		case COMMIT_MSG_ABORT:   on_abort(c, rank, &m); break;
-		default: {
-			char why[64];
-			snprintf(why, sizeof why, "unexpected message type %u", m.type);
-			conn_drop(c, rank, why);
+		bool first = !k->used;
+		k->used = true;
+		char why[96] = "";
+		if (k->relay) {
+			switch (m.type) {
+			case COMMIT_MSG_RELAYED:   on_relayed(c, l, &m); break;
+			case COMMIT_MSG_RANK_GONE: on_rank_gone(c, l, &m); break;
+			default: snprintf(why, sizeof why, "unexpected message type %u from a node leader",
+			                  m.type);
+			}
+		} else {
+			switch (m.type) {
+			case COMMIT_MSG_BEGIN:   on_begin(c, l, l, m.payload, m.len); break;
+			case COMMIT_MSG_PREPARE: on_prepare(c, l, l, &m, 0); break;
+			case COMMIT_MSG_ABORT:   on_abort(c, l, l, m.payload, m.len); break;
+			case COMMIT_MSG_RELAY_HELLO:
+				if (first)
+					on_relay_hello(c, l, &m);
+				else
+					snprintf(why, sizeof why, "RELAY_HELLO after other messages");
+				break;
+			default: snprintf(why, sizeof why, "unexpected message type %u", m.type);
+			}
 		}
-		}
+		if (why[0])
+			link_drop(c, l, why);
 		net_msg_free(&m);
 	}
 }
 
 /* ------------------------------------------------------------------ decisions */
 
-static void broadcast(struct commit_coord *c, uint64_t step, int code, const char *why)
+/* The decision to every link: a rank's own, or once per node leader, which hands
+ * it to its ranks. Returns the number of sends. */
+static uint32_t broadcast(struct commit_coord *c, uint64_t step, int code, const char *why)
 {
 	if (ckpt_fault(CKPT_FP_BEFORE_DECISION_SEND) == CKPT_FA_DROP)
-		return;
-	/* One encoding for every rank: the broadcast is on the commit's critical path. */
+		return 0;
+	/* One encoding for every link: the broadcast is on the commit's critical path. */
 	struct commit_status_msg m = { .step = step, .code = code };
 	snprintf(m.reason, sizeof m.reason, "%s", why ? why : "");
 	struct ckpt_buf b;
@@ -431,12 +538,18 @@ static void broadcast(struct commit_coord *c, uint64_t step, int code, const cha
 		ckpt_log(CKPT_LOG_ERROR, "coordinator: step %llu: cannot encode the decision: %s",
 		         (unsigned long long)step, ckpt_err_msg());
 		ckpt_buf_free(&b);
-		return;
+		return 0;
 	}
-	for (uint32_t r = 0; r < c->world; r++)
-		if (c->conns[r] && net_send(c->conns[r], COMMIT_MSG_DECISION, b.p, b.len, SEND_TIMEOUT_MS))
-			conn_drop(c, r, ckpt_err_msg());
+	uint32_t sends = 0;
+	for (uint32_t l = 0; l < c->world; l++) {
+		if (!c->links[l].conn)
+			continue;
+		sends++;
+		if (net_send(c->links[l].conn, COMMIT_MSG_DECISION, b.p, b.len, SEND_TIMEOUT_MS))
+			link_drop(c, l, ckpt_err_msg());
+	}
 	ckpt_buf_free(&b);
+	return sends;
 }
 
 static void step_decide(struct commit_coord *c, struct coord_step *s)
@@ -446,8 +559,8 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 	snprintf(why, sizeof why, "%s", s->why);
 	uint64_t t_commit = ckpt_now_ns();
 	if (!code) {
-		int rc = commit_decide_gathered(c->manifest, c->job_id, s->step, c->world, s->votes,
-		                                s->gather);
+		int rc = commit_decide_records(c->manifest, c->job_id, s->step, c->world, s->shards,
+		                               s->gather);
 		/* The reason goes to the ranks: copied before the manifest is asked again. */
 		snprintf(why, sizeof why, "%s", rc ? ckpt_err_msg() : "");
 		/* The manifest decides: a failure after the commit transaction (an injected
@@ -475,14 +588,14 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 			manifest_record_abort(c->manifest, s->step, c->world, why);
 	}
 	uint64_t t_sent = ckpt_now_ns();
-	broadcast(c, s->step, code, why);
+	uint32_t sends = broadcast(c, s->step, code, why);
 	uint64_t t_end = ckpt_now_ns();
 	if (!code && s->t_last_recv) {
 		pthread_mutex_lock(&c->lock);
 		c->stats = (struct commit_coord_stats){
 			.step = s->step, .last_vote_ns = s->t_last_done - s->t_last_recv,
 			.commit_ns = t_sent - t_commit, .broadcast_ns = t_end - t_sent,
-			.total_ns = t_end - s->t_last_recv,
+			.total_ns = t_end - s->t_last_recv, .sends = sends,
 		};
 		pthread_mutex_unlock(&c->lock);
 	}
@@ -525,6 +638,20 @@ static int steps_process(struct commit_coord *c)
 
 /* ------------------------------------------------------------------ the loop */
 
+/* Connections whose handshake is done become links (a rank's own, until it
+ * announces itself as a node leader). */
+static void links_take(struct commit_coord *c)
+{
+	pthread_mutex_lock(&c->lock);
+	uint32_t rank;
+	struct net_conn *conn;
+	while ((conn = commit_acceptor_take_locked(c->acc, &rank))) {
+		c->links[rank] = (struct coord_link){ .conn = conn };
+		c->owner[rank] = rank;
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
 static void *coord_main(void *arg)
 {
 	struct commit_coord *c = arg;
@@ -539,23 +666,18 @@ static void *coord_main(void *arg)
 	for (;;) {
 		pthread_mutex_lock(&c->lock);
 		bool stop = c->stop;
-		for (uint32_t r = 0; r < c->world; r++) {
-			if (c->arrived[r]) {
-				c->conns[r] = c->arrived[r];
-				c->arrived[r] = NULL;
-			}
-		}
 		pthread_mutex_unlock(&c->lock);
 		if (stop)
 			break;
+		links_take(c);
 		int timeout = steps_process(c);
 		nfds_t n = 0;
 		pf[n++] = (struct pollfd){ .fd = c->wake[0], .events = POLLIN };
 		pf[n++] = (struct pollfd){ .fd = net_listener_fd(c->lis), .events = POLLIN };
-		for (uint32_t r = 0; r < c->world; r++) {
-			if (c->conns[r]) {
-				who[n] = r;
-				pf[n++] = (struct pollfd){ .fd = net_conn_fd(c->conns[r]), .events = POLLIN };
+		for (uint32_t l = 0; l < c->world; l++) {
+			if (c->links[l].conn) {
+				who[n] = l;
+				pf[n++] = (struct pollfd){ .fd = net_conn_fd(c->links[l].conn), .events = POLLIN };
 			}
 		}
 		if (poll(pf, n, timeout) < 0 && errno != EINTR)
@@ -566,10 +688,10 @@ static void *coord_main(void *arg)
 				;
 		}
 		if (pf[1].revents)
-			coord_accept(c);
+			commit_acceptor_accept(c->acc);
 		for (nfds_t i = 2; i < n; i++)
 			if (pf[i].revents)
-				conn_read(c, who[i]);
+				link_read(c, who[i]);
 	}
 	free(pf);
 	free(who);
@@ -588,14 +710,15 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 		return ckpt_err(-ENOMEM, "coordinator");
 	c->wake[0] = c->wake[1] = -1;
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
 	c->manifest = o->manifest;
 	c->world = o->world;
 	c->timeout_ms = o->timeout_ms;
 	c->job_id = strdup(o->job_id);
-	c->conns = calloc(o->world, sizeof *c->conns);
-	c->arrived = calloc(o->world, sizeof *c->arrived);
-	c->reserved = calloc(o->world, sizeof *c->reserved);
+	c->links = calloc(o->world, sizeof *c->links);
+	c->owner = malloc(o->world * sizeof *c->owner);
+	if (c->owner)
+		for (uint32_t r = 0; r < o->world; r++)
+			c->owner[r] = NO_OWNER;
 	if (o->secret_len) {
 		c->secret = malloc(o->secret_len);
 		if (c->secret)
@@ -603,7 +726,7 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 		c->secret_len = o->secret_len;
 	}
 	int rc;
-	if (!c->job_id || !c->conns || !c->arrived || !c->reserved || (o->secret_len && !c->secret)) {
+	if (!c->job_id || !c->links || !c->owner || (o->secret_len && !c->secret)) {
 		rc = ckpt_err(-ENOMEM, "coordinator");
 		goto fail;
 	}
@@ -615,17 +738,23 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 		ckpt_err_prefix(rc, "coordinator of job '%s' on %s:%u", o->job_id, o->addr, o->port);
 		goto fail;
 	}
+	struct commit_acceptor_opts ao = {
+		.lis = c->lis, .job_id = c->job_id, .world = c->world, .secret = c->secret,
+		.secret_len = c->secret_len, .lock = &c->lock, .admit = coord_admit, .arg = c,
+		.wake_fd = c->wake[1], .who = "coordinator",
+	};
+	if ((rc = commit_acceptor_create(&ao, &c->acc)))
+		goto fail;
 	if ((rc = pthread_create(&c->thread, NULL, coord_main, c))) {
 		rc = ckpt_err(-rc, "coordinator thread");
 		goto fail;
 	}
+	c->thread_started = true;
 	ckpt_log(CKPT_LOG_INFO, "coordinator of job '%s' listening on %s:%u for %u ranks", o->job_id,
 	         o->addr, net_listener_port(c->lis), o->world);
 	*out = c;
 	return 0;
 fail:
-	net_listener_close(c->lis);
-	c->lis = NULL;
 	commit_coord_stop(c);
 	return rc;
 }
@@ -650,21 +779,16 @@ void commit_coord_stop(struct commit_coord *c)
 	pthread_mutex_lock(&c->lock);
 	c->stop = true;
 	pthread_mutex_unlock(&c->lock);
-	if (c->lis) {
+	if (c->thread_started) {
 		coord_wake(c);
 		pthread_join(c->thread, NULL);
 	}
-	/* Handshakes still running are waiting on silent peers: break their connections
-	 * so that they end now, not at their timeout; they see stop and close. */
-	pthread_mutex_lock(&c->lock);
-	for (struct handshake_arg *h = c->pending; h; h = h->next)
-		net_conn_shutdown(h->conn);
-	while (c->handshakes)
-		pthread_cond_wait(&c->cond, &c->lock);
-	pthread_mutex_unlock(&c->lock);
-	for (uint32_t r = 0; c->conns && r < c->world; r++) {
-		net_close(c->conns[r]);
-		net_close(c->arrived[r]);
+	/* Handshakes still running are broken and waited for, before the wake pipe
+	 * they write to is closed. */
+	commit_acceptor_free(c->acc);
+	for (uint32_t l = 0; c->links && l < c->world; l++) {
+		net_close(c->links[l].conn);
+		free(c->links[l].ranks);
 	}
 	while (c->steps) {
 		struct coord_step *s = c->steps;
@@ -681,10 +805,8 @@ void commit_coord_stop(struct commit_coord *c)
 		free(c->secret);
 	}
 	free(c->job_id);
-	free(c->conns);
-	free(c->arrived);
-	free(c->reserved);
+	free(c->links);
+	free(c->owner);
 	pthread_mutex_destroy(&c->lock);
-	pthread_cond_destroy(&c->cond);
 	free(c);
 }

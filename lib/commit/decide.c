@@ -10,19 +10,23 @@
 
 #include "commit/commit.h"
 
+void commit_shard_record(uint64_t step, const struct commit_vote *v,
+                         const struct io_shard_index *ix, char path[COMMIT_SHARD_PATH_MAX],
+                         struct manifest_shard *out)
+{
+	ckpt_path_shard_rel(path, COMMIT_SHARD_PATH_MAX, step, v->rank);
+	*out = (struct manifest_shard){
+		.rank = v->rank, .path = path, .file_size = v->file_size,
+		.footer_offset = ix->data_end, .footer_len = v->index_len,
+	};
+	memcpy(out->footer_hash, v->footer_hash, CKPT_HASH_BYTES);
+}
+
 /* The commit transaction of a validated step: a small record per rank naming its
  * footer (the index is durable in the file already), and the step record. */
 static int commit_txn(struct manifest *m, const char *job_id, uint64_t step, uint32_t world,
-                      const struct commit_vote *votes, const struct commit_gather *g,
-                      const struct commit_summary *sum)
+                      const struct manifest_shard *shards, const struct commit_summary *sum)
 {
-	struct manifest_shard *shards = calloc(world, sizeof *shards);
-	char (*paths)[64] = calloc(world, sizeof *paths);
-	if (!shards || !paths) {
-		free(shards);
-		free(paths);
-		return ckpt_err(-ENOMEM, "commit of step %llu", (unsigned long long)step);
-	}
 	struct manifest_step rec;
 	memset(&rec, 0, sizeof rec);
 	rec.step = step;
@@ -33,23 +37,12 @@ static int commit_txn(struct manifest *m, const char *job_id, uint64_t step, uin
 	rec.logical_bytes = sum->logical_bytes;
 	rec.stored_bytes = sum->stored_bytes;
 	snprintf(rec.job_id, sizeof rec.job_id, "%s", job_id);
-	for (uint32_t r = 0; r < world; r++) {
-		ckpt_path_shard_rel(paths[r], sizeof paths[r], step, r);
-		shards[r] = (struct manifest_shard){
-			.rank = r, .path = paths[r], .file_size = votes[r].file_size,
-			.footer_offset = commit_gather_index(g, r)->data_end,
-			.footer_len = votes[r].index_len,
-		};
-		memcpy(shards[r].footer_hash, votes[r].footer_hash, CKPT_HASH_BYTES);
-	}
 	int rc = ckpt_fault(CKPT_FP_COORD_BEFORE_COMMIT_TXN);
 	/* The commit point of the whole checkpoint (DESIGN §3). */
 	if (rc >= 0)
 		rc = manifest_commit(m, &rec, shards, world);
 	if (!rc)
 		rc = ckpt_fault(CKPT_FP_COORD_AFTER_COMMIT_TXN);
-	free(shards);
-	free(paths);
 	return rc < 0 ? rc : 0;
 }
 
@@ -67,16 +60,42 @@ static void record_abort(struct manifest *m, uint64_t step, uint32_t world)
 	free(why);
 }
 
-int commit_decide_gathered(struct manifest *m, const char *job_id, uint64_t step,
-                           uint32_t world, const struct commit_vote *votes,
-                           struct commit_gather *g)
+int commit_decide_records(struct manifest *m, const char *job_id, uint64_t step,
+                          uint32_t world, const struct manifest_shard *shards,
+                          struct commit_gather *g)
 {
 	struct commit_summary sum;
 	int rc = commit_gather_finish(g, &sum);
 	if (!rc)
-		rc = commit_txn(m, job_id, step, world, votes, g, &sum);
+		rc = commit_txn(m, job_id, step, world, shards, &sum);
 	if (rc && rc != -EEXIST)
 		record_abort(m, step, world);
+	return rc;
+}
+
+int commit_decide_gathered(struct manifest *m, const char *job_id, uint64_t step,
+                           uint32_t world, const struct commit_vote *votes,
+                           struct commit_gather *g)
+{
+	struct manifest_shard *shards = calloc(world, sizeof *shards);
+	char (*paths)[COMMIT_SHARD_PATH_MAX] = calloc(world, sizeof *paths);
+	int rc = 0;
+	if (!shards || !paths)
+		rc = ckpt_err(-ENOMEM, "commit of step %llu", (unsigned long long)step);
+	for (uint32_t r = 0; r < world && !rc; r++) {
+		const struct io_shard_index *ix = commit_gather_index(g, r);
+		if (!ix)
+			rc = ckpt_err(CKPT_EINVALID, "step %llu: no vote from rank %u",
+			              (unsigned long long)step, r);
+		else
+			commit_shard_record(step, &votes[r], ix, paths[r], &shards[r]);
+	}
+	if (!rc)
+		rc = commit_decide_records(m, job_id, step, world, shards, g);
+	else if (rc != -EEXIST)
+		record_abort(m, step, world);
+	free(shards);
+	free(paths);
 	return rc;
 }
 

@@ -24,8 +24,6 @@
 
 #include "commit/commit_internal.h"
 
-#define RX_POLL_MS 100
-
 struct part_entry {
 	uint64_t           step;
 	bool               begin_done, decided, prepared;
@@ -97,11 +95,19 @@ static void *rx_main(void *arg)
 		pthread_mutex_unlock(&p->lock);
 		if (stop)
 			break;
+		/* Blocks until a message comes: close breaks the connection to end it
+		 * (a thread that woke up every so often to look for stop would cost every
+		 * rank process wake-ups for nothing, and big jobs on few cores feel them). */
 		struct net_msg m;
-		int rc = net_recv(p->conn, &m, RX_POLL_MS);
+		int rc = net_recv(p->conn, &m, -1);
 		if (rc == -ETIMEDOUT || rc == -EAGAIN)
 			continue;
 		if (rc) {
+			pthread_mutex_lock(&p->lock);
+			stop = p->stop;
+			pthread_mutex_unlock(&p->lock);
+			if (stop)
+				break;
 			part_lost(p, rc == -ECONNRESET ? "the coordinator closed the connection"
 			                               : ckpt_err_msg());
 			break;
@@ -148,7 +154,10 @@ int commit_part_connect(const struct commit_part_opts *o, struct commit_part **o
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->cond, NULL);
 	p->timeout_ms = o->timeout_ms;
-	snprintf(p->name, sizeof p->name, "coordinator %s:%u", o->addr, o->port);
+	if (o->peer_name)
+		snprintf(p->name, sizeof p->name, "%s", o->peer_name);
+	else
+		snprintf(p->name, sizeof p->name, "coordinator %s:%u", o->addr, o->port);
 	int rc = net_connect(o->transport, o->addr, o->port, (int)o->timeout_ms, &p->conn);
 	if (rc) {
 		ckpt_err_prefix(rc, "rank %u: connect to the %s", o->rank, p->name);
@@ -180,6 +189,7 @@ void commit_part_close(struct commit_part *p)
 		pthread_mutex_lock(&p->lock);
 		p->stop = true;
 		pthread_mutex_unlock(&p->lock);
+		net_conn_shutdown(p->conn);
 		pthread_join(p->rx, NULL);
 	}
 	net_close(p->conn);

@@ -4,6 +4,7 @@
  * closes that connection (it never trusts a partly decoded message).
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "commit/commit_internal.h"
@@ -114,5 +115,109 @@ int commit_prepare_decode(const void *p, size_t n, struct commit_vote *v)
 	memcpy(v->footer_hash, h, CKPT_HASH_BYTES);
 	v->index = c.p;
 	v->index_len = (size_t)len;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ the relay */
+
+int commit_relay_encode(uint32_t rank, uint16_t type, const void *inner, size_t inner_len,
+                        struct ckpt_buf *b)
+{
+	ckpt_buf_u16(b, COMMIT_MSG_VERSION);
+	ckpt_buf_u32(b, rank);
+	ckpt_buf_u16(b, type);
+	ckpt_buf_put(b, inner, inner_len);
+	return enc_done(b);
+}
+
+int commit_relay_decode(const void *p, size_t n, uint32_t *rank, uint16_t *type,
+                        const uint8_t **inner, size_t *inner_len)
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	int rc = dec_version(&c, "relayed message");
+	if (rc)
+		return rc;
+	*rank = ckpt_cursor_u32(&c);
+	*type = ckpt_cursor_u16(&c);
+	if (!c.ok)
+		return ckpt_err(CKPT_EPROTO, "relayed message: %zu bytes, shorter than its tag", n);
+	*inner = c.p;
+	*inner_len = c.left;
+	return 0;
+}
+
+int commit_hello_encode(uint32_t node, const uint32_t *ranks, uint32_t n, struct ckpt_buf *b)
+{
+	ckpt_buf_u16(b, COMMIT_MSG_VERSION);
+	ckpt_buf_u32(b, node);
+	ckpt_buf_u32(b, n);
+	for (uint32_t i = 0; i < n; i++)
+		ckpt_buf_u32(b, ranks[i]);
+	return enc_done(b);
+}
+
+int commit_hello_decode(const void *p, size_t n, uint32_t *node, uint32_t **ranks,
+                        uint32_t *nranks)
+{
+	*ranks = NULL;
+	*nranks = 0;
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	int rc = dec_version(&c, "RELAY_HELLO");
+	if (rc)
+		return rc;
+	*node = ckpt_cursor_u32(&c);
+	uint32_t k = ckpt_cursor_u32(&c);
+	/* The count is checked against the bytes that follow before anything is
+	 * allocated for it. */
+	if (!c.ok || k == 0 || k > COMMIT_MAX_NODE_RANKS || c.left != (size_t)k * 4)
+		return ckpt_err(CKPT_EPROTO, "RELAY_HELLO: %u ranks in %zu bytes (1..%u ranks, 4 "
+		                "bytes each)", k, c.left, COMMIT_MAX_NODE_RANKS);
+	uint32_t *r = malloc((size_t)k * sizeof *r);
+	if (!r)
+		return ckpt_err(-ENOMEM, "RELAY_HELLO");
+	for (uint32_t i = 0; i < k; i++) {
+		r[i] = ckpt_cursor_u32(&c);
+		if (i && r[i] <= r[i - 1]) {
+			uint32_t a = r[i - 1], b = r[i];
+			free(r);
+			return ckpt_err(CKPT_EPROTO, "RELAY_HELLO: ranks not strictly ascending (%u "
+			                "after %u)", b, a);
+		}
+	}
+	*ranks = r;
+	*nranks = k;
+	return 0;
+}
+
+int commit_gone_encode(uint32_t rank, const char *reason, struct ckpt_buf *b)
+{
+	size_t rl = strnlen(reason ? reason : "", COMMIT_MAX_REASON);
+	ckpt_buf_u16(b, COMMIT_MSG_VERSION);
+	ckpt_buf_u32(b, rank);
+	ckpt_buf_u16(b, (uint16_t)rl);
+	ckpt_buf_put(b, reason, rl);
+	return enc_done(b);
+}
+
+int commit_gone_decode(const void *p, size_t n, uint32_t *rank,
+                       char reason[COMMIT_MAX_REASON + 1])
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	int rc = dec_version(&c, "RANK_GONE");
+	if (rc)
+		return rc;
+	*rank = ckpt_cursor_u32(&c);
+	uint16_t rl = ckpt_cursor_u16(&c);
+	const uint8_t *r = c.ok && rl <= COMMIT_MAX_REASON ? ckpt_cursor_take(&c, rl) : NULL;
+	if (!r || c.left)
+		return ckpt_err(CKPT_EPROTO, "RANK_GONE: %zu bytes do not match its fields", n);
+	memcpy(reason, r, rl);
+	reason[rl] = '\0';
+	for (size_t i = 0; i < rl; i++)
+		if ((unsigned char)reason[i] < 0x20)
+			reason[i] = '?';
 	return 0;
 }

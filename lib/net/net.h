@@ -31,7 +31,9 @@
 #define NET_MAX_JOB_ID      256u
 #define NET_DEFAULT_MAX_MSG (256u << 20)   /* largest payload accepted by default */
 
-enum net_transport { NET_TCP = 1, NET_RDMA = 2 };
+/* NET_UNIX: processes of one machine (a node's ranks and their leader); the address
+ * is "@name" (an abstract socket) or a path, the port is not used (unix.c). */
+enum net_transport { NET_TCP = 1, NET_RDMA = 2, NET_UNIX = 3 };
 
 /* Message types 1..31 are lib/net's own (the handshake; docs/protocol-net.md);
  * lib/commit numbers its messages from NET_MSG_USER_FIRST (32) up. */

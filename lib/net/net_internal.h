@@ -81,6 +81,29 @@ extern const struct net_transport_ops net_tcp_ops;
 extern const struct net_transport_ops net_rdma_ops;   /* rdma.c, rdma_stream.c */
 #endif
 
+extern const struct net_transport_ops net_unix_ops;   /* unix.c */
+
+/* ---------------------------------------------------------------- stream sockets
+ * What tcp.c and unix.c share: a connected or listening non-blocking socket is
+ * priv = struct net_sock; bytes, waits and teardown are the same for both. */
+struct net_sock {
+	int fd;
+};
+int     net_sock_fd_of(void *priv);
+/* priv = a new net_sock owning fd (closed on failure). 0 or -ENOMEM. */
+int     net_sock_new(void **priv, int fd);
+/* poll one fd until deadline, retrying EINTR. > 0 ready, 0 timeout, -errno. */
+int     net_sock_poll(int fd, short events, uint64_t deadline);
+void    net_sock_sleep_ms(int ms);
+int     net_sock_listener_fd(const struct net_listener *l);
+void    net_sock_listener_close(struct net_listener *l);
+ssize_t net_sock_send(struct net_conn *c, const struct iovec *iov, int iovcnt);
+ssize_t net_sock_recv_some(struct net_conn *c, void *buf, size_t len);
+int     net_sock_wait(struct net_conn *c, short events, int timeout_ms);
+int     net_sock_fd(const struct net_conn *c);
+void    net_sock_shutdown(struct net_conn *c);
+void    net_sock_close(struct net_conn *c);
+
 /* Look up a transport by enum net_transport; CKPT_ENODEV with a message if not built. */
 int net_transport_ops_get(int transport, const struct net_transport_ops **out);
 

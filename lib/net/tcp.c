@@ -7,6 +7,10 @@
  * messages are small and latency-bound: PREPARE, COMMIT) and SO_KEEPALIVE (a
  * peer whose machine vanished is eventually noticed even on an idle connection).
  * getaddrinfo's EAI_* and errno are converted to our codes here.
+ *
+ * The byte transfer, waiting and teardown of a connected stream socket are not
+ * tcp's own: they are exported here as net_sock_* (net_internal.h) and serve the
+ * unix transport (unix.c) too.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -21,14 +25,10 @@
 
 #include "net_internal.h"
 
-struct tcp_sock {
-	int fd;
-};
-
 #define TCP_BACKOFF_MIN_MS 10
 #define TCP_BACKOFF_MAX_MS 250
 
-static int tcp_fd_of(void *priv) { return ((const struct tcp_sock *)priv)->fd; }
+int net_sock_fd_of(void *priv) { return ((const struct net_sock *)priv)->fd; }
 
 /* getaddrinfo's codes are not errno values: convert them here. `unresolved` is
  * the caller's code for "no such address" (listen and connect differ, net.h). */
@@ -107,9 +107,9 @@ static void tcp_conn_options(int fd)
 		ckpt_log(CKPT_LOG_DEBUG, "tcp: SO_KEEPALIVE: %s", ckpt_strerror(-errno));
 }
 
-static int tcp_sock_new(void **priv, int fd)
+int net_sock_new(void **priv, int fd)
 {
-	struct tcp_sock *s = malloc(sizeof *s);
+	struct net_sock *s = malloc(sizeof *s);
 	if (!s) {
 		close(fd);
 		return ckpt_err(-ENOMEM, "tcp: socket state");
@@ -120,7 +120,7 @@ static int tcp_sock_new(void **priv, int fd)
 }
 
 /* poll one fd, retrying EINTR within the same deadline. > 0 ready, 0 timeout, -errno. */
-static int tcp_poll(int fd, short events, uint64_t deadline)
+int net_sock_poll(int fd, short events, uint64_t deadline)
 {
 	for (;;) {
 		struct pollfd p = { .fd = fd, .events = events };
@@ -171,23 +171,23 @@ static int tcp_listen(struct net_listener *l, const char *addr, unsigned port)
 	}
 	l->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
 	                                   : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-	return tcp_sock_new(&l->priv, fd);
+	return net_sock_new(&l->priv, fd);
 }
 
-static int tcp_listener_fd(const struct net_listener *l) { return tcp_fd_of(l->priv); }
+int net_sock_listener_fd(const struct net_listener *l) { return net_sock_fd_of(l->priv); }
 
-static void tcp_listener_close(struct net_listener *l)
+void net_sock_listener_close(struct net_listener *l)
 {
 	if (!l->priv)
 		return;
-	close(tcp_fd_of(l->priv));
+	close(net_sock_fd_of(l->priv));
 	free(l->priv);
 	l->priv = NULL;
 }
 
 static int tcp_accept(struct net_listener *l, int timeout_ms, struct net_conn *c)
 {
-	int lfd = tcp_fd_of(l->priv);
+	int lfd = net_sock_fd_of(l->priv);
 	uint64_t deadline = net_deadline(timeout_ms);
 	for (;;) {
 		struct sockaddr_storage ss;
@@ -196,7 +196,7 @@ static int tcp_accept(struct net_listener *l, int timeout_ms, struct net_conn *c
 		if (fd >= 0) {
 			tcp_conn_options(fd);
 			tcp_format_addr((struct sockaddr *)&ss, len, c->peer, sizeof c->peer);
-			return tcp_sock_new(&c->priv, fd);
+			return net_sock_new(&c->priv, fd);
 		}
 		switch (errno) {
 		case EAGAIN:
@@ -217,7 +217,7 @@ static int tcp_accept(struct net_listener *l, int timeout_ms, struct net_conn *c
 			return ckpt_err(-ETIMEDOUT, "tcp: no connection on port %u within %d ms",
 			                l->port, timeout_ms);
 		}
-		int r = tcp_poll(lfd, POLLIN, deadline);
+		int r = net_sock_poll(lfd, POLLIN, deadline);
 		if (r < 0)
 			return ckpt_err(r, "tcp: waiting for connections on port %u", l->port);
 	}
@@ -237,7 +237,7 @@ static int tcp_connect_once(const struct addrinfo *a, uint64_t deadline, int *fd
 	if (connect(fd, a->ai_addr, a->ai_addrlen) < 0) {
 		err = errno;
 		if (err == EINPROGRESS || err == EINTR) {
-			int r = tcp_poll(fd, POLLOUT, deadline);
+			int r = net_sock_poll(fd, POLLOUT, deadline);
 			if (r == 0) {
 				err = ETIMEDOUT;
 			} else if (r < 0) {
@@ -257,7 +257,7 @@ static int tcp_connect_once(const struct addrinfo *a, uint64_t deadline, int *fd
 	return 0;
 }
 
-static void tcp_sleep_ms(int ms)
+void net_sock_sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
 	while (nanosleep(&ts, &ts) && errno == EINTR)
@@ -281,7 +281,7 @@ static int tcp_connect(struct net_conn *c, const char *addr, unsigned port, int 
 				tcp_conn_options(fd);
 				tcp_format_addr(a->ai_addr, a->ai_addrlen, c->peer, sizeof c->peer);
 				freeaddrinfo(ai);
-				return tcp_sock_new(&c->priv, fd);
+				return net_sock_new(&c->priv, fd);
 			}
 		}
 		/* Refused (nobody listens yet: the coordinator may still be starting),
@@ -293,7 +293,7 @@ static int tcp_connect(struct net_conn *c, const char *addr, unsigned port, int 
 		int left = net_ms_left(deadline);
 		if (left == 0)
 			break;
-		tcp_sleep_ms(left < 0 || left > backoff ? backoff : left);
+		net_sock_sleep_ms(left < 0 || left > backoff ? backoff : left);
 		backoff = backoff * 2 > TCP_BACKOFF_MAX_MS ? TCP_BACKOFF_MAX_MS : backoff * 2;
 	}
 	freeaddrinfo(ai);
@@ -306,41 +306,41 @@ static int tcp_connect(struct net_conn *c, const char *addr, unsigned port, int 
 
 /* ---------------------------------------------------------------- bytes */
 
-static ssize_t tcp_send(struct net_conn *c, const struct iovec *iov, int iovcnt)
+ssize_t net_sock_send(struct net_conn *c, const struct iovec *iov, int iovcnt)
 {
 	struct msghdr mh = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
 	/* MSG_NOSIGNAL: a vanished peer is -EPIPE for the caller, never SIGPIPE for
 	 * the training process. */
-	ssize_t n = sendmsg(tcp_fd_of(c->priv), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+	ssize_t n = sendmsg(net_sock_fd_of(c->priv), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 	return n >= 0 ? n : -(ssize_t)errno;
 }
 
-static ssize_t tcp_recv_some(struct net_conn *c, void *buf, size_t len)
+ssize_t net_sock_recv_some(struct net_conn *c, void *buf, size_t len)
 {
-	ssize_t n = recv(tcp_fd_of(c->priv), buf, len, MSG_DONTWAIT);
+	ssize_t n = recv(net_sock_fd_of(c->priv), buf, len, MSG_DONTWAIT);
 	return n >= 0 ? n : -(ssize_t)errno;
 }
 
-static int tcp_wait(struct net_conn *c, short events, int timeout_ms)
+int net_sock_wait(struct net_conn *c, short events, int timeout_ms)
 {
-	struct pollfd p = { .fd = tcp_fd_of(c->priv), .events = events };
+	struct pollfd p = { .fd = net_sock_fd_of(c->priv), .events = events };
 	int r = poll(&p, 1, timeout_ms);
 	return r >= 0 ? r : -errno;
 }
 
-static int tcp_fd(const struct net_conn *c) { return tcp_fd_of(c->priv); }
+int net_sock_fd(const struct net_conn *c) { return net_sock_fd_of(c->priv); }
 
-static void tcp_shutdown(struct net_conn *c)
+void net_sock_shutdown(struct net_conn *c)
 {
 	/* ENOTCONN when the peer already went: nothing left to end. */
-	(void)shutdown(tcp_fd_of(c->priv), SHUT_RDWR);
+	(void)shutdown(net_sock_fd_of(c->priv), SHUT_RDWR);
 }
 
-static void tcp_close(struct net_conn *c)
+void net_sock_close(struct net_conn *c)
 {
 	if (!c->priv)
 		return;
-	close(tcp_fd_of(c->priv));
+	close(net_sock_fd_of(c->priv));
 	free(c->priv);
 	c->priv = NULL;
 }
@@ -348,14 +348,14 @@ static void tcp_close(struct net_conn *c)
 const struct net_transport_ops net_tcp_ops = {
 	.name = "tcp",
 	.listen = tcp_listen,
-	.listener_fd = tcp_listener_fd,
+	.listener_fd = net_sock_listener_fd,
 	.accept = tcp_accept,
-	.listener_close = tcp_listener_close,
+	.listener_close = net_sock_listener_close,
 	.connect = tcp_connect,
-	.send = tcp_send,
-	.recv_some = tcp_recv_some,
-	.wait = tcp_wait,
-	.fd = tcp_fd,
-	.shutdown = tcp_shutdown,
-	.close = tcp_close,
+	.send = net_sock_send,
+	.recv_some = net_sock_recv_some,
+	.wait = net_sock_wait,
+	.fd = net_sock_fd,
+	.shutdown = net_sock_shutdown,
+	.close = net_sock_close,
 };

@@ -18,6 +18,9 @@ int net_transport_ops_get(int transport, const struct net_transport_ops **out)
 	case NET_TCP:
 		*out = &net_tcp_ops;
 		return 0;
+	case NET_UNIX:
+		*out = &net_unix_ops;
+		return 0;
 	case NET_RDMA:
 #ifdef CKPT_HAVE_RDMA
 		*out = &net_rdma_ops;

@@ -3,9 +3,11 @@
  * (lib/commit/proto.c): BEGIN {step}, the status messages BEGIN_REPLY, DECISION
  * and ABORT {step, code, reason}, and PREPARE {step, rank, size, hash, index} —
  * untrusted bytes from any peer that passed the handshake (and, for the
- * participant, from whatever answers as the coordinator).
+ * participant, from whatever answers as the coordinator) — and the node leader's:
+ * RELAYED / TO_RANK {rank, type, payload}, RELAY_HELLO {node, ranks}, RANK_GONE
+ * {rank, reason}.
  *
- * Every input goes to all three decoders (a payload carries no type of its own;
+ * Every input goes to every decoder (a payload carries no type of its own;
  * the frame header does). Besides "no crash, no leak, no overread" (ASan), what
  * decodes must re-encode to the same bytes — except the reason's control bytes,
  * which the decoder replaces with '?' — and a decoded PREPARE's index must lie
@@ -74,11 +76,69 @@ static void check_prepare(const uint8_t *data, size_t size)
 	io_index_free(dec);
 }
 
+static void check_relay(const uint8_t *data, size_t size)
+{
+	uint32_t rank;
+	uint16_t type;
+	const uint8_t *inner;
+	size_t n;
+	if (commit_relay_decode(data, size, &rank, &type, &inner, &n))
+		return;
+	if (inner != data + COMMIT_RELAY_TAG_BYTES || inner + n != data + size)
+		abort();
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	if (commit_relay_encode(rank, type, inner, n, &b) || b.len != size || memcmp(b.p, data, size))
+		abort();
+	ckpt_buf_free(&b);
+	/* What a leader or the coordinator does next: the inner message's decoder. */
+	check_status(inner, n);
+	check_prepare(inner, n);
+}
+
+static void check_hello(const uint8_t *data, size_t size)
+{
+	uint32_t node, *ranks, n;
+	if (commit_hello_decode(data, size, &node, &ranks, &n))
+		return;
+	if (n == 0 || n > COMMIT_MAX_NODE_RANKS)
+		abort();
+	for (uint32_t i = 1; i < n; i++)
+		if (ranks[i] <= ranks[i - 1])
+			abort();
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	if (commit_hello_encode(node, ranks, n, &b) || b.len != size || memcmp(b.p, data, size))
+		abort();
+	ckpt_buf_free(&b);
+	free(ranks);
+}
+
+static void check_gone(const uint8_t *data, size_t size)
+{
+	uint32_t rank;
+	char reason[COMMIT_MAX_REASON + 1];
+	if (commit_gone_decode(data, size, &rank, reason))
+		return;
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	const size_t fixed = 8;         /* version, rank, reason length */
+	if (commit_gone_encode(rank, reason, &b) || b.len != size || memcmp(b.p, data, fixed))
+		abort();
+	for (size_t i = fixed; i < size; i++)
+		if (b.p[i] != (data[i] < 0x20 ? '?' : data[i]))
+			abort();
+	ckpt_buf_free(&b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	check_step(data, size);
 	check_status(data, size);
 	check_prepare(data, size);
+	check_relay(data, size);
+	check_hello(data, size);
+	check_gone(data, size);
 	return 0;
 }
 
@@ -106,7 +166,7 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 {
 	size_t n = 0;
 	uint64_t s = seed;
-	while (n + 3 <= max) {
+	while (n + 6 <= max) {
 		struct ckpt_buf b;
 		ckpt_buf_init(&b);
 		uint64_t step = mix(&s) % 4 ? mix(&s) % 1000 : mix(&s);
@@ -160,6 +220,21 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 		ckpt_buf_init(&b);
 		commit_prepare_encode(&v, &b);
 		free(enc);
+		/* The same vote relayed by a leader (RELAYED), ... */
+		struct ckpt_buf r;
+		ckpt_buf_init(&r);
+		commit_relay_encode(v.rank, 34, b.p, b.len, &r);
+		n = keep(&b, bufs, lens, n);
+		n = keep(&r, bufs, lens, n);
+		/* ... its node's announcement, and a rank of it gone. */
+		uint32_t ranks[16], nr = 1 + (uint32_t)(mix(&s) % 16), first = (uint32_t)(mix(&s) % 4096);
+		for (uint32_t i = 0; i < nr; i++)
+			ranks[i] = first + i;
+		ckpt_buf_init(&b);
+		commit_hello_encode((uint32_t)(mix(&s) % 512), ranks, nr, &b);
+		n = keep(&b, bufs, lens, n);
+		ckpt_buf_init(&b);
+		commit_gone_encode(first, m.reason, &b);
 		n = keep(&b, bufs, lens, n);
 	}
 	return n;
