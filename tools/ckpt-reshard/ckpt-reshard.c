@@ -107,6 +107,8 @@ static int open_ctx(const char *root, int rank, int world, unsigned flags,
 		o.zstd_level = a->zstd_level;
 		o.coord_addr = "127.0.0.1";
 		o.coord_port = a->port;
+		if (a->job[0])
+			o.job_id = a->job;
 	}
 	return ckpt_open(&o, c);
 }
@@ -574,6 +576,11 @@ static int run_reshard(struct reshard_args *a)
 		a->chunk = (p.max_chunk + 4095) / 4096 * 4096;
 	if (!a->port)
 		a->port = free_port();
+	/* A job id of this run's own: should another job take the port between
+	 * free_port and the coordinator's bind, ranks that reach it are refused as
+	 * another job (a specific error) instead of joining it. */
+	if (!getenv("CKPT_JOB_ID"))
+		snprintf(a->job, sizeof a->job, "ckpt-reshard-%ld-%u", (long)getpid(), a->port);
 	int fds[2];
 	if (pipe(fds) < 0) {
 		plan_free(&p);

@@ -25,6 +25,7 @@ struct reshard_args {
 	uint64_t    chunk, pool, buffer;
 	int         zstd_level;
 	unsigned    port;
+	char        job[64];           /* the N rank processes' job id ("": CKPT_JOB_ID) */
 };
 
 /* Exit code for a library error code. */
