@@ -499,7 +499,7 @@ static int save_gds_write(void *arg, int fd, const char *path, uint64_t off, siz
 		}
 	}
 	if (cur->gds_file)
-		return snapshot_gds_write(c->snap, cur->gds_file, path, cur->out_src, n, off);
+		return snapshot_gds_write(cur->gds_file, cur->out_src, n, off);
 	for (size_t done = 0; done < n;) {
 		ssize_t w = pwrite(fd, cur->out_host + done, n - done, (off_t)(off + done));
 		if (w <= 0)

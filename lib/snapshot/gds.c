@@ -586,11 +586,8 @@ int snapshot_gds_file_open(struct snapshot *sn, const char *path, void **out)
 	return 0;
 }
 
-int snapshot_gds_write(struct snapshot *sn, void *file, const char *path, const void *src,
-                       size_t n, uint64_t off)
+int snapshot_gds_write(void *file, const void *src, size_t n, uint64_t off)
 {
-	CKPT_UNUSED(sn);
-	CKPT_UNUSED(path);
 	struct gds_wfile *wf = file;
 	pthread_mutex_lock(&wf->lock);
 	while (wf->count == GDS_WQ && !wf->rc)

@@ -155,12 +155,9 @@ int snapshot_gds_file_close(struct snapshot *sn, void *file)
 	return 0;
 }
 
-int snapshot_gds_write(struct snapshot *sn, void *file, const char *path, const void *src,
-                       size_t n, uint64_t off)
+int snapshot_gds_write(void *file, const void *src, size_t n, uint64_t off)
 {
-	CKPT_UNUSED(sn);
 	CKPT_UNUSED(file);
-	CKPT_UNUSED(path);
 	CKPT_UNUSED(src);
 	CKPT_UNUSED(n);
 	CKPT_UNUSED(off);

@@ -174,8 +174,7 @@ int  snapshot_gds_file_open(struct snapshot *sn, const char *path, void **file);
 /* Queue the write of n bytes of device memory src at offset off (both as O_DIRECT
  * needs them); up to four run at once. src must stay unchanged until
  * snapshot_gds_file_close returns. Returns an earlier write's failure, if any. */
-int  snapshot_gds_write(struct snapshot *sn, void *file, const char *path, const void *src,
-                        size_t n, uint64_t off);
+int  snapshot_gds_write(void *file, const void *src, size_t n, uint64_t off);
 /* Wait for every queued write, release. Returns the first write's failure (-EIO,
  * -ENOSPC for a short write, naming path and offset), else 0. NULL: 0. */
 int  snapshot_gds_file_close(struct snapshot *sn, void *file);
