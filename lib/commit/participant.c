@@ -206,6 +206,10 @@ static int part_send(struct commit_part *p, uint16_t type, const struct ckpt_buf
 	pthread_mutex_lock(&p->send_lock);
 	int rc = net_send(p->conn, type, b->p, b->len, (int)p->timeout_ms);
 	pthread_mutex_unlock(&p->send_lock);
+	/* The peer is gone (the coordinator, or the node leader relaying for it): say
+	 * so, whether this send or the receiver thread notices first. */
+	if (rc == -EPIPE || rc == -ECONNRESET)
+		ckpt_err_prefix(rc, "lost the coordinator");
 	return rc;
 }
 
