@@ -320,8 +320,10 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 		cfg->timeout_ms = rc ? (unsigned)v : 120000u;
 	}
 	cfg->queue_depth = OPT(o, queue_depth, 0u);
-	if (!cfg->queue_depth)
-		cfg->queue_depth = 8;
+	if (!cfg->queue_depth) {
+		if ((rc = env_int("CKPT_QUEUE_DEPTH", 1, 4096, &v)) < 0) return rc;
+		cfg->queue_depth = rc ? (unsigned)v : 8u;
+	}
 	if (cfg->queue_depth > 4096)
 		return ckpt_err(-EINVAL, "queue depth %u: at most 4096", cfg->queue_depth);
 

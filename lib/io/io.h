@@ -144,9 +144,15 @@ struct io_pool_alloc {
 	void  *arg;
 };
 
+/* bytes (a multiple of CKPT_ALIGN) of anonymous memory for I/O buffers: aligned to
+ * a huge page when at least one, advised as huge pages, pre-faulted. NULL on failure.
+ * Free with io_unmap_buffers(m, bytes). */
+void    *io_map_buffers(size_t bytes);
+void     io_unmap_buffers(void *m, size_t bytes);
+
 struct io_pool;
-/* nbufs buffers of buf_bytes (multiple of CKPT_ALIGN). NULL alloc: page-aligned
- * anonymous memory, pre-faulted. Errors: -EINVAL, -ENOMEM. */
+/* nbufs buffers of buf_bytes (multiple of CKPT_ALIGN). NULL alloc: io_map_buffers.
+ * Errors: -EINVAL, -ENOMEM. */
 int      io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_alloc *alloc,
                         struct io_pool **out);
 void     io_pool_destroy(struct io_pool *p);      /* every buffer must be back */

@@ -62,10 +62,7 @@ int io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_alloc 
 			return ckpt_err(-EINVAL, "io pool: allocator returned unaligned memory");
 		}
 	} else {
-		/* Pre-faulted so that the first save does not pay for page faults. */
-		void *m = mmap(NULL, p->total, PROT_READ | PROT_WRITE,
-		               MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-		p->base = m == MAP_FAILED ? NULL : m;
+		p->base = io_map_buffers(p->total);
 	}
 	if (!p->base)
 		goto nomem;
@@ -97,7 +94,7 @@ void io_pool_destroy(struct io_pool *p)
 	if (p->alloc.alloc)
 		p->alloc.free(p->base, p->total, p->alloc.arg);
 	else
-		munmap(p->base, p->total);
+		io_unmap_buffers(p->base, p->total);
 	pthread_cond_destroy(&p->freed);
 	pthread_mutex_destroy(&p->lock);
 	free(p->free_stack);
@@ -178,6 +175,52 @@ int io_pool_index_of(const struct io_pool *p, const void *addr, size_t len)
 		return -1;
 	size_t idx = (a - b) / p->buf_bytes, in = (a - b) % p->buf_bytes;
 	return len <= p->buf_bytes - in ? (int)idx : -1;
+}
+
+#define HUGE_BYTES ((size_t)2 << 20)
+
+static void prefault(void *m, size_t bytes)
+{
+#ifdef MADV_POPULATE_WRITE
+	if (madvise(m, bytes, MADV_POPULATE_WRITE) == 0)
+		return;
+#endif
+	for (size_t o = 0; o < bytes; o += CKPT_ALIGN)
+		((volatile uint8_t *)m)[o] = 0;
+}
+
+void *io_map_buffers(size_t bytes)
+{
+	if (!bytes || bytes % CKPT_ALIGN || bytes > SIZE_MAX - HUGE_BYTES)
+		return NULL;
+	/* Map a huge page more and trim both ends, so that the buffers start on a huge
+	 * page boundary whatever the kernel's placement. */
+	size_t span = bytes >= HUGE_BYTES ? bytes + HUGE_BYTES : bytes;
+	uint8_t *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	uint8_t *base = m;
+	if (span != bytes) {
+		base = (uint8_t *)ckpt_align_up((uintptr_t)m, HUGE_BYTES);
+		if (base > m)
+			munmap(m, (size_t)(base - m));
+		if (m + span > base + bytes)
+			munmap(base + bytes, (size_t)(m + span - (base + bytes)));
+	}
+	/* Huge pages (advice only: THP may be off): a direct I/O of a whole buffer then
+	 * needs a few segments, not one per 4 KiB page — the block layer caps a request
+	 * at max_segments (often 128 or 254) segments, so with small pages a 16 MiB read
+	 * is split into ~1 MiB requests; and there are fewer pages to fault and pin. */
+	madvise(base, bytes, MADV_HUGEPAGE);
+	/* Faulted in now, so that neither the first save nor RSS accounting pays later. */
+	prefault(base, bytes);
+	return base;
+}
+
+void io_unmap_buffers(void *m, size_t bytes)
+{
+	if (m)
+		munmap(m, bytes);
 }
 
 void *io_aligned_alloc(size_t bytes)

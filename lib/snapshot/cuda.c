@@ -52,28 +52,14 @@ int snap_cuda_err(cudaError_t e, const char *fmt_what, ...)
 
 /* ------------------------------------------------------------------ pinned pool memory */
 
-static void prefault(void *m, size_t bytes)
-{
-#ifdef MADV_POPULATE_WRITE
-	if (madvise(m, bytes, MADV_POPULATE_WRITE) == 0)
-		return;
-#endif
-	long pg = sysconf(_SC_PAGESIZE);
-	size_t step = pg > 0 ? (size_t)pg : 4096;
-	for (size_t o = 0; o < bytes; o += step)
-		((volatile uint8_t *)m)[o] = 0;
-}
-
 static void *pinned_alloc(size_t bytes, void *arg)
 {
 	struct snapshot *sn = arg;
-	void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (m == MAP_FAILED)
+	/* Huge pages: fewer pages to fault, pin and map for DMA, and whole-buffer direct
+	 * I/O in few requests. */
+	void *m = io_map_buffers(bytes);
+	if (!m)
 		return NULL;
-	/* Huge pages: fewer pages to fault, pin and map for DMA (advice only). */
-	madvise(m, bytes, MADV_HUGEPAGE);
-	/* Faulted in now, so that neither the first save nor RSS accounting pays later. */
-	prefault(m, bytes);
 	cudaError_t e = cudaHostRegister(m, bytes, cudaHostRegisterPortable);
 	sn->pool_pinned = e == cudaSuccess;
 	if (e != cudaSuccess) {
@@ -98,7 +84,7 @@ static void pinned_free(void *p, size_t bytes, void *arg)
 		(void)cudaGetLastError();
 		sn->pool_pinned = false;
 	}
-	munmap(p, bytes);
+	io_unmap_buffers(p, bytes);
 }
 
 /* ------------------------------------------------------------------ object */
