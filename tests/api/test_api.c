@@ -463,6 +463,43 @@ START_TEST(gds_fallback)
 }
 END_TEST
 
+/* CKPT_QUEUE_DEPTH sets the depth when the options leave it 0; a value out of range
+ * or not a number is refused, naming the variable. The depth does not change what
+ * is saved or loaded. */
+START_TEST(queue_depth_env)
+{
+	setenv("CKPT_QUEUE_DEPTH", "2", 1);
+	ckpt_ctx *c = open_root(root, 0, 64 << 10, 512 << 10, 0);
+	struct tt t;
+	uint64_t shape[1] = { 300000 };
+	tt_make(&t, "w", CKPT_U8, 1, shape, 23);
+	ck_assert_int_eq(save_step(c, 1, &t, 1), 0);
+	check_step(c, 1, &t, 1);
+	ckpt_close(c);
+	tt_free(&t, 1);
+
+	struct ckpt_opts o;
+	ckpt_opts_init(&o, sizeof o);
+	o.root = root;
+	o.rank = 0;
+	o.world = 1;
+	const char *bad[] = { "0", "4097", "deep", "-3" };
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		c = NULL;
+		setenv("CKPT_QUEUE_DEPTH", bad[i], 1);
+		ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+		ck_assert_ptr_null(c);
+		ck_assert_msg(strstr(ckpt_last_error(NULL), "CKPT_QUEUE_DEPTH"), "%s: %s", bad[i],
+		              ckpt_last_error(NULL));
+	}
+	/* The option wins over the environment. */
+	o.queue_depth = 4;
+	ck_assert_int_eq(ckpt_open(&o, &c), 0);
+	ckpt_close(c);
+	unsetenv("CKPT_QUEUE_DEPTH");
+}
+END_TEST
+
 /* A failure half-way (injected ENOSPC / EIO, or a crash) leaves the previous step
  * intact and the broken one invisible, with no file left behind after GC. */
 static void fail_midway(const char *fault, bool crash)
@@ -824,6 +861,7 @@ int main(void)
 	tcase_add_test(tc, source_tensors);
 	tcase_add_test(tc, resharded_rows_read_blocks);
 	tcase_add_test(tc, gds_fallback);
+	tcase_add_test(tc, queue_depth_env);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
