@@ -107,6 +107,25 @@ PY
 expect_rc 0 "0 mismatches" "the source is what the model regenerates (so the export is too)" \
   "$synth" verify --root "$src" --step 5 --bytes 3M --seed 9
 
+# ---- a flipped bit in the source: the reshard fails naming it, the output has no step
+cp -r "$src" "$root/bent"
+info=$("$inspect" "$root/bent" show 5 --chunks --json | python3 -c "
+import json,sys; d=json.load(sys.stdin)
+t=[t for t in d['tensors'] if t['name']=='model/layers.1/mlp.up.weight'][0]; c=t['chunk_list'][-1]
+print(c['file'], c['offset'])")
+read -r file off <<<"$info"
+python3 - "$root/bent/$file" "$((off + 7))" <<'PY'
+import sys
+with open(sys.argv[1], 'r+b') as f:
+    f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 0x01]))
+PY
+expect_rc 1 "read the source: .*tensor .model/layers.1/mlp.up.weight. chunk .*$file, offset .*hash mismatch" \
+  "a corrupt source chunk fails the reshard, naming the tensor" \
+  "$reshard" "$root/bent" 5 --world 1 --out "$root/o5" --rank-map 0
+out=$("$inspect" "$root/o5" list --all --json 2>&1)
+python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert not [s for s in d['steps'] if s['state']=='committed'], d" "$out" \
+  && ok "...and the output root holds no committed step" || bad "output after a failed reshard" "$out"
+
 # ---- bad input
 expect_rc 2 "from 1 to" "N = 0" "$reshard" "$src" 5 --world 0 --out "$root/x"
 expect_rc 6 "cannot be split" "N larger than a first dimension" \

@@ -16,9 +16,10 @@
  * shard is durable. Replicated items are saved once (by new rank 0); rank-bound
  * items only with an explicit map (--rank-map) or dropped (--drop-rank-bound).
  *
- * Memory: each rank process holds its own share of the state while it saves (its
- * bytes must stay unchanged until the snapshot point), so the bound is the largest
- * new rank's share plus the library's pool. docs/ckpt-reshard.md says so.
+ * Memory: a rank process pulls its share from the source while the new shard is
+ * written (a source callback, with a read-ahead thread), so its bound is two pools
+ * (source reads, output), the read-ahead ring and a chunk of scratch, whatever its
+ * share. docs/ckpt-reshard.md says so.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -29,6 +30,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,43 +274,278 @@ struct rank_item {
 	size_t   len;
 };
 
-/* What every tensor of a rank shares while it is pulled: the save worker calls the
- * sources one at a time, so one scratch buffer serves them all. */
+/* Read-ahead of the source. The save worker pulls each tensor's bytes in order
+ * (tensor_fill); loaded there, one output chunk at a time, the source reads would
+ * wait for the writes and run one or two chunks deep. Instead a thread loads what
+ * the worker will pull next, in the order it pulls (items in order, rows in order),
+ * into a ring of PF_SLOTS windows of about PF_WINDOW bytes, each ONE batch load of
+ * up to PF_SEGS pieces of any number of tensors (so small tensors still keep many
+ * reads in flight), while the new shard is written; tensor_fill copies out of the
+ * ring. Memory: the ring (PF_SLOTS x max(PF_WINDOW, one row)) on top of the two
+ * pools. A pull the ring does not hold (not expected: the order is the API's) is
+ * loaded directly. */
+#define PF_SLOTS  2u
+#define PF_SEGS   64u
+#define PF_WINDOW ((uint64_t)128 << 20)
+
+struct pf_seg {
+	size_t   item;                    /* index into the rank's items */
+	uint64_t off, len;                /* bytes [off, off+len) of the item's box */
+	uint64_t at;                      /* where they are in the slot's buffer */
+};
+
+struct pf_slot {
+	struct pf_seg seg[PF_SEGS];
+	unsigned nseg, cur;               /* cur: the first piece not yet taken */
+	uint8_t *buf;
+	size_t   cap;
+	int      rc;
+};
+
+/* What every tensor of a rank shares while it is pulled. */
 struct fill_shared {
 	ckpt_load     *l;
 	struct report *rep;
 	int            fd;
+	uint64_t       since;             /* bytes since the last progress report */
+	/* the direct path's scratch (worker thread only) */
 	uint8_t       *scratch;
 	size_t         cap;
-	uint64_t       since;             /* bytes since the last progress report */
+	/* read-ahead */
+	const struct rank_item *items;
+	size_t         nitems;
+	pthread_t      th;
+	bool           started, stop, done;
+	pthread_mutex_t lock;             /* the fields below */
+	pthread_mutex_t load_lock;        /* around every ckpt_load_tensors of l */
+	pthread_cond_t cv;
+	uint64_t       made, used;        /* windows loaded, windows released */
+	struct pf_slot slot[PF_SLOTS];
+	char           err[512];          /* the first read-ahead failure, in words */
 };
 
-/* One tensor of a new rank, pulled from the source checkpoint chunk by chunk. */
+/* One tensor of a new rank, pulled from the source. */
 struct fill_state {
 	struct fill_shared     *sh;
 	const struct rank_item *x;
+	size_t                  idx;
 };
 
-/* ckpt_source_fn: bytes [off, off+len) of the new box, row-major. Loads the rows of
- * the box that hold them (one batch read over the source shards), then copies. */
+/* Bytes of one row (first-dimension index) of x's box; the whole value when 0-d. */
+static uint64_t row_bytes(const struct rank_item *x)
+{
+	const struct ckpt_tensor_info *t = &x->it->ti;
+	if (t->ndim == 0)
+		return x->len;
+	uint64_t rowb = ckpt_dtype_size(t->dtype);
+	for (unsigned d = 1; d < t->ndim; d++)
+		rowb *= x->ext[d];
+	return rowb;
+}
+
+/* The request for rows [r0, r0 + nrows) of x's box (the whole value when 0-d) into
+ * dst; o and e hold its box. */
+static struct ckpt_load_req rows_req(const struct rank_item *x, uint64_t r0, uint64_t nrows,
+                                     void *dst, uint64_t *o, uint64_t *e)
+{
+	const struct ckpt_tensor_info *t = &x->it->ti;
+	unsigned nd = t->ndim;
+	struct ckpt_load_req q = { .name = t->name, .dtype = t->dtype, .ndim = nd,
+	                           .mem = CKPT_MEM_HOST, .saved_rank = x->saved_rank, .dst = dst };
+	if (nd) {
+		memcpy(o, x->off, nd * sizeof *o);
+		memcpy(e, x->ext, nd * sizeof *e);
+		o[0] += r0;
+		e[0] = nrows;
+		q.offset = o;
+		q.extent = e;
+	}
+	return q;
+}
+
+static int load_locked(struct fill_shared *f, const struct ckpt_load_req *q, size_t n)
+{
+	pthread_mutex_lock(&f->load_lock);
+	int rc = ckpt_load_tensors(f->l, q, n, NULL);
+	pthread_mutex_unlock(&f->load_lock);
+	return rc;
+}
+
+/* Plan the next window from the cursor (item *i, byte *off) into sl; false when
+ * there is nothing left. */
+static bool window_plan(const struct fill_shared *f, size_t *i, uint64_t *off,
+                        struct pf_slot *sl)
+{
+	uint64_t bytes = 0;
+	sl->nseg = sl->cur = 0;
+	while (*i < f->nitems && sl->nseg < PF_SEGS) {
+		const struct rank_item *x = &f->items[*i];
+		uint64_t rowb = x->it->blob || !x->len ? 0 : row_bytes(x);
+		if (!rowb || *off >= x->len) {
+			(*i)++;
+			*off = 0;
+			continue;
+		}
+		uint64_t rows = (x->len - *off) / rowb, fit = (PF_WINDOW - bytes) / rowb;
+		if (!fit && bytes)
+			break;                    /* the window is full */
+		uint64_t n = fit && fit < rows ? fit : (fit ? rows : 1);
+		sl->seg[sl->nseg++] = (struct pf_seg){ .item = *i, .off = *off, .len = n * rowb,
+		                                       .at = bytes };
+		bytes += n * rowb;
+		*off += n * rowb;
+	}
+	return sl->nseg > 0;
+}
+
+static int window_load(struct fill_shared *f, struct pf_slot *sl)
+{
+	const struct pf_seg *last = &sl->seg[sl->nseg - 1];
+	uint64_t bytes = last->at + last->len;
+	if (sl->cap < bytes) {
+		uint8_t *b = bytes <= SIZE_MAX ? realloc(sl->buf, (size_t)bytes) : NULL;
+		if (!b)
+			return -ENOMEM;
+		sl->buf = b;
+		sl->cap = (size_t)bytes;
+	}
+	struct ckpt_load_req q[PF_SEGS];
+	uint64_t o[PF_SEGS][CKPT_MAX_NDIM], e[PF_SEGS][CKPT_MAX_NDIM];
+	for (unsigned k = 0; k < sl->nseg; k++) {
+		const struct pf_seg *g = &sl->seg[k];
+		const struct rank_item *x = &f->items[g->item];
+		uint64_t rowb = row_bytes(x);
+		q[k] = rows_req(x, g->off / rowb, g->len / rowb, sl->buf + g->at, o[k], e[k]);
+	}
+	return load_locked(f, q, sl->nseg);
+}
+
+static void *prefetch_main(void *arg)
+{
+	struct fill_shared *f = arg;
+	size_t i = 0;
+	uint64_t off = 0;
+	for (;;) {
+		pthread_mutex_lock(&f->lock);
+		while (!f->stop && f->made - f->used == PF_SLOTS)
+			pthread_cond_wait(&f->cv, &f->lock);
+		bool stop = f->stop;
+		struct pf_slot *sl = &f->slot[f->made % PF_SLOTS];
+		pthread_mutex_unlock(&f->lock);
+		/* The slot is this thread's until made moves past it. */
+		if (stop || !window_plan(f, &i, &off, sl))
+			break;
+		sl->rc = window_load(f, sl);
+		pthread_mutex_lock(&f->lock);
+		if (sl->rc && !f->err[0])
+			snprintf(f->err, sizeof f->err, "read the source: %s",
+			         sl->rc == -ENOMEM ? "out of memory for the read-ahead" :
+			         ckpt_last_error(NULL));
+		f->made++;
+		pthread_cond_broadcast(&f->cv);
+		pthread_mutex_unlock(&f->lock);
+		if (sl->rc)
+			break;
+	}
+	pthread_mutex_lock(&f->lock);
+	f->done = true;
+	pthread_cond_broadcast(&f->cv);
+	pthread_mutex_unlock(&f->lock);
+	return NULL;
+}
+
+static int prefetch_start(struct fill_shared *f)
+{
+	pthread_mutex_init(&f->lock, NULL);
+	pthread_mutex_init(&f->load_lock, NULL);
+	pthread_cond_init(&f->cv, NULL);
+	int rc = pthread_create(&f->th, NULL, prefetch_main, f);
+	f->started = rc == 0;
+	if (rc) {
+		pthread_cond_destroy(&f->cv);
+		pthread_mutex_destroy(&f->load_lock);
+		pthread_mutex_destroy(&f->lock);
+	}
+	return -rc;
+}
+
+static void prefetch_stop(struct fill_shared *f)
+{
+	if (!f->started)
+		return;
+	pthread_mutex_lock(&f->lock);
+	f->stop = true;
+	pthread_cond_broadcast(&f->cv);
+	pthread_mutex_unlock(&f->lock);
+	pthread_join(f->th, NULL);
+	for (unsigned i = 0; i < PF_SLOTS; i++)
+		free(f->slot[i].buf);
+	pthread_cond_destroy(&f->cv);
+	pthread_mutex_destroy(&f->load_lock);
+	pthread_mutex_destroy(&f->lock);
+	f->started = false;
+}
+
+/* Copy what the ring holds of [off, off+len) of item idx into dst, releasing the
+ * pieces and windows the worker is past; returns the bytes copied (0: the ring does
+ * not hold off), or a negative code that the read-ahead met. */
+static int64_t prefetch_take(struct fill_shared *f, size_t idx, uint64_t off, uint8_t *dst,
+                             uint64_t len)
+{
+	uint64_t got = 0;
+	pthread_mutex_lock(&f->lock);
+	while (got < len) {
+		while (f->made == f->used && !f->done)
+			pthread_cond_wait(&f->cv, &f->lock);
+		if (f->made == f->used)
+			break;
+		struct pf_slot *sl = &f->slot[f->used % PF_SLOTS];
+		if (sl->rc) {
+			int rc = sl->rc;
+			pthread_mutex_unlock(&f->lock);
+			return rc;
+		}
+		if (sl->cur == sl->nseg) {
+			f->used++;                /* every piece taken or passed */
+			pthread_cond_broadcast(&f->cv);
+			continue;
+		}
+		const struct pf_seg *g = &sl->seg[sl->cur];
+		uint64_t at = off + got;
+		if (g->item < idx || (g->item == idx && g->off + g->len <= at)) {
+			sl->cur++;                /* behind the worker: not wanted any more */
+			continue;
+		}
+		if (g->item > idx || g->off > at)
+			break;                    /* not in the ring */
+		uint64_t n = g->off + g->len - at < len - got ? g->off + g->len - at : len - got;
+		pthread_mutex_unlock(&f->lock);
+		/* The slot stays the worker's until used moves past it. */
+		memcpy(dst + got, sl->buf + g->at + (at - g->off), (size_t)n);
+		pthread_mutex_lock(&f->lock);
+		got += n;
+		if (at + n == g->off + g->len)
+			sl->cur++;
+	}
+	pthread_mutex_unlock(&f->lock);
+	return (int64_t)got;
+}
+
+/* ckpt_source_fn: bytes [off, off+len) of the new box, row-major: from the ring, or
+ * else the rows that hold them, loaded here (one batch read over the source
+ * shards). */
 static int tensor_fill(void *arg, uint64_t off, void *dst, size_t len)
 {
 	const struct fill_state *fs = arg;
 	struct fill_shared *f = fs->sh;
 	const struct rank_item *x = fs->x;
-	const struct ckpt_tensor_info *t = &x->it->ti;
-	unsigned nd = t->ndim;
-	uint64_t rowb = ckpt_dtype_size(t->dtype);
-	for (unsigned d = 1; d < nd; d++)
-		rowb *= x->ext[d];
-	struct ckpt_load_req q = { .name = t->name, .dtype = t->dtype, .ndim = nd,
-	                           .mem = CKPT_MEM_HOST, .saved_rank = x->saved_rank };
-	int rc;
-	if (nd == 0) {
-		q.dst = dst;              /* one element: the chunk is the whole value */
-		rc = ckpt_load_tensors(f->l, &q, 1, NULL);
-	} else {
-		uint64_t r0 = off / rowb, r1 = (off + len - 1) / rowb;
+	int64_t got = f->started ? prefetch_take(f, fs->idx, off, dst, len) : 0;
+	if (got < 0)
+		return (int)got;
+	uint64_t at = off + (uint64_t)got, rest = len - (uint64_t)got;
+	if (rest) {
+		uint64_t rowb = row_bytes(x), o[CKPT_MAX_NDIM], e[CKPT_MAX_NDIM];
+		uint64_t r0 = at / rowb, r1 = (at + rest - 1) / rowb;
 		size_t need = (size_t)((r1 - r0 + 1) * rowb);
 		if (need > f->cap) {
 			uint8_t *n = realloc(f->scratch, need);
@@ -317,20 +554,12 @@ static int tensor_fill(void *arg, uint64_t off, void *dst, size_t len)
 			f->scratch = n;
 			f->cap = need;
 		}
-		uint64_t o[CKPT_MAX_NDIM], e[CKPT_MAX_NDIM];
-		memcpy(o, x->off, nd * sizeof *o);
-		memcpy(e, x->ext, nd * sizeof *e);
-		o[0] += r0;
-		e[0] = r1 - r0 + 1;
-		q.offset = o;
-		q.extent = e;
-		q.dst = f->scratch;
-		rc = ckpt_load_tensors(f->l, &q, 1, NULL);
-		if (!rc)
-			memcpy(dst, f->scratch + (off - r0 * rowb), len);
+		struct ckpt_load_req q = rows_req(x, r0, r1 - r0 + 1, f->scratch, o, e);
+		int rc = load_locked(f, &q, 1);
+		if (rc)
+			return rc;
+		memcpy((uint8_t *)dst + got, f->scratch + (at - r0 * rowb), (size_t)rest);
 	}
-	if (rc)
-		return rc;
 	f->rep->bytes_done += len;
 	f->since += len;
 	if (f->since >= (64u << 20)) {
@@ -387,8 +616,9 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 		rep->bytes_total += len;
 	}
 	/* Blobs are small: read them now. Tensors are pulled chunk by chunk while the
-	 * new shard is written (tensor_fill), so memory stays bounded by the two pools
-	 * and one chunk of scratch, whatever this rank's share. */
+	 * new shard is written (tensor_fill, fed by the read-ahead), so memory stays
+	 * bounded by the two pools, the ring and one chunk of scratch, whatever this
+	 * rank's share. */
 	for (size_t i = 0; !rc && i < nri; i++) {
 		struct rank_item *x = &ri[i];
 		if (!x->it->blob)
@@ -410,10 +640,14 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 	stage = "save";
 	if (!rc)
 		rc = ckpt_save_begin(dst, a->have_out_step ? a->out_step : p->src_step, &s);
-	struct fill_shared shared = { .l = l, .rep = rep, .fd = fd };
+	struct fill_shared shared = { .l = l, .rep = rep, .fd = fd, .items = ri, .nitems = nri };
 	struct fill_state *fs = calloc(nri + 1, sizeof *fs);
 	if (!fs && !rc)
 		rc = -ENOMEM;
+	stage = "start the read-ahead";
+	if (!rc)
+		rc = prefetch_start(&shared);
+	stage = "save";
 	for (size_t i = 0; !rc && i < nri; i++) {
 		const struct rank_item *x = &ri[i];
 		const struct ckpt_tensor_info *t = &x->it->ti;
@@ -421,7 +655,7 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 			rc = ckpt_save_add_blob(s, t->name, t->kind, t->policy, x->data, x->len);
 			continue;
 		}
-		fs[i] = (struct fill_state){ .sh = &shared, .x = x };
+		fs[i] = (struct fill_state){ .sh = &shared, .x = x, .idx = i };
 		struct ckpt_tensor ct = {
 			.name = t->name, .kind = t->kind, .dtype = t->dtype, .policy = t->policy,
 			.ndim = t->ndim, .global_shape = t->global_shape, .offset = x->off,
@@ -433,8 +667,10 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 		rc = ckpt_save_submit(s);
 	if (!rc)
 		rc = ckpt_save_wait(s, -1);
+	prefetch_stop(&shared);
 	if (rc)
-		snprintf(rep->msg, sizeof rep->msg, "rank %u: %s: %s", r, stage, ckpt_last_error(NULL));
+		snprintf(rep->msg, sizeof rep->msg, "rank %u: %s: %s", r, stage,
+		         shared.err[0] ? shared.err : ckpt_last_error(NULL));
 	ckpt_save_free(s);
 	free(shared.scratch);
 	free(fs);
