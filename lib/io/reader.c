@@ -599,9 +599,12 @@ static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 int io_read_batch(struct io_engine *e, const struct io_read_req *reqs, size_t n,
                   io_chunk_cb cb)
 {
+	/* One slot more than the engine's depth: while a completed chunk is hashed and
+	 * handed over, depth reads are still in flight (pool buffers permitting). */
+	unsigned depth = io_engine_depth(e);
 	struct rd_batch b = {
 		.e = e, .pool = io_engine_pool(e), .reqs = reqs,
-		.nslots = io_engine_depth(e),
+		.nslots = depth + 1,
 	};
 	b.done_tail = &b.done_head;
 	if (n == 0)
@@ -613,7 +616,7 @@ int io_read_batch(struct io_engine *e, const struct io_read_req *reqs, size_t n,
 	size_t next = 0;
 	while ((next < n && !err) || b.inflight || b.done_head) {
 		/* Keep the engine full. */
-		while (next < n && !err && b.nbusy < b.nslots) {
+		while (next < n && !err && b.nbusy < b.nslots && b.inflight < depth) {
 			int rc = rd_start(&b, next);
 			if (rc == -EAGAIN)
 				break;
@@ -628,9 +631,9 @@ int io_read_batch(struct io_engine *e, const struct io_read_req *reqs, size_t n,
 				err = rc;
 			if (rc < 0)
 				break;   /* the ring is broken; slots in flight cannot be recovered */
+			continue;    /* refill the completed reads' places before hashing */
 		}
-		/* One completion at a time, then refill: its slot goes back to the disk
-		 * before the next chunk is hashed and copied. */
+		/* One completion at a time, then refill. */
 		if (b.done_head) {
 			struct rd_slot *s = b.done_head;
 			b.done_head = s->next;

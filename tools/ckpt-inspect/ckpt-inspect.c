@@ -100,9 +100,10 @@ static int open_root(const char *root, unsigned flags, ckpt_ctx **c)
 	o.world = 1;
 	o.flags = flags;
 	/* Tools only read: a few buffers keep the disk busy without pre-faulting the
-	 * default pool (0: the library's chunk size; CKPT_POOL_BYTES still wins). */
+	 * default pool — the reads in flight (8), the chunk being hashed and one to
+	 * decompress into (0: the library's chunk size; CKPT_POOL_BYTES still wins). */
 	if (!getenv("CKPT_POOL_BYTES"))
-		o.pool_bytes = 128u << 20;
+		o.pool_bytes = 160u << 20;
 	return ckpt_open(&o, c);
 }
 
