@@ -316,18 +316,18 @@ static int bench_world(const char *dir, uint32_t w, uint32_t ns, bool apart)
 		pace(t0, period);
 	}
 	if (!rc) {
-		double b = median_us(bare, STEPS), l = median_us(lat, STEPS);
+		double b = median_us(bare, STEPS), l = median_us(lat, STEPS), bb = median_us(b2b, STEPS);
 		char mode[48];
 		if (ns)
 			snprintf(mode, sizeof mode, "tree, nodes of %u", ns);
 		else
 			snprintf(mode, sizeof mode, "flat");
 		printf("| %4u | %s | %s | %u | %6.0f | %6.0f | %6.0f | %6.0f | %6.0f | %6.0f | %6.0f | "
-		       "%6.0f | %6.0f | %s |\n",
+		       "%6.0f | %6.0f | %s | %s |\n",
 		       w, mode, apart ? "other process, nice 19" : "same process", sends, l,
 		       median_us(last, STEPS), median_us(txn, STEPS), median_us(bc, STEPS),
-		       median_us(b2b, STEPS), b, median_us(same, STEPS), median_us(e2e, STEPS),
-		       (double)period / 1e3, l <= 1000.0 + b ? "yes" : "no");
+		       bb, b, median_us(same, STEPS), median_us(e2e, STEPS),
+		       (double)period / 1e3, l <= 1000.0 + b ? "yes" : "no", l <= 1000.0 + bb ? "yes" : "no");
 		fflush(stdout);
 	}
 	commit_coord_stop(co);
@@ -374,8 +374,10 @@ int main(int argc, char **argv)
 	printf("| W | commit | participants | links | commit latency | last vote checks |"
 	       " final checks + LMDB txn | decision sends | bare LMDB commit, back to back |"
 	       " bare LMDB commit, at step cadence | LMDB commit of W records, at step cadence |"
-	       " burst, end to end | step period | latency <= 1 ms + bare at cadence |\n");
-	printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+	       " burst, end to end | step period | latency <= 1 ms + bare at cadence |"
+	       " latency <= 1 ms + bare back to back |\n");
+	printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+	       " --- |\n");
 	fflush(stdout);
 	for (int k = 0; k < nw; k++)
 		for (int t = 0; t < 2; t++)
