@@ -20,13 +20,16 @@ runs=${BENCH_RUNS:-3}
 [ -x "$synth" ] || { echo "build first: $synth missing" >&2; exit 1; }
 command -v fio >/dev/null || { echo "fio missing: scripts/deps.sh installs it" >&2; exit 1; }
 rm -rf "$dir"; mkdir -p "$dir"
-trap 'rm -rf "$dir"' EXIT
+. bench/thp.sh
+trap 'thp_off; rm -rf "$dir"' EXIT
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 fio_bw() {  # rw key bs qd -> bytes/s
+  thp_on
   fio --name=raw --filename="$dir/fio.dat" --rw="$1" --bs="$3" --iodepth="$4" --ioengine=io_uring \
       --direct=1 --size="$bytes" --end_fsync=1 --output-format=json 2>/dev/null |
     json "d['jobs'][0]['$2']['bw_bytes']"
+  thp_off
 }
 # The limit the issue names (1 MiB blocks, queue depth 4), and the same device driven
 # with libckpt's own I/O shape (16 MiB chunks, 8 in flight): the honest ceiling.
@@ -55,11 +58,11 @@ z_tp=$(echo "$zout" | json "d['throughput_bytes_per_s']")
 z_ratio=$(echo "$zout" | json "d['compression_ratio']")
 pool=$((256 << 20))
 
-python3 - "$raw_w" "$raw_r" "$best_save" "$best_load" "$stall" "$rss" "$logical" "$z_tp" "$z_ratio" "$pool" "$world" "$raw_w16" "$raw_r16" <<'PY'
+python3 - "$raw_w" "$raw_r" "$best_save" "$best_load" "$stall" "$rss" "$logical" "$z_tp" "$z_ratio" "$pool" "$world" "$raw_w16" "$raw_r16" "$(thp_note)" <<'PY'
 import sys
-raw_w, raw_r, save, load, stall, rss, logical, ztp, zr, pool, world, raw_w16, raw_r16 = map(float, sys.argv[1:])
+raw_w, raw_r, save, load, stall, rss, logical, ztp, zr, pool, world, raw_w16, raw_r16 = map(float, sys.argv[1:14])
 G = 1e9
-print(f"libckpt host-state save/load, {logical/2**30:.2f} GiB, world {int(world)}")
+print(f"libckpt host-state save/load, {logical/2**30:.2f} GiB, world {int(world)} (fio: {sys.argv[14]})")
 print(f"| measure | value | raw limit | ratio | target |")
 print(f"| --- | --- | --- | --- | --- |")
 print(f"| save (begin -> durable+committed) | {save/G:.2f} GB/s | {raw_w/G:.2f} GB/s write | {save/raw_w:.2f} | >= 0.90 |")

@@ -15,7 +15,8 @@
 #     BENCH_WORLD ranks (bytes / time inside ckpt_load_tensor, slowest rank);
 #   - verify: ckpt-inspect verify --json (every chunk read and hashed);
 #   - reshard BENCH_WORLD -> 1 (load + save + commit), with the peak RSS of the
-#     rank process (GNU time), against the sum of raw read and write time.
+#     rank process (GNU time), against the sum of raw read and write time, and
+#     against fio reading and writing as many bytes at once (its slower job).
 # Targets (issue 4): resharded load >= 0.8 x raw read, verify >= 0.9 x raw read.
 # Prints a table; record figures in docs/perf.md. Never a timed test.
 set -euo pipefail
@@ -36,17 +37,7 @@ json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 best() { python3 -c "import sys; print(max(float(x) for x in sys.argv[1:]))" "$@"; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 
-# fio's buffers come from malloc: with transparent huge pages in "madvise" mode they are
-# small pages, and a direct read of 1 MiB+ is then split by the block layer at its
-# max_segments (often 254 x 4 KiB) — an artefact libckpt's pool avoids by asking for
-# huge pages. So that the raw limit is the device's, fio runs with THP "always" when
-# this script may set it (restored on exit); the table says which.
-thp=/sys/kernel/mm/transparent_hugepage/enabled thp_was=
-if [ -w "$thp" ]; then
-  thp_was=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$thp")
-fi
-thp_on()  { [ -n "$thp_was" ] && echo always > "$thp" || true; }
-thp_off() { [ -n "$thp_was" ] && echo "$thp_was" > "$thp" || true; }
+. bench/thp.sh
 trap 'thp_off; rm -rf "$dir"' EXIT
 fio_bw() {  # file rw bs [extra] -> bytes/s
   thp_on
@@ -95,8 +86,22 @@ for w in $loads; do
 done
 rows+=("ckpt-inspect verify|$(ratios "${got["ckpt-inspect verify"]}")|$raw_r|0.90")
 
-rss=0; r=()
+# A reshard reads the source while it writes the output: the device's limit for that
+# is fio reading the shard file while a second job writes as many bytes, at once
+# (the slower of the two jobs' bandwidths).
+copy_bw() {
+  thp_on
+  fio --name=r --filename="$shard" --rw=read --bs=16M --iodepth=8 --ioengine=io_uring \
+      --direct=1 --name=w --filename="$dir/fio.w" --rw=write --bs=16M --iodepth=8 \
+      --ioengine=io_uring --direct=1 --size="$(stat -c %s "$shard")" --end_fsync=1 \
+      --output-format=json 2>/dev/null | sed -n '/^{/,$p' |
+    json "min(d['jobs'][0]['read']['bw_bytes'], d['jobs'][1]['write']['bw_bytes'])"
+  thp_off
+  rm -f "$dir/fio.w"
+}
+rss=0; r=(); copy=()
 for i in $(seq 1 "$runs"); do
+  drop; copy+=("$(copy_bw)")
   rm -rf "$dir/out"; drop
   if command -v /usr/bin/time >/dev/null; then
     out=$(/usr/bin/time -f "%M" -o "$dir/rss" "$reshard" "$dir/src" 1 --world 1 --out "$dir/out" \
@@ -109,14 +114,15 @@ for i in $(seq 1 "$runs"); do
 done
 # read + write of the same bytes, one after the other: the serial limit of a reshard.
 rw_limit=$(python3 -c "import sys; r,w=map(float,sys.argv[1:]); print(1/(1/r+1/w))" "$raw_r" "$raw_w")
-rows+=("reshard $world -> 1 (load+save+commit)|$(best "${r[@]}") 0|$rw_limit|(printed)")
+rows+=("reshard $world -> 1 (load+save+commit), against read then write|$(best "${r[@]}") 0|$rw_limit|(printed)")
+rows+=("reshard $world -> 1, against read and write at once (fio)|$(best "${r[@]}") 0|$(best "${copy[@]}")|(printed)")
 
-python3 - "$bytes" "$rss" "$runs" "${thp_was:+on for fio}" "${rows[@]}" <<'PY'
+python3 - "$bytes" "$rss" "$runs" "$(thp_note)" "${rows[@]}" <<'PY'
 import sys
 size, rss, runs, thp, rows = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
 G = 1e9
 print(f"libckpt resharded load / verify / reshard, {size} checkpoint, best of {runs} runs "
-      f"(raw read: fio on the shard file, THP {thp or 'as the system has it'})")
+      f"(raw read: fio on the shard file, {thp})")
 print("| measure | value | raw limit | ratio (best/best) | median ratio (same run) | target |")
 print("| --- | --- | --- | --- | --- | --- |")
 for r in rows:
@@ -126,5 +132,5 @@ for r in rows:
     print(f"| {name} | {v/G:.2f} GB/s | {lim/G:.2f} GB/s | {v/lim:.2f} | "
           f"{f'{med:.2f}' if med else ''} | {'>= ' + tgt if tgt[0].isdigit() else tgt} |")
 if rss:
-    print(f"| reshard peak RSS (the largest process, GNU time) | {rss/1024:.0f} MiB | two pools (output, source reads) + one chunk of scratch | | bounded by the pools, not by the state |")
+    print(f"| reshard peak RSS (the largest process, GNU time) | {rss/1024:.0f} MiB | two pools (output, source reads) + read-ahead ring (2 x 128 MiB) | | bounded by the pools, not by the state |")
 PY
