@@ -129,6 +129,12 @@ struct commit_coord_stats {
 	uint32_t sends;             /* links the decision went to: ranks, or node leaders */
 };
 int  commit_coord_last_stats(struct commit_coord *c, struct commit_coord_stats *out);
+/* How many rank departures the coordinator's loop has processed so far: a rank's
+ * connection closed, its node leader reported it gone, or a leader's link closed
+ * (one for each of its ranks). Lets a caller that closes ranks know when
+ * the coordinator has seen them go before it starts the next step with new ones:
+ * a rank that leaves while a step it has not voted for is in flight aborts it. */
+uint64_t commit_coord_ranks_left(struct commit_coord *c);
 void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */
 
 /* ------------------------------------------------------------------ node leader

@@ -94,6 +94,7 @@ struct commit_coord {
 	struct coord_link   *links;            /* [world], loop thread only */
 	struct coord_step   *steps;            /* loop thread only */
 	struct commit_coord_stats stats;       /* last decided step, under lock */
+	uint64_t             ranks_left;       /* under lock */
 };
 
 /* ------------------------------------------------------------------ handshakes */
@@ -186,6 +187,9 @@ static void step_abort(struct coord_step *s, int code, const char *fmt, ...)
 static bool rank_lost(struct commit_coord *c, uint32_t rank, const char *how, const char *why)
 {
 	bool hurt = false;
+	pthread_mutex_lock(&c->lock);
+	c->ranks_left++;
+	pthread_mutex_unlock(&c->lock);
 	for (struct coord_step *s = c->steps; s; s = s->next) {
 		if (!s->payloads[rank]) {
 			step_abort(s, CKPT_EABORTED, "rank %u %s before voting for step %llu (%s)", rank,
@@ -765,6 +769,14 @@ int commit_coord_last_stats(struct commit_coord *c, struct commit_coord_stats *o
 	*out = c->stats;
 	pthread_mutex_unlock(&c->lock);
 	return out->step || out->total_ns ? 0 : CKPT_ENOTFOUND;
+}
+
+uint64_t commit_coord_ranks_left(struct commit_coord *c)
+{
+	pthread_mutex_lock(&c->lock);
+	uint64_t n = c->ranks_left;
+	pthread_mutex_unlock(&c->lock);
+	return n;
 }
 
 unsigned commit_coord_port(const struct commit_coord *c)

@@ -207,12 +207,18 @@ static void commit_all(const struct env *e, struct commit_part **parts, uint64_t
 	assert_committed(e, step);
 }
 
-/* The coordinator still serves honest ranks: fresh connections commit step. */
+/* The coordinator still serves honest ranks: fresh connections commit step. They
+ * are closed again, and the coordinator has seen them go when this returns: a
+ * departure it processed after the next step began would rightly abort that step. */
 static void honest_commit(const struct env *e, uint64_t step)
 {
 	struct commit_part **p = calloc(e->world, sizeof *p);
 	commit_all(e, p, step);
+	uint64_t left = commit_coord_ranks_left(e->c), until = ckpt_now_ns() + TMO * 1000000ull;
 	parts_close(p, e->world);
+	while (commit_coord_ranks_left(e->c) < left + e->world && ckpt_now_ns() < until)
+		usleep(1000);
+	ck_assert_uint_ge(commit_coord_ranks_left(e->c), left + e->world);
 	free(p);
 }
 

@@ -243,11 +243,24 @@ static void commit_all(const struct tenv *e, struct commit_part **parts, uint64_
 	assert_committed(e, step);
 }
 
+/* Wait until the coordinator has processed n more rank departures than before: a
+ * leader notices a closed rank in its own thread, and a departure that reached the
+ * coordinator after the next step began would rightly abort that step. */
+static void wait_left(const struct tenv *e, uint64_t before, uint32_t n)
+{
+	uint64_t until = ckpt_now_ns() + (uint64_t)TMO * 1000000ull;
+	while (commit_coord_ranks_left(e->c) < before + n && ckpt_now_ns() < until)
+		usleep(1000);
+	ck_assert_uint_ge(commit_coord_ranks_left(e->c), before + n);
+}
+
 static void honest_commit(const struct tenv *e, uint64_t step)
 {
 	struct commit_part **p = calloc(e->world, sizeof *p);
 	commit_all(e, p, step);
+	uint64_t left = commit_coord_ranks_left(e->c);
 	parts_close(p, e->world);
+	wait_left(e, left, e->world);
 	free(p);
 }
 
@@ -364,7 +377,9 @@ static void tree_commits(uint32_t world, uint32_t node_size)
 	commit_all(&e, p, 2);             /* the same connections, the next step */
 	/* One decision per node, not per rank. */
 	ck_assert_uint_eq(stats_of(&e, 2).sends, world / node_size);
+	uint64_t left = commit_coord_ranks_left(e.c);
 	parts_close(p, world);
+	wait_left(&e, left, world);
 	free(p);
 	honest_commit(&e, 3);             /* fresh connections through the same leaders */
 	tenv_stop(&e);
