@@ -126,6 +126,24 @@ out=$("$inspect" "$root/o5" list --all --json 2>&1)
 python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert not [s for s in d['steps'] if s['state']=='committed'], d" "$out" \
   && ok "...and the output root holds no committed step" || bad "output after a failed reshard" "$out"
 
+# ---- memory follows --pool, not the state: 256 MiB resharded with --pool 32M
+"$synth" save --root "$root/big" --step 1 --bytes 256M --seed 4 >/dev/null || bad "save 256M"
+out=$(python3 - "$reshard" "$root/big" "$root/big-out" <<'PY'
+import resource, subprocess, sys
+r = subprocess.run([sys.argv[1], sys.argv[2], "1", "--world", "1", "--out", sys.argv[3],
+                    "--rank-map", "0", "--pool", "32M", "--quiet"], capture_output=True, text=True)
+print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024, r.stderr.strip())
+PY
+)
+read -r rc rss _ <<<"$out"
+# Two pools of 32 MiB, two read-ahead windows of 16 MiB, a chunk of scratch, the
+# process itself: well under the 256 MiB of state.
+if [ "$rc" = 0 ] && [ "$rss" -lt 200 ]; then ok "--pool 32M: peak RSS $rss MiB for 256 MiB of state"
+else bad "--pool 32M reshard (rc $rc, peak RSS $rss MiB)" "$out"; fi
+expect_rc 0 "0 mismatches" "...and its output verifies" \
+  "$synth" verify --root "$root/big-out" --step 1 --bytes 256M --seed 4 --world 3
+rm -rf "$root/big" "$root/big-out"
+
 # ---- bad input
 expect_rc 2 "from 1 to" "N = 0" "$reshard" "$src" 5 --world 0 --out "$root/x"
 expect_rc 6 "cannot be split" "N larger than a first dimension" \

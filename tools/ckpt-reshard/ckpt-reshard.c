@@ -58,7 +58,9 @@ static void usage(FILE *f)
 	"  --chunk SIZE           chunk size of the output (default: the source's largest chunk,\n"
 	"                         so that the same bytes keep the same chunk hashes)\n"
 	"  --compress C           none (default) or zstd[:LEVEL]\n"
-	"  --pool SIZE            staging pool of each rank process (library default)\n"
+	"  --pool SIZE            staging pool of each rank process, for its output and for its\n"
+	"                         source reads (library default); the read-ahead holds two\n"
+	"                         windows of half of it (16 to 128 MiB each)\n"
 	"  --rank-map LIST        N comma-separated saved ranks: new rank i takes the rank-bound\n"
 	"                         items (RNG state, data position) of saved rank LIST[i]; '-' for none\n"
 	"  --drop-rank-bound      leave rank-bound items out of the output\n"
@@ -103,9 +105,9 @@ static int open_ctx(const char *root, int rank, int world, unsigned flags,
 	o.rank = rank;
 	o.world = world;
 	o.flags = flags;
+	o.pool_bytes = a->pool;       /* the source's read buffers too: --pool bounds both */
 	if (!(flags & CKPT_OPEN_READONLY)) {
 		o.chunk_bytes = a->chunk;
-		o.pool_bytes = a->pool;
 		o.zstd_level = a->zstd_level;
 		o.coord_addr = "127.0.0.1";
 		o.coord_port = a->port;
@@ -278,15 +280,16 @@ struct rank_item {
  * (tensor_fill); loaded there, one output chunk at a time, the source reads would
  * wait for the writes and run one or two chunks deep. Instead a thread loads what
  * the worker will pull next, in the order it pulls (items in order, rows in order),
- * into a ring of PF_SLOTS windows of about PF_WINDOW bytes, each ONE batch load of
+ * into a ring of PF_SLOTS windows of about f->window bytes, each ONE batch load of
  * up to PF_SEGS pieces of any number of tensors (so small tensors still keep many
  * reads in flight), while the new shard is written; tensor_fill copies out of the
- * ring. Memory: the ring (PF_SLOTS x max(PF_WINDOW, one row)) on top of the two
+ * ring. Memory: the ring (PF_SLOTS x max(window, one row)) on top of the two
  * pools. A pull the ring does not hold (not expected: the order is the API's) is
  * loaded directly. */
 #define PF_SLOTS  2u
 #define PF_SEGS   64u
-#define PF_WINDOW ((uint64_t)128 << 20)
+#define PF_WINDOW ((uint64_t)128 << 20)   /* at most; half of --pool when smaller */
+#define PF_WINDOW_MIN ((uint64_t)16 << 20)
 
 struct pf_seg {
 	size_t   item;                    /* index into the rank's items */
@@ -314,6 +317,7 @@ struct fill_shared {
 	/* read-ahead */
 	const struct rank_item *items;
 	size_t         nitems;
+	uint64_t       window;            /* bytes per window */
 	pthread_t      th;
 	bool           started, stop, done;
 	pthread_mutex_t lock;             /* the fields below */
@@ -386,7 +390,7 @@ static bool window_plan(const struct fill_shared *f, size_t *i, uint64_t *off,
 			*off = 0;
 			continue;
 		}
-		uint64_t rows = (x->len - *off) / rowb, fit = (PF_WINDOW - bytes) / rowb;
+		uint64_t rows = (x->len - *off) / rowb, fit = (f->window - bytes) / rowb;
 		if (!fit && bytes)
 			break;                    /* the window is full */
 		uint64_t n = fit && fit < rows ? fit : (fit ? rows : 1);
@@ -640,7 +644,10 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 	stage = "save";
 	if (!rc)
 		rc = ckpt_save_begin(dst, a->have_out_step ? a->out_step : p->src_step, &s);
-	struct fill_shared shared = { .l = l, .rep = rep, .fd = fd, .items = ri, .nitems = nri };
+	struct fill_shared shared = { .l = l, .rep = rep, .fd = fd, .items = ri, .nitems = nri,
+	                              .window = PF_WINDOW };
+	if (a->pool && a->pool / 2 < PF_WINDOW)
+		shared.window = a->pool / 2 > PF_WINDOW_MIN ? a->pool / 2 : PF_WINDOW_MIN;
 	struct fill_state *fs = calloc(nri + 1, sizeof *fs);
 	if (!fs && !rc)
 		rc = -ENOMEM;
