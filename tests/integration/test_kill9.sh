@@ -58,19 +58,30 @@ pid_of_rank() {  # pid_of_rank R: ckpt-synth names its rank processes ckpt-rank-
   for s in $(pgrep -P "$spid"); do pgrep -P "$s" -x "ckpt-rank-$1"; done
 }
 
-clean_save() {  # clean_save: the first step of a mode, timed: the kill window
-  # A clean save, timed from "every rank runs" to its end: the kill window.
-  cur=1
-  start_save $cur "$tmp/save-$cur.log"
-  t0=$(ms)
-  wait $spid; rc=$?
-  span=$(( $(ms) - t0 ))
-  if [ $rc != 0 ] || ! verify $cur | grep -q " 0 mismatches"; then
-    echo "FAIL: the clean first save does not work:"; cat "$tmp/save-$cur.log"; exit 1
-  fi
+clean_save() {  # clean_save: the first steps of a mode, timed: the kill window
+  # Two clean saves, each timed from "every rank runs" to its end; the shorter is
+  # the kill window (the first may be slowed by a cold start or a busy machine,
+  # and a window longer than the saves makes every kill miss).
+  local step t0 rc s
+  span=
+  for step in 1 2; do
+    cur=$step
+    start_save $cur "$tmp/save-$cur.log"
+    t0=$(ms)
+    wait $spid; rc=$?
+    s=$(( $(ms) - t0 ))
+    if [ $rc != 0 ] || ! verify $cur | grep -q " 0 mismatches"; then
+      echo "FAIL: a clean save does not work:"; cat "$tmp/save-$cur.log"; exit 1
+    fi
+    committed+=("$cur:$W")
+    [ -z "$span" ] || [ $s -lt $span ] && span=$s
+  done
+  # Saves vary by ±30 % from one to the next here: the kills come within the first
+  # two thirds of the shorter clean save, so that most land on a running save.
+  echo "clean saves of $W ranks: the rank processes live ~${span} ms"
+  span=$((span * 2 / 3))
   [ $span -lt 50 ] && span=50
-  committed+=("$cur:$W")
-  echo "clean save of $W ranks: the rank processes live ~${span} ms: the kill comes within that"
+  echo "the kill comes within the first ${span} ms"
 }
 
 rounds() {  # rounds: one kill per seed, in the current mode and world
