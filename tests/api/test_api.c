@@ -38,14 +38,20 @@ static void teardown(void)
 	root = NULL;
 }
 
+/* Options of one rank (rank 0 of 1) on root r, the rest the library's defaults. */
+static void opts_one(struct ckpt_opts *o, const char *r)
+{
+	ckpt_opts_init(o, sizeof *o);
+	o->root = r;
+	o->rank = 0;
+	o->world = 1;
+}
+
 static ckpt_ctx *open_root(const char *r, unsigned flags, size_t chunk, size_t pool, int zstd)
 {
 	struct ckpt_opts o;
-	ckpt_opts_init(&o, sizeof o);
-	o.root = r;
+	opts_one(&o, r);
 	o.flags = flags;
-	o.rank = 0;
-	o.world = 1;
 	o.chunk_bytes = chunk;
 	o.pool_bytes = pool;
 	o.zstd_level = zstd;
@@ -448,10 +454,7 @@ START_TEST(gds_fallback)
 	tt_free(&t, 1);
 
 	struct ckpt_opts o;
-	ckpt_opts_init(&o, sizeof o);
-	o.root = root;
-	o.rank = 0;
-	o.world = 1;
+	opts_one(&o, root);
 	c = NULL;
 	setenv("CKPT_GDS", "load,sav", 1);
 	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
@@ -479,10 +482,7 @@ START_TEST(queue_depth_env)
 	tt_free(&t, 1);
 
 	struct ckpt_opts o;
-	ckpt_opts_init(&o, sizeof o);
-	o.root = root;
-	o.rank = 0;
-	o.world = 1;
+	opts_one(&o, root);
 	const char *bad[] = { "0", "4097", "deep", "-3" };
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		c = NULL;
