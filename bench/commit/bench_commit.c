@@ -2,7 +2,8 @@
  * bench_commit.c — commit latency of the two-phase commit at W ranks, and its
  * breakdown (issue: "Speed" of the distributed commit), flat and hierarchical.
  *
- *   bench_commit DIR [--node-size N] [--flat|--tree] [W...]   (default W: 4 64 256, N 8)
+ *   bench_commit DIR [--node-size N] [--flat|--tree] [--pin] [W...]
+ *                                                    (default W: 4 64 256, N 8)
  *
  * For each W: one coordinator and W participants vote on synthetic shard indexes of
  * a model of 128 tensors sharded along dimension 0, all at once (the worst case for
@@ -11,7 +12,9 @@
  * each node's leader (leader.c) relays over one TCP connection, and the node's
  * participants reach it over a unix socket. The participants (and leaders) are
  * threads of this process, or of a child process at nice 19 (a cluster's ranks do
- * not share the coordinator's CPUs). Medians over 20 steps:
+ * not share the coordinator's CPUs), or with --pin also of a child process on CPUs
+ * of its own (the coordinator's process on CPU 0, the child on the others).
+ * Medians over 20 steps:
  *   commit latency (the coordinator's clock): the last PREPARE read off its
  *     connection -> the decision sent on every link (to every rank, or every node
  *     leader); and its parts: decoding and checking that last vote, the final
@@ -27,6 +30,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,8 +205,30 @@ static int commit_records(struct manifest *m, uint64_t step, uint32_t w, uint64_
 	return rc;
 }
 
-static int bench_world(const char *dir, uint32_t w, uint32_t ns, bool apart)
+/* Participants: in this process (0), in a child at nice 19 (1), or in a child on
+ * CPUs of their own (2: the coordinator's process on CPU 0, the child on the others,
+ * as on a cluster where no rank shares the coordinator's CPUs). */
+enum { SAME = 0, APART = 1, PINNED = 2 };
+
+static void pin_to(int first, int last)
 {
+	cpu_set_t cs;
+	CPU_ZERO(&cs);
+	for (int c = first; c <= last; c++)
+		CPU_SET(c, &cs);
+	if (sched_setaffinity(0, sizeof cs, &cs))
+		perror("sched_setaffinity");
+}
+
+static int bench_world(const char *dir, uint32_t w, uint32_t ns, int where)
+{
+	bool apart = where != SAME;
+	cpu_set_t was;
+	int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+	sched_getaffinity(0, sizeof was, &was);
+	/* Threads created from here on (the coordinator's) inherit CPU 0. */
+	if (where == PINNED)
+		pin_to(0, 0);
 	char root[4096];
 	snprintf(root, sizeof root, "%s/bench-commit-%u", dir, w);
 	struct manifest *m;
@@ -241,6 +267,8 @@ static int bench_world(const char *dir, uint32_t w, uint32_t ns, bool apart)
 		close(fds[0]);
 		if (nice(19) < 0)
 			perror("nice");
+		if (where == PINNED)
+			pin_to(1, ncpu - 1);
 		int prc = run_participants(port, w, ns, e2e);
 		ssize_t k = write(fds[1], e2e, sizeof e2e);
 		_exit(prc == 0 && k == (ssize_t)sizeof e2e ? 0 : 1);
@@ -324,7 +352,8 @@ static int bench_world(const char *dir, uint32_t w, uint32_t ns, bool apart)
 			snprintf(mode, sizeof mode, "flat");
 		printf("| %4u | %s | %s | %u | %6.0f | %6.0f | %6.0f | %6.0f | %6.0f | %6.0f | %6.0f | "
 		       "%6.0f | %6.0f | %s | %s |\n",
-		       w, mode, apart ? "other process, nice 19" : "same process", sends, l,
+		       w, mode, where == PINNED ? "other process, other CPUs" :
+		       apart ? "other process, nice 19" : "same process", sends, l,
 		       median_us(last, STEPS), median_us(txn, STEPS), median_us(bc, STEPS),
 		       bb, b, median_us(same, STEPS), median_us(e2e, STEPS),
 		       (double)period / 1e3, l <= 1000.0 + b ? "yes" : "no", l <= 1000.0 + bb ? "yes" : "no");
@@ -332,6 +361,8 @@ static int bench_world(const char *dir, uint32_t w, uint32_t ns, bool apart)
 	}
 	commit_coord_stop(co);
 	manifest_close(m);
+	if (where == PINNED)
+		sched_setaffinity(0, sizeof was, &was);
 	char cmd[4200];
 	snprintf(cmd, sizeof cmd, "rm -rf %s", root);
 	if (system(cmd))
@@ -342,12 +373,12 @@ static int bench_world(const char *dir, uint32_t w, uint32_t ns, bool apart)
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
-		fprintf(stderr, "usage: bench_commit DIR [--node-size N] [--flat|--tree] [W...]\n");
+		fprintf(stderr, "usage: bench_commit DIR [--node-size N] [--flat|--tree] [--pin] [W...]\n");
 		return 2;
 	}
 	uint32_t ws[16] = { 4, 64, 256 }, ns = 8;
 	int nw = 3, i = 2;
-	bool flat = true, tree = true;
+	bool flat = true, tree = true, pin = false;
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (!strcmp(argv[i], "--node-size") && i + 1 < argc) {
 			ns = (uint32_t)strtoul(argv[++i], NULL, 10);
@@ -355,6 +386,8 @@ int main(int argc, char **argv)
 			tree = false;
 		} else if (!strcmp(argv[i], "--tree")) {
 			flat = false;
+		} else if (!strcmp(argv[i], "--pin")) {
+			pin = true;
 		} else {
 			fprintf(stderr, "bench_commit: unknown option %s\n", argv[i]);
 			return 2;
@@ -363,6 +396,10 @@ int main(int argc, char **argv)
 	if (ns == 0) {
 		fprintf(stderr, "bench_commit: --node-size must be at least 1\n");
 		return 2;
+	}
+	if (pin && sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+		fprintf(stderr, "bench_commit: --pin needs two CPUs or more; rows without it only\n");
+		pin = false;
 	}
 	if (i < argc) {
 		nw = 0;
@@ -381,9 +418,9 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	for (int k = 0; k < nw; k++)
 		for (int t = 0; t < 2; t++)
-			for (int apart = 0; apart < 2; apart++)
+			for (int where = SAME; where <= (pin ? PINNED : APART); where++)
 				if (((t == 0 && flat) || (t == 1 && tree)) &&
-				    bench_world(argv[1], ws[k], t ? ns : 0, apart))
+				    bench_world(argv[1], ws[k], t ? ns : 0, where))
 					return 1;
 	return 0;
 }
