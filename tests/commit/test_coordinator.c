@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "commit/commit_internal.h"
+#include "ranks.h"
 #include "synth.h"
 #include "testutil.h"
 
@@ -52,7 +53,10 @@ struct env {
 	unsigned port;
 	uint32_t world;
 	unsigned timeout_ms;
+	struct ranks_env r;      /* the honest ranks of ranks.c, each with its own connection */
 };
+
+static int part_open(const void *env, uint32_t rank, struct commit_part **out);
 
 static void env_start(struct env *e, uint32_t world, unsigned timeout_ms)
 {
@@ -69,6 +73,8 @@ static void env_start(struct env *e, uint32_t world, unsigned timeout_ms)
 	ck_assert_msg(rc == 0, "commit_coord_start: %s", ckpt_err_msg());
 	e->port = commit_coord_port(e->c);
 	ck_assert_uint_ne(e->port, 0);
+	e->r = (struct ranks_env){ .m = e->m, .c = e->c, .world = world, .tmo_ms = TMO,
+	                           .open = part_open, .env = e };
 }
 
 static void env_stop(struct env *e)
@@ -97,130 +103,12 @@ static struct commit_part *part_connect(const struct env *e, uint32_t rank)
 	return p;
 }
 
-static void parts_close(struct commit_part **p, uint32_t world)
+static int part_open(const void *env, uint32_t rank, struct commit_part **out)
 {
-	for (uint32_t r = 0; r < world; r++) {
-		commit_part_close(p[r]);
-		p[r] = NULL;
-	}
+	struct commit_part_opts o = part_opts(env, rank);
+	return commit_part_connect(&o, out);
 }
 
-/* A rank's vote: synth_typical's index (the bytes live as long as the struct). */
-struct rank_vote {
-	void *buf;
-	size_t len;
-	struct commit_vote v;
-};
-
-static void vote_make(struct rank_vote *rv, uint64_t step, uint32_t rank, uint32_t world)
-{
-	struct synth s;
-	synth_typical(&s, step, rank, world);
-	synth_encode(&s, &rv->buf, &rv->len, NULL);
-	synth_free(&s);
-	rv->v = synth_vote(step, rank, rv->buf, rv->len);
-}
-
-static void vote_free(struct rank_vote *rv)
-{
-	free(rv->buf);
-	rv->buf = NULL;
-}
-
-static int prepare(struct commit_part *p, uint64_t step, uint32_t rank, uint32_t world)
-{
-	struct rank_vote rv;
-	vote_make(&rv, step, rank, world);
-	int rc = commit_part_prepare(p, &rv.v);
-	vote_free(&rv);
-	return rc;
-}
-
-/* One rank's whole save of a step, in a thread: connect (if needed), BEGIN,
- * PREPARE, wait. */
-struct rank_job {
-	const struct env *e;
-	struct commit_part **p;
-	uint32_t rank;
-	uint64_t step;
-	int rc;
-	char msg[1200];
-};
-
-static void *rank_thread(void *arg)
-{
-	struct rank_job *j = arg;
-	int rc = 0;
-	if (!*j->p) {
-		struct commit_part_opts o = part_opts(j->e, j->rank);
-		rc = commit_part_connect(&o, j->p);
-	}
-	if (!rc)
-		rc = commit_part_begin(*j->p, j->step);
-	if (!rc)
-		rc = prepare(*j->p, j->step, j->rank, j->e->world);
-	if (!rc)
-		rc = commit_part_wait(*j->p, j->step, TMO);
-	j->rc = rc;
-	snprintf(j->msg, sizeof j->msg, "%s", rc ? ckpt_err_msg() : "");
-	return NULL;
-}
-
-static void assert_committed(const struct env *e, uint64_t step)
-{
-	struct manifest_step rec;
-	int rc = manifest_step_get(e->m, step, &rec);
-	ck_assert_msg(rc == 0 && rec.state == CKPT_STATE_COMMITTED, "step %llu not committed: "
-	              "rc %d state %u", (unsigned long long)step, rc, rc ? 0 : rec.state);
-	ck_assert_uint_eq(rec.world, e->world);
-}
-
-static void assert_not_committed(const struct env *e, uint64_t step)
-{
-	struct manifest_step rec;
-	int rc = manifest_step_get(e->m, step, &rec);
-	ck_assert_msg(rc == CKPT_ENOTFOUND || (rc == 0 && rec.state != CKPT_STATE_COMMITTED),
-	              "step %llu is committed", (unsigned long long)step);
-	for (uint32_t r = 0; r < e->world; r++) {
-		struct manifest_shard sh;
-		ck_assert_int_eq(manifest_shard_get(e->m, step, r, &sh), CKPT_ENOTFOUND);
-	}
-}
-
-/* Every rank saves step at once (parts[r] NULL: that rank connects in its thread
- * and keeps the connection); all must commit. */
-static void commit_all(const struct env *e, struct commit_part **parts, uint64_t step)
-{
-	struct rank_job *j = calloc(e->world, sizeof *j);
-	pthread_t *t = calloc(e->world, sizeof *t);
-	for (uint32_t r = 0; r < e->world; r++) {
-		j[r] = (struct rank_job){ .e = e, .p = &parts[r], .rank = r, .step = step };
-		ck_assert_int_eq(pthread_create(&t[r], NULL, rank_thread, &j[r]), 0);
-	}
-	for (uint32_t r = 0; r < e->world; r++)
-		pthread_join(t[r], NULL);
-	for (uint32_t r = 0; r < e->world; r++)
-		ck_assert_msg(j[r].rc == 0, "step %llu rank %u: rc %d (%s)", (unsigned long long)step,
-		              r, j[r].rc, j[r].msg);
-	free(j);
-	free(t);
-	assert_committed(e, step);
-}
-
-/* The coordinator still serves honest ranks: fresh connections commit step. They
- * are closed again, and the coordinator has seen them go when this returns: a
- * departure it processed after the next step began would rightly abort that step. */
-static void honest_commit(const struct env *e, uint64_t step)
-{
-	struct commit_part **p = calloc(e->world, sizeof *p);
-	commit_all(e, p, step);
-	uint64_t left = commit_coord_ranks_left(e->c), until = ckpt_now_ns() + TMO * 1000000ull;
-	parts_close(p, e->world);
-	while (commit_coord_ranks_left(e->c) < left + e->world && ckpt_now_ns() < until)
-		usleep(1000);
-	ck_assert_uint_ge(commit_coord_ranks_left(e->c), left + e->world);
-	free(p);
-}
 
 static void expect_wait(struct commit_part *p, uint64_t step, int want, const char *const *needles)
 {
@@ -239,8 +127,8 @@ START_TEST(commit_and_again)
 	struct env e;
 	env_start(&e, 4, 5000);
 	struct commit_part *p[4] = { 0 };
-	commit_all(&e, p, 1);
-	commit_all(&e, p, 2);             /* the same connections, the next step */
+	ranks_commit_all(&e.r, p, 1);
+	ranks_commit_all(&e.r, p, 2);             /* the same connections, the next step */
 	for (uint32_t r = 0; r < 4; r++) {
 		struct manifest_shard sh;
 		ck_assert_int_eq(manifest_shard_get(e.m, 1, r, &sh), 0);
@@ -250,7 +138,7 @@ START_TEST(commit_and_again)
 	uint64_t latest;
 	ck_assert_int_eq(manifest_step_latest(e.m, &latest), 0);
 	ck_assert_uint_eq(latest, 2);
-	parts_close(p, 4);
+	ranks_close(p, 4);
 	env_stop(&e);
 }
 END_TEST
@@ -268,23 +156,23 @@ START_TEST(commits_ordered_by_step)
 		ck_assert_int_eq(commit_part_begin(p[r], 11), 0);
 	}
 	for (uint32_t r = 0; r < 2; r++)
-		ck_assert_int_eq(prepare(p[r], 11, r, 2), 0);
+		ck_assert_int_eq(ranks_prepare(p[r], 11, r, 2), 0);
 	sleep_ms(1500);
 	struct manifest_step rec10, rec11;
 	ck_assert_msg(manifest_step_get(e.m, 11, &rec11) == CKPT_ENOTFOUND,
 	              "step 11 was decided (state %u) before step 10", rec11.state);
 	for (uint32_t r = 0; r < 2; r++)
-		ck_assert_int_eq(prepare(p[r], 10, r, 2), 0);
+		ck_assert_int_eq(ranks_prepare(p[r], 10, r, 2), 0);
 	for (uint32_t r = 0; r < 2; r++) {
 		expect_wait(p[r], 10, 0, NULL);
 		expect_wait(p[r], 11, 0, NULL);
 	}
-	assert_committed(&e, 10);
-	assert_committed(&e, 11);
+	ranks_assert_committed(&e.r, 10);
+	ranks_assert_committed(&e.r, 11);
 	ck_assert_int_eq(manifest_step_get(e.m, 10, &rec10), 0);
 	ck_assert_int_eq(manifest_step_get(e.m, 11, &rec11), 0);
 	ck_assert_uint_le(rec10.commit_time_ns, rec11.commit_time_ns);
-	parts_close(p, 2);
+	ranks_close(p, 2);
 	env_stop(&e);
 }
 END_TEST
@@ -294,12 +182,12 @@ START_TEST(begin_committed_step)
 	struct env e;
 	env_start(&e, 2, 5000);
 	struct commit_part *p[2] = { 0 };
-	commit_all(&e, p, 3);
+	ranks_commit_all(&e.r, p, 3);
 	int rc = commit_part_begin(p[1], 3);
 	ck_assert_msg(rc == -EEXIST, "rc %d (%s)", rc, ckpt_err_msg());
 	ck_assert_msg(strstr(ckpt_err_msg(), "already committed"), "%s", ckpt_err_msg());
-	commit_all(&e, p, 4);
-	parts_close(p, 2);
+	ranks_commit_all(&e.r, p, 4);
+	ranks_close(p, 2);
 	env_stop(&e);
 }
 END_TEST
@@ -311,18 +199,18 @@ START_TEST(rank_abort)
 	struct commit_part *p[3] = { part_connect(&e, 0), part_connect(&e, 1), part_connect(&e, 2) };
 	for (uint32_t r = 0; r < 3; r++)
 		ck_assert_int_eq(commit_part_begin(p[r], 7), 0);
-	ck_assert_int_eq(prepare(p[0], 7, 0, 3), 0);
+	ck_assert_int_eq(ranks_prepare(p[0], 7, 0, 3), 0);
 	ck_assert_int_eq(commit_part_abort(p[1], 7, -ENOSPC, "disk full writing the shard"), 0);
-	ck_assert_int_eq(prepare(p[2], 7, 2, 3), 0);
+	ck_assert_int_eq(ranks_prepare(p[2], 7, 2, 3), 0);
 	const char *const why[] = { "rank 1", "disk full writing the shard", NULL };
 	expect_wait(p[0], 7, CKPT_EABORTED, why);
 	expect_wait(p[2], 7, CKPT_EABORTED, why);
 	struct manifest_step rec;
 	ck_assert_int_eq(manifest_step_get(e.m, 7, &rec), 0);
 	ck_assert_int_eq(rec.state, CKPT_STATE_ABORTED);
-	commit_all(&e, p, 8);
-	commit_all(&e, p, 7);             /* an aborted step may be saved again */
-	parts_close(p, 3);
+	ranks_commit_all(&e.r, p, 8);
+	ranks_commit_all(&e.r, p, 7);             /* an aborted step may be saved again */
+	ranks_close(p, 3);
 	env_stop(&e);
 }
 END_TEST
@@ -339,14 +227,14 @@ START_TEST(late_vote_does_not_revive_a_step)
 	ck_assert_int_eq(commit_part_begin(p[1], 1), 0);
 	ck_assert_int_eq(commit_part_abort(p[1], 1, -EIO, "write error"), 0);
 	expect_wait(p[0], 1, CKPT_EABORTED, (const char *const[]){ "write error", NULL });
-	ck_assert_int_eq(prepare(p[0], 1, 0, 2), 0);
+	ck_assert_int_eq(ranks_prepare(p[0], 1, 0, 2), 0);
 	expect_wait(p[0], 1, CKPT_EABORTED, (const char *const[]){ "no save in flight", NULL });
-	commit_all(&e, p, 2);
-	assert_not_committed(&e, 1);
+	ranks_commit_all(&e.r, p, 2);
+	ranks_assert_not_committed(&e.r, 1);
 	struct manifest_step rec;
 	ck_assert_int_eq(manifest_step_get(e.m, 1, &rec), 0);
 	ck_assert_int_eq(rec.state, CKPT_STATE_ABORTED);
-	parts_close(p, 2);
+	ranks_close(p, 2);
 	env_stop(&e);
 }
 END_TEST
@@ -359,8 +247,8 @@ START_TEST(disconnect_before_vote)
 	struct commit_part *p[3] = { part_connect(&e, 0), part_connect(&e, 1), part_connect(&e, 2) };
 	for (uint32_t r = 0; r < 3; r++)
 		ck_assert_int_eq(commit_part_begin(p[r], 5), 0);
-	ck_assert_int_eq(prepare(p[0], 5, 0, 3), 0);
-	ck_assert_int_eq(prepare(p[1], 5, 1, 3), 0);
+	ck_assert_int_eq(ranks_prepare(p[0], 5, 0, 3), 0);
+	ck_assert_int_eq(ranks_prepare(p[1], 5, 1, 3), 0);
 	uint64_t t0 = ckpt_now_ns();
 	commit_part_close(p[2]);
 	p[2] = NULL;
@@ -368,9 +256,9 @@ START_TEST(disconnect_before_vote)
 	expect_wait(p[0], 5, CKPT_EABORTED, why);
 	expect_wait(p[1], 5, CKPT_EABORTED, why);
 	ck_assert_msg(ms_since(t0) < 30000, "abort took %.0f ms", ms_since(t0));
-	assert_not_committed(&e, 5);
-	commit_all(&e, p, 6);             /* rank 2 comes back */
-	parts_close(p, 3);
+	ranks_assert_not_committed(&e.r, 5);
+	ranks_commit_all(&e.r, p, 6);             /* rank 2 comes back */
+	ranks_close(p, 3);
 	env_stop(&e);
 }
 END_TEST
@@ -383,17 +271,17 @@ START_TEST(timeout_one_rank_silent)
 	ck_assert_int_eq(commit_part_begin(p[0], 1), 0);
 	ck_assert_int_eq(commit_part_begin(p[1], 1), 0);
 	uint64_t t0 = ckpt_now_ns();
-	ck_assert_int_eq(prepare(p[0], 1, 0, 2), 0);
+	ck_assert_int_eq(ranks_prepare(p[0], 1, 0, 2), 0);
 	const char *const why[] = { "timed out", "ranks 1", NULL };
 	expect_wait(p[0], 1, CKPT_EABORTED, why);
 	/* The deadline runs from the vote, which was sent after t0. */
 	ck_assert_msg(ms_since(t0) >= 400, "aborted after %.0f ms, before the timeout",
 	              ms_since(t0));
 	expect_wait(p[1], 1, CKPT_EABORTED, NULL);
-	assert_not_committed(&e, 1);
-	commit_all(&e, p, 2);             /* both still connected and served */
-	commit_all(&e, p, 1);
-	parts_close(p, 2);
+	ranks_assert_not_committed(&e.r, 1);
+	ranks_commit_all(&e.r, p, 2);             /* both still connected and served */
+	ranks_commit_all(&e.r, p, 1);
+	ranks_close(p, 2);
 	env_stop(&e);
 }
 END_TEST
@@ -405,13 +293,13 @@ START_TEST(in_doubt_when_coordinator_stops)
 	struct commit_part *p[2] = { part_connect(&e, 0), part_connect(&e, 1) };
 	ck_assert_int_eq(commit_part_begin(p[0], 9), 0);
 	ck_assert_int_eq(commit_part_begin(p[1], 9), 0);
-	ck_assert_int_eq(prepare(p[0], 9, 0, 2), 0);
+	ck_assert_int_eq(ranks_prepare(p[0], 9, 0, 2), 0);
 	commit_coord_stop(e.c);
-	e.c = NULL;
+	e.c = e.r.c = NULL;
 	expect_wait(p[0], 9, CKPT_EINDOUBT, (const char *const[]){ "the manifest decides", NULL });
 	expect_wait(p[1], 9, CKPT_EABORTED, (const char *const[]){ "before voting", NULL });
-	assert_not_committed(&e, 9);      /* presumed abort */
-	parts_close(p, 2);
+	ranks_assert_not_committed(&e.r, 9);      /* presumed abort */
+	ranks_close(p, 2);
 	env_stop(&e);
 }
 END_TEST
@@ -430,14 +318,14 @@ START_TEST(in_doubt_when_decision_lost)
 	for (uint32_t r = 0; r < 2; r++)
 		ck_assert_int_eq(commit_part_begin(p[r], 4), 0);
 	for (uint32_t r = 0; r < 2; r++)
-		ck_assert_int_eq(prepare(p[r], 4, r, 2), 0);
+		ck_assert_int_eq(ranks_prepare(p[r], 4, r, 2), 0);
 	for (uint32_t r = 0; r < 2; r++) {
 		int rc = commit_part_wait(p[r], 4, 1500);
 		ck_assert_msg(rc == CKPT_EINDOUBT, "rank %u: %d (%s)", r, rc, ckpt_err_msg());
 	}
-	assert_committed(&e, 4);
-	commit_all(&e, p, 5);             /* the next decision goes out */
-	parts_close(p, 2);
+	ranks_assert_committed(&e.r, 4);
+	ranks_commit_all(&e.r, p, 5);             /* the next decision goes out */
+	ranks_close(p, 2);
 	env_stop(&e);
 	unsetenv("CKPT_FAULT");
 	ckpt_fault_reload();
@@ -578,7 +466,7 @@ START_TEST(raw_garbage_truncated_oversized)
 		break;
 	default: {
 		struct rank_vote rv;
-		vote_make(&rv, 50, 0, 2);
+		ranks_vote_make(&rv, 50, 0, 2);
 		struct ckpt_buf b;
 		ckpt_buf_init(&b);
 		ck_assert_int_eq(commit_prepare_encode(&rv.v, &b), 0);
@@ -586,15 +474,15 @@ START_TEST(raw_garbage_truncated_oversized)
 		raw_write(fd, h, sizeof h);
 		raw_write(fd, b.p, b.len);
 		ckpt_buf_free(&b);
-		vote_free(&rv);
+		ranks_vote_free(&rv);
 		ck_assert(raw_wait_closed(fd));
 		break;
 	}
 	}
 	if (fd >= 0)
 		close(fd);
-	honest_commit(&e, 51);
-	assert_not_committed(&e, 50);
+	ranks_honest_commit(&e.r, 51);
+	ranks_assert_not_committed(&e.r, 50);
 	env_stop(&e);
 }
 END_TEST
@@ -628,7 +516,7 @@ START_TEST(handshake_rejections)
 		              ckpt_err_msg());
 		ck_assert_ptr_null(p);
 	}
-	honest_commit(&e, 1);
+	ranks_honest_commit(&e.r, 1);
 	env_stop(&e);
 }
 END_TEST
@@ -643,8 +531,8 @@ START_TEST(duplicate_rank)
 	int rc = commit_part_connect(&o, &dup);
 	ck_assert_msg(rc == CKPT_EPEER, "rc %d (%s)", rc, ckpt_err_msg());
 	ck_assert_msg(strstr(ckpt_err_msg(), "already connected"), "%s", ckpt_err_msg());
-	commit_all(&e, p, 1);             /* the first rank 0 is untouched */
-	parts_close(p, 2);
+	ranks_commit_all(&e.r, p, 1);             /* the first rank 0 is untouched */
+	ranks_close(p, 2);
 	env_stop(&e);
 }
 END_TEST
@@ -658,26 +546,26 @@ START_TEST(forged_vote_for_another_rank)
 		ck_assert_int_eq(commit_part_begin(p[r], 20), 0);
 	/* Rank 1 votes in rank 0's name, before rank 0 does. */
 	struct rank_vote forged;
-	vote_make(&forged, 20, 0, 3);
+	ranks_vote_make(&forged, 20, 0, 3);
 	forged.v.file_size = 666;
 	ck_assert_int_eq(commit_part_prepare(p[1], &forged.v), 0);
-	vote_free(&forged);
-	ck_assert_int_eq(prepare(p[0], 20, 0, 3), 0);
-	ck_assert_int_eq(prepare(p[2], 20, 2, 3), 0);
+	ranks_vote_free(&forged);
+	ck_assert_int_eq(ranks_prepare(p[0], 20, 0, 3), 0);
+	ck_assert_int_eq(ranks_prepare(p[2], 20, 2, 3), 0);
 	const char *const why[] = { "rank 1", NULL };
 	expect_wait(p[0], 20, CKPT_EABORTED, why);
 	expect_wait(p[2], 20, CKPT_EABORTED, why);
 	int rc = commit_part_wait(p[1], 20, TMO);   /* dropped after "voting": either */
 	ck_assert_msg(rc == CKPT_EINDOUBT || rc == CKPT_EABORTED, "rank 1: %d", rc);
-	assert_not_committed(&e, 20);
+	ranks_assert_not_committed(&e.r, 20);
 	commit_part_close(p[1]);
 	p[1] = NULL;
-	commit_all(&e, p, 21);
+	ranks_commit_all(&e.r, p, 21);
 	struct manifest_shard sh;
 	ck_assert_int_eq(manifest_shard_get(e.m, 21, 0, &sh), 0);
 	ck_assert_uint_eq(sh.file_size, 1000000u);
 	manifest_shard_free(&sh);
-	parts_close(p, 3);
+	ranks_close(p, 3);
 	env_stop(&e);
 }
 END_TEST
@@ -690,13 +578,13 @@ START_TEST(replayed_prepare)
 	for (uint32_t r = 0; r < 2; r++)
 		ck_assert_int_eq(commit_part_begin(p[r], 30), 0);
 	struct rank_vote rv;
-	vote_make(&rv, 30, 0, 2);
+	ranks_vote_make(&rv, 30, 0, 2);
 	rv.v.file_size = 1111;
 	ck_assert_int_eq(commit_part_prepare(p[0], &rv.v), 0);
 	rv.v.file_size = 2222;            /* the replay differs: it must not replace */
 	ck_assert_int_eq(commit_part_prepare(p[0], &rv.v), 0);
 	ck_assert_int_eq(commit_part_prepare(p[0], &rv.v), 0);
-	ck_assert_int_eq(prepare(p[1], 30, 1, 2), 0);
+	ck_assert_int_eq(ranks_prepare(p[1], 30, 1, 2), 0);
 	expect_wait(p[0], 30, 0, NULL);
 	expect_wait(p[1], 30, 0, NULL);
 	struct manifest_step rec, again;
@@ -709,14 +597,14 @@ START_TEST(replayed_prepare)
 	/* Replayed after the commit: ignored; the step stays as it was. */
 	rv.v.file_size = 3333;
 	ck_assert_int_eq(commit_part_prepare(p[0], &rv.v), 0);
-	vote_free(&rv);
-	commit_all(&e, p, 31);
+	ranks_vote_free(&rv);
+	ranks_commit_all(&e.r, p, 31);
 	ck_assert_int_eq(manifest_step_get(e.m, 30, &again), 0);
 	ck_assert(!memcmp(&rec, &again, sizeof rec));
 	ck_assert_int_eq(manifest_shard_get(e.m, 30, 0, &sh), 0);
 	ck_assert_uint_eq(sh.file_size, 1111);
 	manifest_shard_free(&sh);
-	parts_close(p, 2);
+	ranks_close(p, 2);
 	env_stop(&e);
 }
 END_TEST
@@ -798,15 +686,15 @@ START_TEST(malformed_messages_from_a_rank)
 	struct commit_part *p[2] = { part_connect(&e, 0), NULL };
 	struct net_conn *bad = bad_rank_connect(&e, 1);
 	ck_assert_int_eq(commit_part_begin(p[0], step), 0);
-	ck_assert_int_eq(prepare(p[0], step, 0, 2), 0);
+	ck_assert_int_eq(ranks_prepare(p[0], step, 0, 2), 0);
 	bad_msg_send(bad, k, step, tu_seed());
 	expect_dropped(bad);
 	net_close(bad);
 	/* Rank 1 had not voted: the step aborts at once (not after the 30 s timeout). */
 	expect_wait(p[0], step, CKPT_EABORTED, (const char *const[]){ "rank 1", NULL });
-	assert_not_committed(&e, step);
-	commit_all(&e, p, step + 1);      /* rank 1 reconnects, honest */
-	parts_close(p, 2);
+	ranks_assert_not_committed(&e.r, step);
+	ranks_commit_all(&e.r, p, step + 1);      /* rank 1 reconnects, honest */
+	ranks_close(p, 2);
 	env_stop(&e);
 }
 END_TEST
@@ -823,9 +711,9 @@ START_TEST(well_formed_vote_with_a_bad_index)
 		uint64_t step = 60 + (uint64_t)round;
 		for (uint32_t r = 0; r < 2; r++)
 			ck_assert_int_eq(commit_part_begin(p[r], step), 0);
-		ck_assert_int_eq(prepare(p[0], step, 0, 2), 0);
+		ck_assert_int_eq(ranks_prepare(p[0], step, 0, 2), 0);
 		struct rank_vote rv;
-		vote_make(&rv, round == 1 ? step + 100 : step, round == 2 ? 0 : 1, 2);
+		ranks_vote_make(&rv, round == 1 ? step + 100 : step, round == 2 ? 0 : 1, 2);
 		rv.v.step = step;
 		rv.v.rank = 1;
 		uint8_t junk[200];
@@ -835,14 +723,14 @@ START_TEST(well_formed_vote_with_a_bad_index)
 			rv.v.index_len = sizeof junk;
 		}
 		ck_assert_int_eq(commit_part_prepare(p[1], &rv.v), 0);
-		vote_free(&rv);
+		ranks_vote_free(&rv);
 		const char *const why[] = { "rank 1", NULL };
 		expect_wait(p[0], step, CKPT_EABORTED, why);
 		expect_wait(p[1], step, CKPT_EABORTED, why);
-		assert_not_committed(&e, step);
+		ranks_assert_not_committed(&e.r, step);
 	}
-	commit_all(&e, p, 70);
-	parts_close(p, 2);
+	ranks_commit_all(&e.r, p, 70);
+	ranks_close(p, 2);
 	env_stop(&e);
 }
 END_TEST
@@ -862,8 +750,8 @@ START_TEST(silent_clients_do_not_block)
 	raw_write(fds[3], h, sizeof h);
 	raw_write(fds[3], "job", 3);
 	uint64_t t0 = ckpt_now_ns();
-	honest_commit(&e, 1);
-	honest_commit(&e, 2);
+	ranks_honest_commit(&e.r, 1);
+	ranks_honest_commit(&e.r, 2);
 	double took = ms_since(t0);
 	/* Proof that the commits ran while the handshakes were still blocked: the
 	 * hostile sockets are still open (their 10 s handshake timeout has not

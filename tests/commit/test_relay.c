@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "commit/commit_internal.h"
+#include "ranks.h"
 #include "synth.h"
 #include "testutil.h"
 
@@ -44,7 +45,10 @@ struct tenv {
 	uint32_t world, node_size, nnodes;
 	struct commit_leader **leaders;     /* [nnodes]; NULL: that node's ranks go direct */
 	char (*addr)[108];                  /* [nnodes] the leaders' local addresses */
+	struct ranks_env r;                 /* the honest ranks of ranks.c */
 };
+
+static int part_open_cb(const void *env, uint32_t rank, struct commit_part **out);
 
 static uint32_t node_of(const struct tenv *e, uint32_t rank) { return rank / e->node_size; }
 static uint32_t node_first(const struct tenv *e, uint32_t node) { return node * e->node_size; }
@@ -99,6 +103,8 @@ static void tenv_start(struct tenv *e, uint32_t world, uint32_t node_size, uint3
 	coord_start(e, timeout_ms);
 	for (uint32_t k = 0; k < nodes && k < e->nnodes; k++)
 		leader_start(e, k);
+	e->r = (struct ranks_env){ .m = e->m, .c = e->c, .world = world, .tmo_ms = TMO,
+	                           .open = part_open_cb, .env = e };
 }
 
 static void tenv_stop(struct tenv *e)
@@ -138,131 +144,11 @@ static struct commit_part *part_connect(const struct tenv *e, uint32_t rank)
 	return p;
 }
 
-static void parts_close(struct commit_part **p, uint32_t n)
+static int part_open_cb(const void *env, uint32_t rank, struct commit_part **out)
 {
-	for (uint32_t r = 0; r < n; r++) {
-		commit_part_close(p[r]);
-		p[r] = NULL;
-	}
+	return part_open(env, rank, out);
 }
 
-struct rank_vote {
-	void *buf;
-	size_t len;
-	struct commit_vote v;
-};
-
-static void vote_make(struct rank_vote *rv, uint64_t step, uint32_t rank, uint32_t world)
-{
-	struct synth s;
-	synth_typical(&s, step, rank, world);
-	synth_encode(&s, &rv->buf, &rv->len, NULL);
-	synth_free(&s);
-	rv->v = synth_vote(step, rank, rv->buf, rv->len);
-}
-
-static int prepare(struct commit_part *p, uint64_t step, uint32_t rank, uint32_t world)
-{
-	struct rank_vote rv;
-	vote_make(&rv, step, rank, world);
-	int rc = commit_part_prepare(p, &rv.v);
-	free(rv.buf);
-	return rc;
-}
-
-struct rank_job {
-	const struct tenv *e;
-	struct commit_part **p;
-	uint32_t rank;
-	uint64_t step;
-	int rc;
-	char msg[1200];
-};
-
-static void *rank_thread(void *arg)
-{
-	struct rank_job *j = arg;
-	int rc = 0;
-	if (!*j->p)
-		rc = part_open(j->e, j->rank, j->p);
-	if (!rc)
-		rc = commit_part_begin(*j->p, j->step);
-	if (!rc)
-		rc = prepare(*j->p, j->step, j->rank, j->e->world);
-	if (!rc)
-		rc = commit_part_wait(*j->p, j->step, TMO);
-	j->rc = rc;
-	snprintf(j->msg, sizeof j->msg, "%s", rc ? ckpt_err_msg() : "");
-	return NULL;
-}
-
-static void assert_committed(const struct tenv *e, uint64_t step)
-{
-	struct manifest_step rec;
-	int rc = manifest_step_get(e->m, step, &rec);
-	ck_assert_msg(rc == 0 && rec.state == CKPT_STATE_COMMITTED, "step %llu not committed: "
-	              "rc %d state %u", (unsigned long long)step, rc, rc ? 0 : rec.state);
-	ck_assert_uint_eq(rec.world, e->world);
-	for (uint32_t r = 0; r < e->world; r++) {
-		struct manifest_shard sh;
-		ck_assert_int_eq(manifest_shard_get(e->m, step, r, &sh), 0);
-		ck_assert_uint_eq(sh.rank, r);
-		ck_assert_uint_eq(sh.file_size, 1000000u + r);   /* synth_vote's: nothing forged */
-		manifest_shard_free(&sh);
-	}
-}
-
-static void assert_not_committed(const struct tenv *e, uint64_t step)
-{
-	struct manifest_step rec;
-	int rc = manifest_step_get(e->m, step, &rec);
-	ck_assert_msg(rc == CKPT_ENOTFOUND || (rc == 0 && rec.state != CKPT_STATE_COMMITTED),
-	              "step %llu is committed", (unsigned long long)step);
-	for (uint32_t r = 0; r < e->world; r++) {
-		struct manifest_shard sh;
-		ck_assert_int_eq(manifest_shard_get(e->m, step, r, &sh), CKPT_ENOTFOUND);
-	}
-}
-
-/* Every rank saves step at once; all must commit. */
-static void commit_all(const struct tenv *e, struct commit_part **parts, uint64_t step)
-{
-	struct rank_job *j = calloc(e->world, sizeof *j);
-	pthread_t *t = calloc(e->world, sizeof *t);
-	for (uint32_t r = 0; r < e->world; r++) {
-		j[r] = (struct rank_job){ .e = e, .p = &parts[r], .rank = r, .step = step };
-		ck_assert_int_eq(pthread_create(&t[r], NULL, rank_thread, &j[r]), 0);
-	}
-	for (uint32_t r = 0; r < e->world; r++)
-		pthread_join(t[r], NULL);
-	for (uint32_t r = 0; r < e->world; r++)
-		ck_assert_msg(j[r].rc == 0, "step %llu rank %u: rc %d (%s)", (unsigned long long)step,
-		              r, j[r].rc, j[r].msg);
-	free(j);
-	free(t);
-	assert_committed(e, step);
-}
-
-/* Wait until the coordinator has processed n more rank departures than before: a
- * leader notices a closed rank in its own thread, and a departure that reached the
- * coordinator after the next step began would rightly abort that step. */
-static void wait_left(const struct tenv *e, uint64_t before, uint32_t n)
-{
-	uint64_t until = ckpt_now_ns() + (uint64_t)TMO * 1000000ull;
-	while (commit_coord_ranks_left(e->c) < before + n && ckpt_now_ns() < until)
-		usleep(1000);
-	ck_assert_uint_ge(commit_coord_ranks_left(e->c), before + n);
-}
-
-static void honest_commit(const struct tenv *e, uint64_t step)
-{
-	struct commit_part **p = calloc(e->world, sizeof *p);
-	commit_all(e, p, step);
-	uint64_t left = commit_coord_ranks_left(e->c);
-	parts_close(p, e->world);
-	wait_left(e, left, e->world);
-	free(p);
-}
 
 /* The coordinator's timing of step (written just after the decision went out, so
  * a rank may have it first). */
@@ -373,15 +259,15 @@ static void tree_commits(uint32_t world, uint32_t node_size)
 	struct tenv e;
 	tenv_start(&e, world, node_size, world / node_size, 10000);
 	struct commit_part **p = calloc(world, sizeof *p);
-	commit_all(&e, p, 1);
-	commit_all(&e, p, 2);             /* the same connections, the next step */
+	ranks_commit_all(&e.r, p, 1);
+	ranks_commit_all(&e.r, p, 2);             /* the same connections, the next step */
 	/* One decision per node, not per rank. */
 	ck_assert_uint_eq(stats_of(&e, 2).sends, world / node_size);
 	uint64_t left = commit_coord_ranks_left(e.c);
-	parts_close(p, world);
-	wait_left(&e, left, world);
+	ranks_close(p, world);
+	ranks_wait_left(&e.r, left, world);
 	free(p);
-	honest_commit(&e, 3);             /* fresh connections through the same leaders */
+	ranks_honest_commit(&e.r, 3);             /* fresh connections through the same leaders */
 	tenv_stop(&e);
 }
 
@@ -400,7 +286,7 @@ START_TEST(nodes_mixed_with_own_links)
 	/* Nodes 0 and 1 relay, node 2's ranks join on their own: 2 + 4 links. */
 	struct tenv e;
 	tenv_start(&e, 12, 4, 2, 10000);
-	honest_commit(&e, 1);
+	ranks_honest_commit(&e.r, 1);
 	ck_assert_uint_eq(stats_of(&e, 1).sends, 2 + 4);
 	tenv_stop(&e);
 }
@@ -476,8 +362,8 @@ START_TEST(leader_sets_refused)
 	/* The honest job: node 0 through its leader, ranks 4..7 on their own. */
 	struct commit_part *parts[8] = { 0 };
 	parts[6] = own;
-	commit_all(&e, parts, 1);
-	parts_close(parts, 8);
+	ranks_commit_all(&e.r, parts, 1);
+	ranks_close(parts, 8);
 	tenv_stop(&e);
 }
 END_TEST
@@ -509,8 +395,8 @@ START_TEST(rank_of_another_node_refused_by_the_leader)
 	ck_assert_msg(strstr(ckpt_err_msg(), "already connected"), "%s", ckpt_err_msg());
 	struct commit_part *parts[8] = { 0 };
 	parts[1] = one;
-	commit_all(&e, parts, 1);
-	parts_close(parts, 8);
+	ranks_commit_all(&e.r, parts, 1);
+	ranks_close(parts, 8);
 	tenv_stop(&e);
 }
 END_TEST
@@ -540,7 +426,7 @@ START_TEST(bad_relayed_messages)
 	for (uint32_t r = 4; r < 8; r++)
 		fake_begin(fake, r, step);
 	for (uint32_t r = 0; r < 4; r++)
-		ck_assert_int_eq(prepare(p[r], step, r, 8), 0);
+		ck_assert_int_eq(ranks_prepare(p[r], step, r, 8), 0);
 	struct rank_vote rv;
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
@@ -548,7 +434,7 @@ START_TEST(bad_relayed_messages)
 	case BR_VOTE_OUTSIDE_SET:         /* rank 2's vote, forged, tagged rank 2 */
 	case BR_VOTE_UNDER_ANOTHER_TAG:   /* rank 6's vote, tagged rank 5 */
 	case BR_UNTAGGED_VOTE:            /* a PREPARE of its own, not RELAYED */
-		vote_make(&rv, step, k == BR_VOTE_OUTSIDE_SET ? 2 : k == BR_UNTAGGED_VOTE ? 4 : 6, 8);
+		ranks_vote_make(&rv, step, k == BR_VOTE_OUTSIDE_SET ? 2 : k == BR_UNTAGGED_VOTE ? 4 : 6, 8);
 		rv.v.file_size = 666;
 		ck_assert_int_eq(commit_prepare_encode(&rv.v, &b), 0);
 		if (k == BR_UNTAGGED_VOTE)
@@ -556,7 +442,7 @@ START_TEST(bad_relayed_messages)
 		else
 			relay_send(fake, COMMIT_MSG_RELAYED, k == BR_VOTE_OUTSIDE_SET ? 2 : 5,
 			           COMMIT_MSG_PREPARE, &b);
-		free(rv.buf);
+		ranks_vote_free(&rv);
 		break;
 	case BR_GONE_OUTSIDE_SET:
 		ck_assert_int_eq(commit_gone_encode(1, "made up", &b), 0);
@@ -586,11 +472,11 @@ START_TEST(bad_relayed_messages)
 	 * after the 30 s timeout), and nothing forged is in the manifest. */
 	for (uint32_t r = 0; r < 4; r++)
 		expect_wait(p[r], step, CKPT_EABORTED, "disconnected");
-	assert_not_committed(&e, step);
+	ranks_assert_not_committed(&e.r, step);
 	/* The node comes back with an honest leader; everyone commits. */
 	leader_start(&e, 1);
-	commit_all(&e, p, step + 1);
-	parts_close(p, 8);
+	ranks_commit_all(&e.r, p, step + 1);
+	ranks_close(p, 8);
 	tenv_stop(&e);
 }
 END_TEST
@@ -608,23 +494,23 @@ START_TEST(rank_forging_through_its_leader)
 		ck_assert_int_eq(commit_part_begin(p[r], step), 0);
 	}
 	struct rank_vote forged;
-	vote_make(&forged, step, 6, 8);
+	ranks_vote_make(&forged, step, 6, 8);
 	forged.v.file_size = 666;
 	ck_assert_int_eq(commit_part_prepare(p[5], &forged.v), 0);
 	free(forged.buf);
 	for (uint32_t r = 0; r < 8; r++)
 		if (r != 5)
-			ck_assert_int_eq(prepare(p[r], step, r, 8), 0);
+			ck_assert_int_eq(ranks_prepare(p[r], step, r, 8), 0);
 	for (uint32_t r = 0; r < 8; r++)
 		if (r != 5)
 			expect_wait(p[r], step, CKPT_EABORTED, "rank 5");
 	int rc = commit_part_wait(p[5], step, TMO);
 	ck_assert_msg(rc == CKPT_EINDOUBT || rc == CKPT_EABORTED, "rank 5: %d", rc);
-	assert_not_committed(&e, step);
+	ranks_assert_not_committed(&e.r, step);
 	commit_part_close(p[5]);
 	p[5] = NULL;
-	commit_all(&e, p, step + 1);
-	parts_close(p, 8);
+	ranks_commit_all(&e.r, p, step + 1);
+	ranks_close(p, 8);
 	tenv_stop(&e);
 }
 END_TEST
@@ -676,7 +562,7 @@ START_TEST(leader_killed_mid_save)
 	}
 	e.leaders[1] = NULL;
 	for (uint32_t r = 0; r < 6; r++)
-		ck_assert_int_eq(prepare(p[r], step, r, 8), 0);
+		ck_assert_int_eq(ranks_prepare(p[r], step, r, 8), 0);
 	ck_assert_int_eq(kill(pid, SIGKILL), 0);
 	int st;
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
@@ -690,15 +576,15 @@ START_TEST(leader_killed_mid_save)
 	for (uint32_t r = 0; r < 4; r++)
 		expect_wait(p[r], step, CKPT_EABORTED, "disconnected");
 	/* The manifest decides: not committed. */
-	assert_not_committed(&e, step);
+	ranks_assert_not_committed(&e.r, step);
 	for (uint32_t r = 4; r < 8; r++) {
 		commit_part_close(p[r]);
 		p[r] = NULL;
 	}
 	/* A new leader for node 1; everyone commits. */
 	leader_start(&e, 1);
-	commit_all(&e, p, step + 1);
-	parts_close(p, 8);
+	ranks_commit_all(&e.r, p, step + 1);
+	ranks_close(p, 8);
 	tenv_stop(&e);
 	close(to_child[0]);
 	close(to_child[1]);
@@ -716,15 +602,15 @@ START_TEST(coordinator_lost_behind_a_leader)
 		p[r] = part_connect(&e, r);
 		ck_assert_int_eq(commit_part_begin(p[r], 9), 0);
 	}
-	ck_assert_int_eq(prepare(p[0], 9, 0, 4), 0);
-	ck_assert_int_eq(prepare(p[2], 9, 2, 4), 0);
+	ck_assert_int_eq(ranks_prepare(p[0], 9, 0, 4), 0);
+	ck_assert_int_eq(ranks_prepare(p[2], 9, 2, 4), 0);
 	commit_coord_stop(e.c);
-	e.c = NULL;
+	e.c = e.r.c = NULL;
 	expect_wait(p[0], 9, CKPT_EINDOUBT, "the manifest decides");
 	expect_wait(p[2], 9, CKPT_EINDOUBT, "the manifest decides");
 	expect_wait(p[1], 9, CKPT_EABORTED, "before voting");
 	expect_wait(p[3], 9, CKPT_EABORTED, "before voting");
-	assert_not_committed(&e, 9);      /* presumed abort */
+	ranks_assert_not_committed(&e.r, 9);      /* presumed abort */
 	/* A leader without a coordinator refuses ranks, with the reason. */
 	commit_part_close(p[1]);
 	p[1] = NULL;
@@ -732,7 +618,7 @@ START_TEST(coordinator_lost_behind_a_leader)
 	int rc = part_open(&e, 1, &again);
 	ck_assert_msg(rc == CKPT_EPEER, "%d (%s)", rc, ckpt_err_msg());
 	ck_assert_msg(strstr(ckpt_err_msg(), "lost the coordinator"), "%s", ckpt_err_msg());
-	parts_close(p, 4);
+	ranks_close(p, 4);
 	tenv_stop(&e);
 }
 END_TEST
@@ -755,16 +641,16 @@ START_TEST(decision_dropped_by_the_leader)
 		ck_assert_int_eq(commit_part_begin(p[r], 4), 0);
 	}
 	for (uint32_t r = 0; r < 4; r++)
-		ck_assert_int_eq(prepare(p[r], 4, r, 4), 0);
+		ck_assert_int_eq(ranks_prepare(p[r], 4, r, 4), 0);
 	expect_wait(p[0], 4, 0, NULL);
 	expect_wait(p[1], 4, 0, NULL);
 	for (uint32_t r = 2; r < 4; r++) {
 		int rc = commit_part_wait(p[r], 4, 1500);
 		ck_assert_msg(rc == CKPT_EINDOUBT, "rank %u: %d (%s)", r, rc, ckpt_err_msg());
 	}
-	assert_committed(&e, 4);
-	commit_all(&e, p, 5);             /* the next decision goes through */
-	parts_close(p, 4);
+	ranks_assert_committed(&e.r, 4);
+	ranks_commit_all(&e.r, p, 5);             /* the next decision goes through */
+	ranks_close(p, 4);
 	tenv_stop(&e);
 	unsetenv("CKPT_FAULT");
 	ckpt_fault_reload();
