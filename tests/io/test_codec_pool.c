@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -288,6 +289,35 @@ START_TEST(pool_custom_allocator)
 }
 END_TEST
 
+/* The pool's own memory: aligned to a huge page when it is one or more (so that the
+ * kernel can back it with huge pages, THP permitting), faulted in, writable end to
+ * end; sizes that are not whole pages are refused. */
+START_TEST(map_buffers)
+{
+	ck_assert_ptr_null(io_map_buffers(0));
+	ck_assert_ptr_null(io_map_buffers(4096 + 1));
+	size_t sizes[] = { 4096, 8192, 2u << 20, (6u << 20) + 4096 * 3 };
+	long pg = sysconf(_SC_PAGESIZE);
+	for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+		size_t n = sizes[i];
+		uint8_t *m = io_map_buffers(n);
+		ck_assert_ptr_nonnull(m);
+		ck_assert_uint_eq((uintptr_t)m % (n >= (2u << 20) ? (2u << 20) : 4096u), 0);
+		size_t npages = (n + (size_t)pg - 1) / (size_t)pg;
+		unsigned char *vec = malloc(npages);
+		ck_assert_int_eq(mincore(m, n, vec), 0);
+		for (size_t k = 0; k < npages; k++)
+			ck_assert_msg(vec[k] & 1, "size %zu: page %zu not faulted in", n, k);
+		free(vec);
+		m[0] = 1;
+		m[n - 1] = 2;
+		ck_assert_uint_eq(m[0] + m[n - 1], 3);
+		io_unmap_buffers(m, n);
+	}
+	io_unmap_buffers(NULL, 4096);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("io_codec_pool");
@@ -301,6 +331,7 @@ int main(void)
 	tcase_add_test(tc, pool_blocking_get_woken_by_put);
 	tcase_add_test(tc, pool_double_put_caught);
 	tcase_add_test(tc, pool_custom_allocator);
+	tcase_add_test(tc, map_buffers);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
