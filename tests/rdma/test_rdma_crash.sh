@@ -5,7 +5,8 @@
 # killed at the fault point, and then: the previous step still loads bit-exact,
 # and the faulted step is either committed and complete (verifies bit-exact) or
 # invisible (not a committed step) — never half. Where the outcome is fixed by
-# the protocol (DESIGN §6: the manifest txn decides) it is checked exactly.
+# the protocol (DESIGN §6: the manifest txn decides) it is checked exactly. Then
+# the same with the hierarchical commit (node leaders on rdma, a leader killed).
 #
 #   test_rdma_crash.sh CKPT-SYNTH        (inside the rdma guest; 77 elsewhere)
 set -u
@@ -65,5 +66,41 @@ if out=$("$synth" save --root "$root/r" --step 10 --bytes $B --seed 10 --world $
 else
   bad "save after the crashes"; echo "$out"
 fi
+# The hierarchical commit over rdma: W = 4 in nodes of 2, each node's leader on the
+# rdma transport to the coordinator, its ranks on a unix socket to the leader. A
+# save, read back as 4 and as 3 ranks; then the leader of node 1 (rank 2) killed
+# before it forwards a vote: step 20 intact, step 21 invisible; the job goes on.
+export CKPT_COMMIT_TREE=on CKPT_NODE_SIZE=2
+T=4
+if out=$("$synth" save --root "$root/t" --step 20 --bytes $B --seed 20 --world $T 2>&1); then
+  say "ok: step 20 saved over rdma by 4 ranks through 2 node leaders"
+else
+  bad "tree save over rdma"; echo "$out"
+fi
+for w in 4 3; do
+  v=$("$synth" verify --root "$root/t" --step 20 --bytes $B --seed 20 --world $w 2>&1)
+  grep -q "0 mismatches" <<<"$v" && say "ok: step 20 reads back as $w ranks" ||
+    { bad "step 20 as $w ranks"; echo "$v"; }
+done
+out=$(CKPT_FAULT=leader_before_forward CKPT_FAULT_RANK=2 "$synth" save --root "$root/t" \
+      --step 21 --bytes $B --seed 21 --world $T 2>&1)
+rc=$?
+if [ $rc = 0 ]; then bad "leader_before_forward: the save survived the crash of node 1's leader"; echo "$out"
+elif ! grep -q "fault injected: crash at leader_before_forward" <<<"$out"; then
+  bad "leader_before_forward: the fault point was not reached"; echo "$out"
+else
+  v=$("$synth" verify --root "$root/t" --step 20 --bytes $B --seed 20 --world $T 2>&1)
+  grep -q "0 mismatches" <<<"$v" || { bad "leader_before_forward: step 20 damaged"; echo "$v"; }
+  v=$("$synth" verify --root "$root/t" --step 21 --bytes $B --seed 21 --world $T 2>&1)
+  grep -q "not a committed step" <<<"$v" && say "ok: leader_before_forward (node 1's leader killed): step 20 intact, step 21 invisible" ||
+    { bad "leader_before_forward: step 21 is not invisible"; echo "$v"; }
+fi
+if out=$("$synth" save --root "$root/t" --step 22 --bytes $B --seed 22 --world $T 2>&1); then
+  say "ok: step 22 saved through the node leaders after the crash"
+else
+  bad "tree save after the crash"; echo "$out"
+fi
+unset CKPT_COMMIT_TREE CKPT_NODE_SIZE
+
 [ $fail = 0 ] && rm -rf "$root"
 exit $fail
