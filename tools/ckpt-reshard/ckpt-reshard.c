@@ -328,11 +328,10 @@ struct fill_shared {
 	char           err[512];          /* the first read-ahead failure, in words */
 };
 
-/* One tensor of a new rank, pulled from the source. */
+/* One tensor of a new rank, pulled from the source: sh->items[idx]. */
 struct fill_state {
-	struct fill_shared     *sh;
-	const struct rank_item *x;
-	size_t                  idx;
+	struct fill_shared *sh;
+	size_t              idx;
 };
 
 /* Bytes of one row (first-dimension index) of x's box; the whole value when 0-d. */
@@ -542,7 +541,7 @@ static int tensor_fill(void *arg, uint64_t off, void *dst, size_t len)
 {
 	const struct fill_state *fs = arg;
 	struct fill_shared *f = fs->sh;
-	const struct rank_item *x = fs->x;
+	const struct rank_item *x = &f->items[fs->idx];
 	int64_t got = f->started ? prefetch_take(f, fs->idx, off, dst, len) : 0;
 	if (got < 0)
 		return (int)got;
@@ -662,7 +661,7 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 			rc = ckpt_save_add_blob(s, t->name, t->kind, t->policy, x->data, x->len);
 			continue;
 		}
-		fs[i] = (struct fill_state){ .sh = &shared, .x = x, .idx = i };
+		fs[i] = (struct fill_state){ .sh = &shared, .idx = i };
 		struct ckpt_tensor ct = {
 			.name = t->name, .kind = t->kind, .dtype = t->dtype, .policy = t->policy,
 			.ndim = t->ndim, .global_shape = t->global_shape, .offset = x->off,
