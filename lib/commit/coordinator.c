@@ -556,6 +556,19 @@ static uint32_t broadcast(struct commit_coord *c, uint64_t step, int code, const
 	return sends;
 }
 
+/* Keep written space in data.mdb for the next commits (manifest_reserve), after
+ * the decision is out: a commit that does not extend the file syncs its pages
+ * and no file size. Room for ~16 steps of W shard records (~256 bytes of leaf
+ * page each), at least 1 MiB. A failure costs only that: logged. */
+static void reserve(struct commit_coord *c)
+{
+	uint64_t slack = (uint64_t)c->world * 4096u;
+	if (slack < (1u << 20))
+		slack = 1u << 20;
+	if (manifest_reserve(c->manifest, slack))
+		ckpt_log(CKPT_LOG_WARN, "coordinator: %s", ckpt_err_msg());
+}
+
 static void step_decide(struct commit_coord *c, struct coord_step *s)
 {
 	int code = s->abort_code;
@@ -603,6 +616,7 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 		};
 		pthread_mutex_unlock(&c->lock);
 	}
+	reserve(c);
 }
 
 /* Decide what can be decided; returns ms until the next deadline (or -1). */
@@ -717,6 +731,7 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 	c->manifest = o->manifest;
 	c->world = o->world;
 	c->timeout_ms = o->timeout_ms;
+	reserve(c);
 	c->job_id = strdup(o->job_id);
 	c->links = calloc(o->world, sizeof *c->links);
 	c->owner = malloc(o->world * sizeof *c->owner);

@@ -97,4 +97,12 @@ int manifest_set_trust(struct manifest *m, uint64_t step, uint32_t trust);
  * step whose files are gone. */
 int manifest_step_delete(struct manifest *m, uint64_t step);
 
+/* Keep at least `slack` bytes of written zeros in data.mdb past LMDB's last page
+ * (refilled to 2 x slack), so that commits do not extend the file: a commit that
+ * extends it also syncs the file's size. Writes and syncs only when less than
+ * slack is left; call it off the commit's path. CKPT_ESTATE when read-only. */
+int manifest_reserve(struct manifest *m, uint64_t slack);
+/* Where LMDB's used pages end in data.mdb, and the file's size (bytes). */
+int manifest_file_space(struct manifest *m, uint64_t *used, uint64_t *size);
+
 #endif /* CKPT_MANIFEST_H */

@@ -165,6 +165,102 @@ int manifest_write(struct manifest *m, manifest_write_fn fn, void *arg, const ch
 	}
 }
 
+/* ------------------------------------------------------------------ reserve */
+
+#define MANIFEST_MAX_RESERVE (1ull << 34)   /* 16 GiB: far beyond any commit's growth */
+
+/* Zeros for manifest_reserve's writes. */
+static const uint8_t zero_block[64 << 10];
+
+/*
+ * Keep data.mdb written with zeros at least `slack` bytes past LMDB's last used
+ * page (refilled to 2 x slack when less than slack is left). A commit whose new
+ * pages land inside that region changes no file metadata, so its fdatasync
+ * flushes the pages and nothing else; a commit that extends the file must also
+ * persist the new size (and, on ext4 without a journal, write the inode
+ * synchronously inside the fdatasync). The zeros are written (not fallocate'd:
+ * an unwritten extent turns written at the commit, a metadata change again) and
+ * synced here, off the commit's path. Runs inside a write transaction that it
+ * aborts, so that no commit of this or another process writes pages past the end
+ * of the file meanwhile; LMDB never reads past its last page, and on reopen sees
+ * the zeros as unused space.
+ */
+/* LMDB's end of used pages and data.mdb's size; MDB code or -errno via *code. */
+static int space_get(struct manifest *m, uint64_t *used, uint64_t *size, uint64_t *mapsize,
+                     int *fd_out)
+{
+	MDB_envinfo info;
+	MDB_stat st;
+	mdb_filehandle_t fd;
+	struct stat fst;
+	int rc;
+	if ((rc = mdb_env_info(m->env, &info)) || (rc = mdb_env_stat(m->env, &st)) ||
+	    (rc = mdb_env_get_fd(m->env, &fd)))
+		return manifest_fail(m, rc, "size of data.mdb");
+	if (fstat(fd, &fst) < 0)
+		return ckpt_err(-errno, "manifest %s: stat data.mdb", m->root);
+	*used = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
+	*size = (uint64_t)fst.st_size;
+	if (mapsize)
+		*mapsize = info.me_mapsize;
+	if (fd_out)
+		*fd_out = fd;
+	return 0;
+}
+
+int manifest_file_space(struct manifest *m, uint64_t *used, uint64_t *size)
+{
+	if (!m || !used || !size)
+		return ckpt_err(-EINVAL, "manifest_file_space: NULL argument");
+	return space_get(m, used, size, NULL, NULL);
+}
+
+int manifest_reserve(struct manifest *m, uint64_t slack)
+{
+	if (!m)
+		return ckpt_err(-EINVAL, "manifest_reserve: NULL manifest");
+	if (m->rdonly)
+		return ckpt_err(CKPT_ESTATE, "manifest %s: opened read-only, cannot reserve space",
+		                m->root);
+	if (slack == 0)
+		return 0;
+	if (slack > MANIFEST_MAX_RESERVE)
+		return ckpt_err(-EINVAL, "manifest %s: reserve of %llu bytes is more than the %llu "
+		                "allowed", m->root, (unsigned long long)slack,
+		                (unsigned long long)MANIFEST_MAX_RESERVE);
+	MDB_txn *txn;
+	int rc = manifest_txn_begin(m, 0, &txn);
+	if (rc)
+		return manifest_fail(m, rc, "begin write transaction to reserve space");
+	uint64_t used = 0, size = 0, mapsize = 0;
+	int fd = -1;
+	int code = space_get(m, &used, &size, &mapsize, &fd);
+	/* Never past the map: LMDB could not use it (and would raise its map to it). */
+	uint64_t want = ckpt_align_up(used + 2 * slack, 1u << 20);
+	if (want > mapsize)
+		want = mapsize;
+	if (!code && size < used + slack && size < want) {
+		for (uint64_t off = size; off < want && !code;) {
+			size_t n = want - off < sizeof zero_block ? (size_t)(want - off)
+			                                            : sizeof zero_block;
+			ssize_t w = pwrite(fd, zero_block, n, (off_t)off);
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0)
+				code = ckpt_err(w < 0 ? -errno : -EIO,
+				                "manifest %s: reserve %llu bytes in data.mdb",
+				                m->root, (unsigned long long)(want - size));
+			else
+				off += (uint64_t)w;
+		}
+		if (!code && fdatasync(fd) < 0)
+			code = ckpt_err(-errno, "manifest %s: sync reserved space", m->root);
+		/* A failure leaves zeros past LMDB's last page: harmless. */
+	}
+	manifest_txn_abort(m, txn);
+	return code;
+}
+
 /* ------------------------------------------------------------------ opening */
 
 /* Is dir empty, or holding only LMDB's lock file (a creation that stopped before

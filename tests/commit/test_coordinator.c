@@ -138,6 +138,12 @@ START_TEST(commit_and_again)
 	uint64_t latest;
 	ck_assert_int_eq(manifest_step_latest(e.m, &latest), 0);
 	ck_assert_uint_eq(latest, 2);
+	/* The coordinator keeps written space past LMDB's pages for the next commits
+	 * (manifest_reserve): at least 1 MiB. */
+	uint64_t used, size;
+	ck_assert_int_eq(manifest_file_space(e.m, &used, &size), 0);
+	ck_assert_msg(size >= used + (1u << 20), "data.mdb: %llu bytes used of %llu",
+	              (unsigned long long)used, (unsigned long long)size);
 	ranks_close(p, 4);
 	env_stop(&e);
 }

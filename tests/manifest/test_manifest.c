@@ -918,6 +918,108 @@ START_TEST(map_full_grows_then_enospc)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ reserved space */
+
+static off_t data_size(const char *root, blkcnt_t *blocks)
+{
+	char p[4096];
+	snprintf(p, sizeof p, "%s/manifest/data.mdb", root);
+	struct stat st;
+	ck_assert_int_eq(stat(p, &st), 0);
+	if (blocks)
+		*blocks = st.st_blocks;
+	return st.st_size;
+}
+
+/* manifest_reserve keeps written zeros past LMDB's last page, commits then land
+ * inside them without extending the file, and LMDB reads everything back,
+ * before and after a reopen. */
+START_TEST(reserve_keeps_commits_in_place)
+{
+	char *root = tu_tmpdir("manifest");
+	struct manifest *m = open_create(root);
+	ck_assert_int_eq(commit_gen(m, 1, 4, 0), 0);
+	uint64_t used, size;
+	ck_assert_int_eq(manifest_file_space(m, &used, &size), 0);
+	ck_assert_uint_eq(size, (uint64_t)data_size(root, NULL));
+	ck_assert_uint_le(used, size);
+
+	ck_assert_int_eq(manifest_reserve(m, 1u << 20), 0);
+	blkcnt_t blocks;
+	off_t s1 = data_size(root, &blocks);
+	ck_assert_uint_ge((uint64_t)s1, used + (2u << 20));
+	ck_assert_uint_eq((uint64_t)s1 % (1u << 20), 0);
+	ck_assert_msg((uint64_t)blocks * 512 >= (uint64_t)s1,
+	              "reserved space is sparse: %lld blocks for %lld bytes",
+	              (long long)blocks, (long long)s1);
+	/* Enough left: a second call writes nothing. */
+	ck_assert_int_eq(manifest_reserve(m, 1u << 20), 0);
+	ck_assert_int_eq(data_size(root, NULL), s1);
+	ck_assert_int_eq(manifest_reserve(m, 0), 0);
+	ck_assert_int_eq(data_size(root, NULL), s1);
+
+	/* Commits of 64 ranks: the file does not grow while LMDB's pages fit. */
+	for (uint64_t st = 2; st < 12; st++) {
+		ck_assert_int_eq(commit_gen(m, st, 64, 0), 0);
+		ck_assert_int_eq(data_size(root, NULL), s1);
+	}
+	ck_assert_int_eq(manifest_file_space(m, &used, &size), 0);
+	ck_assert_uint_gt(used, 64u << 10);
+	ck_assert_uint_lt(used, (uint64_t)s1);
+
+	/* A commit larger than the space left extends the file as before; the next
+	 * reserve refills past it. */
+	ck_assert_int_eq(commit_gen(m, 20, 2, 3u << 20), 0);
+	ck_assert_int_eq(manifest_file_space(m, &used, &size), 0);
+	ck_assert_uint_gt(size, (uint64_t)s1);
+	ck_assert_int_eq(manifest_reserve(m, 1u << 20), 0);
+	ck_assert_int_eq(manifest_file_space(m, &used, &size), 0);
+	ck_assert_uint_ge(size, used + (2u << 20));
+	for (uint64_t st = 2; st < 12; st++)
+		step_verify(m, st, 64, 0);
+	manifest_close(m);
+
+	/* Reopened (zeros past the last page are unused space to LMDB): every step
+	 * reads back, and a writer commits again. */
+	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), 0);
+	step_verify(m, 1, 4, 0);
+	for (uint64_t st = 2; st < 12; st++)
+		step_verify(m, st, 64, 0);
+	step_verify(m, 20, 2, 3u << 20);
+	ck_assert_int_eq(manifest_reserve(m, 1u << 20), CKPT_ESTATE);
+	ck_assert_msg(strstr(ckpt_err_msg(), "read-only"), "%s", ckpt_err_msg());
+	manifest_close(m);
+	m = open_create(root);
+	ck_assert_int_eq(commit_gen(m, 21, 3, 0), 0);
+	step_verify(m, 21, 3, 0);
+	step_verify(m, 20, 2, 3u << 20);
+	ck_assert_int_eq(manifest_reserve(m, UINT64_MAX), -EINVAL);
+	ck_assert_int_eq(manifest_reserve(NULL, 1), -EINVAL);
+	manifest_close(m);
+	tu_rmtree(root);
+	free(root);
+}
+END_TEST
+
+/* Never past the map: with a 256 KiB map the reserve stops at the map's end. */
+START_TEST(reserve_within_map)
+{
+	char *root = tu_tmpdir("manifest");
+	struct manifest *m = NULL;
+	ck_assert_int_eq(manifest_open_map(root, MANIFEST_CREATE, 256 << 10, &m), 0);
+	ck_assert_int_eq(commit_gen(m, 1, 1, 0), 0);
+	ck_assert_int_eq(manifest_reserve(m, 1u << 20), 0);
+	ck_assert_int_eq(data_size(root, NULL), 256 << 10);
+	ck_assert_int_eq(commit_gen(m, 2, 1, 100 << 10), 0);
+	ck_assert_int_eq(data_size(root, NULL), 256 << 10);
+	step_verify(m, 1, 1, 0);
+	step_verify(m, 2, 1, 100 << 10);
+	manifest_close(m);
+	tu_rmtree(root);
+	free(root);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ threads */
 
 struct reader_arg {
@@ -1124,6 +1226,8 @@ int main(void)
 	tcase_add_test(tc, fuzz_decoders);
 	tcase_add_test(tc, fuzz_replay_lmdb);
 	tcase_add_test(tc, map_full_grows_then_enospc);
+	tcase_add_test(tc, reserve_keeps_commits_in_place);
+	tcase_add_test(tc, reserve_within_map);
 	tcase_add_test(tc, concurrent_readers);
 	tcase_add_test(tc, concurrent_readers_growing_map);
 	tcase_add_test(tc, rdonly_without_lock_access);
