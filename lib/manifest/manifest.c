@@ -106,17 +106,26 @@ static int commit_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	if (rc < 0)
 		return rc;
 
+	/* One cursor for every put: mdb_put would set one up and search from the root
+	 * for each record (a third of the puts' time at 256 ranks). */
+	MDB_cursor *cur;
+	rc = mdb_cursor_open(txn, m->dbi_shards, &cur);
+	if (rc)
+		return manifest_fail(m, rc, "step %llu: open cursor", s);
 	for (uint32_t i = 0; i < a->nshards; i++) {
 		const struct manifest_shard *sh = &a->shards[i];
 		uint8_t k[MANIFEST_SHARD_KEY_BYTES];
 		manifest_shard_key(k, step, sh->rank);
 		MDB_val key = { sizeof k, k };
 		MDB_val val = { manifest_shard_rec_size(sh), NULL };
-		rc = mdb_put(txn, m->dbi_shards, &key, &val, MDB_RESERVE);
-		if (rc)
+		rc = mdb_cursor_put(cur, &key, &val, MDB_RESERVE);
+		if (rc) {
+			mdb_cursor_close(cur);
 			return manifest_fail(m, rc, "step %llu rank %u: write shard record", s, sh->rank);
+		}
 		manifest_shard_encode(sh, val.mv_data);
 	}
+	mdb_cursor_close(cur);
 	/* The step record goes in last. Atomicity does not depend on it (the
 	 * transaction is all or nothing) but it keeps the rule readable: the
 	 * COMMITTED record never exists without its shard records. */
