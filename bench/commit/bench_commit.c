@@ -24,16 +24,25 @@
  * and, as the limits it is compared against, one bare durable LMDB commit of one
  * small record (back to back, and spaced at the steps' period, as the
  * coordinator's commits are), and one durable LMDB commit of W shard records like
- * the step's (at that period), in the same manifest. Target (issue 3): commit
+ * the step's (at that period), in the same manifest; and the decision's sends
+ * without the protocol (one small message on each link's worth of TCP connections
+ * to receivers blocked as the leaders are, placed as the participants are, at that
+ * period), so that latency - bare commit - bare sends is the protocol's own part.
+ * Target (issue 3): commit
  * latency <= 1 ms + one durable LMDB commit at W = 256 (the one at the step
  * period: the comparison is made at the same cadence).
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -205,6 +214,143 @@ static int commit_records(struct manifest *m, uint64_t step, uint32_t w, uint64_
 	return rc;
 }
 
+/* ------------------------------------------------------------------ bare sends */
+
+/* The decision's sends without the protocol: one small message on each of `links`
+ * TCP connections over 127.0.0.1, to receivers blocked in poll() as the node
+ * leaders are, placed as the participants are (threads of this process, or of a
+ * child at nice 19, or of a child on CPUs of their own). Each receiver answers
+ * one byte, read after the clock stops, so that every round starts with every
+ * receiver blocked again. Median of STEPS rounds at the steps' period. */
+#define BARE_MSG 48   /* about a decision's frame: 16-byte header and status */
+
+static void *bare_rx(void *p)
+{
+	int fd = (int)(intptr_t)p;
+	char b[256];
+	for (;;) {
+		struct pollfd pf = { fd, POLLIN, 0 };
+		if (poll(&pf, 1, -1) < 0 && errno != EINTR)
+			return NULL;
+		ssize_t n = recv(fd, b, sizeof b, 0);
+		if (n <= 0 || send(fd, "k", 1, MSG_NOSIGNAL) != 1)
+			return NULL;
+	}
+}
+
+/* Connect n receivers to port and serve them until the other side closes. */
+static int bare_receivers(unsigned port, uint32_t n)
+{
+	pthread_t *th = calloc(n, sizeof *th);
+	int *fd = calloc(n, sizeof *fd);
+	uint32_t started = 0;
+	int rc = th && fd ? 0 : -ENOMEM;
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+	                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	for (uint32_t i = 0; i < n && !rc; i++) {
+		int one = 1;
+		fd[i] = socket(AF_INET, SOCK_STREAM, 0);
+		if (fd[i] < 0 || connect(fd[i], (struct sockaddr *)&sa, sizeof sa) < 0 ||
+		    setsockopt(fd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) {
+			rc = -errno;
+			break;
+		}
+		if (pthread_create(&th[i], NULL, bare_rx, (void *)(intptr_t)fd[i]) == 0)
+			started++;
+		else
+			rc = -EAGAIN;
+	}
+	for (uint32_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	for (uint32_t i = 0; fd && i < n; i++)
+		if (fd[i] > 0)
+			close(fd[i]);
+	free(th);
+	free(fd);
+	return rc;
+}
+
+struct bare_rx_run { unsigned port; uint32_t n; int rc; };
+
+static void *bare_rx_run_main(void *p)
+{
+	struct bare_rx_run *r = p;
+	r->rc = bare_receivers(r->port, r->n);
+	return NULL;
+}
+
+static void pin_to(int first, int last);
+
+/* Returns the median in ns, 0 on failure (printed). */
+static uint64_t bare_sends(uint32_t links, int where, uint64_t period)
+{
+	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof sa;
+	if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+	    bind(ls, (struct sockaddr *)&sa, sizeof sa) < 0 ||
+	    getsockname(ls, (struct sockaddr *)&sa, &len) < 0 || listen(ls, (int)links) < 0) {
+		perror("bare sends: listen");
+		if (ls >= 0)
+			close(ls);
+		return 0;
+	}
+	unsigned port = ntohs(sa.sin_port);
+	struct bare_rx_run run = { .port = port, .n = links };
+	pthread_t runner;
+	pid_t pid = -1;
+	if (where == 0) {
+		if (pthread_create(&runner, NULL, bare_rx_run_main, &run)) {
+			close(ls);
+			return 0;
+		}
+	} else if ((pid = fork()) == 0) {
+		close(ls);
+		if (nice(19) < 0)
+			perror("nice");
+		if (where == 2)
+			pin_to(1, (int)sysconf(_SC_NPROCESSORS_ONLN) - 1);
+		_exit(bare_receivers(port, links) ? 1 : 0);
+	}
+	int *fd = calloc(links, sizeof *fd);
+	uint64_t t[STEPS];
+	uint32_t got = 0;
+	bool ok = fd != NULL && (where == 0 || pid > 0);
+	for (; ok && got < links; got++) {
+		fd[got] = accept(ls, NULL, NULL);
+		ok = fd[got] >= 0 &&
+		     setsockopt(fd[got], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0;
+	}
+	char msg[BARE_MSG], ack;
+	memset(msg, 0x5a, sizeof msg);
+	for (int s = 0; s < STEPS && ok; s++) {
+		usleep((useconds_t)(period / 2000));   /* receivers idle a while, as between steps */
+		uint64_t t1 = ckpt_now_ns();
+		for (uint32_t i = 0; i < links && ok; i++)
+			ok = send(fd[i], msg, sizeof msg, MSG_NOSIGNAL) == (ssize_t)sizeof msg;
+		t[s] = ckpt_now_ns() - t1;
+		for (uint32_t i = 0; i < links && ok; i++)
+			ok = recv(fd[i], &ack, 1, MSG_WAITALL) == 1;
+	}
+	for (uint32_t i = 0; fd && i < got; i++)
+		if (fd[i] >= 0)
+			close(fd[i]);
+	close(ls);
+	free(fd);
+	if (where == 0) {
+		pthread_join(runner, NULL);
+	} else if (pid > 0) {
+		int st;
+		waitpid(pid, &st, 0);
+	}
+	if (!ok) {
+		fprintf(stderr, "bare sends to %u receivers failed: %s\n", links, strerror(errno));
+		return 0;
+	}
+	qsort(t, STEPS, sizeof t[0], cmp_u64);
+	return t[STEPS / 2];
+}
+
 /* Participants: in this process (0), in a child at nice 19 (1), or in a child on
  * CPUs of their own (2: the coordinator's process on CPU 0, the child on the others,
  * as on a cluster where no rank shares the coordinator's CPUs). */
@@ -343,6 +489,9 @@ static int bench_world(const char *dir, uint32_t w, uint32_t ns, int where)
 		rc = commit_records(m, 3000000 + (uint64_t)s, w, &same[s]);
 		pace(t0, period);
 	}
+	uint64_t bs = rc ? 0 : bare_sends(sends, where, period);
+	if (!rc && !bs)
+		rc = -EIO;
 	if (!rc) {
 		double b = median_us(bare, STEPS), l = median_us(lat, STEPS), bb = median_us(b2b, STEPS);
 		char mode[48];
@@ -350,12 +499,13 @@ static int bench_world(const char *dir, uint32_t w, uint32_t ns, int where)
 			snprintf(mode, sizeof mode, "tree, nodes of %u", ns);
 		else
 			snprintf(mode, sizeof mode, "flat");
+		double bsu = (double)bs / 1e3;
 		printf("| %4u | %s | %s | %u | %6.0f | %6.0f | %6.0f | %6.0f | %6.0f | %6.0f | %6.0f | "
-		       "%6.0f | %6.0f | %s | %s |\n",
+		       "%6.0f | %6.0f | %6.0f | %6.0f | %s | %s |\n",
 		       w, mode, where == PINNED ? "other process, other CPUs" :
 		       apart ? "other process, nice 19" : "same process", sends, l,
 		       median_us(last, STEPS), median_us(txn, STEPS), median_us(bc, STEPS),
-		       bb, b, median_us(same, STEPS), median_us(e2e, STEPS),
+		       bb, b, median_us(same, STEPS), bsu, l - b - bsu, median_us(e2e, STEPS),
 		       (double)period / 1e3, l <= 1000.0 + b ? "yes" : "no", l <= 1000.0 + bb ? "yes" : "no");
 		fflush(stdout);
 	}
@@ -411,10 +561,12 @@ int main(int argc, char **argv)
 	printf("| W | commit | participants | links | commit latency | last vote checks |"
 	       " final checks + LMDB txn | decision sends | bare LMDB commit, back to back |"
 	       " bare LMDB commit, at step cadence | LMDB commit of W records, at step cadence |"
+	       " bare sends on the links, at step cadence |"
+	       " latency - bare commit at cadence - bare sends |"
 	       " burst, end to end | step period | latency <= 1 ms + bare at cadence |"
 	       " latency <= 1 ms + bare back to back |\n");
 	printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-	       " --- |\n");
+	       " --- | --- | --- |\n");
 	fflush(stdout);
 	for (int k = 0; k < nw; k++)
 		for (int t = 0; t < 2; t++)
