@@ -559,12 +559,16 @@ static uint32_t broadcast(struct commit_coord *c, uint64_t step, int code, const
 /* Keep written space in data.mdb for the next commits (manifest_reserve), after
  * the decision is out: a commit that does not extend the file syncs its pages
  * and no file size. Room for ~16 steps of W shard records (~256 bytes of leaf
- * page each), at least 1 MiB. A failure costs only that: logged. */
+ * page each), at least 1 MiB, at most 64 MiB (a refill, up to twice that, runs
+ * on this thread: ~1-3 ms every ~16 steps at W = 256). A failure costs only
+ * that: logged. */
 static void reserve(struct commit_coord *c)
 {
 	uint64_t slack = (uint64_t)c->world * 4096u;
 	if (slack < (1u << 20))
 		slack = 1u << 20;
+	if (slack > (64u << 20))
+		slack = 64u << 20;
 	if (manifest_reserve(c->manifest, slack))
 		ckpt_log(CKPT_LOG_WARN, "coordinator: %s", ckpt_err_msg());
 }
