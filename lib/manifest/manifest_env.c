@@ -172,20 +172,8 @@ int manifest_write(struct manifest *m, manifest_write_fn fn, void *arg, const ch
 /* Zeros for manifest_reserve's writes. */
 static const uint8_t zero_block[64 << 10];
 
-/*
- * Keep data.mdb written with zeros at least `slack` bytes past LMDB's last used
- * page (refilled to 2 x slack when less than slack is left). A commit whose new
- * pages land inside that region changes no file metadata, so its fdatasync
- * flushes the pages and nothing else; a commit that extends the file must also
- * persist the new size (and, on ext4 without a journal, write the inode
- * synchronously inside the fdatasync). The zeros are written (not fallocate'd:
- * an unwritten extent turns written at the commit, a metadata change again) and
- * synced here, off the commit's path. Runs inside a write transaction that it
- * aborts, so that no commit of this or another process writes pages past the end
- * of the file meanwhile; LMDB never reads past its last page, and on reopen sees
- * the zeros as unused space.
- */
-/* LMDB's end of used pages and data.mdb's size; MDB code or -errno via *code. */
+/* Where LMDB's used pages end, data.mdb's size, the map's size and the file's
+ * descriptor (LMDB's). 0 or a ckpt code (message recorded). */
 static int space_get(struct manifest *m, uint64_t *used, uint64_t *size, uint64_t *mapsize,
                      int *fd_out)
 {
@@ -215,6 +203,19 @@ int manifest_file_space(struct manifest *m, uint64_t *used, uint64_t *size)
 	return space_get(m, used, size, NULL, NULL);
 }
 
+/*
+ * Keep data.mdb written with zeros at least `slack` bytes past LMDB's last used
+ * page (refilled to 2 x slack when less than slack is left). A commit whose new
+ * pages land inside that region changes no file metadata, so its fdatasync
+ * flushes the pages and nothing else; a commit that extends the file must also
+ * persist the new size (and, on ext4 without a journal, write the inode
+ * synchronously inside the fdatasync). The zeros are written (not fallocate'd:
+ * an unwritten extent turns written at the commit, a metadata change again) and
+ * synced here, off the commit's path. Runs inside a write transaction that it
+ * aborts, so that no commit of this or another process writes pages past the end
+ * of the file meanwhile; LMDB never reads past its last page, and on reopen sees
+ * the zeros as unused space.
+ */
 int manifest_reserve(struct manifest *m, uint64_t slack)
 {
 	if (!m)
