@@ -2,9 +2,11 @@
  * ranks.c — honest ranks for the lib/commit tests (ranks.h).
  */
 #include <check.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "ranks.h"
@@ -131,5 +133,30 @@ void ranks_assert_not_committed(const struct ranks_env *e, uint64_t step)
 	for (uint32_t r = 0; r < e->world; r++) {
 		struct manifest_shard sh;
 		ck_assert_int_eq(manifest_shard_get(e->m, step, r, &sh), CKPT_ENOTFOUND);
+	}
+}
+
+void ranks_expect_wait(struct commit_part *p, uint64_t step, int want,
+                       const char *const *needles, int tmo_ms)
+{
+	int rc = commit_part_wait(p, step, tmo_ms);
+	ck_assert_msg(rc == want, "step %llu: wait gave %d, expected %d (%s)",
+	              (unsigned long long)step, rc, want, ckpt_err_msg());
+	for (; needles && *needles; needles++)
+		ck_assert_msg(strstr(ckpt_err_msg(), *needles), "step %llu: message '%s' lacks '%s'",
+		              (unsigned long long)step, ckpt_err_msg(), *needles);
+}
+
+void ranks_expect_dropped(struct net_conn *c, int tmo_ms, const char *what)
+{
+	for (;;) {
+		struct net_msg m;
+		int rc = net_recv(c, &m, tmo_ms);
+		if (rc == 0) {
+			net_msg_free(&m);
+			continue;
+		}
+		ck_assert_msg(rc != -ETIMEDOUT, "the coordinator kept %s", what);
+		return;
 	}
 }

@@ -50,4 +50,12 @@ void ranks_wait_left(const struct ranks_env *e, uint64_t before, uint32_t n);
 void ranks_assert_committed(const struct ranks_env *e, uint64_t step);
 void ranks_assert_not_committed(const struct ranks_env *e, uint64_t step);
 
+/* p's wait for step gives want within tmo_ms, and the message then holds every
+ * string of needles (NULL-terminated; NULL: no check of the message). */
+void ranks_expect_wait(struct commit_part *p, uint64_t step, int want,
+                       const char *const *needles, int tmo_ms);
+/* The coordinator must drop c: anything it still sends is read, then EOF or an
+ * error; a timeout fails the test with "the coordinator kept <what>". */
+void ranks_expect_dropped(struct net_conn *c, int tmo_ms, const char *what);
+
 #endif

@@ -112,12 +112,7 @@ static int part_open(const void *env, uint32_t rank, struct commit_part **out)
 
 static void expect_wait(struct commit_part *p, uint64_t step, int want, const char *const *needles)
 {
-	int rc = commit_part_wait(p, step, TMO);
-	ck_assert_msg(rc == want, "step %llu: wait gave %d, expected %d (%s)",
-	              (unsigned long long)step, rc, want, ckpt_err_msg());
-	for (; needles && *needles; needles++)
-		ck_assert_msg(strstr(ckpt_err_msg(), *needles), "step %llu: message '%s' lacks '%s'",
-		              (unsigned long long)step, ckpt_err_msg(), *needles);
+	ranks_expect_wait(p, step, want, needles, TMO);
 }
 
 /* ================================================================ honest protocol */
@@ -425,20 +420,6 @@ static struct net_conn *bad_rank_connect(const struct env *e, uint32_t rank)
 	return c;
 }
 
-/* The coordinator must drop conn: anything it still sends is read, then EOF. */
-static void expect_dropped(struct net_conn *c)
-{
-	for (;;) {
-		struct net_msg m;
-		int rc = net_recv(c, &m, TMO);
-		if (rc == 0) {
-			net_msg_free(&m);
-			continue;
-		}
-		ck_assert_msg(rc != -ETIMEDOUT, "the coordinator kept a misbehaving connection");
-		return;
-	}
-}
 
 START_TEST(raw_garbage_truncated_oversized)
 {
@@ -694,7 +675,7 @@ START_TEST(malformed_messages_from_a_rank)
 	ck_assert_int_eq(commit_part_begin(p[0], step), 0);
 	ck_assert_int_eq(ranks_prepare(p[0], step, 0, 2), 0);
 	bad_msg_send(bad, k, step, tu_seed());
-	expect_dropped(bad);
+	ranks_expect_dropped(bad, TMO, "a misbehaving connection");
 	net_close(bad);
 	/* Rank 1 had not voted: the step aborts at once (not after the 30 s timeout). */
 	expect_wait(p[0], step, CKPT_EABORTED, (const char *const[]){ "rank 1", NULL });

@@ -166,12 +166,7 @@ static struct commit_coord_stats stats_of(const struct tenv *e, uint64_t step)
 
 static void expect_wait(struct commit_part *p, uint64_t step, int want, const char *needle)
 {
-	int rc = commit_part_wait(p, step, TMO);
-	ck_assert_msg(rc == want, "step %llu: wait gave %d, expected %d (%s)",
-	              (unsigned long long)step, rc, want, ckpt_err_msg());
-	if (needle)
-		ck_assert_msg(strstr(ckpt_err_msg(), needle), "step %llu: message '%s' lacks '%s'",
-		              (unsigned long long)step, ckpt_err_msg(), needle);
+	ranks_expect_wait(p, step, want, (const char *const[]){ needle, NULL }, TMO);
 }
 
 /* ---------------------------------------------------------------- fake leaders */
@@ -203,20 +198,6 @@ static struct net_conn *fake_leader(const struct tenv *e, uint32_t rank, const u
 	return c;
 }
 
-/* The coordinator must drop conn: anything it still sends is read, then EOF. */
-static void expect_dropped(struct net_conn *c)
-{
-	for (;;) {
-		struct net_msg m;
-		int rc = net_recv(c, &m, TMO);
-		if (rc == 0) {
-			net_msg_free(&m);
-			continue;
-		}
-		ck_assert_msg(rc != -ETIMEDOUT, "the coordinator kept a misbehaving leader's link");
-		return;
-	}
-}
 
 static void relay_send(struct net_conn *c, uint16_t outer, uint32_t rank, uint16_t type,
                        const struct ckpt_buf *inner)
@@ -320,7 +301,7 @@ START_TEST(leader_sets_refused)
 		ck_assert_msg(code == CKPT_EPEER, "%s: code %d (%s)", cases[k].what, code, reason);
 		ck_assert_msg(strstr(reason, cases[k].needle), "%s: '%s' lacks '%s'", cases[k].what,
 		              reason, cases[k].needle);
-		expect_dropped(c);
+		ranks_expect_dropped(c, TMO, "a misbehaving leader's link");
 		net_close(c);
 	}
 	/* Two real leaders claiming the same ranks: a second leader of node 0 (on a
@@ -466,7 +447,7 @@ START_TEST(bad_relayed_messages)
 	}
 	}
 	ckpt_buf_free(&b);
-	expect_dropped(fake);
+	ranks_expect_dropped(fake, TMO, "a misbehaving leader's link");
 	net_close(fake);
 	/* Ranks 4..7 went with the link, before voting: the step aborts at once (not
 	 * after the 30 s timeout), and nothing forged is in the manifest. */
