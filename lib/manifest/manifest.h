@@ -4,9 +4,10 @@
  * The manifest is the single source of truth for visibility (DESIGN §3): a step
  * exists for readers if and only if its COMMITTED step record is here, and that
  * record is written together with every rank's shard record in ONE durable write
- * transaction (manifest_commit). Shard records carry the rank's encoded shard
- * index as opaque bytes (the footer encoding, decoded by lib/io), so this module
- * depends on nothing of ours but the base tier.
+ * transaction (manifest_commit). A shard record names where the rank's shard index
+ * (its file's footer) is and its hash, and may carry a copy of it as opaque bytes;
+ * a format-2 manifest stores a step of canonical shards as one table value
+ * (docs/format.md §8.4a). This module depends on nothing of ours but the base tier.
  *
  * Threads: a struct manifest may be used from any number of threads; LMDB
  * serialises writers. One process opens a given root once (an LMDB rule).
@@ -20,7 +21,7 @@
 
 #include "ckpt_internal.h"
 
-#define MANIFEST_FORMAT_VERSION 1u
+#define MANIFEST_FORMAT_VERSION 2u   /* 2: shard tables (docs/format.md §8.4a) */
 #define MANIFEST_MAX_JOB_ID     256u
 #define MANIFEST_MAX_PATH       1024u
 

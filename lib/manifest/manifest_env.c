@@ -372,8 +372,8 @@ static int m_dbs_open(struct manifest *m, bool create)
 			else if (st.ms_entries != 0)
 				code = ckpt_err(CKPT_EFORMAT, "manifest %s: steps recorded but no format "
 				                "record", m->root);
-			else
-				code = m_meta_init(m, txn);
+			else if (!(code = m_meta_init(m, txn)))
+				m->format = MANIFEST_FORMAT_VERSION;
 		} else if (rc == MDB_NOTFOUND) {
 			code = ckpt_err(CKPT_EFORMAT, "manifest %s: no format record", m->root);
 		} else if (rc) {
@@ -388,6 +388,8 @@ static int m_dbs_open(struct manifest *m, bool create)
 			else if (v > MANIFEST_FORMAT_VERSION)
 				code = ckpt_err(CKPT_EVERSION, "manifest %s: format version %u (this build "
 				                "reads <= %u)", m->root, v, MANIFEST_FORMAT_VERSION);
+			else
+				m->format = v;   /* a manifest keeps the format it was made with */
 		}
 	}
 	if (code) {

@@ -1,6 +1,6 @@
 /*
  * manifest_internal.h — private to lib/manifest (and its tests): the handle's
- * layout and the record codec (docs/format-manifest.md).
+ * layout and the record codec (docs/format.md §8).
  *
  * The codec is split from the LMDB code so that it can be fed untrusted bytes
  * directly (unit tests, fuzz targets) without an environment. Decoders never
@@ -25,7 +25,7 @@
 #define MANIFEST_MAX_NOTE         1024u    /* abort reason kept in an ABORTED record */
 #define MANIFEST_MAX_INDEX        (1ull << 30) /* = IO_MAX_FOOTER_BYTES; not included: no io dependency */
 
-#define MANIFEST_STEP_KEY_BYTES   8u       /* BE u64 step */
+#define MANIFEST_STEP_KEY_BYTES   8u       /* BE u64 step (also a shard table's key) */
 #define MANIFEST_SHARD_KEY_BYTES  12u      /* BE u64 step || BE u32 rank */
 
 /*
@@ -39,6 +39,7 @@ struct manifest {
 	MDB_dbi          dbi_meta, dbi_steps, dbi_shards;
 	bool             rdonly;
 	bool             nolock;           /* opened with MDB_NOLOCK (read-only media) */
+	uint32_t         format;           /* meta/format of this manifest (1 or 2) */
 	pthread_rwlock_t resize_lock;
 	char             root[];           /* the checkpoint root, for messages */
 };
@@ -96,6 +97,35 @@ int manifest_shard_check(uint64_t step, const struct manifest_shard *s);
  * naming step and rank. */
 int manifest_shard_decode(const void *p, size_t n, uint64_t step, uint32_t rank,
                           struct manifest_shard *out, size_t *path_len);
+/* ------------------------------------------------------------------ shard tables
+ * (format 2): every rank's footer place of one step in ONE value, under the step's
+ * 8-byte key in the shards database; the path of rank r is the canonical one
+ * (ckpt_path_shard_rel), so it is not stored. A commit writes a table when the
+ * manifest is format 2 and every shard is canonical (manifest_shard_tabular);
+ * otherwise per-rank records. docs/format.md §8.4a. */
+#define MANIFEST_TABLE_VERSION    1u
+#define MANIFEST_TABLE_HEADER     8u       /* version, reserved, count */
+#define MANIFEST_TABLE_ENTRY      48u
+#define MANIFEST_MAX_TABLE_RANKS  (1u << 24)
+
+/* The canonical shard of (step, rank): no index copy, a footer, and the path
+ * ckpt_path_shard_rel gives. prefix: "step-<20 digits>/" of step (26 bytes, from
+ * manifest_table_prefix), made once per step by the caller. */
+#define MANIFEST_TABLE_PREFIX 26u
+void manifest_table_prefix(char out[MANIFEST_TABLE_PREFIX + 1], uint64_t step);
+bool manifest_shard_tabular(const char *prefix, const struct manifest_shard *s);
+/* Bytes of a table of count entries (count <= MANIFEST_MAX_TABLE_RANKS). */
+size_t manifest_table_size(uint32_t count);
+/* Write the header, then each shard at its rank's place (rank < count). */
+void manifest_table_header(uint8_t *out, uint32_t count);
+void manifest_table_put(uint8_t *out, const struct manifest_shard *s);
+/* Rank's entry of the table found under step: its footer place in out (path and
+ * index NULL: the caller sets the canonical path). The header and that entry are
+ * checked, the table's length against its count. CKPT_ENOTFOUND (rank >= count),
+ * CKPT_EFORMAT or CKPT_EVERSION, naming step and rank. */
+int manifest_table_entry(const void *p, size_t n, uint64_t step, uint32_t rank,
+                         struct manifest_shard *out);
+
 /* A path as stored: non-empty, <= MANIFEST_MAX_PATH, relative, no "", "." or ".."
  * component, no control bytes. */
 bool manifest_path_ok(const char *path, size_t len);

@@ -1,5 +1,5 @@
 /*
- * manifest_record.c — the manifest's keys and record codec (docs/format-manifest.md).
+ * manifest_record.c — the manifest's keys and record codec (docs/format.md §8).
  *
  * Keys are big-endian so that LMDB's byte order is step order (and rank order
  * within a step). Values are little-endian, start with a u16 record version, and
@@ -8,6 +8,7 @@
  * CKPT_EFORMAT — never an out-of-bounds read. This file knows nothing of LMDB.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "manifest/manifest_internal.h"
@@ -256,5 +257,104 @@ int manifest_shard_decode(const void *p, size_t n, uint64_t step, uint32_t rank,
 	out->index = xl ? index : NULL;
 	out->index_len = (size_t)xl;
 	*path_len = pl;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ shard tables
+ *  off size
+ *    0    2  table version (1)
+ *    2    2  reserved, 0
+ *    4    4  count W (1 .. MANIFEST_MAX_TABLE_RANKS): the step's world
+ *    8  48W  entries, entry r for rank r:
+ *              0  4  rank (= r)      4  4  reserved, 0
+ *              8  8  file_size      16 16  footer_hash (XXH3-128)
+ *             32  8  footer_offset  40  8  footer_len (1 .. MANIFEST_MAX_INDEX)
+ * Exact length 8 + 48 W. The path of rank r is ckpt_path_shard_rel(step, r).
+ */
+
+void manifest_table_prefix(char out[MANIFEST_TABLE_PREFIX + 1], uint64_t step)
+{
+	snprintf(out, MANIFEST_TABLE_PREFIX + 1, "step-%020llu/", (unsigned long long)step);
+}
+
+bool manifest_shard_tabular(const char *prefix, const struct manifest_shard *s)
+{
+	if (s->index_len || s->index || s->footer_len == 0 || s->footer_len > MANIFEST_MAX_INDEX ||
+	    strncmp(s->path, prefix, MANIFEST_TABLE_PREFIX) != 0)
+		return false;
+	/* "rank-%06u.shard", as ckpt_path_shard_rel writes it, without formatting it. */
+	char digits[10];
+	int n = 0;
+	for (uint32_t r = s->rank; r || n < 6; r /= 10)
+		digits[n++] = (char)('0' + r % 10);
+	const char *q = s->path + MANIFEST_TABLE_PREFIX;
+	if (strncmp(q, "rank-", 5) != 0)
+		return false;
+	q += 5;
+	while (n > 0)
+		if (*q++ != digits[--n])
+			return false;
+	return strcmp(q, ".shard") == 0;
+}
+
+size_t manifest_table_size(uint32_t count)
+{
+	return MANIFEST_TABLE_HEADER + (size_t)count * MANIFEST_TABLE_ENTRY;
+}
+
+void manifest_table_header(uint8_t *out, uint32_t count)
+{
+	ckpt_put_le16(out + 0, MANIFEST_TABLE_VERSION);
+	ckpt_put_le16(out + 2, 0);
+	ckpt_put_le32(out + 4, count);
+}
+
+void manifest_table_put(uint8_t *out, const struct manifest_shard *s)
+{
+	uint8_t *e = out + MANIFEST_TABLE_HEADER + (size_t)s->rank * MANIFEST_TABLE_ENTRY;
+	ckpt_put_le32(e + 0, s->rank);
+	ckpt_put_le32(e + 4, 0);
+	ckpt_put_le64(e + 8, s->file_size);
+	memcpy(e + 16, s->footer_hash, CKPT_HASH_BYTES);
+	ckpt_put_le64(e + 32, s->footer_offset);
+	ckpt_put_le64(e + 40, s->footer_len);
+}
+
+int manifest_table_entry(const void *p, size_t n, uint64_t step, uint32_t rank,
+                         struct manifest_shard *out)
+{
+	unsigned long long st = (unsigned long long)step;
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	uint16_t ver = ckpt_cursor_u16(&c);
+	uint16_t reserved = ckpt_cursor_u16(&c);
+	uint32_t count = ckpt_cursor_u32(&c);
+	if (!c.ok || ver == 0)
+		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard table of %zu bytes has no "
+		                "header", st, rank, n);
+	if (ver > MANIFEST_TABLE_VERSION)
+		return ckpt_err(CKPT_EVERSION, "step %llu rank %u: shard table version %u (this build "
+		                "reads <= %u)", st, rank, ver, MANIFEST_TABLE_VERSION);
+	if (reserved != 0 || count == 0 || count > MANIFEST_MAX_TABLE_RANKS ||
+	    n != manifest_table_size(count))
+		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard table of %zu bytes says %u "
+		                "ranks (reserved field %u)", st, rank, n, count, reserved);
+	if (rank >= count)
+		return ckpt_err(CKPT_ENOTFOUND, "step %llu rank %u: no shard record (the step has %u "
+		                "ranks)", st, rank, count);
+	const uint8_t *e = (const uint8_t *)p + MANIFEST_TABLE_HEADER +
+	                   (size_t)rank * MANIFEST_TABLE_ENTRY;
+	uint32_t er = ckpt_get_le32(e), eres = ckpt_get_le32(e + 4);
+	uint64_t flen = ckpt_get_le64(e + 40);
+	if (er != rank || eres != 0 || flen == 0 || flen > MANIFEST_MAX_INDEX)
+		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard table entry says rank %u, "
+		                "reserved %u, footer of %llu bytes", st, rank, er, eres,
+		                (unsigned long long)flen);
+	memset(out, 0, sizeof *out);
+	out->rank = rank;
+	out->file_size = ckpt_get_le64(e + 8);
+	memcpy(out->footer_hash, e + 16, CKPT_HASH_BYTES);
+	out->footer_offset = ckpt_get_le64(e + 32);
+	out->footer_len = flen;
 	return 0;
 }

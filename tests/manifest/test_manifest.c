@@ -918,6 +918,268 @@ START_TEST(map_full_grows_then_enospc)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ shard tables */
+
+/* Shards as lib/commit commits them: canonical paths, no index copy, the footer's
+ * place (generated from step and rank). */
+static void tabset_make(struct shardset *ss, uint64_t step, uint32_t w)
+{
+	shardset_make(ss, step, w, 1);
+	for (uint32_t r = 0; r < w; r++) {
+		struct manifest_shard *s = &ss->sh[r];
+		free((void *)s->index);
+		s->index = NULL;
+		s->index_len = 0;
+		s->footer_offset = step * 4096 + r;
+		s->footer_len = 1 + (step + r) % 70000;
+	}
+}
+
+static int commit_tab(struct manifest *m, uint64_t step, uint32_t w)
+{
+	struct shardset ss;
+	tabset_make(&ss, step, w);
+	uint64_t rng = tu_seed() ^ step;
+	shardset_shuffle(&ss, &rng);
+	struct manifest_step r = gen_step(step, w);
+	int rc = manifest_commit(m, &r, ss.sh, w);
+	shardset_free(&ss);
+	return rc;
+}
+
+/* Every rank of a tabset step reads back (0, or a positive code saying what differs). */
+static int tab_verify(struct manifest *m, uint64_t step, uint32_t w)
+{
+	for (uint32_t r = 0; r < w; r++) {
+		struct manifest_shard s;
+		int rc = manifest_shard_get(m, step, r, &s);
+		if (rc)
+			return rc;
+		char path[64];
+		uint8_t hash[CKPT_HASH_BYTES];
+		ckpt_path_shard_rel(path, sizeof path, step, r);
+		tu_fill(hash, sizeof hash, tu_seed(), gen_stream(step, r) ^ 0xF00Du);
+		int bad = s.rank != r ? 1 : strcmp(s.path, path) ? 2 :
+		          s.file_size != step * 7 + r + 4096 ? 3 :
+		          memcmp(s.footer_hash, hash, sizeof hash) ? 4 :
+		          s.footer_offset != step * 4096 + r ? 5 :
+		          s.footer_len != 1 + (step + r) % 70000 ? 6 :
+		          s.index_len ? 7 : 0;
+		manifest_shard_free(&s);
+		if (bad)
+			return bad;
+	}
+	struct manifest_shard s;
+	int rc = manifest_shard_get(m, step, w, &s);
+	return rc == CKPT_ENOTFOUND ? 0 : 8;
+}
+
+/* A format-2 manifest stores a step of canonical shards as one table value: it
+ * reads back rank by rank (before and after reopening), is deleted with its step,
+ * and a committed step is still not overwritten. */
+START_TEST(table_commit_read_back)
+{
+	char *root = tu_tmpdir("manifest");
+	struct manifest *m = open_create(root);
+	ck_assert_uint_eq(m->format, 2);
+	static const uint32_t ws[] = { 1, 7, 300 };
+	for (unsigned i = 0; i < 3; i++)
+		ck_assert_int_eq(commit_tab(m, 10 + i, ws[i]), 0);
+	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 3);    /* one table a step */
+	for (unsigned i = 0; i < 3; i++)
+		ck_assert_int_eq(tab_verify(m, 10 + i, ws[i]), 0);
+	ck_assert_int_eq(commit_tab(m, 11, 7), -EEXIST);
+	ck_assert_int_eq(tab_verify(m, 11, 7), 0);
+	manifest_close(m);
+
+	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), 0);
+	for (unsigned i = 0; i < 3; i++)
+		ck_assert_int_eq(tab_verify(m, 10 + i, ws[i]), 0);
+	manifest_close(m);
+
+	m = open_create(root);
+	ck_assert_int_eq(manifest_step_delete(m, 11), 0);
+	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 2);
+	struct manifest_shard s;
+	ck_assert_int_eq(manifest_shard_get(m, 11, 0, &s), CKPT_ENOTFOUND);
+	ck_assert_int_eq(manifest_record_abort(m, 11, 7, "gone"), 0);
+	ck_assert_int_eq(commit_tab(m, 11, 5), 0);              /* over the aborted record */
+	ck_assert_int_eq(tab_verify(m, 11, 5), 0);
+	ck_assert_int_eq(tab_verify(m, 12, 300), 0);
+	manifest_close(m);
+	tu_rmtree(root);
+	free(root);
+}
+END_TEST
+
+/* What a table cannot hold goes in per-rank records, in the same manifest: an
+ * index copy, a path that is not the canonical one. And a format-1 manifest keeps
+ * per-rank records for every commit (an older build reads it still). */
+START_TEST(table_or_records)
+{
+	char *root = tu_tmpdir("manifest");
+	struct manifest *m = open_create(root);
+	ck_assert_int_eq(commit_gen(m, 1, 4, 0), 0);             /* index copies */
+	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 4);
+	step_verify(m, 1, 4, 0);
+
+	struct shardset ss;
+	tabset_make(&ss, 2, 3);
+	char odd[64] = "elsewhere/rank-000001.shard";
+	ss.sh[1].path = odd;
+	struct manifest_step r = gen_step(2, 3);
+	ck_assert_int_eq(manifest_commit(m, &r, ss.sh, 3), 0);
+	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 7);
+	struct manifest_shard s;
+	ck_assert_int_eq(manifest_shard_get(m, 2, 1, &s), 0);
+	ck_assert_str_eq(s.path, odd);
+	ck_assert_uint_eq(s.footer_len, ss.sh[1].footer_len);
+	manifest_shard_free(&s);
+	shardset_free(&ss);
+	ck_assert_int_eq(commit_tab(m, 3, 2), 0);
+	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 8);
+	manifest_close(m);
+
+	uint8_t v[4];
+	ckpt_put_le32(v, 1);
+	raw_put(root, "meta", "format", 6, v, sizeof v);
+	m = open_create(root);
+	ck_assert_uint_eq(m->format, 1);
+	ck_assert_int_eq(commit_tab(m, 4, 5), 0);
+	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 13);    /* five records */
+	ck_assert_int_eq(tab_verify(m, 4, 5), 0);
+	ck_assert_int_eq(tab_verify(m, 3, 2), 0);               /* the table still reads */
+	step_verify(m, 1, 4, 0);
+	manifest_close(m);
+	tu_rmtree(root);
+	free(root);
+}
+END_TEST
+
+/* The canonical-path test is exact: prefix, "rank-", at least six digits, ".shard". */
+START_TEST(table_path_canonical)
+{
+	char prefix[MANIFEST_TABLE_PREFIX + 1], path[64];
+	manifest_table_prefix(prefix, 42);
+	ck_assert_str_eq(prefix, "step-00000000000000000042/");
+	struct manifest_shard s = { .footer_len = 1, .path = path };
+	static const uint32_t ranks[] = { 0, 7, 999999, 1000000, 4294967295u };
+	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(ranks); i++) {
+		s.rank = ranks[i];
+		ckpt_path_shard_rel(path, sizeof path, 42, s.rank);
+		ck_assert_msg(manifest_shard_tabular(prefix, &s), "%s", path);
+		s.rank = ranks[i] + 1;
+		ck_assert_msg(!manifest_shard_tabular(prefix, &s), "%s as rank %u", path, s.rank);
+	}
+	s.rank = 3;
+	static const char *const bad[] = {
+		"step-00000000000000000042/rank-00003.shard", "step-00000000000000000042/rank-000003.shar",
+		"step-00000000000000000042/rank-000003.shardx", "step-00000000000000000043/rank-000003.shard",
+		"step-00000000000000000042/Rank-000003.shard", "step-00000000000000000042/rank-0000003.shard",
+	};
+	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(bad); i++) {
+		snprintf(path, sizeof path, "%s", bad[i]);
+		ck_assert_msg(!manifest_shard_tabular(prefix, &s), "%s", path);
+	}
+	ckpt_path_shard_rel(path, sizeof path, 42, 3);
+	ck_assert(manifest_shard_tabular(prefix, &s));
+	s.footer_len = 0;
+	ck_assert(!manifest_shard_tabular(prefix, &s));
+	s.footer_len = 1;
+	s.index = "x";
+	s.index_len = 1;
+	ck_assert(!manifest_shard_tabular(prefix, &s));
+}
+END_TEST
+
+/* A damaged table: every reader gets CKPT_EFORMAT or CKPT_EVERSION naming step and
+ * rank, never an out-of-bounds read (the ASan stage runs this), and other steps
+ * read on. */
+START_TEST(table_corrupt)
+{
+	char *root = tu_tmpdir("manifest");
+	struct manifest *m = open_create(root);
+	ck_assert_int_eq(commit_tab(m, 5, 3), 0);
+	ck_assert_int_eq(commit_tab(m, 6, 2), 0);
+	manifest_close(m);
+	struct shardset ss;
+	tabset_make(&ss, 5, 3);
+	size_t n = manifest_table_size(3);
+	uint8_t good[256], b[256];
+	ck_assert_uint_le(n, sizeof good);
+	manifest_table_header(good, 3);
+	for (uint32_t r = 0; r < 3; r++)
+		manifest_table_put(good, &ss.sh[r]);
+	shardset_free(&ss);
+	uint8_t key[8];
+	manifest_step_key(key, 5);
+	struct { const char *what; size_t len; size_t at; uint32_t v; int width; int want; } cases[] = {
+		{ "truncated", 0, 0, 0, 0, CKPT_EFORMAT },
+		{ "newer version", 0, 0, 2, 2, CKPT_EVERSION },
+		{ "version 0", 0, 0, 0, 2, CKPT_EFORMAT },
+		{ "reserved", 0, 2, 1, 2, CKPT_EFORMAT },
+		{ "count 0", 0, 4, 0, 4, CKPT_EFORMAT },
+		{ "count past the bytes", 0, 4, 4, 4, CKPT_EFORMAT },
+		{ "entry's rank", 0, 8 + 48, 7, 4, CKPT_EFORMAT },
+		{ "entry's reserved", 0, 8 + 48 + 4, 1, 4, CKPT_EFORMAT },
+		{ "footer length 0", 0, 8 + 48 + 40, 0, 4, CKPT_EFORMAT },
+		{ "trailing byte", 1, 0, 0, 0, CKPT_EFORMAT },
+	};
+	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(cases); i++) {
+		memcpy(b, good, n);
+		size_t len = n;
+		if (i == 0)
+			len = n - 1;
+		else if (cases[i].len)
+			b[len++] = 0;
+		else if (cases[i].width == 2)
+			ckpt_put_le16(b + cases[i].at, (uint16_t)cases[i].v);
+		else
+			ckpt_put_le32(b + cases[i].at, cases[i].v);
+		if (cases[i].at == 8 + 48 + 40)           /* a u64 field */
+			ckpt_put_le64(b + cases[i].at, 0);
+		raw_put(root, "shards", key, sizeof key, b, len);
+		ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), 0);
+		struct manifest_shard s;
+		int rc = manifest_shard_get(m, 5, 1, &s);
+		ck_assert_msg(rc == cases[i].want, "%s: %d (%s)", cases[i].what, rc, ckpt_err_msg());
+		ck_assert_msg(strstr(ckpt_err_msg(), "step 5 rank 1") && strstr(ckpt_err_msg(), root),
+		              "%s: message '%s'", cases[i].what, ckpt_err_msg());
+		ck_assert_ptr_null(s.owned_);
+		ck_assert_int_eq(tab_verify(m, 6, 2), 0);
+		manifest_close(m);
+	}
+	/* Rank 0's entry of a table damaged at rank 1 still reads: entries are checked
+	 * one at a time (a load reads every rank; checking all on each would be W²). */
+	memcpy(b, good, n);
+	ckpt_put_le32(b + 8 + 48, 9);
+	raw_put(root, "shards", key, sizeof key, b, n);
+	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), 0);
+	struct manifest_shard s;
+	ck_assert_int_eq(manifest_shard_get(m, 5, 0, &s), 0);
+	manifest_shard_free(&s);
+	ck_assert_int_eq(manifest_shard_get(m, 5, 1, &s), CKPT_EFORMAT);
+	manifest_close(m);
+	/* Random damage: a code, never a crash. */
+	uint64_t rng = tu_seed() ^ 0x7AB1E;
+	m = open_create(root);
+	for (int it = 0; it < 300; it++) {
+		memcpy(b, good, n);
+		size_t len = mutate(b, n, sizeof b, &rng);
+		m_put(m, m->dbi_shards, key, sizeof key, b, len);
+		for (uint32_t r = 0; r < 4; r++) {
+			int rc = manifest_shard_get(m, 5, r, &s);
+			ck_assert_msg(ok_code(rc) || rc == CKPT_ENOTFOUND, "rank %u: %d", r, rc);
+			if (rc == 0)
+				manifest_shard_free(&s);
+		}
+	}
+	manifest_close(m);
+	tu_rmtree(root);
+	free(root);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ reserved space */
 
 static off_t data_size(const char *root, blkcnt_t *blocks)
@@ -1226,6 +1488,10 @@ int main(void)
 	tcase_add_test(tc, fuzz_decoders);
 	tcase_add_test(tc, fuzz_replay_lmdb);
 	tcase_add_test(tc, map_full_grows_then_enospc);
+	tcase_add_test(tc, table_commit_read_back);
+	tcase_add_test(tc, table_or_records);
+	tcase_add_test(tc, table_path_canonical);
+	tcase_add_test(tc, table_corrupt);
 	tcase_add_test(tc, reserve_keeps_commits_in_place);
 	tcase_add_test(tc, reserve_within_map);
 	tcase_add_test(tc, concurrent_readers);
