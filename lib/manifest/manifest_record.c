@@ -8,7 +8,6 @@
  * CKPT_EFORMAT — never an out-of-bounds read. This file knows nothing of LMDB.
  */
 #include <errno.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "manifest/manifest_internal.h"
@@ -274,7 +273,11 @@ int manifest_shard_decode(const void *p, size_t n, uint64_t step, uint32_t rank,
 
 void manifest_table_prefix(char out[MANIFEST_TABLE_PREFIX + 1], uint64_t step)
 {
-	snprintf(out, MANIFEST_TABLE_PREFIX + 1, "step-%020llu/", (unsigned long long)step);
+	/* The step directory of rank 0's canonical path: the layout is paths.c's alone. */
+	char path[MANIFEST_TABLE_PREFIX + 32];
+	ckpt_path_shard_rel(path, sizeof path, step, 0);
+	memcpy(out, path, MANIFEST_TABLE_PREFIX);
+	out[MANIFEST_TABLE_PREFIX] = '\0';
 }
 
 bool manifest_shard_tabular(const char *prefix, const struct manifest_shard *s)
