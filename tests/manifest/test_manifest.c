@@ -9,9 +9,11 @@
 #include <errno.h>
 #include <lmdb.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1263,6 +1265,39 @@ START_TEST(reserve_keeps_commits_in_place)
 }
 END_TEST
 
+/* A reserve that cannot write (here: the file-size limit) fails naming what it
+ * did, and leaves the manifest as it was: commits and reads go on. */
+START_TEST(reserve_failure_harmless)
+{
+	char *root = tu_tmpdir("manifest");
+	struct manifest *m = open_create(root);
+	ck_assert_int_eq(commit_gen(m, 1, 4, 0), 0);
+	uint64_t used, size;
+	ck_assert_int_eq(manifest_file_space(m, &used, &size), 0);
+	struct rlimit was, lim;
+	ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &was), 0);
+	signal(SIGXFSZ, SIG_IGN);
+	lim = was;
+	lim.rlim_cur = (rlim_t)size + (64u << 10);
+	ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	int rc = manifest_reserve(m, 1u << 20);
+	ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &was), 0);
+	ck_assert_msg(rc == -EFBIG, "reserve under the limit: %d (%s)", rc, ckpt_err_msg());
+	ck_assert_msg(strstr(ckpt_err_msg(), "reserve") && strstr(ckpt_err_msg(), root),
+	              "%s", ckpt_err_msg());
+	ck_assert_int_eq(commit_gen(m, 2, 4, 0), 0);
+	step_verify(m, 1, 4, 0);
+	step_verify(m, 2, 4, 0);
+	manifest_close(m);
+	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), 0);
+	step_verify(m, 1, 4, 0);
+	step_verify(m, 2, 4, 0);
+	manifest_close(m);
+	tu_rmtree(root);
+	free(root);
+}
+END_TEST
+
 /* Never past the map: with a 256 KiB map the reserve stops at the map's end. */
 START_TEST(reserve_within_map)
 {
@@ -1494,6 +1529,7 @@ int main(void)
 	tcase_add_test(tc, table_corrupt);
 	tcase_add_test(tc, reserve_keeps_commits_in_place);
 	tcase_add_test(tc, reserve_within_map);
+	tcase_add_test(tc, reserve_failure_harmless);
 	tcase_add_test(tc, concurrent_readers);
 	tcase_add_test(tc, concurrent_readers_growing_map);
 	tcase_add_test(tc, rdonly_without_lock_access);
