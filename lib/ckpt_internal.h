@@ -149,6 +149,9 @@ uint64_t ckpt_wall_ns(void);       /* CLOCK_REALTIME */
 /* ------------------------------------------------------------------ paths */
 /* Layout of a checkpoint root (docs/format.md §1). Return -ENAMETOOLONG on overflow. */
 #define CKPT_MANIFEST_DIR "manifest"
+#define MANIFEST_NEW_PREFIX     "manifest.new-"      /* a manifest being created */
+#define MANIFEST_DAMAGED_PREFIX "manifest.damaged-"  /* a damaged one, set aside */
+#define CKPT_LOCK_FILE          "coordinator.lock"   /* held by the root's one coordinator */
 int ckpt_path_step_dir(char *out, size_t cap, const char *root, uint64_t step);
 int ckpt_path_shard(char *out, size_t cap, const char *root, uint64_t step, uint32_t rank);
 /* The shard file name relative to the root, as recorded in the manifest. */

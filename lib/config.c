@@ -246,12 +246,29 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 		root = ckpt_env("CKPT_ROOT");
 	if (!root)
 		return ckpt_err(-EINVAL, "no checkpoint root (option root or CKPT_ROOT)");
+	long v = 0;
 	cfg->flags = OPT(o, flags, 0u);
+	if (cfg->flags & ~(unsigned)(CKPT_OPEN_READONLY | CKPT_OPEN_NO_GC | CKPT_OPEN_RECOVER |
+	                             CKPT_OPEN_GROUP_ACCESS))
+		return ckpt_err(-EINVAL, "open flags 0x%x: unknown bits", cfg->flags);
+	if ((rc = env_int("CKPT_GROUP_ACCESS", 0, 1, &v)) < 0)
+		return rc;
+	if (rc && v)
+		cfg->flags |= CKPT_OPEN_GROUP_ACCESS;
+	if (cfg->flags & CKPT_OPEN_RECOVER) {
+		if (cfg->flags & CKPT_OPEN_READONLY)
+			return ckpt_err(-EINVAL, "open flags: CKPT_OPEN_RECOVER writes a new manifest "
+			                "and cannot be read-only");
+		cfg->flags |= CKPT_OPEN_NO_GC;
+	}
+	/* Model weights are often confidential: private unless the caller says so. */
+	bool group = cfg->flags & CKPT_OPEN_GROUP_ACCESS;
+	cfg->file_mode = group ? 0640u : 0600u;
+	cfg->dir_mode = group ? 0750u : 0700u;
 
 	const char *addr = OPT(o, coord_addr, NULL);
 	if (!addr) addr = ckpt_env("CKPT_COORD_ADDR");
 	if (!addr) addr = ckpt_env("MASTER_ADDR");
-	long v = 0;
 	cfg->coord_port = OPT(o, coord_port, 0u);
 	if (!cfg->coord_port) {
 		if ((rc = env_int("CKPT_COORD_PORT", 1, 65535, &v)) < 0) return rc;

@@ -27,7 +27,7 @@ int ckpt_rank(const ckpt_ctx *c) { return c ? c->cfg.rank : -1; }
 int ckpt_world(const ckpt_ctx *c) { return c ? c->cfg.world : -1; }
 
 /* mkdir -p, one component at a time (the root's parents may not exist yet). */
-static int mkdir_p(const char *path)
+static int mkdir_p(const char *path, unsigned mode)
 {
 	char tmp[4096];
 	size_t n = strlen(path);
@@ -39,52 +39,152 @@ static int mkdir_p(const char *path)
 			continue;
 		char c = tmp[i];
 		tmp[i] = '\0';
-		if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+		if (mkdir(tmp, (mode_t)mode) < 0 && errno != EEXIST)
 			return ckpt_err(-errno, "create directory %s", tmp);
 		tmp[i] = c;
 	}
 	return 0;
 }
 
-/* Is the root a directory we may make a checkpoint root of? An existing non-empty
- * directory without a manifest is somebody else's data: refuse it. */
-static int root_prepare(const struct glue_config *cfg)
+/* What a root holds, for the checks at open (docs/operations.md, "What each refusal
+ * means"). */
+struct root_state {
+	bool     manifest;          /* <root>/manifest exists */
+	uint64_t nsteps;            /* step directories */
+	char     foreign[256];      /* an entry that is not libckpt's ("" if none) */
+};
+
+static bool root_entry_ours(const char *name)
 {
-	struct stat st;
-	bool ro = cfg->flags & CKPT_OPEN_READONLY;
-	if (stat(cfg->root, &st) < 0) {
-		if (errno != ENOENT || ro)
-			return ckpt_err(-errno, "checkpoint root %s", cfg->root);
-		return mkdir_p(cfg->root);
-	}
-	if (!S_ISDIR(st.st_mode))
-		return ckpt_err(CKPT_ENOTROOT, "checkpoint root %s is not a directory", cfg->root);
-	if (!ro && access(cfg->root, W_OK | X_OK) < 0)
-		return ckpt_err(-errno, "checkpoint root %s is not writable", cfg->root);
-	if (ro || cfg->rank != 0)
-		return 0;
-	char mpath[4200];
-	snprintf(mpath, sizeof mpath, "%s/%s", cfg->root, CKPT_MANIFEST_DIR);
-	if (access(mpath, F_OK) == 0)
-		return 0;
-	DIR *d = opendir(cfg->root);
+	uint64_t step;
+	return !strcmp(name, CKPT_MANIFEST_DIR) || !strcmp(name, CKPT_LOCK_FILE) ||
+	       ckpt_path_parse_step_dir(name, &step) ||
+	       !strncmp(name, MANIFEST_NEW_PREFIX, strlen(MANIFEST_NEW_PREFIX)) ||
+	       !strncmp(name, MANIFEST_DAMAGED_PREFIX, strlen(MANIFEST_DAMAGED_PREFIX));
+}
+
+static int root_scan(const char *root, struct root_state *st)
+{
+	memset(st, 0, sizeof *st);
+	DIR *d = opendir(root);
 	if (!d)
-		return ckpt_err(-errno, "checkpoint root %s", cfg->root);
+		return ckpt_err(-errno, "checkpoint root %s", root);
 	struct dirent *e;
-	int rc = 0;
 	while ((e = readdir(d))) {
 		uint64_t step;
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
-		/* Step directories without a manifest: a crashed first save; GC takes them. */
-		if (ckpt_path_parse_step_dir(e->d_name, &step))
-			continue;
-		rc = ckpt_err(CKPT_ENOTROOT, "%s is not empty and has no manifest: not a checkpoint root"
-		              " (found '%s')", cfg->root, e->d_name);
-		break;
+		if (!strcmp(e->d_name, CKPT_MANIFEST_DIR))
+			st->manifest = true;
+		else if (ckpt_path_parse_step_dir(e->d_name, &step))
+			st->nsteps++;
+		else if (!root_entry_ours(e->d_name) && !st->foreign[0])
+			snprintf(st->foreign, sizeof st->foreign, "%s", e->d_name);
 	}
 	closedir(d);
-	return rc;
+	return 0;
+}
+
+/* The refusal of a populated root without a usable manifest: the code that says
+ * "run rebuild", with the cause and the command in the message. */
+static int root_refuse(const char *root, uint64_t nsteps, int cause)
+{
+	char why[512];
+	snprintf(why, sizeof why, "%s", cause ? ckpt_err_msg() : "there is no manifest");
+	return ckpt_err(CKPT_ENOMANIFEST, "checkpoint root %s holds %llu step director%s but no "
+	                "usable manifest (%s); nothing was changed. To recover the steps from "
+	                "their shard files run: ckpt-inspect %s rebuild", root,
+	                (unsigned long long)nsteps, nsteps == 1 ? "y" : "ies", why, root);
+}
+
+/*
+ * Is the root one this context may open, and in which state is its manifest? Every
+ * rank runs the same read-only checks, so that a root that rank 0 must refuse is
+ * refused by every rank at once, not after the commit timeout. Rules (a root's
+ * committed steps are never put at risk by opening it):
+ *   - a missing root: created by the coordinator role, -ENOENT for readers;
+ *   - a manifest directory that holds no usable manifest (manifest_check_file):
+ *     refused with CKPT_ENOMANIFEST — never reinitialised (CKPT_OPEN_RECOVER moves it
+ *     aside and starts a new one, for rebuild);
+ *   - step directories without a manifest: CKPT_ENOMANIFEST (the manifest was lost:
+ *     the steps are recoverable with rebuild, and GC must not see them as orphans);
+ *   - a non-empty directory with entries that are not libckpt's and no manifest:
+ *     CKPT_ENOTROOT (somebody else's data).
+ * *create: the coordinator role may create the manifest.
+ */
+static int root_prepare(ckpt_ctx *c, bool *create)
+{
+	const struct glue_config *cfg = &c->cfg;
+	struct stat st;
+	bool ro = cfg->flags & CKPT_OPEN_READONLY;
+	bool coord = glue_is_coordinator(c), recover = cfg->flags & CKPT_OPEN_RECOVER;
+	*create = false;
+	if (stat(cfg->root, &st) < 0) {
+		if (errno != ENOENT || ro)
+			return ckpt_err(-errno, "checkpoint root %s", cfg->root);
+		if (!coord)
+			return 0;        /* rank 0 creates it; this rank writes after BEGIN */
+		int rc = mkdir_p(cfg->root, cfg->dir_mode);
+		if (rc)
+			return rc;
+	} else if (!S_ISDIR(st.st_mode)) {
+		return ckpt_err(CKPT_ENOTROOT, "checkpoint root %s is not a directory", cfg->root);
+	}
+	if (!ro && access(cfg->root, W_OK | X_OK) < 0)
+		return ckpt_err(-errno, "checkpoint root %s is not writable", cfg->root);
+	/* The coordinator holds the root from here on: nobody else creates, moves or
+	 * collects anything in it while it decides. */
+	if (coord) {
+		c->incarnation = lock_new_incarnation();
+		int rc = lock_take(cfg, c->incarnation, &c->lock_fd);
+		if (rc)
+			return rc;
+	}
+	struct root_state rs;
+	int rc = root_scan(cfg->root, &rs);
+	if (rc)
+		return rc;
+	if (rs.manifest) {
+		rc = manifest_check_file(cfg->root);
+		if (rc == -ENOENT)
+			rc = ckpt_err(CKPT_ENOMANIFEST, "%s/%s has no data.mdb", cfg->root,
+			              CKPT_MANIFEST_DIR);
+		if (rc == CKPT_ENOMANIFEST && coord && recover) {
+			char moved[4300];
+			ckpt_log(CKPT_LOG_WARN, "%s; setting it aside for a rebuild", ckpt_err_msg());
+			if ((rc = manifest_set_aside(cfg->root, moved, sizeof moved)))
+				return rc;
+			ckpt_log(CKPT_LOG_WARN, "damaged manifest kept as %s", moved);
+			*create = true;
+			return 0;
+		}
+		if (rc == CKPT_ENOMANIFEST)
+			return root_refuse(cfg->root, rs.nsteps, rc);
+		return rc;
+	}
+	if (rs.nsteps && !(coord && recover))
+		return root_refuse(cfg->root, rs.nsteps, 0);
+	if (rs.foreign[0])
+		return ckpt_err(CKPT_ENOTROOT, "%s is not empty and has no manifest: not a "
+		                "checkpoint root (found '%s')", cfg->root, rs.foreign);
+	*create = coord;
+	return 0;
+}
+
+/* A manifest that knows no step in a root full of step directories is not this
+ * root's manifest (a fresh one put in place of the lost one): refused like a
+ * missing one, before GC could take the steps for garbage. */
+static int root_check_records(ckpt_ctx *c)
+{
+	int n = manifest_steps_list(c->manifest, true, NULL, 0);
+	if (n != 0)
+		return n < 0 ? n : 0;
+	struct root_state rs;
+	int rc = root_scan(c->cfg.root, &rs);
+	if (rc || !rs.nsteps)
+		return rc;
+	ckpt_err(CKPT_ENOMANIFEST, "its manifest holds no record of any step");
+	return root_refuse(c->cfg.root, rs.nsteps, CKPT_ENOMANIFEST);
 }
 
 static void *worker_main(void *arg)
@@ -200,6 +300,9 @@ void ckpt_close(ckpt_ctx *c)
 	/* After the pool: its memory is pinned through the snapshot object. */
 	snapshot_destroy(c->snap);
 	manifest_close(c->manifest);
+	/* Last: the root is this coordinator's until everything above is closed. */
+	if (c->lock_fd >= 0)
+		close(c->lock_fd);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->load_lock);
@@ -217,6 +320,7 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	ckpt_ctx *c = calloc(1, sizeof *c);
 	if (!c)
 		return ckpt_err(-ENOMEM, "ckpt_open");
+	c->lock_fd = -1;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
 	pthread_mutex_init(&c->load_lock, NULL);
@@ -225,15 +329,22 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	if (rc)
 		goto fail;
 	ckpt_fault_set_rank(c->cfg.rank);
-	if ((rc = root_prepare(&c->cfg)))
+	bool create;
+	if ((rc = root_prepare(c, &create)))
 		goto fail;
 	bool ro = c->cfg.flags & CKPT_OPEN_READONLY;
 	if (ro) {
 		if ((rc = glue_manifest(c, &c->manifest)))
 			goto fail;
 	} else if (glue_is_coordinator(c)) {
-		rc = manifest_open(c->cfg.root, MANIFEST_CREATE, &c->manifest);
+		unsigned mflags = (create ? MANIFEST_CREATE : 0u) |
+		                  (c->cfg.flags & CKPT_OPEN_GROUP_ACCESS ? MANIFEST_GROUP_ACCESS : 0u);
+		rc = manifest_open(c->cfg.root, mflags, &c->manifest);
+		if (rc == CKPT_ENOMANIFEST)
+			rc = root_refuse(c->cfg.root, 0, rc);
 		if (rc)
+			goto fail;
+		if (!(c->cfg.flags & CKPT_OPEN_RECOVER) && (rc = root_check_records(c)))
 			goto fail;
 		if (!(c->cfg.flags & CKPT_OPEN_NO_GC)) {
 			uint64_t removed = 0;

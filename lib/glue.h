@@ -20,7 +20,8 @@ struct snapshot;   /* lib/snapshot/snapshot.h */
 /* Options after defaults and the environment were applied (lib/config.c). */
 struct glue_config {
 	char    *root;
-	unsigned flags;
+	unsigned flags;            /* enum ckpt_open_flags, CKPT_GROUP_ACCESS applied */
+	unsigned file_mode, dir_mode;   /* of what this context creates: 0600/0700, or 0640/0750 */
 	int      rank, world;
 	char    *coord_addr;
 	unsigned coord_port;
@@ -95,6 +96,11 @@ struct ckpt_ctx {
 	bool               stopping;
 	struct io_engine  *save_engine;   /* owned by the worker thread */
 
+	/* the coordinator role (rank 0, not read-only): the root's lock (lib/lock.c) and
+	 * this context's incarnation, a random id that the steps it begins carry */
+	int                lock_fd;       /* -1: not held */
+	uint64_t           incarnation;
+
 	/* distributed commit (world > 1) */
 	struct commit_coord *coord;       /* rank 0 of the embedded default */
 	struct commit_part  *part;        /* every rank */
@@ -128,6 +134,13 @@ struct ckpt_load {
 };
 
 bool glue_is_coordinator(const ckpt_ctx *c);
+/* At most one coordinator per root (lib/lock.c). lock_take: an exclusive flock on
+ * <root>/coordinator.lock, held through *fd until it is closed; -EBUSY naming the
+ * holder when another process holds it. lock_probe: 1 if a coordinator holds the
+ * root now (*incarnation: its incarnation, from the lock file), else 0. */
+uint64_t lock_new_incarnation(void);
+int  lock_take(const struct glue_config *cfg, uint64_t incarnation, int *fd);
+int  lock_probe(const char *root, uint64_t *incarnation);
 /* The manifest, opening it read-only on first use where this process is not the
  * coordinator. */
 int  glue_manifest(ckpt_ctx *c, struct manifest **out);

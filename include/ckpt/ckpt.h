@@ -68,6 +68,8 @@ enum ckpt_error {
 	CKPT_ESTATE     = -1015, /* call not valid in the handle's current state */
 	CKPT_EINVALID   = -1016, /* validation of a gathered index failed (gaps, overlaps, mismatch) */
 	CKPT_ENODEV     = -1017, /* requested transport/device/feature not available */
+	CKPT_ENOMANIFEST = -1018, /* the root's manifest is missing or unusable while the root
+	                           * holds checkpoint data: run ckpt-inspect rebuild */
 };
 
 /* A static, never-NULL description of any code returned by this library. */
@@ -123,6 +125,11 @@ enum ckpt_gds {
 enum ckpt_open_flags {
 	CKPT_OPEN_READONLY = 1u << 0, /* tools: no saves, manifest opened read-only, no coordinator */
 	CKPT_OPEN_NO_GC    = 1u << 1, /* the coordinator skips garbage collection at open */
+	CKPT_OPEN_RECOVER  = 1u << 2, /* for ckpt_catalog_rebuild: open a root whose manifest is
+	                               * missing or damaged (see ckpt_open); implies NO_GC */
+	CKPT_OPEN_GROUP_ACCESS = 1u << 3, /* create files 0640 and directories 0750, so that
+	                               * the group can read checkpoints (default: 0600 and
+	                               * 0700, or CKPT_GROUP_ACCESS=1) */
 };
 
 struct ckpt_opts {

@@ -28,16 +28,31 @@
 enum manifest_open_flags {
 	MANIFEST_RDONLY = 1u << 0,   /* no writes; fails with -ENOENT if absent */
 	MANIFEST_CREATE = 1u << 1,   /* create the environment if absent */
+	MANIFEST_GROUP_ACCESS = 1u << 2,  /* create files 0640 and directories 0750 (else
+	                                     0600, 0700) */
 };
 
 struct manifest;
 
 /*
- * Open <root>/manifest. Errors: -ENOENT (absent and not MANIFEST_CREATE),
- * CKPT_ENOTROOT (the directory exists but is not a manifest), CKPT_EVERSION
- * (written by a newer format), CKPT_EFORMAT, -EACCES, -ENOMEM. Messages name the path.
+ * Open <root>/manifest; with MANIFEST_CREATE, create it first when the directory is
+ * absent (atomically: a complete environment or none). An existing manifest is
+ * never initialised or changed by opening it. Errors: -ENOENT (absent and not
+ * MANIFEST_CREATE), CKPT_ENOTROOT (the root is not a directory), CKPT_ENOMANIFEST
+ * (the manifest directory exists but holds no usable environment: no data.mdb, a
+ * damaged one — manifest_check_file — or not a libckpt manifest), CKPT_EVERSION
+ * (written by a newer format), -EACCES, -ENOMEM. Messages name the path.
  */
 int  manifest_open(const char *root, unsigned flags, struct manifest **out);
+/* Check <root>/manifest/data.mdb without mapping it (LMDB would SIGBUS on a file cut
+ * short, and would initialise an empty one): 0 when it looks usable, -ENOENT when
+ * there is no manifest directory or no data.mdb, CKPT_ENOMANIFEST naming what is
+ * wrong (empty, cut short, not LMDB's). Reads only; any process may call it. */
+int  manifest_check_file(const char *root);
+/* Move <root>/manifest aside to <root>/manifest.damaged-<UTC time> (never over an
+ * earlier one) and sync the root; moved_to gets the new path. For recovery only:
+ * the caller must be the root's only writer. */
+int  manifest_set_aside(const char *root, char *moved_to, size_t cap);
 void manifest_close(struct manifest *m);            /* NULL: no-op */
 
 /* One checkpoint (step) record. */

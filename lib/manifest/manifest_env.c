@@ -1,11 +1,11 @@
 /*
- * manifest_env.c — the manifest's LMDB environment: opening and creating it,
- * transactions (with map growth), and the conversion of MDB_* codes.
+ * manifest_env.c — the manifest's LMDB transactions (with map growth), the space
+ * reserved in data.mdb, and the conversion of MDB_* codes.
  *
  * Every MDB_* code is converted into a ckpt code here (mdb_code, manifest_fail):
- * no caller of lib/manifest ever sees an MDB value. The operations of manifest.h
- * (the commit above all) are in manifest.c, the record layouts in
- * manifest_record.c.
+ * no caller of lib/manifest ever sees an MDB value. Opening and creating the
+ * environment is manifest_open.c's, the operations of manifest.h (the commit above
+ * all) are in manifest.c, the record layouts in manifest_record.c.
  *
  * Threads: a struct manifest is shared by any number of threads. The environment
  * is opened with MDB_NOTLS, so a read transaction is bound to its MDB_txn, not to
@@ -13,7 +13,6 @@
  * returns, so no transaction is ever used by two threads. Writers are serialised
  * by LMDB's writer mutex. The only lock of ours is resize_lock (manifest_internal.h).
  */
-#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -23,14 +22,6 @@
 #include <unistd.h>
 
 #include "manifest/manifest_internal.h"
-
-/* The map is address space, not disk: data.mdb grows only as pages are used, so
- * a large map costs nothing and postpones MDB_MAP_FULL (then we grow, m_grow). */
-#define MAP_SIZE_INITIAL  ((size_t)(sizeof(size_t) >= 8 ? (64ull << 30) : (1ull << 30)))
-#define MAP_SIZE_FALLBACK ((size_t)(1ull << 30))   /* when the address space is limited */
-#define MAX_DBS           4u      /* meta, steps, shards, and one spare for a later format */
-#define MAX_READERS       1022u   /* with MDB_NOTLS each live read txn holds a slot */
-#define FILE_MODE         0644
 
 /* ------------------------------------------------------------------ errors */
 
@@ -260,247 +251,4 @@ int manifest_reserve(struct manifest *m, uint64_t slack)
 	}
 	manifest_txn_abort(m, txn);
 	return code;
-}
-
-/* ------------------------------------------------------------------ opening */
-
-/* Is dir empty, or holding only LMDB's lock file (a creation that stopped before
- * data.mdb)? */
-static bool dir_is_fresh(const char *dir)
-{
-	DIR *d = opendir(dir);
-	if (!d)
-		return false;
-	bool fresh = true;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
-		    !strcmp(e->d_name, "lock.mdb"))
-			continue;
-		fresh = false;
-		break;
-	}
-	closedir(d);
-	return fresh;
-}
-
-static int m_env_open(struct manifest *m, const char *dir, size_t mapsize)
-{
-	unsigned eflags = MDB_NOTLS | (m->rdonly ? MDB_RDONLY : 0u);
-	for (;;) {
-		MDB_env *env;
-		int rc = mdb_env_create(&env);
-		if (rc)
-			return manifest_fail(m, rc, "create LMDB environment");
-		rc = mdb_env_set_maxdbs(env, MAX_DBS);
-		if (!rc)
-			rc = mdb_env_set_maxreaders(env, MAX_READERS);
-		if (!rc)
-			rc = mdb_env_set_mapsize(env, mapsize);
-		if (!rc)
-			rc = mdb_env_open(env, dir, eflags, FILE_MODE);
-		if (rc == 0) {
-			m->env = env;
-			return 0;
-		}
-		mdb_env_close(env);            /* LMDB: a failed open must be closed */
-		if ((rc == EACCES || rc == EROFS) && m->rdonly && !(eflags & MDB_NOLOCK)) {
-			/*
-			 * Even MDB_RDONLY opens lock.mdb for writing (reader slots). On a
-			 * directory we cannot write (a read-only mount, another user's root)
-			 * fall back to MDB_NOLOCK. Caveat: we then take no reader slot, so a
-			 * writer in another process could recycle pages we are reading; this
-			 * is only safe when nobody writes the manifest meanwhile.
-			 */
-			eflags |= MDB_NOLOCK;
-			m->nolock = true;
-			ckpt_log(CKPT_LOG_WARN, "manifest %s: lock file not writable; reading without "
-			         "locks (safe only while no process writes this manifest)", m->root);
-			continue;
-		}
-		if (rc == ENOMEM && mapsize > MAP_SIZE_FALLBACK) {
-			mapsize = MAP_SIZE_FALLBACK;  /* limited address space (ulimit -v) */
-			continue;
-		}
-		return manifest_fail(m, rc, "open LMDB environment %s", dir);
-	}
-}
-
-/* Write the meta records of a new manifest (inside the creating transaction). */
-static int m_meta_init(struct manifest *m, MDB_txn *txn)
-{
-	uint8_t fmt[4], created[8];
-	ckpt_put_le32(fmt, MANIFEST_FORMAT_VERSION);
-	ckpt_put_le64(created, ckpt_wall_ns());
-	MDB_val k1 = { 6, (void *)"format" }, v1 = { sizeof fmt, fmt };
-	MDB_val k2 = { 7, (void *)"created" }, v2 = { sizeof created, created };
-	int rc = mdb_put(txn, m->dbi_meta, &k1, &v1, 0);
-	if (!rc)
-		rc = mdb_put(txn, m->dbi_meta, &k2, &v2, 0);
-	return rc ? manifest_fail(m, rc, "write meta records") : 0;
-}
-
-/* Open the named databases and check the format record; with create, make what
- * is missing (all in one transaction, so a half-created manifest cannot exist). */
-static int m_dbs_open(struct manifest *m, bool create)
-{
-	MDB_txn *txn;
-	/* No other thread has the handle yet: no resize_lock needed. */
-	int rc = mdb_txn_begin(m->env, NULL, create ? 0u : MDB_RDONLY, &txn);
-	if (rc)
-		return manifest_fail(m, rc, "begin transaction");
-	unsigned dflags = create ? MDB_CREATE : 0u;
-	static const char *const names[] = { "meta", "steps", "shards" };
-	MDB_dbi *dbis[] = { &m->dbi_meta, &m->dbi_steps, &m->dbi_shards };
-	int code = 0;
-	for (size_t i = 0; i < CKPT_ARRAY_SIZE(names) && !code; i++) {
-		rc = mdb_dbi_open(txn, names[i], dflags, dbis[i]);
-		if (rc == MDB_NOTFOUND)
-			code = ckpt_err(CKPT_EFORMAT, "manifest %s: LMDB environment without a '%s' "
-			                "database: not a libckpt manifest", m->root, names[i]);
-		else if (rc)
-			code = manifest_fail(m, rc, "open database '%s'", names[i]);
-	}
-	MDB_val key = { 6, (void *)"format" }, val;
-	if (!code) {
-		rc = mdb_get(txn, m->dbi_meta, &key, &val);
-		if (rc == MDB_NOTFOUND && create) {
-			MDB_stat st;
-			rc = mdb_stat(txn, m->dbi_steps, &st);
-			if (rc)
-				code = manifest_fail(m, rc, "stat steps database");
-			else if (st.ms_entries != 0)
-				code = ckpt_err(CKPT_EFORMAT, "manifest %s: steps recorded but no format "
-				                "record", m->root);
-			else if (!(code = m_meta_init(m, txn)))
-				m->format = MANIFEST_FORMAT_VERSION;
-		} else if (rc == MDB_NOTFOUND) {
-			code = ckpt_err(CKPT_EFORMAT, "manifest %s: no format record", m->root);
-		} else if (rc) {
-			code = manifest_fail(m, rc, "read format record");
-		} else if (val.mv_size != 4) {
-			code = ckpt_err(CKPT_EFORMAT, "manifest %s: format record of %zu bytes",
-			                m->root, val.mv_size);
-		} else {
-			uint32_t v = ckpt_get_le32(val.mv_data);
-			if (v == 0)
-				code = ckpt_err(CKPT_EFORMAT, "manifest %s: format version 0", m->root);
-			else if (v > MANIFEST_FORMAT_VERSION)
-				code = ckpt_err(CKPT_EVERSION, "manifest %s: format version %u (this build "
-				                "reads <= %u)", m->root, v, MANIFEST_FORMAT_VERSION);
-			else
-				m->format = v;   /* a manifest keeps the format it was made with */
-		}
-	}
-	if (code) {
-		mdb_txn_abort(txn);
-		return code;
-	}
-	/* Committing (even the read-only transaction) is what makes the dbi handles
-	 * live in the environment for every later transaction. */
-	rc = mdb_txn_commit(txn);
-	return rc ? manifest_fail(m, rc, "commit opening transaction") : 0;
-}
-
-int manifest_open(const char *root, unsigned flags, struct manifest **out)
-{
-	return manifest_open_map(root, flags, 0, out);
-}
-
-int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct manifest **out)
-{
-	if (!out)
-		return ckpt_err(-EINVAL, "manifest_open: out is NULL");
-	*out = NULL;
-	bool rdonly = flags & MANIFEST_RDONLY, create = flags & MANIFEST_CREATE;
-	if (!root || !*root || (rdonly && create) ||
-	    (flags & ~(unsigned)(MANIFEST_RDONLY | MANIFEST_CREATE)))
-		return ckpt_err(-EINVAL, "manifest_open: bad root or flags 0x%x", flags);
-
-	char dir[PATH_MAX], data[PATH_MAX];
-	if (snprintf(dir, sizeof dir, "%s/%s", root, CKPT_MANIFEST_DIR) >= (int)sizeof dir ||
-	    snprintf(data, sizeof data, "%s/data.mdb", dir) >= (int)sizeof data)
-		return ckpt_err(-ENAMETOOLONG, "manifest %s: path too long", root);
-
-	struct stat st;
-	bool made_dir = false;
-	if (stat(dir, &st) < 0) {
-		int e = errno;
-		if (e == ENOTDIR)
-			return ckpt_err(CKPT_ENOTROOT, "manifest %s: the root is not a directory", root);
-		if (e != ENOENT || !create)
-			return ckpt_err(-e, "manifest %s: %s", root, e == ENOENT ?
-			                "no manifest (missing root or manifest directory)" : "stat");
-		if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-			return ckpt_err(-errno, "manifest %s: create %s", root, dir);
-		made_dir = true;
-	} else if (!S_ISDIR(st.st_mode)) {
-		return ckpt_err(CKPT_ENOTROOT, "manifest %s: %s exists and is not a directory",
-		                root, dir);
-	}
-	bool new_env = false;
-	if (stat(data, &st) < 0) {
-		int e = errno;
-		if (e != ENOENT)
-			return ckpt_err(-e, "manifest %s: stat %s", root, data);
-		if (!create || !dir_is_fresh(dir))
-			return ckpt_err(CKPT_ENOTROOT, "manifest %s: %s has no data.mdb: not a manifest",
-			                root, dir);
-		new_env = true;
-	} else if (!S_ISREG(st.st_mode)) {
-		return ckpt_err(CKPT_ENOTROOT, "manifest %s: %s is not a regular file", root, data);
-	}
-
-	size_t rl = strlen(root);
-	struct manifest *m = calloc(1, sizeof *m + rl + 1);
-	if (!m)
-		return ckpt_err(-ENOMEM, "manifest %s: out of memory", root);
-	memcpy(m->root, root, rl + 1);
-	m->rdonly = rdonly;
-	/* Writer-preferring, so that growing the map is not starved by a steady
-	 * stream of readers (nothing here takes the read side recursively). */
-	pthread_rwlockattr_t attr;
-	pthread_rwlockattr_init(&attr);
-	pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-	int lrc = pthread_rwlock_init(&m->resize_lock, &attr);
-	pthread_rwlockattr_destroy(&attr);
-	if (lrc != 0) {
-		free(m);
-		return ckpt_err(-lrc, "manifest %s: rwlock", root);
-	}
-	/* LMDB wants a multiple of the page size; it raises a map smaller than the
-	 * data already in data.mdb to fit. */
-	size_t mapsize = map_bytes ? (size_t)ckpt_align_up(map_bytes, 4096) : MAP_SIZE_INITIAL;
-	int rc = m_env_open(m, dir, mapsize);
-	if (!rc && !rdonly)
-		mdb_reader_check(m->env, NULL);   /* drop slots of dead readers: they pin pages */
-	if (!rc && (made_dir || new_env)) {
-		/*
-		 * Durability: LMDB syncs data.mdb but never the directory that names it.
-		 * Sync <root>/manifest (new data.mdb) and <root> (new manifest/) before
-		 * the first commit can be acknowledged, or a power cut could lose the
-		 * whole environment along with commits it had reported durable.
-		 */
-		rc = ckpt_fsync_dir(dir);
-		if (!rc && made_dir)
-			rc = ckpt_fsync_dir(root);
-	}
-	if (!rc)
-		rc = m_dbs_open(m, create);
-	if (rc) {
-		manifest_close(m);
-		return rc;
-	}
-	*out = m;
-	return 0;
-}
-
-void manifest_close(struct manifest *m)
-{
-	if (!m)
-		return;
-	if (m->env)
-		mdb_env_close(m->env);
-	pthread_rwlock_destroy(&m->resize_lock);
-	free(m);
 }

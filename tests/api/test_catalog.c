@@ -256,7 +256,17 @@ START_TEST(verify_gc_rebuild)
 	char mdir[4200];
 	snprintf(mdir, sizeof mdir, "%s/manifest", root);
 	tu_rmtree(mdir);
-	c = open_as(0, 1, CKPT_OPEN_NO_GC);
+	/* Opened as usual, the root is refused (GC would have removed both steps). */
+	ckpt_ctx *refused = (ckpt_ctx *)1;
+	struct ckpt_opts ro;
+	ckpt_opts_init(&ro, sizeof ro);
+	ro.root = root;
+	ro.rank = 0;
+	ro.world = 1;
+	ck_assert_int_eq(ckpt_open(&ro, &refused), CKPT_ENOMANIFEST);
+	ck_assert_ptr_null(refused);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "rebuild"));
+	c = open_as(0, 1, CKPT_OPEN_RECOVER);
 	struct ckpt_rebuild_result rr = { .size = sizeof rr };
 	ck_assert_msg(ckpt_catalog_rebuild(c, 0, NULL, NULL, &rr) == 0, "%s", ckpt_last_error(c));
 	ck_assert(rr.steps_committed == 2 && rr.steps_unproven == 0);

@@ -114,7 +114,7 @@ expect_rc 0 "0 mismatches" "the latest step still loads bit-exact" \
 "$synth" save --root "$r" --step 60 --bytes 2M --seed 6 >/dev/null || bad "save 60"
 CKPT_FAULT=after_chunk_write:2:crash "$synth" save --root "$r" --step 70 --bytes 1M --seed 7 >/dev/null 2>&1
 rm -rf "$r/manifest"
-expect_rc 4 "not a checkpoint root" "list without a manifest: not a root" "$inspect" "$r" list
+expect_rc 6 "no usable manifest.*ckpt-inspect .* rebuild" "list without a manifest: refused, rebuild named" "$inspect" "$r" list
 out=$("$inspect" "$r" rebuild --json)
 pycheck "rebuild: 30 and 60 committed, the crashed 70 not" "$out" \
   "d['ok'] and {s['step']:s['outcome'] for s in d['steps']}=={30:'committed',60:'committed',70:'not-committed'} and 'rank-000000.shard' in [s for s in d['steps'] if s['step']==70][0]['why']"

@@ -31,12 +31,12 @@ step_dir() {  # step_dir ROOT STEP
   printf '%s/step-%020d' "$1" "$2"
 }
 
-# check_root_clean ROOT STEP:W...: the root holds the manifest and the directories
-# of the given (committed) steps, each with exactly its W shard files, non-empty, and
+# check_root_clean ROOT STEP:W...: the root holds the manifest, the coordinator's
+# lock file and the directories of the given (committed) steps, each with exactly its W shard files, non-empty, and
 # nothing else: no orphan step, no stray file. Prints what is wrong; 1 if anything.
 check_root_clean() {
   local root=$1; shift
-  local want=" manifest " p s w bad=0 e r d n f
+  local want=" manifest coordinator.lock " p s w bad=0 e r d n f
   for p in "$@"; do want+="$(basename "$(step_dir "$root" "${p%%:*}")") "; done
   for e in "$root"/*; do
     e=$(basename "$e")

@@ -281,34 +281,38 @@ START_TEST(open_not_a_manifest)
 	char p[4096];
 	struct manifest *m = (struct manifest *)1;
 
-	/* "manifest" is a regular file. */
+	/* "manifest" is a regular file: no usable manifest. */
 	snprintf(p, sizeof p, "%s/manifest", root);
 	ck_assert_int_eq(tu_write_file(p, "hello", 5), 0);
-	ck_assert_int_eq(manifest_open(root, 0, &m), CKPT_ENOTROOT);
+	ck_assert_int_eq(manifest_open(root, 0, &m), CKPT_ENOMANIFEST);
 	ck_assert_ptr_null(m);
 	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), root));
-	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), CKPT_ENOTROOT);
-	ck_assert_int_eq(manifest_open(root, MANIFEST_CREATE, &m), CKPT_ENOTROOT);
+	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), CKPT_ENOMANIFEST);
+	ck_assert_int_eq(manifest_open(root, MANIFEST_CREATE, &m), CKPT_ENOMANIFEST);
 	ck_assert_int_eq(unlink(p), 0);
 
 	/* A directory without data.mdb: not a manifest, and CREATE will not adopt it
 	 * when it holds something else. */
 	ck_assert_int_eq(mkdir(p, 0755), 0);
-	ck_assert_int_eq(manifest_open(root, 0, &m), CKPT_ENOTROOT);
-	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), CKPT_ENOTROOT);
+	ck_assert_int_eq(manifest_open(root, 0, &m), CKPT_ENOMANIFEST);
+	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), CKPT_ENOMANIFEST);
 	snprintf(p, sizeof p, "%s/manifest/notes.txt", root);
 	ck_assert_int_eq(tu_write_file(p, "x", 1), 0);
-	ck_assert_int_eq(manifest_open(root, MANIFEST_CREATE, &m), CKPT_ENOTROOT);
+	ck_assert_int_eq(manifest_open(root, MANIFEST_CREATE, &m), CKPT_ENOMANIFEST);
 	ck_assert_int_eq(unlink(p), 0);
 
-	/* data.mdb of garbage: LMDB says MDB_INVALID, we say CKPT_EFORMAT. */
+	/* data.mdb of garbage: refused before LMDB maps it, and never initialised. */
 	snprintf(p, sizeof p, "%s/manifest/data.mdb", root);
 	char junk[16384];
 	memset(junk, 0x5a, sizeof junk);
 	ck_assert_int_eq(tu_write_file(p, junk, sizeof junk), 0);
-	ck_assert_int_eq(manifest_open(root, 0, &m), CKPT_EFORMAT);
-	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), CKPT_EFORMAT);
+	ck_assert_int_eq(manifest_open(root, 0, &m), CKPT_ENOMANIFEST);
+	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), CKPT_ENOMANIFEST);
+	ck_assert_int_eq(manifest_open(root, MANIFEST_CREATE, &m), CKPT_ENOMANIFEST);
 	ck_assert_ptr_null(m);
+	struct stat st;
+	ck_assert_int_eq(stat(p, &st), 0);
+	ck_assert_int_eq(st.st_size, (off_t)sizeof junk);
 	ck_assert_int_eq(unlink(p), 0);
 
 	/* A root that is a regular file. */
@@ -346,7 +350,7 @@ START_TEST(format_version_newer)
 	ck_assert_int_eq(manifest_open(root, MANIFEST_CREATE, &m), CKPT_EVERSION);
 
 	raw_put(root, "meta", "format", 6, v, 3);            /* wrong size */
-	ck_assert_int_eq(manifest_open(root, 0, &m), CKPT_EFORMAT);
+	ck_assert_int_eq(manifest_open(root, 0, &m), CKPT_ENOMANIFEST);
 
 	ckpt_put_le32(v, MANIFEST_FORMAT_VERSION);           /* and back: data intact */
 	raw_put(root, "meta", "format", 6, v, sizeof v);
@@ -1434,7 +1438,11 @@ START_TEST(rdonly_without_lock_access)
 	char dir[4096], lock[4096];
 	snprintf(dir, sizeof dir, "%s/manifest", root);
 	snprintf(lock, sizeof lock, "%s/lock.mdb", dir);
+	char data[4200];
+	snprintf(data, sizeof data, "%s/data.mdb", dir);
+	/* Another user's root shared for reading (files are private by default). */
 	ck_assert_int_eq(chmod(root, 0755), 0);
+	ck_assert_int_eq(chmod(data, 0444), 0);
 	ck_assert_int_eq(chmod(lock, 0444), 0);
 	ck_assert_int_eq(chmod(dir, 0555), 0);
 	pid_t pid = fork();

@@ -29,7 +29,7 @@
 
 enum exit_code {
 	EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_NOSTEP = 3, EXIT_NOTROOT = 4,
-	EXIT_READONLY = 5,
+	EXIT_READONLY = 5, EXIT_NOMANIFEST = 6, EXIT_BUSY = 7,
 };
 
 struct args {
@@ -80,6 +80,8 @@ static int exit_for(int rc)
 	case -EROFS:
 	case -EACCES:
 	case -EPERM:         return EXIT_READONLY;
+	case CKPT_ENOMANIFEST: return EXIT_NOMANIFEST;
+	case -EBUSY:         return EXIT_BUSY;
 	default:             return EXIT_FAIL;
 	}
 }
@@ -741,7 +743,8 @@ static int cmd_rebuild(const struct args *a)
 	if (x)
 		return x;
 	ckpt_ctx *c;
-	int rc = open_root(a->root, CKPT_OPEN_NO_GC, &c);
+	/* RECOVER: a lost manifest is recreated, a damaged one set aside first. */
+	int rc = open_root(a->root, CKPT_OPEN_RECOVER, &c);
 	if (rc)
 		return fail(rc, a->root);
 	struct rb_out o = { a, 0 };

@@ -1,0 +1,349 @@
+/*
+ * test_hostile.c — what operators and attackers do to a root, through the public
+ * API: a deleted, emptied, truncated or replaced manifest; a second coordinator on
+ * a live root; garbage collection while a save is in flight; file modes. Each case
+ * checks that nothing committed is lost (the steps still load bit-exact once the
+ * root is repaired) and that the refusal names the cause.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt.h"
+#include "testutil.h"
+
+static char *root;
+
+static void setup(void)
+{
+	root = tu_tmpdir("hostile");
+	unsetenv("CKPT_FAULT");
+	unsetenv("RANK");
+	unsetenv("WORLD_SIZE");
+	unsetenv("CKPT_GROUP_ACCESS");
+}
+
+static void teardown(void)
+{
+	tu_rmtree(root);
+	free(root);
+	root = NULL;
+}
+
+static void opts_for(struct ckpt_opts *o, int rank, int world, unsigned flags)
+{
+	ckpt_opts_init(o, sizeof *o);
+	o->root = root;
+	o->rank = rank;
+	o->world = world;
+	o->flags = flags;
+	o->chunk_bytes = 8192;
+	o->pool_bytes = 16 * 8192;
+	o->timeout_ms = 5000;
+}
+
+static ckpt_ctx *open_as(int rank, int world, unsigned flags)
+{
+	struct ckpt_opts o;
+	opts_for(&o, rank, world, flags);
+	ckpt_ctx *c = NULL;
+	ck_assert_msg(ckpt_open(&o, &c) == 0, "open: %s", ckpt_last_error(NULL));
+	return c;
+}
+
+/* ckpt_open as (rank, world, flags) must fail with want, the message holding needle;
+ * run in a child process, so that a crash (SIGBUS of a mapped file cut short) is a
+ * failure of this test and not of the test program. */
+static void expect_open_fails(int rank, int world, unsigned flags, int want, const char *needle)
+{
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct ckpt_opts o;
+		opts_for(&o, rank, world, flags);
+		o.coord_port = 1;          /* never reached: the root checks come first */
+		ckpt_ctx *c = (ckpt_ctx *)1;
+		int rc = ckpt_open(&o, &c);
+		if (rc != want || c != NULL) {
+			fprintf(stderr, "rank %d flags 0x%x: open returned %d (want %d): %s\n", rank,
+			        flags, rc, want, ckpt_last_error(NULL));
+			_exit(1);
+		}
+		if (needle && !strstr(ckpt_last_error(NULL), needle)) {
+			fprintf(stderr, "message lacks '%s': %s\n", needle, ckpt_last_error(NULL));
+			_exit(2);
+		}
+		_exit(0);
+	}
+	int status;
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status), "ckpt_open (rank %d, flags 0x%x) died of signal %d",
+	              rank, flags, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+	ck_assert_msg(WEXITSTATUS(status) == 0, "ckpt_open (rank %d, flags 0x%x): see above",
+	              rank, flags);
+}
+
+#define N 3000u
+
+static void data_of(uint64_t step, float *w)
+{
+	tu_fill(w, sizeof(float) * N, tu_seed(), step);
+}
+
+static void save_step(uint64_t step)
+{
+	static float w[N];
+	data_of(step, w);
+	ckpt_ctx *c = open_as(0, 1, 0);
+	ckpt_save *s;
+	ck_assert_msg(ckpt_save_begin(c, step, &s) == 0, "%s", ckpt_last_error(c));
+	uint64_t shape[1] = { N };
+	struct ckpt_tensor t = { .name = "w", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
+		.policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape, .data = w };
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error(c));
+	ckpt_save_free(s);
+	ckpt_close(c);
+}
+
+/* step is committed and loads bit-exact. */
+static void check_step(uint64_t step)
+{
+	static float w[N], got[N];
+	data_of(step, w);
+	ckpt_ctx *c = open_as(0, 1, CKPT_OPEN_READONLY);
+	ckpt_load *l;
+	ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "step %llu: %s",
+	              (unsigned long long)step, ckpt_last_error(c));
+	ck_assert_msg(ckpt_load_tensor(l, "w", CKPT_F32, 1, NULL, NULL, got, CKPT_MEM_HOST) == 0,
+	              "%s", ckpt_last_error(c));
+	ck_assert(!memcmp(w, got, sizeof w));
+	ckpt_load_close(l);
+	ckpt_close(c);
+}
+
+static int count_step_dirs(void)
+{
+	int n = 0;
+	for (uint64_t s = 1; s <= 9; s++) {
+		char p[4200];
+		snprintf(p, sizeof p, "%s/step-%020llu", root, (unsigned long long)s);
+		struct stat st;
+		n += stat(p, &st) == 0;
+	}
+	return n;
+}
+
+/* Entries of the root whose name starts with prefix. */
+static int count_entries(const char *prefix)
+{
+	DIR *d = opendir(root);
+	ck_assert_ptr_nonnull(d);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		n += !strncmp(e->d_name, prefix, strlen(prefix));
+	closedir(d);
+	return n;
+}
+
+/* Rebuild from the shard files, then every step saved loads again. */
+static void rebuild_and_check(uint64_t last)
+{
+	ckpt_ctx *c = open_as(0, 1, CKPT_OPEN_RECOVER);
+	struct ckpt_rebuild_result rr = { .size = sizeof rr };
+	ck_assert_msg(ckpt_catalog_rebuild(c, 0, NULL, NULL, &rr) == 0, "%s", ckpt_last_error(c));
+	ck_assert_uint_eq(rr.steps_committed, last);
+	ckpt_close(c);
+	for (uint64_t s = 1; s <= last; s++)
+		check_step(s);
+}
+
+static void every_open_refused(const char *needle)
+{
+	expect_open_fails(0, 1, 0, CKPT_ENOMANIFEST, needle);
+	expect_open_fails(0, 1, CKPT_OPEN_NO_GC, CKPT_ENOMANIFEST, needle);
+	expect_open_fails(0, 1, CKPT_OPEN_READONLY, CKPT_ENOMANIFEST, NULL);
+	expect_open_fails(3, 4, CKPT_OPEN_READONLY, CKPT_ENOMANIFEST, NULL);
+	/* A rank of a job learns it at once, not after the commit timeout. */
+	expect_open_fails(1, 2, 0, CKPT_ENOMANIFEST, NULL);
+}
+
+START_TEST(deleted_manifest_refused)
+{
+	save_step(1);
+	save_step(2);
+	char p[4200];
+	snprintf(p, sizeof p, "%s/manifest", root);
+	tu_rmtree(p);
+	every_open_refused("ckpt-inspect");
+	ck_assert_int_eq(count_step_dirs(), 2);
+	rebuild_and_check(2);
+}
+END_TEST
+
+START_TEST(emptied_manifest_refused)
+{
+	save_step(1);
+	save_step(2);
+	char p[4200];
+	snprintf(p, sizeof p, "%s/manifest/data.mdb", root);
+	ck_assert_int_eq(truncate(p, 0), 0);
+	every_open_refused("empty");
+	ck_assert_int_eq(count_step_dirs(), 2);
+	/* Never initialised in place by any of those opens. */
+	struct stat st;
+	ck_assert_int_eq(stat(p, &st), 0);
+	ck_assert_int_eq(st.st_size, 0);
+	rebuild_and_check(2);
+	/* The damaged manifest was set aside, not deleted. */
+	ck_assert_int_eq(count_entries("manifest.damaged-"), 1);
+}
+END_TEST
+
+START_TEST(truncated_manifest_no_sigbus)
+{
+	save_step(1);
+	/* Enough steps that data.mdb outgrows the cuts below. */
+	for (uint64_t s = 2; s <= 6; s++)
+		save_step(s);
+	char p[4200];
+	snprintf(p, sizeof p, "%s/manifest/data.mdb", root);
+	static const off_t cuts[] = { 4096, 8192, 12288, 100 };
+	for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+		void *keep;
+		size_t len;
+		ck_assert_int_eq(tu_read_file(p, &keep, &len), 0);
+		ck_assert_msg(len > 12288, "data.mdb of %zu bytes", len);
+		ck_assert_int_eq(truncate(p, cuts[i]), 0);
+		every_open_refused("cut short");
+		ck_assert_int_eq(tu_write_file(p, keep, len), 0);
+		free(keep);
+	}
+	for (uint64_t s = 1; s <= 6; s++)
+		check_step(s);
+}
+END_TEST
+
+START_TEST(replaced_manifest_refused)
+{
+	save_step(1);
+	save_step(2);
+	/* Somebody "fixes" a lost manifest with a fresh one from another root. */
+	char other[4300], cmd[9000];
+	snprintf(other, sizeof other, "%s-other", root);
+	struct ckpt_opts o;
+	opts_for(&o, 0, 1, 0);
+	o.root = other;
+	ckpt_ctx *c;
+	ck_assert_int_eq(ckpt_open(&o, &c), 0);
+	ckpt_close(c);
+	snprintf(cmd, sizeof cmd, "rm -rf '%s/manifest' && mv '%s/manifest' '%s/manifest' && "
+	         "rm -rf '%s'", root, other, root, other);
+	ck_assert_int_eq(system(cmd), 0);
+	expect_open_fails(0, 1, 0, CKPT_ENOMANIFEST, "no record");
+	ck_assert_int_eq(count_step_dirs(), 2);
+	c = open_as(0, 1, CKPT_OPEN_RECOVER);
+	struct ckpt_rebuild_result rr = { .size = sizeof rr };
+	ck_assert_msg(ckpt_catalog_rebuild(c, 0, NULL, NULL, &rr) == 0, "%s", ckpt_last_error(c));
+	ckpt_close(c);
+	check_step(1);
+	check_step(2);
+}
+END_TEST
+
+START_TEST(garbage_manifest_refused)
+{
+	save_step(1);
+	char p[4200];
+	snprintf(p, sizeof p, "%s/manifest/data.mdb", root);
+	char junk[32768];
+	memset(junk, 0x5a, sizeof junk);
+	ck_assert_int_eq(tu_write_file(p, junk, sizeof junk), 0);
+	every_open_refused("damaged");
+	rebuild_and_check(1);
+}
+END_TEST
+
+START_TEST(second_coordinator_refused)
+{
+	save_step(1);
+	/* A live coordinator holds the root: another one (a stale copy of the job, or
+	 * a new job on the same root) is refused, naming the holder; readers are not. */
+	ckpt_ctx *c = open_as(0, 1, 0);
+	expect_open_fails(0, 1, 0, -EBUSY, "in use by the coordinator of job 'default'");
+	expect_open_fails(0, 1, CKPT_OPEN_NO_GC, -EBUSY, "pid");
+	expect_open_fails(0, 1, CKPT_OPEN_RECOVER, -EBUSY, NULL);
+	ckpt_ctx *r = open_as(0, 1, CKPT_OPEN_READONLY);
+	ckpt_close(r);
+	ckpt_close(c);
+	/* Closed: free again. */
+	c = open_as(0, 1, 0);
+	ckpt_close(c);
+
+	/* A holder killed with SIGKILL leaves no stale lock. */
+	int pipefd[2];
+	ck_assert_int_eq(pipe(pipefd), 0);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		close(pipefd[0]);
+		struct ckpt_opts o;
+		opts_for(&o, 0, 1, 0);
+		ckpt_ctx *h;
+		if (ckpt_open(&o, &h))
+			_exit(1);
+		ssize_t w = write(pipefd[1], "x", 1);
+		(void)w;
+		pause();
+		_exit(0);
+	}
+	close(pipefd[1]);
+	char b;
+	ck_assert_int_eq(read(pipefd[0], &b, 1), 1);
+	close(pipefd[0]);
+	expect_open_fails(0, 1, 0, -EBUSY, NULL);
+	kill(pid, SIGKILL);
+	int status;
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	c = open_as(0, 1, 0);
+	ckpt_close(c);
+	check_step(1);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("hostile");
+	TCase *t = tcase_create("manifest");
+	tcase_add_checked_fixture(t, setup, teardown);
+	tcase_add_test(t, deleted_manifest_refused);
+	tcase_add_test(t, emptied_manifest_refused);
+	tcase_add_test(t, truncated_manifest_no_sigbus);
+	tcase_add_test(t, replaced_manifest_refused);
+	tcase_add_test(t, garbage_manifest_refused);
+	tcase_add_test(t, second_coordinator_refused);
+	tcase_set_timeout(t, 120);
+	suite_add_tcase(s, t);
+	return s;
+}
+
+int main(void)
+{
+	tu_seed();
+	SRunner *r = srunner_create(suite());
+	srunner_run_all(r, CK_NORMAL);
+	int failed = srunner_ntests_failed(r);
+	srunner_free(r);
+	return failed ? 1 : 0;
+}
