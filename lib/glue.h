@@ -64,6 +64,10 @@ struct ckpt_save {
 	uint64_t         *name_hashes;    /* open-addressing set of item names */
 	size_t            hash_cap;
 	uint64_t          logical_bytes;
+	void             *order_stream;   /* cudaStream_t whose work the copies follow
+	                                     (ckpt_save_set_stream); NULL: the default */
+	void             *fence;          /* cudaEvent_t recorded on it at submit, or NULL
+	                                     (no device tensors); destroyed by ckpt_save_free */
 	struct ckpt_save *next;           /* worker queue */
 	/* shared, under ctx->lock */
 	enum save_state   state;

@@ -1,8 +1,8 @@
 /*
  * gpu.c — glue for the public CUDA entry points of include/ckpt/cuda.h. They are
  * compiled into every build, so that libckpt.so exports the same symbols with or
- * without CUDA: a cudaEvent_t is a struct CUevent_st pointer, which C can name
- * without the CUDA headers.
+ * without CUDA: a cudaEvent_t is a struct CUevent_st pointer and a cudaStream_t a
+ * struct CUstream_st pointer, which C can name without the CUDA headers.
  */
 #include <errno.h>
 
@@ -13,8 +13,10 @@
 #include "ckpt/cuda.h"
 #else
 struct CUevent_st;
+struct CUstream_st;
 CKPT_API int ckpt_cuda_available(const ckpt_ctx *c);
 CKPT_API int ckpt_save_snapshot_event(ckpt_save *s, struct CUevent_st **ev);
+CKPT_API int ckpt_save_set_stream(ckpt_save *s, struct CUstream_st *stream);
 #endif
 
 int ckpt_cuda_available(const ckpt_ctx *c)
@@ -22,6 +24,23 @@ int ckpt_cuda_available(const ckpt_ctx *c)
 	if (!c)
 		return ckpt_err(-EINVAL, "ckpt_cuda_available: context is NULL");
 	return snapshot_has_device(c->snap) ? 1 : 0;
+}
+
+int ckpt_save_set_stream(ckpt_save *s, struct CUstream_st *stream)
+{
+	if (!s)
+		return ckpt_err(-EINVAL, "ckpt_save_set_stream: save handle is NULL");
+	/* s->state is the worker's once queued: read under the lock. */
+	pthread_mutex_lock(&s->ctx->lock);
+	bool open = s->state == SAVE_OPEN;
+	pthread_mutex_unlock(&s->ctx->lock);
+	if (!open)
+		return ckpt_err(CKPT_ESTATE, "save of step %llu was already submitted: its stream "
+		                "is set before ckpt_save_submit", (unsigned long long)s->step);
+	/* Only kept: the event is recorded on it at submit (lib/save.c), when the save
+	 * has device tensors; without CUDA there are none, and nothing is recorded. */
+	s->order_stream = stream;
+	return 0;
 }
 
 int ckpt_save_snapshot_event(ckpt_save *s, struct CUevent_st **ev)

@@ -263,12 +263,27 @@ int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
 	return 0;
 }
 
+static bool save_has_device(const ckpt_save *s)
+{
+	for (size_t i = 0; i < s->nitems; i++)
+		if (s->items[i].mem == CKPT_MEM_DEVICE && !s->items[i].source)
+			return true;
+	return false;
+}
+
 int ckpt_save_submit(ckpt_save *s)
 {
 	int rc = save_check_open(s);
 	if (rc)
 		return rc;
 	ckpt_ctx *c = s->ctx;
+	/* The copies run on the library's stream, which does not synchronise with the
+	 * caller's: capture here, in the caller's thread, the work queued before this
+	 * call (the optimizer step that wrote the tensors), which the first copy waits
+	 * for (ckpt/cuda.h). A save of host memory only never calls CUDA. */
+	if (save_has_device(s) &&
+	    (rc = snapshot_fence(c->snap, s->order_stream, &s->fence)))
+		return ckpt_err_prefix(rc, "save of step %llu", (unsigned long long)s->step);
 	pthread_mutex_lock(&c->lock);
 	s->state = SAVE_QUEUED;
 	s->t_submit = ckpt_now_ns();
@@ -351,6 +366,7 @@ void ckpt_save_free(ckpt_save *s)
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
 	snapshot_event_destroy(c->snap, s->snapshot_event);
+	snapshot_event_destroy(c->snap, s->fence);
 	for (size_t i = 0; i < s->nitems; i++)
 		free(s->items[i].name);
 	free(s->items);
@@ -665,6 +681,7 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	unsigned window = snapshot_pipe_window(io_pool_nbufs(c->pool), c->cfg.queue_depth);
 	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, IO_BLOCK_BYTES, &cur.pipe)))
 		goto out;
+	snapshot_pipe_after(cur.pipe, s->fence);
 	/* Copies first, as many as the window takes, before any file is touched: the
 	 * caller waits for the snapshot point (or the snapshot event) and for nothing
 	 * else, and the copies run while the shard file is set up. */

@@ -1,16 +1,39 @@
 /*
  * ckpt/cuda.h — libckpt's CUDA additions to the public API (ckpt.h): whether a
- * context copies device memory, and the snapshot event of an asynchronous save.
+ * context copies device memory, the stream whose writes a save waits for, and the
+ * snapshot event of an asynchronous save.
  *
  * Include it after the CUDA runtime headers are reachable (it includes
  * <cuda_runtime_api.h>). The functions exist in every libckpt, with or without
- * CUDA; without it they report CKPT_ENODEV / 0.
+ * CUDA; without it ckpt_cuda_available reports 0, ckpt_save_snapshot_event
+ * CKPT_ENODEV, and ckpt_save_set_stream accepts the stream and has no effect.
  *
  * Device tensors: pass device pointers to ckpt_save_add_tensor (mem CKPT_MEM_AUTO
  * detects them with cudaPointerGetAttributes; CKPT_MEM_DEVICE says so). A context
  * saves from one device: the device of its first device tensor. Select the device
  * (cudaSetDevice, torch.cuda.set_device) before ckpt_open: the pinned pool is
  * registered with the device current then, and streams are created on it.
+ *
+ * What a save sees: every write queued on the caller's stream before
+ * ckpt_save_submit. The copies run on the library's own non-blocking stream, which
+ * by itself would not wait for the caller's kernels; so, when the save has device
+ * tensors, ckpt_save_submit records an event on the caller's stream, in the
+ * caller's thread, and the save's first copy waits for it on the GPU (the host
+ * waits for nothing). The caller's stream is, by default, the legacy default stream
+ * (cudaStreamLegacy) of the device the save's tensors are on, whichever device is
+ * current in the caller's thread: it orders after all work queued before submit
+ * on every blocking stream of that device — the legacy
+ * default stream itself, the per-thread default streams (cudaStreamPerThread,
+ * --default-stream per-thread), and streams made by cudaStreamCreate. Work on a
+ * stream created with cudaStreamNonBlocking, or on another device, is NOT covered:
+ * name that stream with ckpt_save_set_stream (a framework passes its current
+ * stream, e.g. torch.cuda.current_stream().cuda_stream), or synchronise it before
+ * submit. So the training loop may submit right after the optimizer step, with no
+ * synchronisation, as long as the step ran on the default or the named stream.
+ * Work queued after submit is not waited for (the next forward runs alongside the
+ * copies). A save of host memory only records nothing and never calls CUDA. If
+ * the record fails, ckpt_save_submit returns the CUDA error converted (-EINVAL,
+ * -EIO, ..., CUDA's words in ckpt_last_error) and nothing is queued.
  *
  * The snapshot point of a save is when the last byte of its tensors has been
  * copied out (device-to-host copies into the pinned pool, chunk by chunk, on the
@@ -50,6 +73,25 @@ extern "C" {
  * ckpt_open), 0 if it works on host memory only, -EINVAL if c is NULL.
  * Any thread. */
 CKPT_API int ckpt_cuda_available(const ckpt_ctx *c);
+
+/*
+ * Between ckpt_save_begin and ckpt_save_submit: the save's copies follow the work
+ * queued on stream before submit, instead of the work of the legacy default stream
+ * (see above). stream NULL (0) restores that default; cudaStreamPerThread means the
+ * per-thread stream of the thread that calls ckpt_save_submit. A second call
+ * replaces the stream. The stream must belong to the device of the save's tensors
+ * (the event is recorded there), else ckpt_save_submit fails (the CUDA error
+ * converted, -EINVAL or -EIO, naming the stream and the device).
+ * The stream stays the caller's: libckpt only records one event on it, inside
+ * ckpt_save_submit, and keeps no reference afterwards (it may be destroyed once
+ * submit has returned). A save without device tensors records nothing; in a context
+ * without a CUDA device, or a libckpt built without CUDA, the call is accepted and
+ * has no effect.
+ * Errors: -EINVAL (s NULL), CKPT_ESTATE (already submitted).
+ * Thread: the save's thread (ckpt_save rules); the record at submit happens in the
+ * thread that calls ckpt_save_submit.
+ */
+CKPT_API int ckpt_save_set_stream(ckpt_save *s, cudaStream_t stream);
 
 /*
  * After ckpt_save_submit(s): *ev is a CUDA event recorded on the library's copy

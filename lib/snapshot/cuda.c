@@ -17,7 +17,11 @@
  * Built only with CKPT_HAVE_CUDA (CMakeLists.txt); host.c stands in otherwise.
  *
  * Streams are created non-blocking: the copy stream must not synchronise with the
- * legacy default stream, or every copy would wait for the caller's kernels there.
+ * legacy default stream, or every copy would wait for the caller's kernels there,
+ * also those queued after the save (the next step's forward). What the copies must
+ * wait for is exactly the work queued before submit: the save's fence, an event
+ * recorded on the caller's stream in the caller's thread (snapshot_fence), which
+ * the copy stream waits for before the save's first copy (snap_dev_after).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -228,6 +232,60 @@ static int stream_create(struct snapshot *sn, cudaStream_t *s, const char *what,
 		return snap_cuda_err(e, "create the %s stream", what);
 	}
 	return 0;
+}
+
+/* ------------------------------------------------------------------ the fence */
+
+int snapshot_fence(struct snapshot *sn, void *stream, void **fence)
+{
+	*fence = NULL;
+	if (!sn->device)
+		return 0;
+	pthread_mutex_lock(&sn->lock);
+	int dev = sn->bound;          /* set once, never changed after */
+	pthread_mutex_unlock(&sn->lock);
+	if (dev < 0)
+		return 0;
+	/* The event belongs to the device current at its creation, and the legacy
+	 * default stream (stream NULL) is the current device's: both must be the
+	 * tensors' device, which may not be the caller's current one. The caller's
+	 * thread gets its own device back. */
+	int prev;
+	cudaError_t e = cudaGetDevice(&prev);
+	if (e == cudaSuccess && prev != dev)
+		e = cudaSetDevice(dev);
+	if (e != cudaSuccess)
+		return snap_cuda_err(e, "select CUDA device %d", dev);
+	cudaEvent_t ev = NULL;
+	int rc = 0;
+	/* No timing, no blocking sync: it exists for cudaStreamWaitEvent. */
+	e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+	if (e != cudaSuccess) {
+		ev = NULL;
+		rc = snap_cuda_err(e, "create the fence event on CUDA device %d", dev);
+	} else if ((e = cudaEventRecord(ev, stream ? (cudaStream_t)stream : cudaStreamLegacy)) !=
+	           cudaSuccess) {
+		rc = stream
+			? snap_cuda_err(e, "record the fence on stream %p (it must be a stream of "
+			                "CUDA device %d, the device of the save's tensors)", stream, dev)
+			: snap_cuda_err(e, "record the fence on the default stream of CUDA device %d",
+			                dev);
+		cudaEventDestroy(ev);
+		ev = NULL;
+	}
+	if (prev != dev)
+		cudaSetDevice(prev);
+	*fence = ev;
+	return rc;
+}
+
+int snap_dev_after(struct snapshot *sn, void *fence)
+{
+	/* Resolved by the GPU: the worker does not wait, and the copies queued after
+	 * this start as soon as the caller's writes are done. */
+	cudaError_t e = cudaStreamWaitEvent(sn->save_stream, (cudaEvent_t)fence, 0);
+	return e == cudaSuccess ? 0 : snap_cuda_err(e, "make the snapshot copies wait for the "
+	                                            "caller's writes (the fence)");
 }
 
 /* ------------------------------------------------------------------ device backend */

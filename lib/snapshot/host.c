@@ -72,6 +72,21 @@ void snapshot_event_destroy(struct snapshot *sn, void *event)
 	CKPT_UNUSED(event);
 }
 
+int snapshot_fence(struct snapshot *sn, void *stream, void **fence)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(stream);
+	*fence = NULL;        /* no device tensor can be added: nothing to order */
+	return 0;
+}
+
+int snap_dev_after(struct snapshot *sn, void *fence)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(fence);
+	return ckpt_err(CKPT_ENODEV, NO_CUDA);
+}
+
 int snap_dev_prepare(struct snapshot *sn, unsigned n)
 {
 	CKPT_UNUSED(sn);

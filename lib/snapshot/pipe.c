@@ -38,6 +38,7 @@ struct snapshot_pipe {
 	uint8_t          *block_store;           /* the slots' block hashes */
 	uint32_t          block_bytes;           /* 0: no block hashes */
 	bool              prepared;              /* device backend ready for window slots */
+	void             *fence;                 /* the first device copy waits for it */
 	uint64_t          device_chunks;
 	bool              sealed;
 };
@@ -77,6 +78,7 @@ int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned windo
 	return 0;
 }
 
+void snapshot_pipe_after(struct snapshot_pipe *p, void *fence) { p->fence = fence; }
 unsigned snapshot_pipe_pending(const struct snapshot_pipe *p) { return p->count; }
 uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p) { return p->device_chunks; }
 
@@ -114,6 +116,10 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 		/* Events for every slot at once: creating them is the slow part of the
 		 * first device save, and doing it here keeps it out of the copy loop. */
 		int rc = snap_dev_prepare(p->sn, p->window);
+		/* Once, before the first copy: every later copy of the save is behind it on
+		 * the same stream. */
+		if (!rc && p->fence)
+			rc = snap_dev_after(p->sn, p->fence);
 		if (rc)
 			return rc;
 		p->prepared = true;

@@ -14,7 +14,9 @@
  * copies are in flight. Chunks are issued ahead (device chunks as asynchronous
  * device-to-host copies, each followed by its own event; host chunks as a fused
  * copy+hash) and taken out in issue order once their own copy has landed, so the
- * copies of chunks k+1..k+d run while chunk k is hashed and written.
+ * copies of chunks k+1..k+d run while chunk k is hashed and written. The copy
+ * stream does not synchronise with the caller's streams, so a save's first device
+ * copy waits for the save's fence, recorded on the caller's stream at submit.
  *
  * Buffer ownership: a buffer taken by issue belongs to the pipe until next() hands
  * it to the caller (who passes it on to the shard writer), or until close() puts it
@@ -65,6 +67,20 @@ int  snapshot_mem_kind(struct snapshot *sn, const void *p, int mem, int *device)
  * another device fails with -EINVAL (naming both). Loads need no binding. */
 int  snapshot_bind(struct snapshot *sn, int device);
 
+/* ------------------------------------------------------------------ order after the caller */
+
+/*
+ * The fence of a save with device tensors: a new CUDA event recorded, in the calling
+ * thread, on stream (a cudaStream_t; NULL: the legacy default stream, which orders
+ * after every prior work of the device's blocking streams), with the bound device
+ * current for the record and the thread's own device current again on return. The
+ * save's copies wait for it (snapshot_pipe_after), so they see every write queued
+ * before it. *fence is owned by the caller (snapshot_event_destroy); it is NULL in
+ * host mode and when no device was bound: nothing to order. Errors: CUDA failures
+ * converted (a stream of another device among them), *fence then NULL.
+ */
+int  snapshot_fence(struct snapshot *sn, void *stream, void **fence);
+
 /* ------------------------------------------------------------------ save pipeline */
 
 struct snapshot_pipe;
@@ -97,6 +113,10 @@ int  snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int
 typedef int (*snapshot_fill_fn)(void *arg, uint64_t off, void *dst, size_t n);
 int  snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, void *arg,
                               uint64_t off, size_t n, uint64_t tag);
+/* The pipe's first device copy waits, on the GPU, for fence (snapshot_fence; NULL:
+ * no wait). The fence must live until the pipe is closed. Call before the first
+ * issue. */
+void snapshot_pipe_after(struct snapshot_pipe *p, void *fence);
 /* Chunks issued and not yet taken out. */
 unsigned snapshot_pipe_pending(const struct snapshot_pipe *p);
 /* Device chunks issued since open. */

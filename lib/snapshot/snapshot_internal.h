@@ -53,6 +53,8 @@ void snap_gds_destroy(struct snapshot *sn);
 
 /* Create the save stream and at least n slot events (bound device). */
 int  snap_dev_prepare(struct snapshot *sn, unsigned n);
+/* Make the save stream wait for fence (snapshot_fence) before what is queued next. */
+int  snap_dev_after(struct snapshot *sn, void *fence);
 /* Queue the D2H copy of n bytes and record slot's event after it. */
 int  snap_dev_copy(struct snapshot *sn, void *dst, const void *src, size_t n, unsigned slot);
 /* Wait for slot's event (that chunk only). */

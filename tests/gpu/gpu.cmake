@@ -68,3 +68,14 @@ endif()
 ckpt_gpu_add(test_gpu_event test_gpu_event)
 ckpt_gpu_test(test_gpu_two_ranks SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_two_ranks.c)
 ckpt_gpu_add(test_gpu_two_ranks test_gpu_two_ranks)
+# A save sees the writes queued before submit (the late optimizer step is a kernel:
+# without the CUDA language the test skips).
+if(CMAKE_CUDA_COMPILER)
+  ckpt_gpu_test(test_gpu_order SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_order.c
+                ${CKPT_GPU_TEST_DIR}/flip_kernel.cu)
+  target_compile_definitions(test_gpu_order PRIVATE CKPT_TEST_HAVE_KERNEL=1)
+  set_target_properties(test_gpu_order PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+else()
+  ckpt_gpu_test(test_gpu_order SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_order.c)
+endif()
+ckpt_gpu_add(test_gpu_order test_gpu_order)
