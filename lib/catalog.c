@@ -1,10 +1,14 @@
 /*
- * catalog.c — what a checkpoint root holds, for tools (ckpt-inspect list): the
- * manifest's records merged with the step directories found on disk.
+ * catalog.c — what a checkpoint root holds, for tools (ckpt-inspect list) and for
+ * retention: the manifest's records merged with the step directories found on disk.
  *
  * The manifest alone decides visibility (DESIGN §3); the directory scan is here
  * because operators must also see what is NOT visible — aborted saves, saves in
- * flight, and the orphans of crashed ones — before gc removes it.
+ * flight, and directories the manifest has no record of — and because retention
+ * must never take a save in flight for garbage. An INFLIGHT record is a save in
+ * flight only while the coordinator that began it holds the root (its incarnation
+ * is the lock holder's, lib/lock.c); otherwise its coordinator is gone and the save
+ * is presumed aborted, and shows so.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -59,33 +63,20 @@ static int catalog_dirs(const char *root, uint64_t **out, size_t *n)
 	return 0;
 }
 
-static void catalog_fill(struct ckpt_catalog_step *o, const struct manifest_step *rec,
-                         uint64_t step)
+/* The incarnation whose INFLIGHT records are saves in flight now: this context's
+ * when it is the coordinator, else the lock holder's (0: none holds the root). */
+static uint64_t catalog_live_incarnation(const ckpt_ctx *c)
 {
-	memset(o, 0, sizeof *o);
-	o->info.step = step;
-	if (rec) {
-		o->has_record = 1;
-		o->info.state = (int)rec->state;
-		o->info.trust = (int)rec->trust;
-		o->info.world = rec->world;
-		o->info.ntensors = rec->ntensors;
-		o->info.logical_bytes = rec->logical_bytes;
-		o->info.stored_bytes = rec->stored_bytes;
-		o->info.commit_time_ns = rec->commit_time_ns;
-	} else {
-		o->info.state = CKPT_STATE_INFLIGHT;
-	}
+	if (glue_is_coordinator(c))
+		return c->incarnation;
+	uint64_t inc = 0;
+	return lock_probe(c->cfg.root, &inc) ? inc : 0;
 }
 
-int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *out, size_t cap)
+int catalog_list(ckpt_ctx *c, bool all, struct catalog_entry **out, size_t *count)
 {
-	if (!c || (cap && !out))
-		return ckpt_err(-EINVAL, "ckpt_catalog_steps: NULL argument");
-	if (flags & ~(unsigned)CKPT_CATALOG_ALL)
-		return ckpt_err(-EINVAL, "ckpt_catalog_steps: unknown flags 0x%x", flags);
-	ckpt_err_clear();
-	bool all = flags & CKPT_CATALOG_ALL;
+	*out = NULL;
+	*count = 0;
 	struct manifest *m;
 	int rc = glue_manifest(c, &m);
 	if (rc)
@@ -109,6 +100,13 @@ int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *ou
 		free(recs);
 		return rc;
 	}
+	uint64_t live = catalog_live_incarnation(c);
+	struct catalog_entry *e = calloc(nr + nd ? nr + nd : 1, sizeof *e);
+	if (!e) {
+		free(recs);
+		free(dirs);
+		return ckpt_err(-ENOMEM, "listing %s", c->cfg.root);
+	}
 	/* Merge the two sorted lists. */
 	size_t i = 0, j = 0, n = 0;
 	while (i < nr || j < nd) {
@@ -125,35 +123,79 @@ int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *ou
 		}
 		i += rec_here;
 		j += dir_here;
-		struct manifest_step rec;
-		bool have_rec = false;
-		if (rec_here || dir_here) {
-			int g = manifest_step_get(m, step, &rec);
-			if (g == 0)
-				have_rec = true;
-			else if (g != CKPT_ENOTFOUND) {
-				rc = g;
-				break;
-			}
+		struct catalog_entry *x = &e[n];
+		memset(x, 0, sizeof *x);
+		x->step = step;
+		int g = manifest_step_get(m, step, &x->rec);
+		if (g == 0)
+			x->has_record = true;
+		else if (g != CKPT_ENOTFOUND) {
+			rc = g;
+			break;
 		}
 		/* A directory of a step whose record was not listed: with "all" every record
 		 * is listed, so this is a directory with no record (or a committed step's
 		 * directory, listed above). Without "all", only committed steps show. */
-		if (!all && !(have_rec && rec.state == CKPT_STATE_COMMITTED))
+		if (!all && !(x->has_record && x->rec.state == CKPT_STATE_COMMITTED))
 			continue;
-		if (n < cap) {
-			catalog_fill(&out[n], have_rec ? &rec : NULL, step);
-			if (dir_here) {
-				out[n].has_dir = 1;
-				gc_step_dir_usage(c->cfg.root, step, &out[n].nfiles, &out[n].dir_bytes);
-			}
+		x->live = x->has_record && x->rec.state == CKPT_STATE_INFLIGHT && live &&
+		          x->rec.incarnation == live;
+		if (dir_here) {
+			x->has_dir = true;
+			gc_step_dir_usage(c->cfg.root, step, &x->nfiles, &x->dir_bytes);
 		}
 		n++;
 	}
 	free(recs);
 	free(dirs);
+	if (rc) {
+		free(e);
+		return rc;
+	}
+	*out = e;
+	*count = n;
+	return 0;
+}
+
+static void catalog_fill(struct ckpt_catalog_step *o, const struct catalog_entry *x)
+{
+	memset(o, 0, sizeof *o);
+	o->info.step = x->step;
+	o->has_record = x->has_record;
+	o->has_dir = x->has_dir;
+	o->nfiles = x->nfiles;
+	o->dir_bytes = x->dir_bytes;
+	if (x->has_record) {
+		const struct manifest_step *rec = &x->rec;
+		/* An in-flight record whose coordinator is gone is a presumed abort. */
+		o->info.state = rec->state == CKPT_STATE_INFLIGHT && !x->live ? CKPT_STATE_ABORTED
+		                                                              : (int)rec->state;
+		o->info.trust = (int)rec->trust;
+		o->info.world = rec->world;
+		o->info.ntensors = rec->ntensors;
+		o->info.logical_bytes = rec->logical_bytes;
+		o->info.stored_bytes = rec->stored_bytes;
+		o->info.commit_time_ns = rec->commit_time_ns;
+	} else {
+		o->info.state = CKPT_STATE_INFLIGHT;
+	}
+}
+
+int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *out, size_t cap)
+{
+	if (!c || (cap && !out))
+		return ckpt_err(-EINVAL, "ckpt_catalog_steps: NULL argument");
+	if (flags & ~(unsigned)CKPT_CATALOG_ALL)
+		return ckpt_err(-EINVAL, "ckpt_catalog_steps: unknown flags 0x%x", flags);
+	ckpt_err_clear();
+	struct catalog_entry *e;
+	size_t n;
+	int rc = catalog_list(c, flags & CKPT_CATALOG_ALL, &e, &n);
 	if (rc)
 		return rc;
+	for (size_t i = 0; i < n && i < cap; i++)
+		catalog_fill(&out[i], &e[i]);
+	free(e);
 	if (n > INT_MAX)
 		return ckpt_err(-EOVERFLOW, "%s: %zu steps", c->cfg.root, n);
 	return (int)n;

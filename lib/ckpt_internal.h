@@ -145,6 +145,8 @@ int ckpt_parse_size(const char *s, uint64_t *out);
 /* ------------------------------------------------------------------ clocks */
 uint64_t ckpt_now_ns(void);        /* CLOCK_MONOTONIC */
 uint64_t ckpt_wall_ns(void);       /* CLOCK_REALTIME */
+/* A random, non-zero 64-bit id (getrandom): incarnations and save ids. */
+uint64_t ckpt_random_id(void);
 
 /* ------------------------------------------------------------------ paths */
 /* Layout of a checkpoint root (docs/format.md §1). Return -ENAMETOOLONG on overflow. */
@@ -153,9 +155,20 @@ uint64_t ckpt_wall_ns(void);       /* CLOCK_REALTIME */
 #define MANIFEST_DAMAGED_PREFIX "manifest.damaged-"  /* a damaged one, set aside */
 #define CKPT_LOCK_FILE          "coordinator.lock"   /* held by the root's one coordinator */
 int ckpt_path_step_dir(char *out, size_t cap, const char *root, uint64_t step);
-int ckpt_path_shard(char *out, size_t cap, const char *root, uint64_t step, uint32_t rank);
-/* The shard file name relative to the root, as recorded in the manifest. */
-int ckpt_path_shard_rel(char *out, size_t cap, uint64_t step, uint32_t rank);
+/* Shard files: save_id names the attempt that wrote it (0: a format-1/2 file, named
+ * without one). _name is the file's name in its step directory; _rel the path
+ * relative to the root, as recorded in the manifest; _parse the inverse of _name. */
+int ckpt_path_shard(char *out, size_t cap, const char *root, uint64_t step, uint32_t rank,
+                    uint64_t save_id);
+int ckpt_path_shard_rel(char *out, size_t cap, uint64_t step, uint32_t rank, uint64_t save_id);
+int ckpt_path_shard_name(char *out, size_t cap, uint32_t rank, uint64_t save_id);
+bool ckpt_path_parse_shard(const char *name, uint32_t *rank, uint64_t *save_id);
+/* Remove the shard files of attempt save_id from step's directory, and sync it;
+ * nothing else in it is touched. save_id 0 (a record of an older build, or
+ * rebuild's verdict on the directory, names no attempt): every shard file. *removed: how
+ * many; *empty: nothing else is left in the directory (or it does not exist). */
+int ckpt_step_remove_attempt(const char *root, uint64_t step, uint64_t save_id,
+                             uint32_t *removed, bool *empty);
 /* Parse "step-NNNNNNNNNNNNNNNNNNNN" -> step; false if not that form. */
 bool ckpt_path_parse_step_dir(const char *name, uint64_t *step);
 /* fsync a directory by path. */

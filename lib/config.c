@@ -7,15 +7,20 @@
  * an older caller (a smaller size): fields past its size take their defaults.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "glue.h"
 
 #define DEFAULT_POOL_BYTES  (256ull << 20)
 #define DEFAULT_CHUNK_BYTES (16ull << 20)
 #define DEFAULT_PORT        29600u
+#define CONFIG_MAX_SECRET   4096u   /* bytes of a job secret */
+#define CONFIG_MIN_SECRET   16u     /* shorter ones are warned about */
 /* CKPT_COMMIT_TREE=auto: node leaders from this many ranks up (and only when the
  * job spans several nodes of more than one rank each). */
 #define TREE_AUTO_MIN_WORLD 32
@@ -223,6 +228,68 @@ static int resolve_tree(struct glue_config *cfg, const char *bad)
 	return 0;
 }
 
+/* The secret of CKPT_JOB_SECRET_FILE: the file's bytes (a trailing newline dropped),
+ * 1..CONFIG_MAX_SECRET of them. Like ssh with a key, a file that others may read
+ * is refused: its secret is not one. */
+static int secret_from_file(const char *path, char out[CONFIG_MAX_SECRET + 1], size_t *len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return ckpt_err(-errno, "CKPT_JOB_SECRET_FILE=%s", path);
+	struct stat st;
+	int rc = 0;
+	ssize_t n = 0;
+	if (fstat(fd, &st) < 0)
+		rc = ckpt_err(-errno, "CKPT_JOB_SECRET_FILE=%s", path);
+	else if (!S_ISREG(st.st_mode) || (st.st_mode & 077) || st.st_uid != geteuid())
+		rc = ckpt_err(CKPT_EAUTH, "CKPT_JOB_SECRET_FILE=%s: must be a regular file of this "
+		              "user that only this user may read (mode %03o; chmod 600)", path,
+		              (unsigned)(st.st_mode & 0777));
+	else if ((n = read(fd, out, CONFIG_MAX_SECRET + 1)) < 0)
+		rc = ckpt_err(-errno, "CKPT_JOB_SECRET_FILE=%s", path);
+	close(fd);
+	if (rc)
+		return rc;
+	while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\r'))
+		n--;
+	if (n == 0 || n > (ssize_t)CONFIG_MAX_SECRET)
+		return ckpt_err(CKPT_EAUTH, "CKPT_JOB_SECRET_FILE=%s: the secret must be 1..%u bytes",
+		                path, CONFIG_MAX_SECRET);
+	*len = (size_t)n;
+	return 0;
+}
+
+/* A job of several ranks authenticates every peer by its secret (docs/protocol.md
+ * §1.2): without one, any process that reaches the coordinator's port can join as a
+ * missing rank and vote. So a multi-rank job needs a secret, and running without one
+ * is the caller's explicit choice (CKPT_OPEN_NO_AUTH or CKPT_AUTH=off), logged. */
+static int resolve_auth(struct glue_config *cfg, size_t secret_len, const char *job)
+{
+	const char *a = ckpt_env("CKPT_AUTH");
+	if (a && strcmp(a, "on") && strcmp(a, "off"))
+		return ckpt_err(-EINVAL, "CKPT_AUTH='%s': expected on or off", a);
+	bool off = (cfg->flags & CKPT_OPEN_NO_AUTH) || (a && !strcmp(a, "off"));
+	if (cfg->world <= 1 || (cfg->flags & CKPT_OPEN_READONLY))
+		return 0;                 /* no peers: nothing to authenticate */
+	if (secret_len) {
+		if (secret_len < CONFIG_MIN_SECRET)
+			ckpt_log(CKPT_LOG_WARN, "rank %d: the job secret is %zu bytes; use at least %u "
+			         "random bytes", cfg->rank, secret_len, CONFIG_MIN_SECRET);
+		return 0;
+	}
+	if (!off)
+		return ckpt_err(CKPT_EAUTH, "a job of %d ranks needs a job secret, so that no other "
+		                "process can join it and vote: set CKPT_JOB_SECRET (or "
+		                "CKPT_JOB_SECRET_FILE, or ckpt_opts.secret) to the same random value on "
+		                "every rank, or CKPT_AUTH=off to run without authentication",
+		                cfg->world);
+	ckpt_log(CKPT_LOG_WARN, "rank %d: job '%s' runs WITHOUT authentication (%s): any process "
+	         "that reaches its coordinator can join it as a missing rank and vote", cfg->rank,
+	         job ? job : "default", cfg->flags & CKPT_OPEN_NO_AUTH ? "CKPT_OPEN_NO_AUTH"
+	                                                               : "CKPT_AUTH=off");
+	return 0;
+}
+
 static char *dup_or(const char *a, const char *b)
 {
 	return strdup(a ? a : b);
@@ -249,7 +316,7 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 	long v = 0;
 	cfg->flags = OPT(o, flags, 0u);
 	if (cfg->flags & ~(unsigned)(CKPT_OPEN_READONLY | CKPT_OPEN_NO_GC | CKPT_OPEN_RECOVER |
-	                             CKPT_OPEN_GROUP_ACCESS))
+	                             CKPT_OPEN_GROUP_ACCESS | CKPT_OPEN_NO_AUTH))
 		return ckpt_err(-EINVAL, "open flags 0x%x: unknown bits", cfg->flags);
 	if ((rc = env_int("CKPT_GROUP_ACCESS", 0, 1, &v)) < 0)
 		return rc;
@@ -291,10 +358,19 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 	if (!job) job = ckpt_env("CKPT_JOB_ID");
 	const void *secret = OPT(o, secret, NULL);
 	size_t secret_len = OPT(o, secret_len, (size_t)0);
+	char file_secret[CONFIG_MAX_SECRET + 1];
 	if (!secret) {
 		secret = ckpt_env("CKPT_JOB_SECRET");
 		secret_len = secret ? strlen(secret) : 0;
 	}
+	if (!secret && ckpt_env("CKPT_JOB_SECRET_FILE")) {
+		if ((rc = secret_from_file(ckpt_env("CKPT_JOB_SECRET_FILE"), file_secret,
+		                           &secret_len)))
+			return rc;
+		secret = file_secret;
+	}
+	if ((rc = resolve_auth(cfg, secret_len, job)))
+		return rc;
 
 	uint64_t sz;
 	cfg->pool_bytes = OPT(o, pool_bytes, (size_t)0);
@@ -365,6 +441,7 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 			memcpy(cfg->secret, secret, secret_len);
 		cfg->secret_len = secret_len;
 	}
+	explicit_bzero(file_secret, sizeof file_secret);
 	if (!cfg->root || !cfg->coord_addr || !cfg->job_id || (secret_len && !cfg->secret)) {
 		config_free(cfg);
 		return ckpt_err(-ENOMEM, "options");

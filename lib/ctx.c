@@ -135,7 +135,7 @@ static int root_prepare(ckpt_ctx *c, bool *create)
 	/* The coordinator holds the root from here on: nobody else creates, moves or
 	 * collects anything in it while it decides. */
 	if (coord) {
-		c->incarnation = lock_new_incarnation();
+		c->incarnation = ckpt_random_id();
 		int rc = lock_take(cfg, c->incarnation, &c->lock_fd);
 		if (rc)
 			return rc;
@@ -173,10 +173,11 @@ static int root_prepare(ckpt_ctx *c, bool *create)
 
 /* A manifest that knows no step in a root full of step directories is not this
  * root's manifest (a fresh one put in place of the lost one): refused like a
- * missing one, before GC could take the steps for garbage. */
+ * missing one, before GC could take the steps for garbage. (Records count here
+ * whether they decode or not: a damaged one is reported by GC, not refused.) */
 static int root_check_records(ckpt_ctx *c)
 {
-	int n = manifest_steps_list(c->manifest, true, NULL, 0);
+	int n = manifest_steps_count(c->manifest);
 	if (n != 0)
 		return n < 0 ? n : 0;
 	struct root_state rs;
@@ -239,7 +240,8 @@ static int glue_commit_start(ckpt_ctx *c)
 	int rc;
 	if (c->cfg.rank == 0) {
 		struct commit_coord_opts co = {
-			.manifest = c->manifest, .job_id = c->cfg.job_id, .world = (uint32_t)c->cfg.world,
+			.manifest = c->manifest, .root = c->cfg.root, .incarnation = c->incarnation,
+			.job_id = c->cfg.job_id, .world = (uint32_t)c->cfg.world,
 			.secret = c->cfg.secret, .secret_len = c->cfg.secret_len, .transport = transport,
 			.addr = c->cfg.coord_addr, .port = c->cfg.coord_port, .timeout_ms = c->cfg.timeout_ms,
 		};
@@ -348,7 +350,7 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 			goto fail;
 		if (!(c->cfg.flags & CKPT_OPEN_NO_GC)) {
 			uint64_t removed = 0;
-			rc = gc_orphans(c, &removed);
+			rc = gc_open(c, &removed);
 			if (rc)
 				goto fail;
 			if (removed)

@@ -1,7 +1,16 @@
 /*
- * gc.c — garbage collection of uncommitted steps: a step directory with no
- * COMMITTED record in the manifest is invisible (DESIGN §3) and is removed when
- * no save of it can be in flight. A committed step is never touched here.
+ * gc.c — garbage collection of attempts that cannot commit, by the coordinator at
+ * open and by ckpt_catalog_gc (retention.c).
+ *
+ * What may be deleted is decided by the manifest alone, positively: the files of an
+ * attempt whose record says it is ABORTED, or INFLIGHT under a coordinator that is
+ * gone (presumed abort: one coordinator per root, and a new one holds the root
+ * now). A step directory the manifest has no record of is never collected: it is
+ * the sign of a lost or damaged manifest (or of a root restored from a backup older
+ * than its files), and its files may be the only copy of committed steps that
+ * `ckpt-inspect rebuild --merge` can recover; the operator decides (`ckpt-inspect gc
+ * --unrecorded`). A damaged record protects its step the same way. A committed step
+ * is never touched here.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -12,16 +21,17 @@
 
 #include "glue.h"
 
-/* Remove the files of one step directory, then the directory. */
-static int gc_remove_step(const char *root, const char *name)
+/* Remove every regular file of one step directory, then the directory. */
+static int gc_remove_dir(const char *root, uint64_t step)
 {
 	char dir[4200], path[4500];
-	snprintf(dir, sizeof dir, "%s/%s", root, name);
+	int rc = ckpt_path_step_dir(dir, sizeof dir, root, step);
+	if (rc)
+		return ckpt_err(rc, "step directory of %s", root);
 	DIR *d = opendir(dir);
 	if (!d)
 		return errno == ENOENT ? 0 : ckpt_err(-errno, "gc: open %s", dir);
 	struct dirent *e;
-	int rc = 0;
 	while ((e = readdir(d))) {
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
@@ -34,36 +44,106 @@ static int gc_remove_step(const char *root, const char *name)
 	closedir(d);
 	if (!rc && rmdir(dir) < 0 && errno != ENOENT)
 		rc = ckpt_err(-errno, "gc: remove %s", dir);
-	return rc;
+	return rc ? rc : ckpt_fsync_dir(root);
 }
 
-int gc_orphans(ckpt_ctx *c, uint64_t *removed)
+int gc_attempt_remove(const char *root, uint64_t step, uint64_t save_id)
+{
+	uint32_t removed;
+	bool empty;
+	int rc = ckpt_step_remove_attempt(root, step, save_id, &removed, &empty);
+	if (rc)
+		return rc;
+	if (!empty)
+		return 0;                  /* something the record does not name stays */
+	char dir[4200];
+	if ((rc = ckpt_path_step_dir(dir, sizeof dir, root, step)))
+		return ckpt_err(rc, "step directory of %s", root);
+	if (rmdir(dir) < 0 && errno != ENOENT && errno != ENOTEMPTY)
+		return ckpt_err(-errno, "gc: remove %s", dir);
+	return ckpt_fsync_dir(root);
+}
+
+int gc_unrecorded_remove(const char *root, uint64_t step)
+{
+	return gc_remove_dir(root, step);
+}
+
+/* A manifest directory left by a creation that stopped (manifest_open creates one
+ * aside, then renames it): never read by anything; removed. */
+static void gc_creation_leftovers(const char *root)
+{
+	DIR *d = opendir(root);
+	if (!d)
+		return;
+	struct dirent *e;
+	char path[4500];
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, MANIFEST_NEW_PREFIX, strlen(MANIFEST_NEW_PREFIX)))
+			continue;
+		snprintf(path, sizeof path, "%s/%s/data.mdb", root, e->d_name);
+		unlink(path);
+		snprintf(path, sizeof path, "%s/%s/lock.mdb", root, e->d_name);
+		unlink(path);
+		snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+		if (rmdir(path) == 0)
+			ckpt_log(CKPT_LOG_INFO, "%s: removed an unfinished manifest creation", path);
+	}
+	closedir(d);
+}
+
+int gc_open(ckpt_ctx *c, uint64_t *removed)
 {
 	*removed = 0;
-	DIR *d = opendir(c->cfg.root);
+	const char *root = c->cfg.root;
+	gc_creation_leftovers(root);
+	uint64_t bad[8];
+	int nbad = manifest_steps_damaged(c->manifest, bad, CKPT_ARRAY_SIZE(bad));
+	if (nbad > 0)
+		ckpt_log(CKPT_LOG_WARN, "%s: %d damaged record(s) in the manifest (the first under "
+		         "step %llu): their steps are left alone; `ckpt-inspect %s rebuild --merge` "
+		         "removes the damaged records and recovers the steps from their files",
+		         root, nbad, (unsigned long long)bad[0], root);
+	DIR *d = opendir(root);
 	if (!d)
-		return ckpt_err(-errno, "gc: open %s", c->cfg.root);
+		return ckpt_err(-errno, "gc: open %s", root);
 	struct dirent *e;
 	int rc = 0;
+	uint64_t unrecorded = 0, first_unrecorded = 0;
 	while ((e = readdir(d)) && !rc) {
 		uint64_t step;
 		if (!ckpt_path_parse_step_dir(e->d_name, &step))
 			continue;
 		struct manifest_step rec;
 		int g = manifest_step_get(c->manifest, step, &rec);
-		if (g == 0 && rec.state == CKPT_STATE_COMMITTED)
+		if (g == CKPT_ENOTFOUND) {
+			if (!unrecorded++)
+				first_unrecorded = step;
 			continue;
-		if (g && g != CKPT_ENOTFOUND) {
-			rc = g;
-			break;
 		}
-		rc = gc_remove_step(c->cfg.root, e->d_name);
-		if (!rc)
-			(*removed)++;
+		if (g) {
+			ckpt_log(CKPT_LOG_WARN, "gc: step %llu left alone: %s", (unsigned long long)step,
+			         ckpt_err_msg());
+			continue;
+		}
+		if (rec.state == CKPT_STATE_COMMITTED)
+			continue;
+		/* ABORTED, or INFLIGHT of a coordinator that is gone (this one has begun
+		 * nothing yet): presumed abort. */
+		if ((rc = gc_attempt_remove(root, step, rec.save_id)))
+			break;
+		if (rec.state == CKPT_STATE_INFLIGHT)
+			manifest_record_abort(c->manifest, &rec, "presumed aborted: the coordinator "
+			                      "that began it is gone");
+		(*removed)++;
 	}
 	closedir(d);
-	if (!rc && *removed)
-		rc = ckpt_fsync_dir(c->cfg.root);
+	if (unrecorded)
+		ckpt_log(CKPT_LOG_WARN, "%s: %llu step director%s without a record in the manifest "
+		         "(the first: step %llu) kept: `ckpt-inspect %s rebuild --merge` recovers "
+		         "what they hold, `ckpt-inspect %s gc --unrecorded` removes them", root,
+		         (unsigned long long)unrecorded, unrecorded == 1 ? "y" : "ies",
+		         (unsigned long long)first_unrecorded, root, root);
 	return rc;
 }
 
@@ -89,12 +169,4 @@ int gc_step_dir_usage(const char *root, uint64_t step, uint32_t *nfiles, uint64_
 	}
 	closedir(d);
 	return 0;
-}
-
-int gc_step_dir_remove(const char *root, uint64_t step)
-{
-	char name[64];
-	snprintf(name, sizeof name, "step-%020llu", (unsigned long long)step);
-	int rc = gc_remove_step(root, name);
-	return rc ? rc : ckpt_fsync_dir(root);
 }

@@ -59,6 +59,7 @@ enum save_state { SAVE_OPEN = 0, SAVE_QUEUED, SAVE_RUNNING, SAVE_DONE };
 struct ckpt_save {
 	ckpt_ctx         *ctx;
 	uint64_t          step;
+	uint64_t          save_id;        /* this attempt's: its file's name and index carry it */
 	struct save_item *items;
 	size_t            nitems, cap;
 	uint64_t         *name_hashes;    /* open-addressing set of item names */
@@ -142,7 +143,6 @@ bool glue_is_coordinator(const ckpt_ctx *c);
  * <root>/coordinator.lock, held through *fd until it is closed; -EBUSY naming the
  * holder when another process holds it. lock_probe: 1 if a coordinator holds the
  * root now (*incarnation: its incarnation, from the lock file), else 0. */
-uint64_t lock_new_incarnation(void);
 int  lock_take(const struct glue_config *cfg, uint64_t incarnation, int *fd);
 int  lock_probe(const char *root, uint64_t *incarnation);
 /* The manifest, opening it read-only on first use where this process is not the
@@ -150,8 +150,28 @@ int  lock_probe(const char *root, uint64_t *incarnation);
 int  glue_manifest(ckpt_ctx *c, struct manifest **out);
 /* Run the save worker's job for one save (lib/save.c). */
 void save_run(ckpt_ctx *c, struct ckpt_save *s);
-/* Remove step directories with no committed record (lib/gc.c). */
-int  gc_orphans(ckpt_ctx *c, uint64_t *removed);
+/* What a root holds (lib/catalog.c): the manifest's records merged with the step
+ * directories on disk, in step order. */
+struct catalog_entry {
+	uint64_t step;
+	bool     has_record, has_dir;
+	bool     live;                 /* an INFLIGHT record of the coordinator holding the
+	                                  root now: a save in flight */
+	struct manifest_step rec;      /* when has_record */
+	uint32_t nfiles;
+	uint64_t dir_bytes;
+};
+/* all: every record and directory; else committed steps only. *out malloc'd. */
+int  catalog_list(ckpt_ctx *c, bool all, struct catalog_entry **out, size_t *count);
+/* The coordinator's GC at open (lib/gc.c): the files of attempts the manifest names
+ * ABORTED or abandoned INFLIGHT; never a directory without a record. */
+int  gc_open(ckpt_ctx *c, uint64_t *removed);
+/* Remove the files of attempt save_id of step (0: every shard file, for a record
+ * that names no attempt), and the directory if nothing else is left in it. */
+int  gc_attempt_remove(const char *root, uint64_t step, uint64_t save_id);
+/* Remove a step directory and everything in it (the operator's explicit choice for
+ * a directory without a record), then fsync the root. */
+int  gc_unrecorded_remove(const char *root, uint64_t step);
 
 /* The context's load engine, with ctx->load_lock held (created on first use); every
  * reader opened on it and every io_read_batch on it happen between these two calls
@@ -166,7 +186,6 @@ int  load_shard_reader(ckpt_load *l, uint32_t rank, struct io_shard_reader **out
 int  load_footer_open(const ckpt_load *l, uint32_t r, struct io_shard_reader **out);
 /* Regular files and their bytes in a step directory (lib/gc.c). 0 or -errno. */
 int  gc_step_dir_usage(const char *root, uint64_t step, uint32_t *nfiles, uint64_t *bytes);
-/* Remove a step directory and its files, then fsync the root (lib/gc.c). */
-int  gc_step_dir_remove(const char *root, uint64_t step);
+
 
 #endif /* CKPT_GLUE_H */

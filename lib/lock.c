@@ -21,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,15 +34,6 @@ static int lock_path(char *out, size_t cap, const char *root)
 {
 	int n = snprintf(out, cap, "%s/%s", root, CKPT_LOCK_FILE);
 	return n < 0 || (size_t)n >= cap ? ckpt_err(-ENAMETOOLONG, "%s: path too long", root) : 0;
-}
-
-uint64_t lock_new_incarnation(void)
-{
-	uint64_t v = 0;
-	while (v == 0)
-		if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
-			v = ckpt_now_ns() ^ ((uint64_t)getpid() << 32);
-	return v;
 }
 
 /* The holder's description from the lock file's text ("job 'x' (pid 12 on host h,

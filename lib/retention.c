@@ -4,9 +4,13 @@
  * and applies retention (keep the newest N committed steps, keep every K-th),
  * never the latest committed step.
  *
- * Order matters for DESIGN §3: a committed step's manifest record is deleted
- * BEFORE its files, so that a crash in between leaves orphan files (which the
- * next gc removes), never a visible step whose data is gone.
+ * Order matters for DESIGN §3. A committed step is first retired — its record made
+ * ABORTED, still naming its attempt, in one transaction — then its files go, then
+ * its record: a crash in between leaves an aborted record that the next gc finishes,
+ * never a visible step whose data is gone, nor files no record names. An aborted
+ * attempt's files go before its record, for the same reason. What gc removes is
+ * what the manifest names (gc.c); a save in flight is never a candidate, and a step
+ * directory without a record only when the caller asks (CKPT_GC_UNRECORDED).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -52,21 +56,50 @@ static bool gc_too_young(const char *root, uint64_t step, uint64_t min_age_s)
 }
 
 /* Decide the fate of one step; 0: keep. */
-static int gc_reason(const struct ckpt_catalog_step *s, const struct ckpt_gc_opts *o,
+static int gc_reason(const struct catalog_entry *x, const struct ckpt_gc_opts *o,
                      uint64_t latest, uint64_t ncommitted_newer)
 {
-	if (s->has_record && s->info.state == CKPT_STATE_COMMITTED) {
-		if (s->info.step == latest)
+	if (!x->has_record)
+		/* No record: never collected unless the operator asks (gc.c says why). */
+		return o->flags & CKPT_GC_UNRECORDED ? CKPT_GC_ORPHAN : 0;
+	if (x->rec.state == CKPT_STATE_COMMITTED) {
+		if (x->step == latest)
 			return 0;
 		if (!o->keep_last && !o->keep_every)
 			return 0;
 		if (o->keep_last && ncommitted_newer < o->keep_last)
 			return 0;
-		if (o->keep_every && s->info.step % o->keep_every == 0)
+		if (o->keep_every && x->step % o->keep_every == 0)
 			return 0;
 		return CKPT_GC_RETENTION;
 	}
-	return s->has_record ? CKPT_GC_ABORTED : CKPT_GC_ORPHAN;
+	/* A save in flight is never a candidate, whoever asks. */
+	if (x->live)
+		return 0;
+	return CKPT_GC_ABORTED;
+}
+
+/* Remove one step for reason why (see the top of the file for the order). */
+static int gc_remove(ckpt_ctx *c, const struct catalog_entry *x, int why)
+{
+	const char *root = c->cfg.root;
+	int rc;
+	switch (why) {
+	case CKPT_GC_RETENTION:
+		/* Invisible first, still naming its files; then the files; then the record. */
+		if ((rc = manifest_step_retire(c->manifest, x->step, "removed by retention")))
+			return rc;
+		/* fall through */
+	case CKPT_GC_ABORTED:
+		if (x->has_dir && (rc = gc_attempt_remove(root, x->step, x->rec.save_id)))
+			return rc;
+		rc = manifest_step_delete(c->manifest, x->step);
+		return rc == CKPT_ENOTFOUND ? 0 : rc;
+	case CKPT_GC_ORPHAN:
+		return gc_unrecorded_remove(root, x->step);
+	default:
+		return ckpt_err(-EINVAL, "gc: step %llu: reason %d", (unsigned long long)x->step, why);
+	}
 }
 
 int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_result *ures)
@@ -80,7 +113,7 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 			return ckpt_err(-EINVAL, "ckpt_catalog_gc: options size %zu", uo->size);
 		memcpy(&o, uo, uo->size);
 	}
-	if (o.flags & ~(unsigned)CKPT_GC_DRY_RUN)
+	if (o.flags & ~(unsigned)(CKPT_GC_DRY_RUN | CKPT_GC_UNRECORDED))
 		return ckpt_err(-EINVAL, "ckpt_catalog_gc: unknown flags 0x%x", o.flags);
 	ckpt_err_clear();
 	bool dry = o.flags & CKPT_GC_DRY_RUN;
@@ -91,63 +124,49 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 	if (!dry && access(c->cfg.root, W_OK | X_OK) < 0)
 		return ckpt_err(-errno, "gc: checkpoint root %s is not writable%s: nothing removed",
 		                c->cfg.root, errno == EROFS ? " (read-only file system)" : "");
-	int n = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, NULL, 0);
-	if (n < 0)
-		return n;
-	struct ckpt_catalog_step *st = calloc((size_t)(n ? n : 1), sizeof *st);
-	if (!st)
-		return ckpt_err(-ENOMEM, "gc of %s", c->cfg.root);
-	int got = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, (size_t)n);
-	if (got < 0) {
-		free(st);
-		return got;
-	}
-	size_t cnt = (size_t)(got < n ? got : n);
+	struct catalog_entry *st;
+	size_t cnt;
+	int rc = catalog_list(c, true, &st, &cnt);
+	if (rc)
+		return rc;
 	uint64_t latest = 0;
 	bool have_latest = false;
 	for (size_t i = 0; i < cnt; i++) {
-		if (st[i].has_record && st[i].info.state == CKPT_STATE_COMMITTED) {
-			latest = st[i].info.step;
+		if (st[i].has_record && st[i].rec.state == CKPT_STATE_COMMITTED) {
+			latest = st[i].step;
 			have_latest = true;
 		}
 	}
 	struct ckpt_gc_result res;
 	memset(&res, 0, sizeof res);
-	int rc = 0;
 	/* Newest first, so "committed steps newer than this one" is a running count. */
 	uint64_t newer = 0;
 	for (size_t k = cnt; k-- > 0 && !rc;) {
-		const struct ckpt_catalog_step *s = &st[k];
-		bool committed = s->has_record && s->info.state == CKPT_STATE_COMMITTED;
-		int why = gc_reason(s, &o, have_latest ? latest : UINT64_MAX, newer);
+		const struct catalog_entry *x = &st[k];
+		bool committed = x->has_record && x->rec.state == CKPT_STATE_COMMITTED;
+		int why = gc_reason(x, &o, have_latest ? latest : UINT64_MAX, newer);
 		if (committed)
 			newer++;
 		if (!why) {
 			res.steps_kept += committed;
+			res.steps_unrecorded += !x->has_record;
 			continue;
 		}
-		if (why != CKPT_GC_RETENTION && s->has_dir &&
-		    gc_too_young(c->cfg.root, s->info.step, o.min_age_s)) {
+		if (why != CKPT_GC_RETENTION && x->has_dir &&
+		    gc_too_young(c->cfg.root, x->step, o.min_age_s)) {
 			ckpt_log(CKPT_LOG_INFO, "gc: step %llu modified less than %llu s ago: spared",
-			         (unsigned long long)s->info.step, (unsigned long long)o.min_age_s);
+			         (unsigned long long)x->step, (unsigned long long)o.min_age_s);
 			continue;
 		}
 		struct ckpt_gc_item it = {
-			.step = s->info.step, .reason = why, .bytes = s->dir_bytes, .nfiles = s->nfiles,
+			.step = x->step, .reason = why, .bytes = x->dir_bytes, .nfiles = x->nfiles,
 		};
 		if (o.report)
 			o.report(o.arg, &it);
 		res.steps_removed++;
-		res.bytes_freed += s->dir_bytes;
-		if (dry)
-			continue;
-		/* Record first, files second (see the top of this file). */
-		if (s->has_record && (rc = manifest_step_delete(c->manifest, s->info.step)) &&
-		    rc != CKPT_ENOTFOUND)
-			break;
-		rc = 0;
-		if (s->has_dir && (rc = gc_step_dir_remove(c->cfg.root, s->info.step)))
-			ckpt_err_prefix(rc, "gc of step %llu", (unsigned long long)s->info.step);
+		res.bytes_freed += x->dir_bytes;
+		if (!dry && (rc = gc_remove(c, x, why)))
+			ckpt_err_prefix(rc, "gc of step %llu", (unsigned long long)x->step);
 	}
 	free(st);
 	if (ures) {

@@ -221,6 +221,34 @@ int ckpt_save_add_blob(ckpt_save *s, const char *name, int kind, int policy,
 
 /* ------------------------------------------------------------------ lifecycle */
 
+/* The attempt of a rank that is its own coordinator (a world of one). */
+static void save_local_id(const ckpt_ctx *c, uint64_t step, uint64_t save_id,
+                          struct manifest_step *id)
+{
+	memset(id, 0, sizeof *id);
+	id->step = step;
+	id->world = 1;
+	id->save_id = save_id;
+	id->incarnation = c->incarnation;
+	snprintf(id->job_id, sizeof id->job_id, "%s", c->cfg.job_id);
+}
+
+/* A world of one records the end of an attempt that will not commit, as the
+ * coordinator does: so that its INFLIGHT record does not read as a save in flight.
+ * The caller's message stays. */
+static void save_local_abort(ckpt_ctx *c, uint64_t step, uint64_t save_id, const char *why)
+{
+	if (c->part || !c->manifest || !save_id)
+		return;
+	char msg[1024];
+	snprintf(msg, sizeof msg, "%s", ckpt_err_msg());
+	struct manifest_step id, cur;
+	save_local_id(c, step, save_id, &id);
+	if (!(manifest_step_get(c->manifest, step, &cur) == 0 && cur.state == CKPT_STATE_COMMITTED))
+		manifest_record_abort(c->manifest, &id, why);
+	ckpt_err_restore(msg);
+}
+
 int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
 {
 	if (!out)
@@ -234,25 +262,33 @@ int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
 		return ckpt_err(-EINVAL, "step %llu is reserved (CKPT_LATEST)",
 		                (unsigned long long)step);
 	/* A committed step is never written over: check before any file is touched. In
-	 * a world of several ranks the coordinator answers for every rank. */
+	 * a world of several ranks the coordinator answers for every rank; a rank alone
+	 * is its own coordinator. Either way the attempt gets its id, and its INFLIGHT
+	 * record is durable, before this rank writes anything (commit_attempt_begin). */
+	uint64_t save_id = 0;
 	if (c->part) {
-		int rc = commit_part_begin(c->part, step);
+		int rc = commit_part_begin(c->part, step, &save_id);
 		if (rc)
 			return ckpt_err_prefix(rc, "rank %d", c->cfg.rank);
 	} else if (c->manifest) {
-		struct manifest_step rec;
-		int rc = manifest_step_get(c->manifest, step, &rec);
-		if (rc == 0 && rec.state == CKPT_STATE_COMMITTED)
+		struct manifest_step id;
+		save_local_id(c, step, ckpt_random_id(), &id);
+		int rc = commit_attempt_begin(c->manifest, c->cfg.root, &id);
+		if (rc == -EEXIST)
 			return ckpt_err(-EEXIST, "step %llu is already committed in %s",
 			                (unsigned long long)step, c->cfg.root);
-		if (rc && rc != CKPT_ENOTFOUND)
+		if (rc)
 			return rc;
+		save_id = id.save_id;
 	}
 	ckpt_save *s = calloc(1, sizeof *s);
-	if (!s)
+	if (!s) {
+		save_local_abort(c, step, save_id, "out of memory at begin");
 		return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)step);
+	}
 	s->ctx = c;
 	s->step = step;
+	s->save_id = save_id;
 	/* Bound the saves in flight: wait for an older one to finish. */
 	pthread_mutex_lock(&c->lock);
 	while (c->inflight >= c->cfg.max_inflight)
@@ -361,6 +397,8 @@ void ckpt_save_free(ckpt_save *s)
 	else if (c->part)
 		/* Begun but never submitted: the other ranks must not wait for this vote. */
 		commit_part_abort(c->part, s->step, CKPT_EABORTED, "save freed without being submitted");
+	else
+		save_local_abort(c, s->step, s->save_id, "save freed without being submitted");
 	pthread_mutex_lock(&c->lock);
 	c->inflight--;
 	pthread_cond_broadcast(&c->cond);
@@ -431,7 +469,7 @@ static int step_dir_create(ckpt_ctx *c, uint64_t step, char *dir, size_t cap)
 	int rc = ckpt_path_step_dir(dir, cap, c->cfg.root, step);
 	if (rc)
 		return ckpt_err(rc, "step directory path");
-	if (mkdir(dir, 0755) < 0) {
+	if (mkdir(dir, (mode_t)c->cfg.dir_mode) < 0) {
 		if (errno != EEXIST)
 			return ckpt_err(-errno, "create step directory %s", dir);
 		return 0;
@@ -669,7 +707,7 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	memset(&res, 0, sizeof res);
 	ckpt_err_clear();
 	int rc = 0;
-	bool voted = false;
+	bool voted = false, decided = false;
 	struct save_cursor cur;
 	memset(&cur, 0, sizeof cur);
 	uint64_t t_run = ckpt_now_ns();
@@ -695,13 +733,18 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		goto out;
 	if ((rc = step_dir_create(c, s->step, dir, sizeof dir)))
 		goto out;
-	if ((rc = ckpt_path_shard(path, sizeof path, c->cfg.root, s->step, (uint32_t)c->cfg.rank))) {
+	if ((rc = ckpt_path_shard(path, sizeof path, c->cfg.root, s->step, (uint32_t)c->cfg.rank,
+	                          s->save_id))) {
 		rc = ckpt_err(rc, "shard path");
 		goto out;
 	}
-	rc = io_shard_writer_open(c->save_engine, path, s->step, (uint32_t)c->cfg.rank,
-	                          (uint32_t)c->cfg.world, save_size_hint(c, s), c->cfg.zstd_level,
-	                          IO_BLOCK_BYTES, &w);
+	struct io_writer_opts wo = {
+		.step = s->step, .rank = (uint32_t)c->cfg.rank, .world = (uint32_t)c->cfg.world,
+		.save_id = s->save_id, .size_hint = save_size_hint(c, s),
+		.zstd_level = c->cfg.zstd_level, .block_bytes = IO_BLOCK_BYTES,
+		.mode = c->cfg.file_mode,
+	};
+	rc = io_shard_writer_open(c->save_engine, path, &wo, &w);
 	if (rc)
 		goto out;
 	if ((rc = save_stream(c, s, &cur, w)))
@@ -732,12 +775,15 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 
 	/* The vote. With one rank this process is its own coordinator. */
 	struct commit_vote v = {
-		.rank = (uint32_t)c->cfg.rank, .step = s->step, .index = res.footer,
-		.index_len = res.footer_len, .file_size = res.file_size,
+		.rank = (uint32_t)c->cfg.rank, .step = s->step, .save_id = s->save_id,
+		.index = res.footer, .index_len = res.footer_len, .file_size = res.file_size,
 	};
 	memcpy(v.footer_hash, res.footer_hash, sizeof v.footer_hash);
 	if (!c->part) {
-		rc = commit_decide(c->manifest, c->cfg.job_id, s->step, 1, &v);
+		struct manifest_step id;
+		save_local_id(c, s->step, s->save_id, &id);
+		rc = commit_decide(c->manifest, &id, &v);
+		decided = true;
 		/* The manifest decides: a failure after the commit transaction leaves the
 		 * step committed, and its file must stay. The look-up records its own
 		 * message (e.g. "no such step") on a miss: keep the failure's cause. */
@@ -777,11 +823,16 @@ out:
 	if (c->part && rc && !voted)
 		commit_part_abort(c->part, s->step, rc, ckpt_err_msg());
 	/* Not committed: this rank's file is garbage now; remove it (GC would too). In
-	 * doubt, the file stays: the step may be committed. */
+	 * doubt, the file stays: the step may be committed. The name is this attempt's
+	 * own: no other process's file is ever removed here. */
 	if (rc && rc != -EEXIST && rc != CKPT_EINDOUBT && res.index) {
 		if (unlink(path) == 0)
 			ckpt_fsync_dir(dir);
 	}
+	/* A rank alone decides for itself: commit_decide recorded its own aborts, the
+	 * failures before it are recorded here. */
+	if (rc && rc != -EEXIST && !decided)
+		save_local_abort(c, s->step, s->save_id, ckpt_err_msg());
 	if (rc)
 		ckpt_err_prefix(rc, "save of step %llu on rank %d", (unsigned long long)s->step,
 		                c->cfg.rank);

@@ -139,3 +139,28 @@ int tu_count_files(const char *path)
 	nftw(path, count_cb, 16, FTW_PHYS);
 	return n;
 }
+
+int tu_shard_path(const char *root, uint64_t step, uint32_t rank, char *out, size_t cap)
+{
+	char dir[4096], prefix[32];
+	snprintf(dir, sizeof dir, "%s/step-%020llu", root, (unsigned long long)step);
+	snprintf(prefix, sizeof prefix, "rank-%06u", rank);
+	size_t pl = strlen(prefix);
+	DIR *d = opendir(dir);
+	if (!d)
+		return -ENOENT;
+	int found = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		const char *n = e->d_name;
+		if (strncmp(n, prefix, pl) || (n[pl] != '-' && n[pl] != '.'))
+			continue;
+		size_t len = strlen(n);
+		if (len < 6 || strcmp(n + len - 6, ".shard"))
+			continue;
+		if (found++ == 0)
+			snprintf(out, cap, "%s/%s", dir, n);
+	}
+	closedir(d);
+	return found == 1 ? 0 : found ? -EEXIST : -ENOENT;
+}

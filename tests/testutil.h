@@ -26,5 +26,9 @@ int tu_write_file(const char *path, const void *p, size_t len);
 int tu_flip_bit(const char *path, uint64_t off, int bit);
 /* Count regular files below path. */
 int tu_count_files(const char *path);
+/* The path of rank's shard file of step in root (its name carries the attempt's save
+ * id, which a test does not know): 0, or -ENOENT when there is none (-EEXIST: more
+ * than one). */
+int tu_shard_path(const char *root, uint64_t step, uint32_t rank, char *out, size_t cap);
 
 #endif

@@ -83,13 +83,14 @@ static void *rank_main(void *p)
 	struct rank_arg *a = p;
 	void *ix;
 	size_t len;
-	a->rc = commit_part_begin(a->p, a->step);
+	uint64_t save_id = 0;
+	a->rc = commit_part_begin(a->p, a->step, &save_id);
 	if (!a->rc)
-		a->rc = synth_rows_encode(a->step, a->rank, a->world, NTENSORS, ROWS, 64, &ix, &len);
+		a->rc = synth_rows_encode(a->step, a->rank, a->world, save_id, NTENSORS, ROWS, 64, &ix, &len);
 	pthread_barrier_wait(a->bar);   /* every rank ready: vote together */
 	if (a->rc)
 		return NULL;
-	struct commit_vote v = { .rank = a->rank, .step = a->step, .index = ix, .index_len = len,
+	struct commit_vote v = { .rank = a->rank, .step = a->step, .save_id = save_id, .index = ix, .index_len = len,
 	                         .file_size = 1 };
 	a->rc = commit_part_prepare(a->p, &v);
 	a->sent_ns = ckpt_now_ns();
@@ -193,19 +194,20 @@ static void pace(uint64_t t0, uint64_t period)
 static int commit_records(struct manifest *m, uint64_t step, uint32_t w, uint64_t *ns_out)
 {
 	struct manifest_shard *sh = calloc(w, sizeof *sh);
-	char (*paths)[64] = calloc(w, sizeof *paths);
+	char (*paths)[80] = calloc(w, sizeof *paths);
 	if (!sh || !paths) {
 		free(sh);
 		free(paths);
 		return -ENOMEM;
 	}
+	uint64_t save_id = ckpt_random_id();     /* canonical paths: one table, as a job's */
 	for (uint32_t r = 0; r < w; r++) {
-		ckpt_path_shard_rel(paths[r], sizeof paths[r], step, r);
+		ckpt_path_shard_rel(paths[r], sizeof paths[r], step, r, save_id);
 		sh[r] = (struct manifest_shard){ .rank = r, .path = paths[r], .file_size = 1u << 30,
 		                                 .footer_offset = 1u << 29, .footer_len = 18000 };
 		memset(sh[r].footer_hash, (int)r, sizeof sh[r].footer_hash);
 	}
-	struct manifest_step rec = { .step = step, .world = w };
+	struct manifest_step rec = { .step = step, .world = w, .save_id = save_id };
 	uint64_t t = ckpt_now_ns();
 	int rc = manifest_commit(m, &rec, sh, w);
 	*ns_out = ckpt_now_ns() - t;
@@ -471,9 +473,9 @@ static int bench_world(const char *dir, uint32_t w, uint32_t ns, int where)
 	for (int pass = 0; pass < 2; pass++) {
 		for (int s = 0; s < STEPS && !rc; s++) {
 			uint64_t t0 = ckpt_now_ns();
-			char path[64];
+			char path[80];
 			uint64_t step = (pass ? 2100000 : 2000000) + (uint64_t)s;
-			ckpt_path_shard_rel(path, sizeof path, step, 0);
+			ckpt_path_shard_rel(path, sizeof path, step, 0, 0);
 			struct manifest_shard one = { .rank = 0, .path = path, .file_size = 1,
 			                              .index = "x", .index_len = 1 };
 			struct manifest_step rec1 = { .step = step, .world = 1 };

@@ -58,7 +58,10 @@ static double shard_write(struct io_engine *e, struct io_pool *pool, const char 
 {
 	struct io_shard_writer *w;
 	uint64_t t0 = ckpt_now_ns();
-	if (io_shard_writer_open(e, path, 1, 0, 1, total + (1 << 20), zstd, IO_BLOCK_BYTES, &w)) {
+	unlink(path);          /* the writer never replaces a file: each run writes it anew */
+	struct io_writer_opts o = { .step = 1, .rank = 0, .world = 1, .size_hint = total + (1 << 20),
+	                            .zstd_level = zstd, .block_bytes = IO_BLOCK_BYTES };
+	if (io_shard_writer_open(e, path, &o, &w)) {
 		fprintf(stderr, "%s\n", ckpt_err_msg()); exit(1);
 	}
 	uint64_t shape = total;

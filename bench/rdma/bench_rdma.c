@@ -184,12 +184,13 @@ static void *rank_main(void *p)
 	struct rank_arg *a = p;
 	void *ix = NULL;
 	size_t len = 0;
-	a->rc = commit_part_begin(a->p, a->step);
+	uint64_t save_id = 0;
+	a->rc = commit_part_begin(a->p, a->step, &save_id);
 	if (!a->rc)
-		a->rc = synth_rows_encode(a->step, a->rank, a->world, NTENSORS, ROWS, 64, &ix, &len);
+		a->rc = synth_rows_encode(a->step, a->rank, a->world, save_id, NTENSORS, ROWS, 64, &ix, &len);
 	pthread_barrier_wait(a->bar);   /* every rank ready: vote together */
 	if (!a->rc) {
-		struct commit_vote v = { .rank = a->rank, .step = a->step, .index = ix,
+		struct commit_vote v = { .rank = a->rank, .step = a->step, .save_id = save_id, .index = ix,
 		                         .index_len = len, .file_size = 1 };
 		a->rc = commit_part_prepare(a->p, &v);
 		a->sent_ns = ckpt_now_ns();

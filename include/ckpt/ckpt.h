@@ -130,6 +130,8 @@ enum ckpt_open_flags {
 	CKPT_OPEN_GROUP_ACCESS = 1u << 3, /* create files 0640 and directories 0750, so that
 	                               * the group can read checkpoints (default: 0600 and
 	                               * 0700, or CKPT_GROUP_ACCESS=1) */
+	CKPT_OPEN_NO_AUTH  = 1u << 4, /* let a job of several ranks run without a secret
+	                               * (logged); or CKPT_AUTH=off. See ckpt_open */
 };
 
 struct ckpt_opts {
@@ -141,7 +143,9 @@ struct ckpt_opts {
 	unsigned    coord_port;    /* 0: CKPT_COORD_PORT, then MASTER_PORT+1, then 29600 */
 	int         transport;     /* enum ckpt_transport; AUTO: CKPT_TRANSPORT, then tcp */
 	const char *job_id;        /* NULL: CKPT_JOB_ID, then "default" */
-	const void *secret;        /* NULL: CKPT_JOB_SECRET (may be unset: no secret) */
+	const void *secret;        /* NULL: CKPT_JOB_SECRET, then the contents of the file
+	                            * CKPT_JOB_SECRET_FILE (mode 0600); required when world
+	                            * > 1 (see ckpt_open) */
 	size_t      secret_len;
 	size_t      pool_bytes;    /* bound on staging memory; 0: CKPT_POOL_BYTES, then 256 MiB */
 	size_t      chunk_bytes;   /* chunk size, multiple of 4096; 0: CKPT_CHUNK_BYTES, then 16 MiB */
@@ -190,11 +194,19 @@ struct ckpt_gds_stats {
 CKPT_API int ckpt_gds_stats(const ckpt_ctx *c, struct ckpt_gds_stats *st);
 
 /*
- * Open a checkpoint root. Creates the root and its manifest when the directory is
- * missing or empty (unless CKPT_OPEN_READONLY). The coordinator role (rank 0 in the
- * embedded default) runs garbage collection of uncommitted steps at open.
- * Errors: -ENOENT (readonly and missing), -EACCES, CKPT_ENOTROOT (a non-empty
- * directory without a manifest), CKPT_EVERSION, CKPT_EFORMAT, -EINVAL (bad options).
+ * Open a checkpoint root. Creates the root (mode 0700) and its manifest when the
+ * directory is missing or empty (unless CKPT_OPEN_READONLY). The coordinator role
+ * (rank 0, not read-only) holds the root for the context's life: a second one on the
+ * same root, in any process, is refused (-EBUSY naming the holder), and it runs
+ * garbage collection of the attempts the manifest names as aborted at open. A root
+ * whose manifest is missing, emptied or damaged while it holds step directories is
+ * refused by every rank with CKPT_ENOMANIFEST — nothing in it is changed — and
+ * CKPT_OPEN_RECOVER opens it for ckpt_catalog_rebuild (a damaged manifest is moved
+ * aside to manifest.damaged-<time> first). A job of several ranks needs a job secret
+ * (CKPT_EAUTH otherwise) unless CKPT_OPEN_NO_AUTH or CKPT_AUTH=off says to run
+ * without one. Errors: -ENOENT (readonly and missing), -EACCES, -EBUSY,
+ * CKPT_ENOTROOT (a non-empty directory that is not a checkpoint root),
+ * CKPT_ENOMANIFEST, CKPT_EAUTH, CKPT_EVERSION, CKPT_EFORMAT, -EINVAL (bad options).
  * On failure *out is NULL; the message names the root.
  */
 CKPT_API int  ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out);
@@ -485,11 +497,14 @@ CKPT_API int ckpt_catalog_verify(ckpt_ctx *c, uint64_t step, const struct ckpt_v
                                  struct ckpt_verify_result *res);
 
 enum ckpt_gc_flags {
-	CKPT_GC_DRY_RUN = 1u << 0,    /* report what would go; remove nothing */
+	CKPT_GC_DRY_RUN    = 1u << 0, /* report what would go; remove nothing */
+	CKPT_GC_UNRECORDED = 1u << 1, /* also remove step directories the manifest has no
+	                                 record of (see ckpt_catalog_gc) */
 };
 enum ckpt_gc_reason {
-	CKPT_GC_ORPHAN = 1,           /* a step directory with no record */
-	CKPT_GC_ABORTED,              /* an aborted (or in-flight) record, and its directory */
+	CKPT_GC_ORPHAN = 1,           /* a step directory with no record (CKPT_GC_UNRECORDED) */
+	CKPT_GC_ABORTED,              /* an aborted attempt (or one whose coordinator is gone),
+	                                 and its files */
 	CKPT_GC_RETENTION,            /* a committed step outside the retention rule */
 };
 CKPT_API const char *ckpt_gc_reason_name(int reason);
@@ -521,18 +536,27 @@ struct ckpt_gc_result {
 	uint64_t steps_removed;       /* (dry run: that would be removed) */
 	uint64_t bytes_freed;
 	uint64_t steps_kept;          /* committed steps left */
+	uint64_t steps_unrecorded;    /* step directories without a record, left alone */
 	/* append only */
 };
 
 /*
- * Garbage collection with retention: removes step directories with no record, aborted
- * and in-flight records with their directories, and committed steps kept by neither
- * rule (when keep_last or keep_every is set, a committed step stays if either rule
- * keeps it). The latest committed step is never removed. A step's manifest record is
- * deleted BEFORE its files, so a crash in between leaves orphan files, never a visible
- * step without data. Needs a context that owns the manifest (rank 0, not READONLY).
+ * Garbage collection with retention. Removes what the manifest names as removable:
+ * the files of aborted attempts (and of attempts whose coordinator is gone: presumed
+ * abort), and committed steps kept by neither rule (when keep_last or keep_every is
+ * set, a committed step stays if either rule keeps it). Never removed: the latest
+ * committed step; a save in flight (an in-flight record of the coordinator that
+ * holds the root now — the calling context itself when a job runs gc); a step whose
+ * record is damaged; and a step directory the manifest has no record of — the sign
+ * of a lost or damaged manifest, whose files `rebuild` may recover — unless
+ * CKPT_GC_UNRECORDED asks for it (result: steps_unrecorded counts those left). A
+ * committed step is made invisible first (its record turned aborted, still naming
+ * its files), then its files go, then its record: a crash in between leaves an
+ * aborted record that the next gc finishes, never a visible step without data.
+ * Needs a context that owns the manifest (rank 0, not READONLY).
  * Errors: CKPT_ESTATE (read-only context), -EROFS / -EACCES (the root cannot be
- * written: nothing removed), -errno of a removal (message names the file).
+ * written: nothing removed), CKPT_ECORRUPT (a damaged record: named; nothing
+ * removed), -errno of a removal (message names the file).
  */
 CKPT_API int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *o,
                              struct ckpt_gc_result *res);
@@ -544,24 +568,31 @@ enum ckpt_rebuild_outcome {
 	CKPT_REBUILD_COMMITTED = 1,   /* every rank's shard decodes and the set validates */
 	CKPT_REBUILD_PRESENT,         /* the manifest already had a record; left as it was */
 	CKPT_REBUILD_UNPROVEN,        /* recorded as aborted: why says what is missing */
+	CKPT_REBUILD_DAMAGED,         /* (merge) a damaged record, removed; its step, if it
+	                                 has a directory, is then rebuilt like any other */
 };
 typedef void (*ckpt_rebuild_report_fn)(void *arg, uint64_t step, int outcome, uint32_t world,
                                        const char *why);
 struct ckpt_rebuild_result {
 	size_t   size;                /* first; the caller sets sizeof */
 	uint64_t steps_seen, steps_committed, steps_present, steps_unproven;
+	uint64_t steps_damaged;       /* damaged records removed (merge) */
 	/* append only */
 };
 
 /*
  * Recreate a lost manifest from the self-describing shard files (docs/format.md): for
- * each step directory, every rank-*.shard file's trailer, footer hash and index are
- * checked; the step is recorded COMMITTED only when ranks 0..world-1 all decode, agree
- * on step and world, and the set passes the commit validation (tiling, replicas
- * identical by hash). Anything it cannot prove is recorded as aborted with the reason
- * (so gc removes it) and reported. Without CKPT_REBUILD_MERGE the manifest must hold
- * no record (-EEXIST otherwise): a directory without a record next to a live manifest
- * is a save the coordinator never committed, and presumed abort says it stays so.
+ * each step directory without a record, the shard files are grouped by the attempt
+ * their names carry, and every file's trailer, footer hash and index are checked; the
+ * step is recorded COMMITTED only when exactly one attempt proves complete — ranks
+ * 0..world-1 all decode, agree on step, world and attempt, and the set passes the
+ * commit validation (tiling, replicas identical by hash). Anything it cannot prove
+ * (two complete attempts included) is recorded as aborted with the reason (so gc
+ * removes its files) and reported. Without CKPT_REBUILD_MERGE the manifest must hold
+ * no record (-EEXIST otherwise): open the root with CKPT_OPEN_RECOVER, which starts a
+ * new manifest when it is missing or sets a damaged one aside. With
+ * CKPT_REBUILD_MERGE, records already there stand, damaged records are removed
+ * first (CKPT_REBUILD_DAMAGED), and directories without a record are rebuilt.
  * Needs a context that owns the manifest. report may be NULL; res may be NULL.
  */
 CKPT_API int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn report,

@@ -3,7 +3,9 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ckpt_internal.h"
 
@@ -19,6 +21,15 @@ uint64_t ckpt_wall_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t ckpt_random_id(void)
+{
+	uint64_t v = 0;
+	while (v == 0)
+		if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+			v = ckpt_now_ns() ^ ((uint64_t)getpid() << 40) ^ ckpt_wall_ns();
+	return v;
 }
 
 bool ckpt_shape_elems(unsigned ndim, const uint64_t *shape, uint64_t *out)

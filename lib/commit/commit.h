@@ -24,6 +24,7 @@
 struct commit_vote {
 	uint32_t    rank;
 	uint64_t    step;
+	uint64_t    save_id;        /* the attempt the shard was written for (its file's name) */
 	const void *index;          /* encoded shard index (the footer bytes) */
 	size_t      index_len;
 	uint64_t    file_size;
@@ -63,35 +64,42 @@ void commit_gather_free(struct commit_gather *g);
 /*
  * The decision: decode and validate the votes, then commit them in one durable
  * manifest transaction (fault points coord_before_commit_txn and
- * coord_after_commit_txn around it). votes[r] must be rank r's vote.
- * 0 (committed), -EEXIST (already committed), CKPT_EINVALID, CKPT_EFORMAT (a vote's
- * index does not decode), or the manifest's error. On any failure other than
- * -EEXIST the step is recorded as aborted, with the reason.
+ * coord_after_commit_txn around it). id names the attempt: its step, world,
+ * save_id, incarnation and job_id go into the step record; votes[r] must be rank
+ * r's vote, and with a save id every vote's index must carry it.
+ * 0 (committed), -EEXIST (already committed), -ESTALE (the manifest names another
+ * attempt), CKPT_EINVALID, CKPT_EFORMAT (a vote's index does not decode), or the
+ * manifest's error. On any failure other than -EEXIST the attempt is recorded as
+ * aborted, with the reason.
  */
-int commit_decide(struct manifest *m, const char *job_id, uint64_t step, uint32_t world,
+int commit_decide(struct manifest *m, const struct manifest_step *id,
                   const struct commit_vote *votes);
-
-/* The decision over a gather that already holds every rank's index (the
- * coordinator validates votes as they arrive): finish the checks, then the same
- * durable transaction as commit_decide. votes[r] supplies the footer facts; the
- * gather is not freed. Same returns as commit_decide. */
-int commit_decide_gathered(struct manifest *m, const char *job_id, uint64_t step,
-                           uint32_t world, const struct commit_vote *votes,
-                           struct commit_gather *g);
 
 /* The same decision from shard records prepared as the votes arrived
  * (commit_shard_record), so that nothing per rank is left to build after the last
  * vote. shards[r] is rank r's; the gather is not freed. Same returns. */
-int commit_decide_records(struct manifest *m, const char *job_id, uint64_t step,
-                          uint32_t world, const struct manifest_shard *shards,
-                          struct commit_gather *g);
+int commit_decide_records(struct manifest *m, const struct manifest_step *id,
+                          const struct manifest_shard *shards, struct commit_gather *g);
 /* Rank v->rank's shard record for the commit transaction: its file (path, a
- * buffer of the caller's that must live as long as *out), size, and where its
- * footer (the index ix decoded from v) lies, with its hash. */
-#define COMMIT_SHARD_PATH_MAX 64
+ * buffer of the caller's that must live as long as *out: the name carries the
+ * vote's save id), size, and where its footer (the index ix decoded from v) lies,
+ * with its hash. */
+#define COMMIT_SHARD_PATH_MAX 80
 void commit_shard_record(uint64_t step, const struct commit_vote *v,
                          const struct io_shard_index *ix, char path[COMMIT_SHARD_PATH_MAX],
                          struct manifest_shard *out);
+
+/*
+ * Begin a new attempt at a step, as its coordinator (the coordinator thread, or a
+ * rank of a world of one): the files of the attempt the manifest names as dead
+ * (ABORTED, or INFLIGHT under a coordinator that is gone) are removed from the step
+ * directory first (root NULL: not), then an INFLIGHT record of id (step, world,
+ * save_id, incarnation, job_id) is made durable — before any rank may write a file.
+ * So a step directory only ever holds files that a record names. -EEXIST (the step
+ * is committed), CKPT_ECORRUPT (its record is damaged: it may be a committed step's,
+ * and nothing is touched), or the manifest's or the file system's error.
+ */
+int commit_attempt_begin(struct manifest *m, const char *root, const struct manifest_step *id);
 
 /* ------------------------------------------------------------------ coordinator
  * Listens for the W participants of a job, gathers BEGIN and PREPARE per step,
@@ -103,6 +111,11 @@ void commit_shard_record(uint64_t step, const struct commit_vote *v,
  */
 struct commit_coord_opts {
 	struct manifest *manifest;   /* borrowed; must outlive the coordinator */
+	const char *root;            /* the checkpoint root: each vote is held to the shard
+	                                file it names (io_shard_trailer_check), and a new
+	                                attempt removes the files of the dead one before it;
+	                                NULL: neither (tests of the protocol alone) */
+	uint64_t    incarnation;     /* recorded in the steps this coordinator begins */
 	const char *job_id;
 	uint32_t    world;
 	const void *secret;
@@ -190,8 +203,11 @@ struct commit_part;
 /* Connect and authenticate. Errors: -ETIMEDOUT, CKPT_EAUTH, CKPT_EPEER, ... */
 int  commit_part_connect(const struct commit_part_opts *o, struct commit_part **out);
 void commit_part_close(struct commit_part *p);        /* NULL: no-op */
-/* May this rank write step? 0, -EEXIST (committed), or the coordinator's refusal. */
-int  commit_part_begin(struct commit_part *p, uint64_t step);
+/* May this rank write step? 0 with *save_id the attempt's id (its files carry it),
+ * -EEXIST (committed), or the coordinator's refusal. */
+int  commit_part_begin(struct commit_part *p, uint64_t step, uint64_t *save_id);
+/* The attempt (save id) this rank began for step, 0 if it began none. */
+uint64_t commit_part_attempt(struct commit_part *p, uint64_t step);
 /* Send this rank's vote (after its shard is durable). The coordinator counts it
  * only for a step this rank has begun (commit_part_begin) that is still in flight;
  * otherwise the wait for it reports CKPT_EABORTED. A second vote for the same

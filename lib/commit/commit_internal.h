@@ -13,10 +13,11 @@
 
 enum commit_msg_type {
 	COMMIT_MSG_BEGIN       = NET_MSG_USER_FIRST,  /* p -> c: {step} */
-	COMMIT_MSG_BEGIN_REPLY = 33,                  /* c -> p: {step, code, reason} */
-	COMMIT_MSG_PREPARE     = 34,                  /* p -> c: {step, rank, size, hash, index} */
-	COMMIT_MSG_DECISION    = 35,                  /* c -> p: {step, code, reason} */
-	COMMIT_MSG_ABORT       = 36,                  /* p -> c: {step, code, reason} */
+	COMMIT_MSG_BEGIN_REPLY = 33,                  /* c -> p: {step, code, reason, save id} */
+	COMMIT_MSG_PREPARE     = 34,                  /* p -> c: {step, rank, size, hash, save id,
+	                                                 index} */
+	COMMIT_MSG_DECISION    = 35,                  /* c -> p: {step, code, reason, save id} */
+	COMMIT_MSG_ABORT       = 36,                  /* p -> c: {step, code, reason, save id} */
 	/* The hierarchical commit (docs/protocol.md §2.8): a node leader (l) between
 	 * its node's ranks and the coordinator. */
 	COMMIT_MSG_RELAY_HELLO = 37,                  /* l -> c: {node, n, ranks[n]} */
@@ -32,11 +33,14 @@ enum commit_msg_type {
 
 #define COMMIT_MAX_REASON 512u
 
-/* {step, code, reason}: BEGIN_REPLY, DECISION and ABORT share one layout. */
+/* {step, code, reason, save id}: BEGIN_REPLY, DECISION and ABORT share one layout.
+ * The save id names the attempt at the step: the one a BEGIN_REPLY opened or
+ * joined, the one a DECISION decided, the one an ABORT gives up (0: none known). */
 struct commit_status_msg {
 	uint64_t step;
 	int32_t  code;
 	char     reason[COMMIT_MAX_REASON + 1];
+	uint64_t save_id;
 };
 int commit_status_encode(const struct commit_status_msg *m, struct ckpt_buf *b);
 int commit_status_decode(const void *p, size_t n, struct commit_status_msg *m);

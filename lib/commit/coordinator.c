@@ -47,6 +47,7 @@
 
 struct coord_step {
 	uint64_t            step;
+	uint64_t            save_id;           /* this attempt's (in its INFLIGHT record) */
 	uint64_t            deadline_ns;       /* 0 until the first vote */
 	uint32_t            nvotes;
 	bool               *began;             /* [world]: BEGIN of this attempt seen */
@@ -74,6 +75,8 @@ struct coord_link {
 
 struct commit_coord {
 	struct manifest     *manifest;
+	char                *root;             /* NULL: votes are not held to files */
+	uint64_t             incarnation;
 	char                *job_id;
 	uint32_t             world;
 	void                *secret;
@@ -169,6 +172,18 @@ static void step_free(struct commit_coord *c, struct coord_step *s)
 	free(s);
 }
 
+/* Take s off the list and free it (an attempt that never began). */
+static void step_unlink(struct commit_coord *c, struct coord_step *s)
+{
+	for (struct coord_step **pp = &c->steps; *pp; pp = &(*pp)->next) {
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	}
+	step_free(c, s);
+}
+
 static void step_abort(struct coord_step *s, int code, const char *fmt, ...)
 	CKPT_PRINTF(3, 4);
 static void step_abort(struct coord_step *s, int code, const char *fmt, ...)
@@ -239,9 +254,9 @@ static void link_drop(struct commit_coord *c, uint32_t l, const char *why)
 /* Send one rank a status (BEGIN_REPLY, or a DECISION for it alone): on its own
  * link as is, through its leader tagged with its rank. */
 static int send_status(struct commit_coord *c, uint32_t l, uint32_t rank, uint16_t type,
-                       uint64_t step, int code, const char *reason)
+                       uint64_t step, uint64_t save_id, int code, const char *reason)
 {
-	struct commit_status_msg m = { .step = step, .code = code };
+	struct commit_status_msg m = { .step = step, .code = code, .save_id = save_id };
 	snprintf(m.reason, sizeof m.reason, "%s", reason ? reason : "");
 	struct ckpt_buf b, t;
 	ckpt_buf_init(&b);
@@ -261,6 +276,15 @@ static int send_status(struct commit_coord *c, uint32_t l, uint32_t rank, uint16
 	return rc;
 }
 
+/* The record of a new attempt at step, before any rank is told it may write. */
+static int attempt_begin(struct commit_coord *c, struct coord_step *s)
+{
+	struct manifest_step id = { .step = s->step, .world = c->world, .save_id = s->save_id,
+	                            .incarnation = c->incarnation };
+	snprintf(id.job_id, sizeof id.job_id, "%s", c->job_id);
+	return commit_attempt_begin(c->manifest, c->root, &id);
+}
+
 static void on_begin(struct commit_coord *c, uint32_t l, uint32_t rank, const void *p, size_t n)
 {
 	uint64_t step;
@@ -268,26 +292,26 @@ static void on_begin(struct commit_coord *c, uint32_t l, uint32_t rank, const vo
 		link_drop(c, l, ckpt_err_msg());
 		return;
 	}
-	struct manifest_step rec;
-	int rc = manifest_step_get(c->manifest, step, &rec);
-	if (rc == 0 && rec.state == CKPT_STATE_COMMITTED) {
-		char why[96];
-		snprintf(why, sizeof why, "step %llu is already committed", (unsigned long long)step);
-		send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, -EEXIST, why);
-		return;
-	}
-	if (rc && rc != CKPT_ENOTFOUND) {
-		send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, rc, ckpt_err_msg());
-		return;
-	}
-	struct coord_step *s = step_find(c, step, true);
+	/* A step in flight: this rank joins its attempt. */
+	struct coord_step *s = step_find(c, step, false);
 	if (!s) {
-		send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, -ENOMEM,
-		            "coordinator out of memory");
-		return;
+		if (!(s = step_find(c, step, true))) {
+			send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, 0, -ENOMEM,
+			            "coordinator out of memory");
+			return;
+		}
+		s->save_id = ckpt_random_id();
+		int rc = attempt_begin(c, s);
+		if (rc) {
+			char why[COMMIT_MAX_REASON];
+			snprintf(why, sizeof why, "%s", ckpt_err_msg());
+			step_unlink(c, s);
+			send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, 0, rc, why);
+			return;
+		}
 	}
 	s->began[rank] = true;
-	send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, 0, NULL);
+	send_status(c, l, rank, COMMIT_MSG_BEGIN_REPLY, step, s->save_id, 0, NULL);
 }
 
 /* rank's vote: the PREPARE payload lies at offset off of m's (off > 0: relayed). */
@@ -315,7 +339,7 @@ static void on_prepare(struct commit_coord *c, uint32_t l, uint32_t rank, struct
 	 * committed; this coordinator alone commits, so a step in flight is not
 	 * committed and needs no look-up here. */
 	struct coord_step *s = step_find(c, v.step, false);
-	if (!s || !s->began[rank]) {
+	if (!s || !s->began[rank] || v.save_id != s->save_id) {
 		struct manifest_step rec;
 		if (manifest_step_get(c->manifest, v.step, &rec) == 0 &&
 		    rec.state == CKPT_STATE_COMMITTED) {
@@ -327,9 +351,10 @@ static void on_prepare(struct commit_coord *c, uint32_t l, uint32_t rank, struct
 		 * so, in case it is still waiting; a rank keeps the first decision. */
 		char why[128];
 		snprintf(why, sizeof why, "step %llu: the vote of rank %u came for no save in flight "
-		         "that it had begun", (unsigned long long)v.step, rank);
+		         "that it had begun (attempt %016llx)", (unsigned long long)v.step, rank,
+		         (unsigned long long)v.save_id);
 		ckpt_log(CKPT_LOG_WARN, "coordinator: ignoring it: %s", why);
-		send_status(c, l, rank, COMMIT_MSG_DECISION, v.step, CKPT_EABORTED, why);
+		send_status(c, l, rank, COMMIT_MSG_DECISION, v.step, v.save_id, CKPT_EABORTED, why);
 		return;
 	}
 	if (s->payloads[rank]) {
@@ -347,15 +372,30 @@ static void on_prepare(struct commit_coord *c, uint32_t l, uint32_t rank, struct
 	if (io_index_decode(v.index, v.index_len, &ix)) {
 		step_abort(s, CKPT_EABORTED, "step %llu: the index of rank %u does not decode: %s",
 		           (unsigned long long)v.step, rank, ckpt_err_msg());
-	} else if (ix->rank != rank || ix->step != v.step) {
+	} else if (ix->rank != rank || ix->step != v.step || ix->save_id != s->save_id) {
 		step_abort(s, CKPT_EABORTED, "step %llu: rank %u voted with the index of step %llu "
-		           "rank %u", (unsigned long long)v.step, rank, (unsigned long long)ix->step,
-		           ix->rank);
+		           "rank %u attempt %016llx (this attempt is %016llx)",
+		           (unsigned long long)v.step, rank, (unsigned long long)ix->step, ix->rank,
+		           (unsigned long long)ix->save_id, (unsigned long long)s->save_id);
 		io_index_free(ix);
 	} else {
 		commit_shard_record(v.step, &v, ix, s->paths[rank], &s->shards[rank]);
-		if (commit_gather_add(s->gather, ix))
+		/* The vote is held to the file it names: a vote whose file is not there, or
+		 * not the one voted for (a replayed or forged index), commits nothing. */
+		char path[4400];
+		int frc = 0;
+		if (c->root) {
+			snprintf(path, sizeof path, "%s/%s", c->root, s->paths[rank]);
+			frc = io_shard_trailer_check(path, v.file_size, ix->data_end, v.index_len,
+			                             v.footer_hash);
+		}
+		if (frc) {
+			step_abort(s, CKPT_EABORTED, "step %llu: the vote of rank %u does not match the "
+			           "shard it names: %s", (unsigned long long)v.step, rank, ckpt_err_msg());
+			io_index_free(ix);
+		} else if (commit_gather_add(s->gather, ix)) {
 			step_abort(s, CKPT_EABORTED, "%s", ckpt_err_msg());
+		}
 	}
 	s->t_last_recv = t_recv;
 	s->t_last_done = ckpt_now_ns();
@@ -373,7 +413,9 @@ static void on_abort(struct commit_coord *c, uint32_t l, uint32_t rank, const vo
 		return;
 	}
 	struct coord_step *s = step_find(c, st.step, false);
-	if (s)
+	/* An ABORT names the attempt it gives up: one for an earlier attempt of the
+	 * step (sent after that one was decided) does not touch the current one. */
+	if (s && (!st.save_id || st.save_id == s->save_id))
 		step_abort(s, CKPT_EABORTED, "rank %u failed: %s", rank, st.reason);
 }
 
@@ -411,7 +453,7 @@ static void on_relay_hello(struct commit_coord *c, uint32_t l, const struct net_
 		char full[COMMIT_MAX_REASON];
 		snprintf(full, sizeof full, "node leader (rank %u) of node %u refused: %s", l, node, why);
 		free(ranks);
-		if (!send_status(c, l, l, COMMIT_MSG_RELAY_WELCOME, 0, CKPT_EPEER, full))
+		if (!send_status(c, l, l, COMMIT_MSG_RELAY_WELCOME, 0, 0, CKPT_EPEER, full))
 			link_drop(c, l, full);
 		return;
 	}
@@ -529,12 +571,14 @@ static void link_read(struct commit_coord *c, uint32_t l)
 
 /* The decision to every link: a rank's own, or once per node leader, which hands
  * it to its ranks. Returns the number of sends. */
-static uint32_t broadcast(struct commit_coord *c, uint64_t step, int code, const char *why)
+static uint32_t broadcast(struct commit_coord *c, const struct coord_step *s, int code,
+                          const char *why)
 {
+	uint64_t step = s->step;
 	if (ckpt_fault(CKPT_FP_BEFORE_DECISION_SEND) == CKPT_FA_DROP)
 		return 0;
 	/* One encoding for every link: the broadcast is on the commit's critical path. */
-	struct commit_status_msg m = { .step = step, .code = code };
+	struct commit_status_msg m = { .step = step, .code = code, .save_id = s->save_id };
 	snprintf(m.reason, sizeof m.reason, "%s", why ? why : "");
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
@@ -579,9 +623,11 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 	char why[COMMIT_MAX_REASON];
 	snprintf(why, sizeof why, "%s", s->why);
 	uint64_t t_commit = ckpt_now_ns();
+	struct manifest_step id = { .step = s->step, .world = c->world, .save_id = s->save_id,
+	                            .incarnation = c->incarnation };
+	snprintf(id.job_id, sizeof id.job_id, "%s", c->job_id);
 	if (!code) {
-		int rc = commit_decide_records(c->manifest, c->job_id, s->step, c->world, s->shards,
-		                               s->gather);
+		int rc = commit_decide_records(c->manifest, &id, s->shards, s->gather);
 		/* The reason goes to the ranks: copied before the manifest is asked again. */
 		snprintf(why, sizeof why, "%s", rc ? ckpt_err_msg() : "");
 		/* The manifest decides: a failure after the commit transaction (an injected
@@ -606,10 +652,10 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 		struct manifest_step rec;
 		if (!(manifest_step_get(c->manifest, s->step, &rec) == 0 &&
 		      rec.state == CKPT_STATE_COMMITTED))
-			manifest_record_abort(c->manifest, s->step, c->world, why);
+			manifest_record_abort(c->manifest, &id, why);
 	}
 	uint64_t t_sent = ckpt_now_ns();
-	uint32_t sends = broadcast(c, s->step, code, why);
+	uint32_t sends = broadcast(c, s, code, why);
 	uint64_t t_end = ckpt_now_ns();
 	if (!code && s->t_last_recv) {
 		pthread_mutex_lock(&c->lock);
@@ -737,6 +783,8 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 	c->timeout_ms = o->timeout_ms;
 	reserve(c);
 	c->job_id = strdup(o->job_id);
+	c->root = o->root ? strdup(o->root) : NULL;
+	c->incarnation = o->incarnation;
 	c->links = calloc(o->world, sizeof *c->links);
 	c->owner = malloc(o->world * sizeof *c->owner);
 	if (c->owner)
@@ -749,7 +797,8 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 		c->secret_len = o->secret_len;
 	}
 	int rc;
-	if (!c->job_id || !c->links || !c->owner || (o->secret_len && !c->secret)) {
+	if (!c->job_id || !c->links || !c->owner || (o->secret_len && !c->secret) ||
+	    (o->root && !c->root)) {
 		rc = ckpt_err(-ENOMEM, "coordinator");
 		goto fail;
 	}
@@ -836,6 +885,7 @@ void commit_coord_stop(struct commit_coord *c)
 		free(c->secret);
 	}
 	free(c->job_id);
+	free(c->root);
 	free(c->links);
 	free(c->owner);
 	pthread_mutex_destroy(&c->lock);

@@ -14,7 +14,7 @@ void commit_shard_record(uint64_t step, const struct commit_vote *v,
                          const struct io_shard_index *ix, char path[COMMIT_SHARD_PATH_MAX],
                          struct manifest_shard *out)
 {
-	ckpt_path_shard_rel(path, COMMIT_SHARD_PATH_MAX, step, v->rank);
+	ckpt_path_shard_rel(path, COMMIT_SHARD_PATH_MAX, step, v->rank, v->save_id);
 	*out = (struct manifest_shard){
 		.rank = v->rank, .path = path, .file_size = v->file_size,
 		.footer_offset = ix->data_end, .footer_len = v->index_len,
@@ -22,25 +22,42 @@ void commit_shard_record(uint64_t step, const struct commit_vote *v,
 	memcpy(out->footer_hash, v->footer_hash, CKPT_HASH_BYTES);
 }
 
-/* The commit transaction of a validated step: a small record per rank naming its
- * footer (the index is durable in the file already), and the step record. */
-static int commit_txn(struct manifest *m, const char *job_id, uint64_t step, uint32_t world,
-                      const struct manifest_shard *shards, const struct commit_summary *sum)
+int commit_attempt_begin(struct manifest *m, const char *root, const struct manifest_step *id)
 {
 	struct manifest_step rec;
-	memset(&rec, 0, sizeof rec);
-	rec.step = step;
+	unsigned long long step = (unsigned long long)id->step;
+	int rc = manifest_step_get(m, id->step, &rec);
+	if (rc == 0 && rec.state == CKPT_STATE_COMMITTED)
+		return ckpt_err(-EEXIST, "step %llu is already committed", step);
+	if (rc && rc != CKPT_ENOTFOUND)
+		return rc;
+	if (rc == 0 && root) {
+		uint32_t removed;
+		bool empty;
+		if ((rc = ckpt_step_remove_attempt(root, id->step, rec.save_id, &removed, &empty)))
+			return ckpt_err_prefix(rc, "step %llu: remove the files of the %s attempt %016llx",
+			                       step, rec.state == CKPT_STATE_ABORTED ? "aborted" : "abandoned",
+			                       (unsigned long long)rec.save_id);
+	}
+	return manifest_begin(m, id);
+}
+
+/* The commit transaction of a validated step: a small record per rank naming its
+ * footer (the index is durable in the file already), and the step record. */
+static int commit_txn(struct manifest *m, const struct manifest_step *id,
+                      const struct manifest_shard *shards, const struct commit_summary *sum)
+{
+	struct manifest_step rec = *id;
 	rec.state = CKPT_STATE_COMMITTED;
 	rec.trust = CKPT_TRUST_COMMITTED;
-	rec.world = world;
+	rec.commit_time_ns = 0;
 	rec.ntensors = sum->ntensors;
 	rec.logical_bytes = sum->logical_bytes;
 	rec.stored_bytes = sum->stored_bytes;
-	snprintf(rec.job_id, sizeof rec.job_id, "%s", job_id);
 	int rc = ckpt_fault(CKPT_FP_COORD_BEFORE_COMMIT_TXN);
 	/* The commit point of the whole checkpoint (DESIGN §3). */
 	if (rc >= 0)
-		rc = manifest_commit(m, &rec, shards, world);
+		rc = manifest_commit(m, &rec, shards, id->world);
 	if (!rc)
 		rc = ckpt_fault(CKPT_FP_COORD_AFTER_COMMIT_TXN);
 	return rc < 0 ? rc : 0;
@@ -50,69 +67,38 @@ static int commit_txn(struct manifest *m, const char *job_id, uint64_t step, uin
  * The manifest calls below set this thread's message themselves ("no such step"), so
  * the reason is copied first and restored after: it is what the coordinator sends
  * the ranks. */
-static void record_abort(struct manifest *m, uint64_t step, uint32_t world)
+static void record_abort(struct manifest *m, const struct manifest_step *id)
 {
 	char *why = strdup(ckpt_err_msg());
 	struct manifest_step cur;
-	if (!(manifest_step_get(m, step, &cur) == 0 && cur.state == CKPT_STATE_COMMITTED))
-		manifest_record_abort(m, step, world, why ? why : "commit failed");
+	if (!(manifest_step_get(m, id->step, &cur) == 0 && cur.state == CKPT_STATE_COMMITTED))
+		manifest_record_abort(m, id, why ? why : "commit failed");
 	ckpt_err_restore(why ? why : "commit failed (out of memory for the reason)");
 	free(why);
 }
 
-int commit_decide_records(struct manifest *m, const char *job_id, uint64_t step,
-                          uint32_t world, const struct manifest_shard *shards,
-                          struct commit_gather *g)
+int commit_decide_records(struct manifest *m, const struct manifest_step *id,
+                          const struct manifest_shard *shards, struct commit_gather *g)
 {
 	struct commit_summary sum;
 	int rc = commit_gather_finish(g, &sum);
 	if (!rc)
-		rc = commit_txn(m, job_id, step, world, shards, &sum);
+		rc = commit_txn(m, id, shards, &sum);
 	if (rc && rc != -EEXIST)
-		record_abort(m, step, world);
+		record_abort(m, id);
 	return rc;
 }
 
-int commit_decide_gathered(struct manifest *m, const char *job_id, uint64_t step,
-                           uint32_t world, const struct commit_vote *votes,
-                           struct commit_gather *g)
-{
-	struct manifest_shard *shards = calloc(world, sizeof *shards);
-	char (*paths)[COMMIT_SHARD_PATH_MAX] = calloc(world, sizeof *paths);
-	int rc = 0;
-	if (!shards || !paths)
-		rc = ckpt_err(-ENOMEM, "commit of step %llu", (unsigned long long)step);
-	for (uint32_t r = 0; r < world && !rc; r++) {
-		const struct io_shard_index *ix = commit_gather_index(g, r);
-		if (!ix)
-			rc = ckpt_err(CKPT_EINVALID, "step %llu: no vote from rank %u",
-			              (unsigned long long)step, r);
-		else
-			commit_shard_record(step, &votes[r], ix, paths[r], &shards[r]);
-	}
-	if (!rc)
-		rc = commit_decide_records(m, job_id, step, world, shards, g);
-	else if (rc != -EEXIST)
-		record_abort(m, step, world);
-	free(shards);
-	free(paths);
-	return rc;
-}
-
-static int commit_decide_gathered_free(struct manifest *m, const char *job_id, uint64_t step,
-                                      uint32_t world, const struct commit_vote *votes,
-                                      struct commit_gather *g)
-{
-	int rc = commit_decide_gathered(m, job_id, step, world, votes, g);
-	commit_gather_free(g);
-	return rc;
-}
-
-int commit_decide(struct manifest *m, const char *job_id, uint64_t step, uint32_t world,
+int commit_decide(struct manifest *m, const struct manifest_step *id,
                   const struct commit_vote *votes)
 {
-	struct commit_gather *g;
-	int rc = commit_gather_create(world, step, true, &g);
+	uint64_t step = id->step;
+	uint32_t world = id->world;
+	struct commit_gather *g = NULL;
+	struct manifest_shard *shards = calloc(world ? world : 1, sizeof *shards);
+	char (*paths)[COMMIT_SHARD_PATH_MAX] = calloc(world ? world : 1, sizeof *paths);
+	int rc = shards && paths ? commit_gather_create(world, step, true, &g)
+	                         : ckpt_err(-ENOMEM, "commit of step %llu", (unsigned long long)step);
 	for (uint32_t r = 0; r < world && !rc; r++) {
 		struct io_shard_index *ix;
 		if (votes[r].rank != r || votes[r].step != step) {
@@ -121,14 +107,22 @@ int commit_decide(struct manifest *m, const char *job_id, uint64_t step, uint32_
 			              (unsigned long long)votes[r].step);
 		} else if ((rc = io_index_decode(votes[r].index, votes[r].index_len, &ix))) {
 			ckpt_err_prefix(rc, "step %llu: index of rank %u", (unsigned long long)step, r);
+		} else if (id->save_id && (ix->save_id != id->save_id || votes[r].save_id != id->save_id)) {
+			rc = ckpt_err(CKPT_EINVALID, "step %llu: the shard of rank %u was written for "
+			              "attempt %016llx, not %016llx", (unsigned long long)step, r,
+			              (unsigned long long)ix->save_id, (unsigned long long)id->save_id);
+			io_index_free(ix);
 		} else {
+			commit_shard_record(step, &votes[r], ix, paths[r], &shards[r]);
 			rc = commit_gather_add(g, ix);
 		}
 	}
 	if (!rc)
-		return commit_decide_gathered_free(m, job_id, step, world, votes, g);
-	if (rc != -EEXIST)
-		record_abort(m, step, world);
+		rc = commit_decide_records(m, id, shards, g);
+	else if (rc != -EEXIST)
+		record_abort(m, id);
 	commit_gather_free(g);
+	free(shards);
+	free(paths);
 	return rc;
 }

@@ -26,6 +26,7 @@
 
 struct part_entry {
 	uint64_t           step;
+	uint64_t           save_id;          /* the attempt this rank began (its BEGIN reply) */
 	bool               begin_done, decided, prepared;
 	int                begin_code, decision;
 	char               begin_reason[COMMIT_MAX_REASON + 1];   /* the BEGIN reply's */
@@ -130,7 +131,11 @@ static void *rx_main(void *arg)
 			if (m.type == COMMIT_MSG_BEGIN_REPLY) {
 				e->begin_done = true;
 				e->begin_code = st.code;
+				e->save_id = st.save_id;
 				snprintf(e->begin_reason, sizeof e->begin_reason, "%s", st.reason);
+			} else if (e->begin_done && st.save_id && e->save_id && st.save_id != e->save_id) {
+				/* The decision of another attempt at this step (an earlier one,
+				 * decided after this rank began the current one): not ours. */
 			} else if (!e->decided) {
 				e->decided = true;
 				e->decision = st.code;
@@ -213,6 +218,22 @@ static int part_send(struct commit_part *p, uint16_t type, const struct ckpt_buf
 	return rc;
 }
 
+/* ABORT of attempt save_id (0: whichever is in flight) of step. */
+static int part_send_abort(struct commit_part *p, uint64_t step, uint64_t save_id, int code,
+                           const char *why)
+{
+	struct commit_status_msg m = { .step = step, .save_id = save_id,
+	                               .code = code < 0 && code > -2000 ? code : CKPT_EABORTED };
+	snprintf(m.reason, sizeof m.reason, "%s", why ? why : "");
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	int rc = commit_status_encode(&m, &b);
+	if (!rc)
+		rc = part_send(p, COMMIT_MSG_ABORT, &b);
+	ckpt_buf_free(&b);
+	return rc;
+}
+
 static void deadline_at(struct timespec *ts, int timeout_ms)
 {
 	clock_gettime(CLOCK_REALTIME, ts);
@@ -224,8 +245,9 @@ static void deadline_at(struct timespec *ts, int timeout_ms)
 	}
 }
 
-int commit_part_begin(struct commit_part *p, uint64_t step)
+int commit_part_begin(struct commit_part *p, uint64_t step, uint64_t *save_id)
 {
+	*save_id = 0;
 	pthread_mutex_lock(&p->lock);
 	struct part_entry *e = entry_get(p, step, true);
 	bool lost = p->lost;
@@ -264,6 +286,12 @@ int commit_part_begin(struct commit_part *p, uint64_t step)
 		              "step %llu aborted by the coordinator before this rank began: %s",
 		              (unsigned long long)step, e->reason);
 	}
+	if (!rc && !e->save_id)
+		rc = ckpt_err(CKPT_EPROTO, "step %llu: the %s began it without an attempt id",
+		              (unsigned long long)step, p->name);
+	uint64_t attempt = e->save_id;
+	if (!rc)
+		*save_id = attempt;
 	if (rc)
 		entry_drop(p, step);
 	pthread_mutex_unlock(&p->lock);
@@ -273,10 +301,19 @@ int commit_part_begin(struct commit_part *p, uint64_t step)
 	if (stale || unanswered) {
 		char why[COMMIT_MAX_REASON];
 		snprintf(why, sizeof why, "%s", ckpt_err_msg());
-		commit_part_abort(p, step, rc, why);
+		part_send_abort(p, step, attempt, rc, why);
 		ckpt_err_restore(why);
 	}
 	return rc;
+}
+
+uint64_t commit_part_attempt(struct commit_part *p, uint64_t step)
+{
+	pthread_mutex_lock(&p->lock);
+	struct part_entry *e = entry_get(p, step, false);
+	uint64_t id = e && e->begin_done ? e->save_id : 0;
+	pthread_mutex_unlock(&p->lock);
+	return id;
 }
 
 int commit_part_prepare(struct commit_part *p, const struct commit_vote *v)
@@ -308,14 +345,12 @@ int commit_part_prepare(struct commit_part *p, const struct commit_vote *v)
 
 int commit_part_abort(struct commit_part *p, uint64_t step, int code, const char *why)
 {
-	struct commit_status_msg m = { .step = step, .code = code < 0 && code > -2000 ? code : CKPT_EABORTED };
-	snprintf(m.reason, sizeof m.reason, "%s", why ? why : "");
-	struct ckpt_buf b;
-	ckpt_buf_init(&b);
-	int rc = commit_status_encode(&m, &b);
-	if (!rc)
-		rc = part_send(p, COMMIT_MSG_ABORT, &b);
-	ckpt_buf_free(&b);
+	/* The attempt given up, when this rank knows it (see the coordinator's on_abort). */
+	pthread_mutex_lock(&p->lock);
+	struct part_entry *cur = entry_get(p, step, false);
+	uint64_t attempt = cur ? cur->save_id : 0;
+	pthread_mutex_unlock(&p->lock);
+	int rc = part_send_abort(p, step, attempt, code, why);
 	/* A rank that already voted keeps waiting for the decision: its ABORT may
 	 * arrive after the coordinator decided, and then the decision stands. */
 	pthread_mutex_lock(&p->lock);

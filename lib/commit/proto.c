@@ -9,7 +9,9 @@
 
 #include "commit/commit_internal.h"
 
-#define COMMIT_MSG_VERSION 1u
+/* 2: the save id in status messages and PREPARE. Every rank of a job runs one
+ * build: a peer of another version is refused, never half understood. */
+#define COMMIT_MSG_VERSION 2u
 
 static int enc_done(struct ckpt_buf *b)
 {
@@ -54,6 +56,7 @@ int commit_status_encode(const struct commit_status_msg *m, struct ckpt_buf *b)
 	ckpt_buf_u32(b, (uint32_t)m->code);
 	ckpt_buf_u16(b, (uint16_t)rl);
 	ckpt_buf_put(b, m->reason, rl);
+	ckpt_buf_u64(b, m->save_id);
 	return enc_done(b);
 }
 
@@ -70,7 +73,8 @@ int commit_status_decode(const void *p, size_t n, struct commit_status_msg *m)
 	if (!c.ok || rl > COMMIT_MAX_REASON)
 		return ckpt_err(CKPT_EPROTO, "status message: bad reason length %u", rl);
 	const uint8_t *r = ckpt_cursor_take(&c, rl);
-	if (!r || c.left)
+	m->save_id = ckpt_cursor_u64(&c);
+	if (!r || !c.ok || c.left)
 		return ckpt_err(CKPT_EPROTO, "status message: %zu bytes do not match its fields", n);
 	/* A status is 0 or a negative code of ours; anything else is not from a peer
 	 * that speaks this protocol. */
@@ -91,6 +95,7 @@ int commit_prepare_encode(const struct commit_vote *v, struct ckpt_buf *b)
 	ckpt_buf_u32(b, v->rank);
 	ckpt_buf_u64(b, v->file_size);
 	ckpt_buf_put(b, v->footer_hash, CKPT_HASH_BYTES);
+	ckpt_buf_u64(b, v->save_id);
 	ckpt_buf_u64(b, v->index_len);
 	ckpt_buf_put(b, v->index, v->index_len);
 	return enc_done(b);
@@ -108,6 +113,7 @@ int commit_prepare_decode(const void *p, size_t n, struct commit_vote *v)
 	v->rank = ckpt_cursor_u32(&c);
 	v->file_size = ckpt_cursor_u64(&c);
 	const uint8_t *h = ckpt_cursor_take(&c, CKPT_HASH_BYTES);
+	v->save_id = ckpt_cursor_u64(&c);
 	uint64_t len = ckpt_cursor_u64(&c);
 	if (!c.ok || !h || len != c.left || len == 0)
 		return ckpt_err(CKPT_EPROTO, "PREPARE: index length %llu does not match the %zu "

@@ -9,6 +9,9 @@
  * area and do not overlap, names are valid and unique) are enforced here so that
  * readers of a decoded index may trust it.
  *
+ * Version 3 adds the save id: the attempt that wrote the shard (docs/format.md §3),
+ * which the coordinator holds each vote to.
+ *
  * Version 2 adds the place of the block table to the index header (its offset,
  * length and hash: 40 bytes whatever the shard's size, so the index that travels in
  * PREPARE does not grow with the data). The table itself, the per-block hashes, is
@@ -29,10 +32,13 @@ int io_index_encode(const struct io_shard_index *ix, void **out, size_t *len)
 	*len = 0;
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
-	/* The lowest version that expresses the index: 1 has no block hashes. */
-	bool v2 = ix->block_bytes != 0;
+	/* The lowest version that expresses the index: 1 has no block hashes, 2 no save
+	 * id; 3 has both (a save id needs the version-2 fields before it). */
+	bool v3 = ix->save_id != 0, v2 = v3 || ix->block_bytes != 0;
+	if (v3 && !ix->block_bytes)
+		return ckpt_err(-EINVAL, "shard index: a save id needs block hashes (version 3)");
 	ckpt_buf_put(&b, IO_INDEX_MAGIC, IO_MAGIC_BYTES);
-	ckpt_buf_u32(&b, v2 ? 2 : 1);
+	ckpt_buf_u32(&b, v3 ? 3 : v2 ? 2 : 1);
 	ckpt_buf_u32(&b, 0);                         /* flags: none defined */
 	ckpt_buf_u64(&b, ix->step);
 	ckpt_buf_u32(&b, ix->rank);
@@ -47,6 +53,8 @@ int io_index_encode(const struct io_shard_index *ix, void **out, size_t *len)
 		ckpt_buf_u64(&b, ix->blocks_len);
 		ckpt_buf_put(&b, ix->blocks_hash, CKPT_HASH_BYTES);
 	}
+	if (v3)
+		ckpt_buf_u64(&b, ix->save_id);
 	for (uint32_t i = 0; i < ix->ntensors; i++) {
 		const struct io_tensor_entry *t = &ix->tensors[i];
 		size_t n = strlen(t->name);
@@ -396,6 +404,13 @@ static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 			return BAD("block_bytes %u is not a power of two in [%u, %llu]",
 			           ix->block_bytes, IO_MIN_BLOCK_BYTES,
 			           (unsigned long long)IO_MAX_CHUNK_BYTES);
+	}
+	if (version >= 3) {
+		ix->save_id = ckpt_cursor_u64(c);
+		if (!c->ok)
+			return BAD("truncated version-3 header (%zu bytes left)", c->left);
+		if (ix->save_id == 0)
+			return BAD("save id 0 in a version-3 index");
 	}
 	if (flags)
 		return BAD("flags 0x%x unknown", flags);

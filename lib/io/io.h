@@ -18,7 +18,7 @@
 
 #include "ckpt_internal.h"
 
-#define IO_FORMAT_VERSION    2u
+#define IO_FORMAT_VERSION    3u   /* 3: the save id (header, index) */
 #define IO_HEADER_BYTES      4096u            /* first block of every shard file */
 #define IO_TRAILER_BYTES     64u              /* last bytes of every shard file */
 #define IO_MAX_CHUNK_BYTES   (1ull << 30)     /* largest raw chunk a reader accepts */
@@ -68,6 +68,7 @@ struct io_shard_index {
 	uint64_t blocks_offset;    /* the block table: 0 and 0 when no chunk has blocks */
 	uint64_t blocks_len;
 	uint8_t  blocks_hash[CKPT_HASH_BYTES];   /* XXH3-128 of the table's blocks_len bytes */
+	uint64_t save_id;          /* the attempt that wrote the shard (version 3); 0 before */
 };
 
 /* Block hashes of a chunk of len raw bytes: one per block_bytes block (the last may
@@ -193,17 +194,28 @@ struct io_shard_result {
 };
 
 struct io_shard_writer;
+/* What a shard file is, for io_shard_writer_open. */
+struct io_writer_opts {
+	uint64_t step;
+	uint32_t rank, world;
+	uint64_t save_id;          /* the attempt writing it (format 3); 0: format 1 or 2 */
+	uint64_t size_hint;        /* bytes to size the file to up front; 0: none */
+	int      zstd_level;       /* 0 stores raw */
+	uint32_t block_bytes;      /* block hashes' block size, or 0 (see below) */
+	unsigned mode;             /* of the new file; 0: 0600 */
+};
 /*
- * Create path (O_DIRECT where the file system allows, replacing an existing file),
- * sized to size_hint bytes up front (ftruncate: extending O_DIRECT writes are slow).
- * zstd_level 0 stores raw. block_bytes: the block size of the block hashes (a power
- * of two in [IO_MIN_BLOCK_BYTES, IO_MAX_CHUNK_BYTES], normally IO_BLOCK_BYTES), which
- * makes a format-version-2 file; 0 writes a version-1 file without block hashes.
- * Errors: -EINVAL, -errno naming the path.
+ * Create path (O_DIRECT where the file system allows). The file must not exist
+ * (O_EXCL: a writer never truncates another's file: -EEXIST). It is sized to
+ * size_hint bytes up front (ftruncate: extending O_DIRECT writes are slow).
+ * block_bytes: the block size of the block hashes (a power of two in
+ * [IO_MIN_BLOCK_BYTES, IO_MAX_CHUNK_BYTES], normally IO_BLOCK_BYTES); 0 writes a
+ * version-1 file without block hashes. The version written is the lowest that holds
+ * what the options ask for: 3 with a save id (which needs block hashes), 2 with
+ * block hashes, 1 without. Errors: -EINVAL, -EEXIST, -errno naming the path.
  */
-int io_shard_writer_open(struct io_engine *e, const char *path, uint64_t step, uint32_t rank,
-                         uint32_t world, uint64_t size_hint, int zstd_level,
-                         uint32_t block_bytes, struct io_shard_writer **out);
+int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_writer_opts *o,
+                         struct io_shard_writer **out);
 /* Declare the next tensor; returns its index (>= 0). Errors: CKPT_ENAME, CKPT_ESHAPE,
  * -EINVAL, -EEXIST (same name twice in this shard). */
 int io_shard_writer_add_tensor(struct io_shard_writer *w, const struct io_tensor_desc *t);
@@ -257,6 +269,13 @@ const char *io_shard_reader_path(const struct io_shard_reader *r);
  * the trailer): the manifest's record of the shard names its footer by this hash.
  * -ENODATA for a reader opened with a borrowed index. */
 int  io_shard_reader_footer_hash(const struct io_shard_reader *r, uint8_t out[CKPT_HASH_BYTES]);
+/* Is path the shard a vote describes? Its size is file_size, and its trailer (checked
+ * as a reader checks it) names the footer at [footer_off, +footer_len) with hash
+ * footer_hash. Reads 64 bytes: the coordinator holds each vote to the file the rank
+ * made durable. 0, CKPT_ECORRUPT (missing, other size, another footer), CKPT_EFORMAT,
+ * -errno; the message names the file. */
+int  io_shard_trailer_check(const char *path, uint64_t file_size, uint64_t footer_off,
+                            uint64_t footer_len, const uint8_t footer_hash[CKPT_HASH_BYTES]);
 /* Take the index the reader decoded from the file; the reader keeps using it, so it
  * must outlive the reader. NULL for a reader opened with a borrowed index. */
 struct io_shard_index *io_shard_reader_take_index(struct io_shard_reader *r);

@@ -24,6 +24,7 @@
 #define IO_HDR_OFF_RANK      24u
 #define IO_HDR_OFF_WORLD     28u
 #define IO_HDR_OFF_CTIME     32u
+#define IO_HDR_OFF_SAVE_ID   40u   /* version 3; zero before */
 #define IO_HDR_OFF_HASH      (IO_HEADER_BYTES - 8u)   /* XXH3-64 of [0, IO_HDR_OFF_HASH) */
 
 /* Trailer (the last IO_TRAILER_BYTES of the file). */
@@ -42,6 +43,7 @@
 /* Fixed sizes of the index encoding (docs/format.md §3). */
 #define IO_INDEX_HDR_BYTES     48u   /* version 1 */
 #define IO_INDEX_HDR2_BYTES    88u   /* version 2: + block_bytes, reserved, table place */
+#define IO_INDEX_HDR3_BYTES    96u   /* version 3: + save id */
 #define IO_INDEX_TENSOR_MIN    24u   /* name_len 2 + name >= 1 + 5 enums + raw 8 + run 8, ndim 0 */
 #define IO_INDEX_CHUNK_BYTES   56u
 

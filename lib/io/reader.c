@@ -104,22 +104,23 @@ struct trailer {
 	uint8_t  footer_hash[CKPT_HASH_BYTES];
 };
 
-static int check_trailer(const struct io_shard_reader *r, const uint8_t *t, struct trailer *out)
+static int check_trailer(const char *path, uint64_t file_size, const uint8_t *t,
+                         struct trailer *out)
 {
 	if (memcmp(t, IO_TRAILER_MAGIC, IO_MAGIC_BYTES))
 		return ckpt_err(CKPT_EFORMAT, "%s: no shard trailer at end of file (%llu bytes): "
-		                "truncated or unfinished", r->path,
-		                (unsigned long long)r->file_size);
+		                "truncated or unfinished", path,
+		                (unsigned long long)file_size);
 	/* Version before the self-hash: a newer trailer may put its hash elsewhere. */
 	uint32_t v = ckpt_get_le32(t + IO_TRL_OFF_VERSION);
 	if (v > IO_FORMAT_VERSION)
 		return ckpt_err(CKPT_EVERSION, "%s: trailer version %u, this build reads <= %u",
-		                r->path, v, IO_FORMAT_VERSION);
+		                path, v, IO_FORMAT_VERSION);
 	if (ckpt_get_le64(t + IO_TRL_HASHED) != XXH3_64bits(t, IO_TRL_HASHED))
-		return ckpt_err(CKPT_ECORRUPT, "%s: trailer hash mismatch", r->path);
+		return ckpt_err(CKPT_ECORRUPT, "%s: trailer hash mismatch", path);
 	if (v == 0 || ckpt_get_le32(t + IO_TRL_OFF_FLAGS))
 		return ckpt_err(CKPT_EFORMAT, "%s: trailer version %u or flags 0x%x invalid",
-		                r->path, v, ckpt_get_le32(t + IO_TRL_OFF_FLAGS));
+		                path, v, ckpt_get_le32(t + IO_TRL_OFF_FLAGS));
 	out->footer_off = ckpt_get_le64(t + IO_TRL_OFF_FOOTER);
 	out->footer_len = ckpt_get_le64(t + IO_TRL_OFF_FLEN);
 	out->step = ckpt_get_le64(t + IO_TRL_OFF_STEP);
@@ -127,13 +128,50 @@ static int check_trailer(const struct io_shard_reader *r, const uint8_t *t, stru
 	/* The footer lies between the header block and the trailer, aligned. */
 	if (out->footer_off < IO_HEADER_BYTES || out->footer_off % CKPT_ALIGN ||
 	    out->footer_len == 0 || out->footer_len > IO_MAX_FOOTER_BYTES ||
-	    !ckpt_range_ok(out->footer_off, out->footer_len, r->file_size - IO_TRAILER_BYTES))
+	    !ckpt_range_ok(out->footer_off, out->footer_len, file_size - IO_TRAILER_BYTES))
 		return ckpt_err(CKPT_EFORMAT, "%s: footer [%llu, +%llu) outside the file "
-		                "(%llu bytes) or misaligned", r->path,
+		                "(%llu bytes) or misaligned", path,
 		                (unsigned long long)out->footer_off,
 		                (unsigned long long)out->footer_len,
-		                (unsigned long long)r->file_size);
+		                (unsigned long long)file_size);
 	return 0;
+}
+
+int io_shard_trailer_check(const char *path, uint64_t file_size, uint64_t footer_off,
+                           uint64_t footer_len, const uint8_t footer_hash[CKPT_HASH_BYTES])
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return ckpt_err(errno == ENOENT ? CKPT_ECORRUPT : -errno, "%s: %s", path,
+		                errno == ENOENT ? "no such shard file" : ckpt_strerror(-errno));
+	struct stat st;
+	uint8_t t[IO_TRAILER_BYTES];
+	int rc = 0;
+	if (fstat(fd, &st) < 0)
+		rc = ckpt_err(-errno, "stat %s", path);
+	else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != file_size ||
+	         file_size < IO_HEADER_BYTES + CKPT_ALIGN)
+		rc = ckpt_err(CKPT_ECORRUPT, "%s: %lld bytes, not the %llu of the shard voted for",
+		              path, (long long)st.st_size, (unsigned long long)file_size);
+	else {
+		ssize_t n;
+		do
+			n = pread(fd, t, sizeof t, (off_t)(file_size - IO_TRAILER_BYTES));
+		while (n < 0 && errno == EINTR);
+		if (n != (ssize_t)sizeof t)
+			rc = ckpt_err(n < 0 ? -errno : CKPT_ECORRUPT, "%s: read its trailer", path);
+	}
+	close(fd);
+	struct trailer tr;
+	if (!rc && !(rc = check_trailer(path, file_size, t, &tr)) &&
+	    (tr.footer_off != footer_off || tr.footer_len != footer_len ||
+	     memcmp(tr.footer_hash, footer_hash, CKPT_HASH_BYTES)))
+		rc = ckpt_err(CKPT_ECORRUPT, "%s: its trailer names another footer (offset %llu, "
+		              "%llu bytes) than the one voted for (offset %llu, %llu bytes, or another "
+		              "hash)", path, (unsigned long long)tr.footer_off,
+		              (unsigned long long)tr.footer_len, (unsigned long long)footer_off,
+		              (unsigned long long)footer_len);
+	return rc;
 }
 
 /* Read and verify header, trailer and footer; decode the index. */
@@ -149,13 +187,15 @@ static int load_index(struct io_shard_reader *r)
 	uint64_t hstep = 0;
 	int rc = read_at(r, blk, CKPT_ALIGN, r->file_size - CKPT_ALIGN);
 	if (!rc)
-		rc = check_trailer(r, blk + CKPT_ALIGN - IO_TRAILER_BYTES, &tr);
+		rc = check_trailer(r->path, r->file_size, blk + CKPT_ALIGN - IO_TRAILER_BYTES, &tr);
 	if (!rc)
 		rc = read_at(r, blk, IO_HEADER_BYTES, 0);
 	if (!rc)
 		rc = check_header(r, blk, &hstep);
 	uint32_t hrank = rc ? 0 : ckpt_get_le32(blk + IO_HDR_OFF_RANK);
 	uint32_t hworld = rc ? 0 : ckpt_get_le32(blk + IO_HDR_OFF_WORLD);
+	uint32_t hversion = rc ? 0 : ckpt_get_le32(blk + IO_HDR_OFF_VERSION);
+	uint64_t hsave = hversion >= 3 ? ckpt_get_le64(blk + IO_HDR_OFF_SAVE_ID) : 0;
 	free(blk);
 	if (rc)
 		return rc;
@@ -183,13 +223,15 @@ static int load_index(struct io_shard_reader *r)
 		return rc;
 	const struct io_shard_index *ix = r->owned;
 	if (ix->step != tr.step || ix->step != hstep || ix->rank != hrank ||
-	    ix->world != hworld || ix->data_end != tr.footer_off)
+	    ix->world != hworld || ix->data_end != tr.footer_off || ix->save_id != hsave)
 		return ckpt_err(CKPT_EFORMAT, "%s: header, footer and trailer disagree (step %llu/"
-		                "%llu/%llu, rank %u/%u, world %u/%u, data_end %llu/footer %llu)",
+		                "%llu/%llu, rank %u/%u, world %u/%u, data_end %llu/footer %llu, save "
+		                "id %016llx/%016llx)",
 		                r->path, (unsigned long long)hstep, (unsigned long long)ix->step,
 		                (unsigned long long)tr.step, hrank, ix->rank, hworld, ix->world,
 		                (unsigned long long)ix->data_end,
-		                (unsigned long long)tr.footer_off);
+		                (unsigned long long)tr.footer_off, (unsigned long long)hsave,
+		                (unsigned long long)ix->save_id);
 	r->ix = ix;
 	return 0;
 }

@@ -50,6 +50,7 @@ struct io_shard_writer {
 	char             *path;
 	uint64_t          step;
 	uint32_t          rank, world;
+	uint64_t          save_id;         /* 0: a version 1 or 2 file */
 	int               zstd_level;
 	uint64_t          next_off;        /* where the next chunk goes */
 	uint32_t          version;         /* format version of the file: 2 with block hashes */
@@ -150,6 +151,7 @@ static int write_header(struct io_shard_writer *w)
 	ckpt_put_le32(h + IO_HDR_OFF_RANK, w->rank);
 	ckpt_put_le32(h + IO_HDR_OFF_WORLD, w->world);
 	ckpt_put_le64(h + IO_HDR_OFF_CTIME, ckpt_wall_ns());
+	ckpt_put_le64(h + IO_HDR_OFF_SAVE_ID, w->save_id);   /* 0 before version 3 */
 	ckpt_put_le64(h + IO_HDR_OFF_HASH, XXH3_64bits(h, IO_HDR_OFF_HASH));
 	/* One 4 KiB synchronous write: open is not on the hot path, and it keeps
 	 * the header out of the pool (whose buffers the caller may all hold). */
@@ -178,20 +180,22 @@ static void w_free(struct io_shard_writer *w)
 	free(w);
 }
 
-int io_shard_writer_open(struct io_engine *e, const char *path, uint64_t step, uint32_t rank,
-                         uint32_t world, uint64_t size_hint, int zstd_level,
-                         uint32_t block_bytes, struct io_shard_writer **out)
+int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_writer_opts *o,
+                         struct io_shard_writer **out)
 {
 	*out = NULL;
+	uint32_t block_bytes = o->block_bytes;
 	if (block_bytes && (block_bytes < IO_MIN_BLOCK_BYTES || block_bytes > IO_MAX_CHUNK_BYTES ||
 	                    (block_bytes & (block_bytes - 1))))
 		return ckpt_err(-EINVAL, "%s: block size %u is not a power of two in [%u, %llu]",
 		                path, block_bytes, IO_MIN_BLOCK_BYTES,
 		                (unsigned long long)IO_MAX_CHUNK_BYTES);
-	if (world == 0 || rank >= world)
-		return ckpt_err(-EINVAL, "%s: rank %u outside world %u", path, rank, world);
-	if (zstd_level < 0 || zstd_level > 22)
-		return ckpt_err(-EINVAL, "%s: zstd level %d outside [0, 22]", path, zstd_level);
+	if (o->world == 0 || o->rank >= o->world)
+		return ckpt_err(-EINVAL, "%s: rank %u outside world %u", path, o->rank, o->world);
+	if (o->zstd_level < 0 || o->zstd_level > 22)
+		return ckpt_err(-EINVAL, "%s: zstd level %d outside [0, 22]", path, o->zstd_level);
+	if (o->save_id && !block_bytes)
+		return ckpt_err(-EINVAL, "%s: a save id needs format 3, which has block hashes", path);
 	if (!io_engine_pool(e))
 		return ckpt_err(-EINVAL, "%s: the engine has no buffer pool", path);
 	struct io_shard_writer *w = calloc(1, sizeof *w);
@@ -201,31 +205,36 @@ int io_shard_writer_open(struct io_engine *e, const char *path, uint64_t step, u
 	}
 	w->e = e;
 	w->pool = io_engine_pool(e);
-	w->step = step;
-	w->rank = rank;
-	w->world = world;
-	w->zstd_level = zstd_level;
+	w->step = o->step;
+	w->rank = o->rank;
+	w->world = o->world;
+	w->save_id = o->save_id;
+	w->zstd_level = o->zstd_level;
 	w->block_bytes = block_bytes;
 	/* The lowest version that can hold what this writer may write; the header is
-	 * written now, before any chunk, so the choice is the block size's. */
-	w->version = block_bytes ? 2 : 1;
+	 * written now, before any chunk, so the choice is the options'. */
+	w->version = o->save_id ? 3 : block_bytes ? 2 : 1;
 	w->next_off = IO_HEADER_BYTES;
 	w->cur = -1;
-	w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+	/* O_EXCL: never truncate a file that is not this writer's (a stale process's
+	 * attempt, or a committed shard): names are unique per attempt (paths.c). */
+	mode_t mode = o->mode ? (mode_t)o->mode : 0600;
+	w->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, mode);
 	if (w->fd < 0 && errno == EINVAL) {
 		/* tmpfs and some FUSE file systems refuse O_DIRECT: same format, page cache. */
 		ckpt_log(CKPT_LOG_INFO, "%s: O_DIRECT refused, using buffered I/O", path);
-		w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		w->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
 	}
 	if (w->fd < 0) {
-		int rc = ckpt_err(-errno, "create shard file %s", path);
+		int rc = ckpt_err(-errno, "create shard file %s%s", path,
+		                  errno == EEXIST ? ": it exists already (not this writer's)" : "");
 		w_free(w);
 		return rc;
 	}
 	int rc = 0;
 	/* Extending O_DIRECT writes serialise on the inode size update: size it first. */
-	if (size_hint && ftruncate(w->fd, (off_t)size_hint) < 0)
-		rc = ckpt_err(-errno, "ftruncate %s to %llu", path, (unsigned long long)size_hint);
+	if (o->size_hint && ftruncate(w->fd, (off_t)o->size_hint) < 0)
+		rc = ckpt_err(-errno, "ftruncate %s to %llu", path, (unsigned long long)o->size_hint);
 	if (!rc)
 		rc = write_header(w);
 	if (rc) {
@@ -641,6 +650,7 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 			                (unsigned long long)w->tensors[i].raw_bytes);
 	struct io_shard_index ix = {
 		.step = w->step, .rank = w->rank, .world = w->world, .data_end = w->next_off,
+		.save_id = w->save_id,
 		.ntensors = w->ntensors, .nchunks = w->nchunks,
 		.tensors = w->tensors, .chunks = w->chunks, .block_bytes = w->block_bytes,
 	};

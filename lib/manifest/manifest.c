@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,6 +109,16 @@ static int commit_txn(struct manifest *m, MDB_txn *txn, void *varg)
 		return ckpt_err(-EEXIST, "manifest %s: step %llu is already committed", m->root, s);
 	if (rc != 0 && rc != CKPT_ENOTFOUND)
 		return ckpt_err_prefix(rc, "cannot commit over the existing record");
+	/* Only the attempt the record names may commit: never one that was aborted, and
+	 * never another than the one in flight (one coordinator per root makes both
+	 * impossible; this keeps it so whatever calls this). */
+	if (rc == 0 && old.save_id && a->rec->save_id &&
+	    ((old.state == CKPT_STATE_INFLIGHT && old.save_id != a->rec->save_id) ||
+	     (old.state == CKPT_STATE_ABORTED && old.save_id == a->rec->save_id)))
+		return ckpt_err(-ESTALE, "manifest %s: step %llu: attempt %016llx cannot commit: the "
+		                "record says attempt %016llx is %s", m->root, s,
+		                (unsigned long long)a->rec->save_id, (unsigned long long)old.save_id,
+		                old.state == CKPT_STATE_INFLIGHT ? "in flight" : "aborted");
 
 	/* An ABORTED/INFLIGHT record is replaced; it has no shard records, but clear
 	 * the range anyway so that exactly world shard records exist afterwards. */
@@ -115,14 +126,14 @@ static int commit_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	if (rc < 0)
 		return rc;
 
-	/* Format 2, every shard canonical (the commits of lib/commit are): one table
-	 * value for the step instead of a record per rank — one put, and a few
-	 * contiguous pages to write and sync instead of a leaf page per ~30 ranks. */
-	if (m->format >= 2 && a->nshards <= MANIFEST_MAX_TABLE_RANKS) {
+	/* Every shard canonical (the commits of lib/commit are): one table value for
+	 * the step instead of a record per rank — one put, and a few contiguous pages
+	 * to write and sync instead of a leaf page per ~30 ranks. */
+	if (a->rec->save_id && a->nshards <= MANIFEST_MAX_TABLE_RANKS) {
 		char prefix[MANIFEST_TABLE_PREFIX + 1];
 		manifest_table_prefix(prefix, step);
 		uint32_t i = 0;
-		while (i < a->nshards && manifest_shard_tabular(prefix, &a->shards[i]))
+		while (i < a->nshards && manifest_shard_tabular(prefix, a->rec->save_id, &a->shards[i]))
 			i++;
 		if (i == a->nshards) {
 			uint8_t k[MANIFEST_STEP_KEY_BYTES];
@@ -133,9 +144,9 @@ static int commit_txn(struct manifest *m, MDB_txn *txn, void *varg)
 			if (rc)
 				return manifest_fail(m, rc, "step %llu: write shard table", s);
 			/* manifest_commit checked: ranks 0..world-1, each once. */
-			manifest_table_header(val.mv_data, a->nshards);
+			manifest_table_header(val.mv_data, step, a->nshards, a->rec->save_id);
 			for (i = 0; i < a->nshards; i++)
-				manifest_table_put(val.mv_data, &a->shards[i]);
+				manifest_table_put(val.mv_data, step, &a->shards[i]);
 			return step_write(m, txn, a->rec, NULL);
 		}
 	}
@@ -156,7 +167,7 @@ static int commit_txn(struct manifest *m, MDB_txn *txn, void *varg)
 			mdb_cursor_close(cur);
 			return manifest_fail(m, rc, "step %llu rank %u: write shard record", s, sh->rank);
 		}
-		manifest_shard_encode(sh, val.mv_data);
+		manifest_shard_encode(step, sh, val.mv_data);
 	}
 	mdb_cursor_close(cur);
 	/* The step record goes in last. Atomicity does not depend on it (the
@@ -211,34 +222,55 @@ int manifest_commit(struct manifest *m, const struct manifest_step *rec,
 
 /* ------------------------------------------------------------------ aborts, trust, delete */
 
-struct abort_arg { uint64_t step; uint32_t world; const char *why; };
+struct abort_arg { const struct manifest_step *rec; const char *why; bool begin; };
 
-static int abort_txn(struct manifest *m, MDB_txn *txn, void *varg)
+/* An attempt's record: ABORTED with its reason, or INFLIGHT when it begins. Either
+ * replaces an ABORTED or INFLIGHT record, never a COMMITTED one. */
+static int attempt_txn(struct manifest *m, MDB_txn *txn, void *varg)
 {
 	const struct abort_arg *a = varg;
+	uint64_t step = a->rec->step;
 	struct manifest_step old;
-	int rc = step_read(m, txn, a->step, &old);
+	int rc = step_read(m, txn, step, &old);
 	if (rc == 0 && old.state == CKPT_STATE_COMMITTED)
-		return ckpt_err(-EEXIST, "manifest %s: step %llu is committed; not recording an abort",
-		                m->root, (unsigned long long)a->step);
+		return ckpt_err(-EEXIST, "manifest %s: step %llu is already committed", m->root,
+		                (unsigned long long)step);
+	/* A damaged record is not replaced: it may be a committed step's. */
 	if (rc != 0 && rc != CKPT_ENOTFOUND)
 		return rc;
 	struct manifest_step r;
 	memset(&r, 0, sizeof r);
-	r.step = a->step;
-	r.state = CKPT_STATE_ABORTED;
-	r.world = a->world;
+	r.step = step;
+	r.state = a->begin ? CKPT_STATE_INFLIGHT : CKPT_STATE_ABORTED;
+	r.world = a->rec->world;
+	r.save_id = a->rec->save_id;
+	r.incarnation = a->rec->incarnation;
+	snprintf(r.job_id, sizeof r.job_id, "%s", a->rec->job_id);
 	r.commit_time_ns = ckpt_wall_ns();
-	rc = shards_delete(m, txn, a->step);
+	rc = shards_delete(m, txn, step);
 	return rc < 0 ? rc : step_write(m, txn, &r, a->why);
 }
 
-int manifest_record_abort(struct manifest *m, uint64_t step, uint32_t world, const char *why)
+int manifest_record_abort(struct manifest *m, const struct manifest_step *rec, const char *why)
 {
-	if (!m)
-		return ckpt_err(-EINVAL, "manifest_record_abort: NULL manifest");
-	struct abort_arg a = { step, world, why };
-	return manifest_write(m, abort_txn, &a, "record an aborted step");
+	if (!m || !rec)
+		return ckpt_err(-EINVAL, "manifest_record_abort: NULL argument");
+	struct abort_arg a = { rec, why, false };
+	return manifest_write(m, attempt_txn, &a, "record an aborted step");
+}
+
+int manifest_begin(struct manifest *m, const struct manifest_step *rec)
+{
+	if (!m || !rec)
+		return ckpt_err(-EINVAL, "manifest_begin: NULL argument");
+	struct manifest_step r = *rec;
+	r.state = CKPT_STATE_INFLIGHT;
+	r.trust = 0;
+	int rc = manifest_step_check(&r);
+	if (rc)
+		return ckpt_err_prefix(rc, "manifest %s", m->root);
+	struct abort_arg a = { rec, NULL, true };
+	return manifest_write(m, attempt_txn, &a, "record a step in flight");
 }
 
 struct trust_arg { uint64_t step; uint32_t trust; };
@@ -266,6 +298,33 @@ int manifest_set_trust(struct manifest *m, uint64_t step, uint32_t trust)
 		                (unsigned long long)step, trust);
 	struct trust_arg a = { step, trust };
 	return manifest_write(m, trust_txn, &a, "set trust");
+}
+
+struct retire_arg { uint64_t step; const char *why; };
+
+static int retire_txn(struct manifest *m, MDB_txn *txn, void *varg)
+{
+	const struct retire_arg *a = varg;
+	struct manifest_step r;
+	int rc = step_read(m, txn, a->step, &r);
+	if (rc)
+		return rc;
+	if (r.state != CKPT_STATE_COMMITTED)
+		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu is not committed",
+		                m->root, (unsigned long long)a->step);
+	r.state = CKPT_STATE_ABORTED;
+	r.trust = 0;
+	r.commit_time_ns = ckpt_wall_ns();
+	rc = shards_delete(m, txn, a->step);
+	return rc < 0 ? rc : step_write(m, txn, &r, a->why);
+}
+
+int manifest_step_retire(struct manifest *m, uint64_t step, const char *why)
+{
+	if (!m)
+		return ckpt_err(-EINVAL, "manifest_step_retire: NULL manifest");
+	struct retire_arg a = { step, why };
+	return manifest_write(m, retire_txn, &a, "retire step");
 }
 
 static int delete_txn(struct manifest *m, MDB_txn *txn, void *varg)
@@ -356,26 +415,90 @@ static int steps_walk(struct manifest *m, bool descending, step_visit_fn fn, voi
 	return ret;
 }
 
-static int latest_visit(const struct manifest_step *r, void *arg)
+struct latest_arg { bool found; uint64_t step; };
+
+static int latest_visit(const struct manifest_step *r, void *varg)
 {
-	if (r->state != CKPT_STATE_COMMITTED)
-		return 0;                    /* aborted and in-flight steps are invisible */
-	*(uint64_t *)arg = r->step;
-	return 1;
+	struct latest_arg *a = varg;
+	/* Aborted and in-flight steps are invisible. The walk goes on past the first
+	 * committed step: every record is checked, so that a damaged newer one is an
+	 * error, not a silent roll-back to an older step. */
+	if (r->state == CKPT_STATE_COMMITTED && !a->found) {
+		a->found = true;
+		a->step = r->step;
+	}
+	return 0;
 }
 
 int manifest_step_latest(struct manifest *m, uint64_t *step)
 {
 	if (!m || !step)
 		return ckpt_err(-EINVAL, "manifest_step_latest: NULL argument");
-	uint64_t found = 0;
-	int rc = steps_walk(m, true, latest_visit, &found);
+	struct latest_arg a = { false, 0 };
+	int rc = steps_walk(m, true, latest_visit, &a);
 	if (rc < 0)
-		return rc;
-	if (rc == 0)
+		return ckpt_err_prefix(rc, "latest step");
+	if (!a.found)
 		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: no committed step", m->root);
-	*step = found;
+	*step = a.step;
 	return 0;
+}
+
+int manifest_steps_count(struct manifest *m)
+{
+	if (!m)
+		return ckpt_err(-EINVAL, "manifest_steps_count: NULL manifest");
+	MDB_txn *txn;
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
+	if (rc)
+		return manifest_fail(m, rc, "begin read transaction");
+	MDB_stat st;
+	rc = mdb_stat(txn, m->dbi_steps, &st);
+	manifest_txn_abort(m, txn);
+	if (rc)
+		return manifest_fail(m, rc, "count step records");
+	return st.ms_entries > INT_MAX ? INT_MAX : (int)st.ms_entries;
+}
+
+int manifest_steps_damaged(struct manifest *m, uint64_t *steps, size_t cap)
+{
+	if (!m || (cap && !steps))
+		return ckpt_err(-EINVAL, "manifest_steps_damaged: NULL argument");
+	MDB_txn *txn;
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
+	if (rc)
+		return manifest_fail(m, rc, "begin read transaction");
+	MDB_cursor *cur;
+	rc = mdb_cursor_open(txn, m->dbi_steps, &cur);
+	if (rc) {
+		manifest_txn_abort(m, txn);
+		return manifest_fail(m, rc, "open cursor");
+	}
+	MDB_val key, val;
+	size_t n = 0;
+	MDB_cursor_op op = MDB_FIRST;
+	while ((rc = mdb_cursor_get(cur, &key, &val, op)) == 0) {
+		op = MDB_NEXT;
+		struct manifest_step r;
+		/* A key of another length cannot be named by a step: report it as step 0's
+		 * neighbour would be wrong, so it is left to the walk's own error. */
+		if (key.mv_size != MANIFEST_STEP_KEY_BYTES)
+			continue;
+		uint64_t step = ckpt_get_be64(key.mv_data);
+		if (manifest_step_decode(val.mv_data, val.mv_size, step, &r, NULL, 0) == 0)
+			continue;
+		if (n < cap)
+			steps[n] = step;
+		n++;
+	}
+	mdb_cursor_close(cur);
+	manifest_txn_abort(m, txn);
+	ckpt_err_clear();
+	if (rc != MDB_NOTFOUND)
+		return manifest_fail(m, rc, "walk steps database");
+	if (n > INT_MAX)
+		return ckpt_err(-EOVERFLOW, "manifest %s: %zu damaged records", m->root, n);
+	return (int)n;
 }
 
 struct list_arg { bool all; uint64_t *steps; size_t cap, count; };
@@ -425,14 +548,15 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
 	rc = mdb_get(txn, m->dbi_shards, &tkey, &val);
 	if (rc == 0) {
 		struct manifest_shard sh;
-		rc = manifest_table_entry(val.mv_data, val.mv_size, step, rank, &sh);
+		uint64_t save_id;
+		rc = manifest_table_entry(val.mv_data, val.mv_size, step, rank, &sh, &save_id);
 		manifest_txn_abort(m, txn);
 		if (rc)
 			return ckpt_err_prefix(rc, "manifest %s", m->root);
-		char *path = malloc(MANIFEST_TABLE_PREFIX + 32);
+		char *path = malloc(MANIFEST_TABLE_PREFIX + 48);
 		if (!path)
 			return ckpt_err(-ENOMEM, "manifest %s: step %llu rank %u", m->root, s, rank);
-		ckpt_path_shard_rel(path, MANIFEST_TABLE_PREFIX + 32, step, rank);
+		ckpt_path_shard_rel(path, MANIFEST_TABLE_PREFIX + 48, step, rank, save_id);
 		sh.path = path;
 		sh.owned_ = path;
 		*out = sh;

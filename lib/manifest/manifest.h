@@ -7,7 +7,9 @@
  * transaction (manifest_commit). A shard record names where the rank's shard index
  * (its file's footer) is and its hash, and may carry a copy of it as opaque bytes;
  * a format-2 manifest stores a step of canonical shards as one table value
- * (docs/format.md §8.4a). This module depends on nothing of ours but the base tier.
+ * (docs/format.md §8.4a). A step being saved has an INFLIGHT record from before its
+ * first file is written (manifest_begin). Every record carries its own checksum.
+ * This module depends on nothing of ours but the base tier.
  *
  * Threads: a struct manifest may be used from any number of threads; LMDB
  * serialises writers. One process opens a given root once (an LMDB rule).
@@ -21,7 +23,8 @@
 
 #include "ckpt_internal.h"
 
-#define MANIFEST_FORMAT_VERSION 2u   /* 2: shard tables (docs/format.md §8.4a) */
+#define MANIFEST_FORMAT_VERSION 3u   /* 2: shard tables (docs/format.md §8.4a); 3: save ids,
+                                        in-flight records, checksummed records */
 #define MANIFEST_MAX_JOB_ID     256u
 #define MANIFEST_MAX_PATH       1024u
 
@@ -64,6 +67,8 @@ struct manifest_step {
 	uint32_t ntensors;
 	uint64_t logical_bytes, stored_bytes;
 	uint64_t commit_time_ns;
+	uint64_t save_id;          /* the attempt: its shard files carry it (0: older records) */
+	uint64_t incarnation;      /* the coordinator that began it (0: older records) */
 	char     job_id[MANIFEST_MAX_JOB_ID + 1];
 };
 
@@ -93,14 +98,30 @@ void manifest_shard_free(struct manifest_shard *s);
 int manifest_commit(struct manifest *m, const struct manifest_step *rec,
                     const struct manifest_shard *shards, uint32_t nshards);
 
-/* Record an aborted step (diagnostics for ckpt-inspect list --all). Never replaces a
- * committed record (-EEXIST). */
-int manifest_record_abort(struct manifest *m, uint64_t step, uint32_t world, const char *why);
+/* Record that an attempt at a step has begun: ONE durable transaction that puts an
+ * INFLIGHT record (rec: step, world, save_id, incarnation, job_id; the time is set
+ * here) in place of an ABORTED or INFLIGHT one, before any file of the attempt is
+ * written. So every step directory that a save creates has a record that says whose
+ * files are in it, and GC removes only files that a record positively names as an
+ * attempt that cannot commit (DESIGN §3). -EEXIST: the step is committed (nothing
+ * changed). */
+int manifest_begin(struct manifest *m, const struct manifest_step *rec);
+/* Record an aborted attempt (rec: step, world, save_id, incarnation, job_id); the
+ * reason is kept for ckpt-inspect list --all. Never replaces a committed record
+ * (-EEXIST). */
+int manifest_record_abort(struct manifest *m, const struct manifest_step *rec, const char *why);
 
 /* Step record of step (any state). CKPT_ENOTFOUND. */
 int manifest_step_get(struct manifest *m, uint64_t step, struct manifest_step *out);
-/* Latest COMMITTED step. CKPT_ENOTFOUND if none. */
+/* Latest COMMITTED step. CKPT_ENOTFOUND if none. Every record is read and checked on
+ * the way: a damaged one (CKPT_ECORRUPT, naming its key) fails the call rather than
+ * let an older step pass for the latest. */
 int manifest_step_latest(struct manifest *m, uint64_t *step);
+/* Records in the steps database, whatever their state, readable or not. */
+int manifest_steps_count(struct manifest *m);
+/* Keys of the steps database whose records do not decode (damaged: CKPT_ECORRUPT,
+ * or unreadable by this build): fills up to cap, returns how many there are. */
+int manifest_steps_damaged(struct manifest *m, uint64_t *steps, size_t cap);
 /* COMMITTED steps ascending (all states if all): fills up to cap, returns the count. */
 int manifest_steps_list(struct manifest *m, bool all, uint64_t *steps, size_t cap);
 /* Shard record of (step, rank), copied out. CKPT_ENOTFOUND, CKPT_EFORMAT. */
@@ -108,9 +129,14 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
                        struct manifest_shard *out);
 /* Mark a committed step's trust level (ckpt-inspect verify). CKPT_ENOTFOUND. */
 int manifest_set_trust(struct manifest *m, uint64_t step, uint32_t trust);
-/* Remove a step's records. Retention calls this BEFORE removing the step's files, so
- * that a crash in between leaves orphan files (GC removes them), never a visible
- * step whose files are gone. */
+/* Retire a committed step (retention): ONE transaction turns its record into an
+ * ABORTED one that still names its attempt (note: why) and removes its shard
+ * records. Then the caller removes the files, then the record
+ * (manifest_step_delete): a crash in between leaves an ABORTED record that GC
+ * finishes, never a visible step whose files are gone, nor files nobody names.
+ * CKPT_ENOTFOUND (not committed). */
+int manifest_step_retire(struct manifest *m, uint64_t step, const char *why);
+/* Remove a step's records (any state, a damaged one included: repair). */
 int manifest_step_delete(struct manifest *m, uint64_t step);
 
 /* Keep at least `slack` bytes of written zeros in data.mdb past LMDB's last page

@@ -131,7 +131,21 @@ int manifest_write(struct manifest *m, manifest_write_fn fn, void *arg, const ch
 		int rc = manifest_txn_begin(m, 0, &txn);
 		if (rc)
 			return manifest_fail(m, rc, "begin write transaction to %s", what);
-		int code = fn(m, txn, arg);
+		/* A manifest of an older format is upgraded by its first write: the records
+		 * written from now on are of this build's versions, which older builds
+		 * refuse one by one; the format record makes them refuse the whole manifest
+		 * at open instead (docs/format.md §8.5). */
+		int code = 0;
+		if (__atomic_load_n(&m->format, __ATOMIC_RELAXED) < MANIFEST_FORMAT_VERSION) {
+			uint8_t fmt[4];
+			ckpt_put_le32(fmt, MANIFEST_FORMAT_VERSION);
+			MDB_val k = { 6, (void *)"format" }, v = { sizeof fmt, fmt };
+			int prc = mdb_put(txn, m->dbi_meta, &k, &v, 0);
+			if (prc)
+				code = manifest_fail(m, prc, "upgrade the format record");
+		}
+		if (!code)
+			code = fn(m, txn, arg);
 		if (code < 0) {
 			manifest_txn_abort(m, txn);
 			if (code == -ENOSPC && attempt == 0 && m_grow(m) == 0)
@@ -148,8 +162,10 @@ int manifest_write(struct manifest *m, manifest_write_fn fn, void *arg, const ch
 		 * the environment is never opened with MDB_NOSYNC or MDB_NOMETASYNC.
 		 */
 		rc = manifest_txn_commit(m, txn);
-		if (rc == 0)
+		if (rc == 0) {
+			__atomic_store_n(&m->format, MANIFEST_FORMAT_VERSION, __ATOMIC_RELAXED);
 			return 0;
+		}
 		if (rc == MDB_MAP_FULL && attempt == 0 && m_grow(m) == 0)
 			continue;
 		return manifest_fail(m, rc, "commit %s", what);

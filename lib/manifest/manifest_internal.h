@@ -17,11 +17,13 @@
 
 /* Record versions: the first u16 of every value. A decoder accepts versions
  * 1..current and refuses newer ones with CKPT_EVERSION. */
-#define MANIFEST_STEP_REC_VERSION  1u
-#define MANIFEST_SHARD_REC_VERSION 2u  /* 2: footer offset and length; index optional */
+#define MANIFEST_STEP_REC_VERSION  2u  /* 2: save id, incarnation, checksum */
+#define MANIFEST_SHARD_REC_VERSION 3u  /* 2: footer offset and length; index optional;
+                                          3: checksum */
 
-#define MANIFEST_STEP_REC_FIXED   48u      /* bytes before job_id (see the layout) */
+#define MANIFEST_STEP_REC_FIXED   64u      /* bytes before job_id (see the layout) */
 #define MANIFEST_SHARD_REC_FIXED  56u      /* bytes before path */
+#define MANIFEST_CHECK_BYTES      8u       /* a record's trailing XXH3-64 */
 #define MANIFEST_MAX_NOTE         1024u    /* abort reason kept in an ABORTED record */
 #define MANIFEST_MAX_INDEX        (1ull << 30) /* = IO_MAX_FOOTER_BYTES; not included: no io dependency */
 
@@ -39,7 +41,7 @@ struct manifest {
 	MDB_dbi          dbi_meta, dbi_steps, dbi_shards;
 	bool             rdonly;
 	bool             nolock;           /* opened with MDB_NOLOCK (read-only media) */
-	uint32_t         format;           /* meta/format of this manifest (1 or 2) */
+	uint32_t         format;           /* meta/format (1..3); a write raises it to 3 */
 	pthread_rwlock_t resize_lock;
 	char             root[];           /* the checkpoint root, for messages */
 };
@@ -81,14 +83,15 @@ void manifest_shard_key(uint8_t out[MANIFEST_SHARD_KEY_BYTES], uint64_t step, ui
 size_t manifest_step_encode(const struct manifest_step *rec, const char *note, uint8_t *out);
 /* 0, or -EINVAL naming the field (job_id too long, bad state or trust). */
 int manifest_step_check(const struct manifest_step *rec);
-/* Decode a step record found under key step. 0, CKPT_EFORMAT or CKPT_EVERSION
- * (the message names step). note/note_cap optional: the abort reason, truncated. */
+/* Decode a step record found under key step. 0, CKPT_EFORMAT, CKPT_EVERSION or
+ * CKPT_ECORRUPT (its checksum does not match: the message names step). note/note_cap optional: the abort reason, truncated. */
 int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest_step *out,
                          char *note, size_t note_cap);
 
-/* A shard record. Size first (0 on overflow), then encode into out. */
+/* A shard record. Size first (0 on overflow), then encode into out (its checksum
+ * covers the key, (step, s->rank)). */
 size_t manifest_shard_rec_size(const struct manifest_shard *s);
-void manifest_shard_encode(const struct manifest_shard *s, uint8_t *out);
+void manifest_shard_encode(uint64_t step, const struct manifest_shard *s, uint8_t *out);
 /* Validate a shard to be stored: 0 or -EINVAL naming step and rank. */
 int manifest_shard_check(uint64_t step, const struct manifest_shard *s);
 /* Decode a shard record found under (step, rank). On success out->path and
@@ -98,33 +101,37 @@ int manifest_shard_check(uint64_t step, const struct manifest_shard *s);
 int manifest_shard_decode(const void *p, size_t n, uint64_t step, uint32_t rank,
                           struct manifest_shard *out, size_t *path_len);
 /* ------------------------------------------------------------------ shard tables
- * (format 2): every rank's footer place of one step in ONE value, under the step's
- * 8-byte key in the shards database; the path of rank r is the canonical one
- * (ckpt_path_shard_rel), so it is not stored. A commit writes a table when the
- * manifest is format 2 and every shard is canonical (manifest_shard_tabular);
- * otherwise per-rank records. docs/format.md §8.4a. */
-#define MANIFEST_TABLE_VERSION    1u
-#define MANIFEST_TABLE_HEADER     8u       /* version, reserved, count */
-#define MANIFEST_TABLE_ENTRY      48u
+ * (format >= 2): every rank's footer place of one step in ONE value, under the
+ * step's 8-byte key in the shards database; the path of rank r is the canonical one
+ * (ckpt_path_shard_rel with the table's save id), so it is not stored. A commit
+ * writes a table when every shard is canonical (manifest_shard_tabular); otherwise
+ * per-rank records. docs/format.md §8.4a. */
+#define MANIFEST_TABLE_VERSION    2u       /* 2: save id, checksums */
+#define MANIFEST_TABLE_HEADER     24u      /* version, reserved, count, save id, checksum */
+#define MANIFEST_TABLE_ENTRY      56u
+#define MANIFEST_TABLE_HEADER_V1  8u
+#define MANIFEST_TABLE_ENTRY_V1   48u
 #define MANIFEST_MAX_TABLE_RANKS  (1u << 24)
 
-/* The canonical shard of (step, rank): no index copy, a footer, and the path
- * ckpt_path_shard_rel gives. prefix: "step-<20 digits>/" of step (26 bytes, from
- * manifest_table_prefix), made once per step by the caller. */
+/* The canonical shard of (step, rank) in attempt save_id: no index copy, a footer,
+ * and the path ckpt_path_shard_rel gives. prefix: "step-<20 digits>/" of step (26
+ * bytes, from manifest_table_prefix), made once per step by the caller. */
 #define MANIFEST_TABLE_PREFIX 26u
 void manifest_table_prefix(char out[MANIFEST_TABLE_PREFIX + 1], uint64_t step);
-bool manifest_shard_tabular(const char *prefix, const struct manifest_shard *s);
+bool manifest_shard_tabular(const char *prefix, uint64_t save_id, const struct manifest_shard *s);
 /* Bytes of a table of count entries (count <= MANIFEST_MAX_TABLE_RANKS). */
 size_t manifest_table_size(uint32_t count);
-/* Write the header, then each shard at its rank's place (rank < count). */
-void manifest_table_header(uint8_t *out, uint32_t count);
-void manifest_table_put(uint8_t *out, const struct manifest_shard *s);
+/* Write the header, then each shard at its rank's place (rank < count); the
+ * checksums cover the step's key. */
+void manifest_table_header(uint8_t *out, uint64_t step, uint32_t count, uint64_t save_id);
+void manifest_table_put(uint8_t *out, uint64_t step, const struct manifest_shard *s);
 /* Rank's entry of the table found under step: its footer place in out (path and
- * index NULL: the caller sets the canonical path). The header and that entry are
- * checked, the table's length against its count. CKPT_ENOTFOUND (rank >= count),
- * CKPT_EFORMAT or CKPT_EVERSION, naming step and rank. */
+ * index NULL: the caller sets the canonical path, from *save_id: 0 for a version-1
+ * table). The header and that entry are checked, the table's length against its
+ * count. CKPT_ENOTFOUND (rank >= count), CKPT_ECORRUPT (a checksum), CKPT_EFORMAT or
+ * CKPT_EVERSION, naming step and rank. */
 int manifest_table_entry(const void *p, size_t n, uint64_t step, uint32_t rank,
-                         struct manifest_shard *out);
+                         struct manifest_shard *out, uint64_t *save_id);
 
 /* A path as stored: non-empty, <= MANIFEST_MAX_PATH, relative, no "", "." or ".."
  * component, no control bytes. */

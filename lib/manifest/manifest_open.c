@@ -255,7 +255,7 @@ static int m_dbs_open(struct manifest *m, bool create)
 				code = ckpt_err(CKPT_EVERSION, "manifest %s: format version %u (this build "
 				                "reads <= %u)", m->root, v, MANIFEST_FORMAT_VERSION);
 			else
-				m->format = v;   /* a manifest keeps the format it was made with */
+				m->format = v;   /* raised by the first write (manifest_write) */
 		}
 	}
 	if (code) {

@@ -6,9 +6,17 @@
  * have an exact length: a decoder checks every length against the bytes it was
  * given and refuses trailing bytes, so a torn, truncated or foreign value is
  * CKPT_EFORMAT — never an out-of-bounds read. This file knows nothing of LMDB.
+ *
+ * Records of the current versions end with their own checksum of the key and of
+ * every value byte before it (rec_check). LMDB pages carry none, and a flipped bit in a
+ * key or a value would otherwise read as a different truth (step 5's record under
+ * key 7, or another footer hash); with it, a damaged record is CKPT_ECORRUPT naming
+ * its key. Records written by older builds (no checksum) are still read.
  */
 #include <errno.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "manifest/manifest_internal.h"
 
@@ -23,6 +31,13 @@ void manifest_shard_key(uint8_t out[MANIFEST_SHARD_KEY_BYTES], uint64_t step, ui
 	ckpt_put_be32(out + 8, rank);
 }
 
+/* A record's checksum: XXH3-64 of its value bytes, seeded with the XXH3-64 of its
+ * key, so that one number covers both (and no state is allocated for it). */
+static uint64_t rec_check(const uint8_t *key, size_t klen, const void *val, size_t vlen)
+{
+	return XXH3_64bits_withSeed(val, vlen, XXH3_64bits(key, klen));
+}
+
 bool manifest_path_ok(const char *path, size_t len)
 {
 	/* The rules of a tensor name are exactly those of a safe relative path
@@ -32,8 +47,9 @@ bool manifest_path_ok(const char *path, size_t len)
 }
 
 /* ------------------------------------------------------------------ step records
- *  off size
- *    0    2  record version (1)
+ *  off size  (version 2; version 1 is the same up to 48, without save id,
+ *             incarnation and checksum: 48 + J + N bytes)
+ *    0    2  record version (2)
  *    2    2  job_id length J (<= MANIFEST_MAX_JOB_ID)
  *    4    4  state (enum ckpt_step_state)
  *    8    4  trust (enum ckpt_trust; 0 for a record that is not COMMITTED)
@@ -43,9 +59,13 @@ bool manifest_path_ok(const char *path, size_t len)
  *   22    2  reserved, 0
  *   24    8  logical_bytes
  *   32    8  stored_bytes
- *   40    8  commit_time_ns (CLOCK_REALTIME; for ABORTED: when it was recorded)
- *   48    J  job_id bytes (no NUL)
- * 48+J    N  note bytes (no NUL)
+ *   40    8  commit_time_ns (CLOCK_REALTIME; for ABORTED: when it was recorded;
+ *            for INFLIGHT: when the attempt began)
+ *   48    8  save_id: the attempt (its files carry it)
+ *   56    8  incarnation: the coordinator that began the attempt
+ *   64    J  job_id bytes (no NUL)
+ * 64+J    N  note bytes (no NUL)
+ * 64+J+N  8  checksum of the 8-byte key and bytes [0, 64+J+N) (rec_check)
  */
 
 int manifest_step_check(const struct manifest_step *rec)
@@ -67,7 +87,7 @@ size_t manifest_step_encode(const struct manifest_step *rec, const char *note, u
 {
 	size_t jl = strnlen(rec->job_id, MANIFEST_MAX_JOB_ID);
 	size_t nl = note ? strnlen(note, MANIFEST_MAX_NOTE) : 0;
-	size_t n = MANIFEST_STEP_REC_FIXED + jl + nl;
+	size_t n = MANIFEST_STEP_REC_FIXED + jl + nl + MANIFEST_CHECK_BYTES;
 	if (!out)
 		return n;
 	ckpt_put_le16(out + 0, MANIFEST_STEP_REC_VERSION);
@@ -81,9 +101,15 @@ size_t manifest_step_encode(const struct manifest_step *rec, const char *note, u
 	ckpt_put_le64(out + 24, rec->logical_bytes);
 	ckpt_put_le64(out + 32, rec->stored_bytes);
 	ckpt_put_le64(out + 40, rec->commit_time_ns);
+	ckpt_put_le64(out + 48, rec->save_id);
+	ckpt_put_le64(out + 56, rec->incarnation);
 	memcpy(out + MANIFEST_STEP_REC_FIXED, rec->job_id, jl);
 	if (nl)
 		memcpy(out + MANIFEST_STEP_REC_FIXED + jl, note, nl);
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, rec->step);
+	ckpt_put_le64(out + n - MANIFEST_CHECK_BYTES,
+	              rec_check(k, sizeof k, out, n - MANIFEST_CHECK_BYTES));
 	return n;
 }
 
@@ -99,6 +125,19 @@ int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest
 	if (ver > MANIFEST_STEP_REC_VERSION)
 		return ckpt_err(CKPT_EVERSION, "step %llu: step record version %u (this build reads <= %u)",
 		                s, ver, MANIFEST_STEP_REC_VERSION);
+	if (ver >= 2) {
+		/* The checksum first: nothing of a damaged record is believed. */
+		uint8_t k[MANIFEST_STEP_KEY_BYTES];
+		manifest_step_key(k, step);
+		if (n < MANIFEST_STEP_REC_FIXED + MANIFEST_CHECK_BYTES)
+			return ckpt_err(CKPT_EFORMAT, "step %llu: step record truncated (%zu bytes)", s, n);
+		if (ckpt_get_le64((const uint8_t *)p + n - MANIFEST_CHECK_BYTES) !=
+		    rec_check(k, sizeof k, p, n - MANIFEST_CHECK_BYTES))
+			return ckpt_err(CKPT_ECORRUPT, "step record under step %llu is damaged (checksum "
+			                "mismatch: a changed byte in its key or value)", s);
+		ckpt_cursor_init(&c, p, n - MANIFEST_CHECK_BYTES);
+		(void)ckpt_cursor_u16(&c);
+	}
 	struct manifest_step r;
 	memset(&r, 0, sizeof r);
 	r.step = step;
@@ -112,6 +151,10 @@ int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest
 	r.logical_bytes = ckpt_cursor_u64(&c);
 	r.stored_bytes = ckpt_cursor_u64(&c);
 	r.commit_time_ns = ckpt_cursor_u64(&c);
+	if (ver >= 2) {
+		r.save_id = ckpt_cursor_u64(&c);
+		r.incarnation = ckpt_cursor_u64(&c);
+	}
 	if (!c.ok)
 		return ckpt_err(CKPT_EFORMAT, "step %llu: step record truncated (%zu bytes)", s, n);
 	if (jl > MANIFEST_MAX_JOB_ID || nl > MANIFEST_MAX_NOTE || reserved != 0)
@@ -120,8 +163,8 @@ int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest
 	const uint8_t *job = ckpt_cursor_take(&c, jl);
 	const uint8_t *why = ckpt_cursor_take(&c, nl);
 	if (!c.ok || c.left != 0)
-		return ckpt_err(CKPT_EFORMAT, "step %llu: step record is %zu bytes, its fields say %u",
-		                s, n, MANIFEST_STEP_REC_FIXED + jl + nl);
+		return ckpt_err(CKPT_EFORMAT, "step %llu: step record is %zu bytes, its fields say "
+		                "otherwise (job id %u, note %u bytes)", s, n, jl, nl);
 	if ((jl && memchr(job, '\0', jl)) || (nl && memchr(why, '\0', nl)))
 		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: NUL inside job id or note", s);
 	if (r.state < CKPT_STATE_COMMITTED || r.state > CKPT_STATE_INFLIGHT)
@@ -144,8 +187,8 @@ int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest
 }
 
 /* ------------------------------------------------------------------ shard records
- *  off size
- *    0    2  record version (2)
+ *  off size  (version 3; version 2 is the same without the checksum)
+ *    0    2  record version (3)
  *    2    2  path length P (1..MANIFEST_MAX_PATH)
  *    4    4  rank (equal to the key's rank)
  *    8    8  file_size
@@ -155,6 +198,7 @@ int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest
  *   48    8  index length X (0..MANIFEST_MAX_INDEX; 0: the index is only in the file)
  *   56    P  path, relative to the root (no NUL)
  * 56+P    X  encoded shard index, if kept here (lib/io's footer encoding, opaque here)
+ * 56+P+X  8  checksum of the 12-byte key and bytes [0, 56+P+X)
  *
  * Why the footer and not the index: the index is already durable in the shard's own
  * footer before the rank votes, so the commit transaction need only name it (offset,
@@ -183,10 +227,11 @@ int manifest_shard_check(uint64_t step, const struct manifest_shard *s)
 size_t manifest_shard_rec_size(const struct manifest_shard *s)
 {
 	/* Both lengths are bounded by manifest_shard_check, so this cannot overflow. */
-	return MANIFEST_SHARD_REC_FIXED + strnlen(s->path, MANIFEST_MAX_PATH) + s->index_len;
+	return MANIFEST_SHARD_REC_FIXED + strnlen(s->path, MANIFEST_MAX_PATH) + s->index_len +
+	       MANIFEST_CHECK_BYTES;
 }
 
-void manifest_shard_encode(const struct manifest_shard *s, uint8_t *out)
+void manifest_shard_encode(uint64_t step, const struct manifest_shard *s, uint8_t *out)
 {
 	size_t pl = strnlen(s->path, MANIFEST_MAX_PATH);
 	ckpt_put_le16(out + 0, MANIFEST_SHARD_REC_VERSION);
@@ -200,6 +245,10 @@ void manifest_shard_encode(const struct manifest_shard *s, uint8_t *out)
 	memcpy(out + MANIFEST_SHARD_REC_FIXED, s->path, pl);
 	if (s->index_len)
 		memcpy(out + MANIFEST_SHARD_REC_FIXED + pl, s->index, s->index_len);
+	size_t body = MANIFEST_SHARD_REC_FIXED + pl + s->index_len;
+	uint8_t k[MANIFEST_SHARD_KEY_BYTES];
+	manifest_shard_key(k, step, s->rank);
+	ckpt_put_le64(out + body, rec_check(k, sizeof k, out, body));
 }
 
 int manifest_shard_decode(const void *p, size_t n, uint64_t step, uint32_t rank,
@@ -212,12 +261,25 @@ int manifest_shard_decode(const void *p, size_t n, uint64_t step, uint32_t rank,
 	if (!c.ok || ver == 0)
 		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record of %zu bytes has no version",
 		                st, rank, n);
-	if (ver < MANIFEST_SHARD_REC_VERSION)
+	if (ver < 2)
 		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record version %u is a "
 		                "pre-release layout this build does not read", st, rank, ver);
 	if (ver > MANIFEST_SHARD_REC_VERSION)
 		return ckpt_err(CKPT_EVERSION, "step %llu rank %u: shard record version %u "
 		                "(this build reads <= %u)", st, rank, ver, MANIFEST_SHARD_REC_VERSION);
+	if (ver >= 3) {
+		uint8_t k[MANIFEST_SHARD_KEY_BYTES];
+		manifest_shard_key(k, step, rank);
+		if (n < MANIFEST_SHARD_REC_FIXED + MANIFEST_CHECK_BYTES)
+			return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record truncated (%zu "
+			                "bytes)", st, rank, n);
+		if (ckpt_get_le64((const uint8_t *)p + n - MANIFEST_CHECK_BYTES) !=
+		    rec_check(k, sizeof k, p, n - MANIFEST_CHECK_BYTES))
+			return ckpt_err(CKPT_ECORRUPT, "shard record of step %llu rank %u is damaged "
+			                "(checksum mismatch: a changed byte in its key or value)", st, rank);
+		ckpt_cursor_init(&c, p, n - MANIFEST_CHECK_BYTES);
+		(void)ckpt_cursor_u16(&c);
+	}
 	uint16_t pl = ckpt_cursor_u16(&c);
 	uint32_t rec_rank = ckpt_cursor_u32(&c);
 	uint64_t file_size = ckpt_cursor_u64(&c);
@@ -241,8 +303,8 @@ int manifest_shard_decode(const void *p, size_t n, uint64_t step, uint32_t rank,
 	const uint8_t *index = ckpt_cursor_take(&c, (size_t)xl);
 	if (!c.ok || c.left != 0)
 		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record is %zu bytes, its fields "
-		                "say %llu", st, rank, n,
-		                (unsigned long long)(MANIFEST_SHARD_REC_FIXED + pl + xl));
+		                "say otherwise (path %u, index %llu bytes)", st, rank, n, pl,
+		                (unsigned long long)xl);
 	if (!manifest_path_ok(path, pl))
 		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard record: path is not a safe "
 		                "relative path", st, rank);
@@ -260,44 +322,43 @@ int manifest_shard_decode(const void *p, size_t n, uint64_t step, uint32_t rank,
 }
 
 /* ------------------------------------------------------------------ shard tables
- *  off size
- *    0    2  table version (1)
+ *  off size  (version 2)
+ *    0    2  table version (2)
  *    2    2  reserved, 0
  *    4    4  count W (1 .. MANIFEST_MAX_TABLE_RANKS): the step's world
- *    8  48W  entries, entry r for rank r:
+ *    8    8  save_id: the attempt; the path of rank r is ckpt_path_shard_rel(step, r,
+ *            save_id)
+ *   16    8  checksum of the 8-byte key and bytes [0, 16)
+ *   24  56W  entries, entry r for rank r:
  *              0  4  rank (= r)      4  4  reserved, 0
  *              8  8  file_size      16 16  footer_hash (XXH3-128)
  *             32  8  footer_offset  40  8  footer_len (1 .. MANIFEST_MAX_INDEX)
- * Exact length 8 + 48 W. The path of rank r is ckpt_path_shard_rel(step, r).
+ *             48  8  checksum of the key and the entry's bytes [0, 48)
+ * Exact length 24 + 56 W. Version 1: an 8-byte header (no save id: the paths are
+ * those without one) and 48-byte entries, no checksums; still read.
+ * Each entry has its own checksum so that a reader of rank r checks the header and
+ * entry r only: a load reads every rank, and checking all W each time would be W^2.
  */
 
 void manifest_table_prefix(char out[MANIFEST_TABLE_PREFIX + 1], uint64_t step)
 {
 	/* The step directory of rank 0's canonical path: the layout is paths.c's alone. */
-	char path[MANIFEST_TABLE_PREFIX + 32];
-	ckpt_path_shard_rel(path, sizeof path, step, 0);
+	char path[MANIFEST_TABLE_PREFIX + 48];
+	ckpt_path_shard_rel(path, sizeof path, step, 0, 0);
 	memcpy(out, path, MANIFEST_TABLE_PREFIX);
 	out[MANIFEST_TABLE_PREFIX] = '\0';
 }
 
-bool manifest_shard_tabular(const char *prefix, const struct manifest_shard *s)
+bool manifest_shard_tabular(const char *prefix, uint64_t save_id, const struct manifest_shard *s)
 {
 	if (s->index_len || s->index || s->footer_len == 0 || s->footer_len > MANIFEST_MAX_INDEX ||
 	    strncmp(s->path, prefix, MANIFEST_TABLE_PREFIX) != 0)
 		return false;
-	/* "rank-%06u.shard", as ckpt_path_shard_rel writes it, without formatting it. */
-	char digits[10];
-	int n = 0;
-	for (uint32_t r = s->rank; r || n < 6; r /= 10)
-		digits[n++] = (char)('0' + r % 10);
-	const char *q = s->path + MANIFEST_TABLE_PREFIX;
-	if (strncmp(q, "rank-", 5) != 0)
-		return false;
-	q += 5;
-	while (n > 0)
-		if (*q++ != digits[--n])
-			return false;
-	return strcmp(q, ".shard") == 0;
+	uint32_t rank;
+	uint64_t id;
+	/* The name is exactly what ckpt_path_shard_name writes for this rank and save id. */
+	return ckpt_path_parse_shard(s->path + MANIFEST_TABLE_PREFIX, &rank, &id) &&
+	       rank == s->rank && id == save_id && id != 0;
 }
 
 size_t manifest_table_size(uint32_t count)
@@ -305,14 +366,18 @@ size_t manifest_table_size(uint32_t count)
 	return MANIFEST_TABLE_HEADER + (size_t)count * MANIFEST_TABLE_ENTRY;
 }
 
-void manifest_table_header(uint8_t *out, uint32_t count)
+void manifest_table_header(uint8_t *out, uint64_t step, uint32_t count, uint64_t save_id)
 {
 	ckpt_put_le16(out + 0, MANIFEST_TABLE_VERSION);
 	ckpt_put_le16(out + 2, 0);
 	ckpt_put_le32(out + 4, count);
+	ckpt_put_le64(out + 8, save_id);
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, step);
+	ckpt_put_le64(out + 16, rec_check(k, sizeof k, out, 16));
 }
 
-void manifest_table_put(uint8_t *out, const struct manifest_shard *s)
+void manifest_table_put(uint8_t *out, uint64_t step, const struct manifest_shard *s)
 {
 	uint8_t *e = out + MANIFEST_TABLE_HEADER + (size_t)s->rank * MANIFEST_TABLE_ENTRY;
 	ckpt_put_le32(e + 0, s->rank);
@@ -321,10 +386,13 @@ void manifest_table_put(uint8_t *out, const struct manifest_shard *s)
 	memcpy(e + 16, s->footer_hash, CKPT_HASH_BYTES);
 	ckpt_put_le64(e + 32, s->footer_offset);
 	ckpt_put_le64(e + 40, s->footer_len);
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, step);
+	ckpt_put_le64(e + 48, rec_check(k, sizeof k, e, 48));
 }
 
 int manifest_table_entry(const void *p, size_t n, uint64_t step, uint32_t rank,
-                         struct manifest_shard *out)
+                         struct manifest_shard *out, uint64_t *save_id)
 {
 	unsigned long long st = (unsigned long long)step;
 	struct ckpt_cursor c;
@@ -338,15 +406,32 @@ int manifest_table_entry(const void *p, size_t n, uint64_t step, uint32_t rank,
 	if (ver > MANIFEST_TABLE_VERSION)
 		return ckpt_err(CKPT_EVERSION, "step %llu rank %u: shard table version %u (this build "
 		                "reads <= %u)", st, rank, ver, MANIFEST_TABLE_VERSION);
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, step);
+	size_t hdr = ver >= 2 ? MANIFEST_TABLE_HEADER : MANIFEST_TABLE_HEADER_V1;
+	size_t ent = ver >= 2 ? MANIFEST_TABLE_ENTRY : MANIFEST_TABLE_ENTRY_V1;
+	*save_id = 0;
+	if (ver >= 2) {
+		*save_id = ckpt_cursor_u64(&c);
+		uint64_t check = ckpt_cursor_u64(&c);
+		if (!c.ok || check != rec_check(k, sizeof k, p, 16))
+			return ckpt_err(CKPT_ECORRUPT, "shard table of step %llu is damaged (its header's "
+			                "checksum does not match)", st);
+		if (*save_id == 0)
+			return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard table with save id 0",
+			                st, rank);
+	}
 	if (reserved != 0 || count == 0 || count > MANIFEST_MAX_TABLE_RANKS ||
-	    n != manifest_table_size(count))
+	    n != hdr + (size_t)count * ent)
 		return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard table of %zu bytes says %u "
 		                "ranks (reserved field %u)", st, rank, n, count, reserved);
 	if (rank >= count)
 		return ckpt_err(CKPT_ENOTFOUND, "step %llu rank %u: no shard record (the step has %u "
 		                "ranks)", st, rank, count);
-	const uint8_t *e = (const uint8_t *)p + MANIFEST_TABLE_HEADER +
-	                   (size_t)rank * MANIFEST_TABLE_ENTRY;
+	const uint8_t *e = (const uint8_t *)p + hdr + (size_t)rank * ent;
+	if (ver >= 2 && ckpt_get_le64(e + 48) != rec_check(k, sizeof k, e, 48))
+		return ckpt_err(CKPT_ECORRUPT, "shard table of step %llu: the entry of rank %u is "
+		                "damaged (checksum mismatch)", st, rank);
 	uint32_t er = ckpt_get_le32(e), eres = ckpt_get_le32(e + 4);
 	uint64_t flen = ckpt_get_le64(e + 40);
 	if (er != rank || eres != 0 || flen == 0 || flen > MANIFEST_MAX_INDEX)

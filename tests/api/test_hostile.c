@@ -30,6 +30,9 @@ static void setup(void)
 	unsetenv("RANK");
 	unsetenv("WORLD_SIZE");
 	unsetenv("CKPT_GROUP_ACCESS");
+	unsetenv("CKPT_JOB_SECRET");
+	unsetenv("CKPT_JOB_SECRET_FILE");
+	unsetenv("CKPT_AUTH");
 }
 
 static void teardown(void)
@@ -49,6 +52,8 @@ static void opts_for(struct ckpt_opts *o, int rank, int world, unsigned flags)
 	o->chunk_bytes = 8192;
 	o->pool_bytes = 16 * 8192;
 	o->timeout_ms = 5000;
+	o->secret = "hostile-test-job-secret";
+	o->secret_len = strlen(o->secret);
 }
 
 static ckpt_ctx *open_as(int rank, int world, unsigned flags)
@@ -322,6 +327,202 @@ START_TEST(second_coordinator_refused)
 }
 END_TEST
 
+/* A tensor source that holds the save in flight until released. */
+struct gate { int fd[2]; int entered[2]; };
+
+static int gated_source(void *arg, uint64_t off, void *dst, size_t len)
+{
+	struct gate *g = arg;
+	if (off == 0) {
+		ssize_t w = write(g->entered[1], "x", 1);
+		(void)w;
+		char b;
+		if (read(g->fd[0], &b, 1) != 1)
+			return -EIO;
+	}
+	memset(dst, 0x5a, len);
+	return 0;
+}
+
+/* Retention run by the job itself, on its own rank-0 context, while a save is in
+ * flight: the save is no candidate (it shows as in flight), completes, and loads. */
+START_TEST(gc_spares_the_save_in_flight)
+{
+	save_step(1);
+	save_step(2);
+	ckpt_ctx *c = open_as(0, 1, 0);
+	struct gate g;
+	ck_assert_int_eq(pipe(g.fd), 0);
+	ck_assert_int_eq(pipe(g.entered), 0);
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, 3, &s), 0);
+	uint64_t shape[1] = { 20000 };
+	struct ckpt_tensor t = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_U8,
+		.policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape };
+	ck_assert_int_eq(ckpt_save_add_tensor_source(s, &t, gated_source, &g), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	char b;
+	ck_assert_int_eq(read(g.entered[0], &b, 1), 1);     /* the worker is in the source */
+
+	struct ckpt_catalog_step st[8];
+	int n = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, 8);
+	ck_assert_int_eq(n, 3);
+	ck_assert(st[2].info.step == 3 && st[2].has_record && st[2].info.state == CKPT_STATE_INFLIGHT);
+	struct ckpt_gc_opts o;
+	ckpt_gc_opts_init(&o, sizeof o);
+	o.keep_last = 1;
+	o.flags = CKPT_GC_UNRECORDED;              /* even so */
+	struct ckpt_gc_result r = { .size = sizeof r };
+	ck_assert_msg(ckpt_catalog_gc(c, &o, &r) == 0, "%s", ckpt_last_error(c));
+	ck_assert_uint_eq(r.steps_removed, 1);       /* step 1 only */
+	/* Another process sees it in flight too, from the coordinator's lock. */
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct ckpt_opts ro;
+		opts_for(&ro, 0, 1, CKPT_OPEN_READONLY);
+		ckpt_ctx *rc;
+		struct ckpt_catalog_step x[8];
+		if (ckpt_open(&ro, &rc))
+			_exit(1);
+		int k = ckpt_catalog_steps(rc, CKPT_CATALOG_ALL, x, 8);
+		_exit(k == 2 && x[1].info.step == 3 && x[1].info.state == CKPT_STATE_INFLIGHT ? 0 : 2);
+	}
+	int status;
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+	ck_assert_int_eq(write(g.fd[1], "go", 1), 1);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error(c));
+	ckpt_save_free(s);
+	ckpt_close(c);
+	check_step(2);
+	c = open_as(0, 1, CKPT_OPEN_READONLY);
+	uint64_t steps[4];
+	ck_assert_int_eq(ckpt_steps(c, steps, 4), 2);
+	ck_assert(steps[0] == 2 && steps[1] == 3);
+	ckpt_close(c);
+	/* A save begun, never submitted, and the context closed: presumed aborted,
+	 * collected by the next coordinator's GC. */
+	c = open_as(0, 1, 0);
+	ck_assert_int_eq(ckpt_save_begin(c, 4, &s), 0);
+	ckpt_save_free(s);
+	n = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, 8);
+	ck_assert(n == 3 && st[2].info.step == 4 && st[2].info.state == CKPT_STATE_ABORTED);
+	ckpt_close(c);
+	for (int i = 0; i < 2; i++) {
+		close(g.fd[i]);
+		close(g.entered[i]);
+	}
+}
+END_TEST
+
+/* Files and directories are private unless group access is asked for. */
+START_TEST(private_modes)
+{
+	mode_t old = umask(0);
+	save_step(1);
+	char p[4300];
+	struct stat st;
+	snprintf(p, sizeof p, "%s/step-%020d", root, 1);
+	ck_assert_int_eq(stat(p, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0700);
+	ck_assert_int_eq(tu_shard_path(root, 1, 0, p, sizeof p), 0);
+	ck_assert_int_eq(stat(p, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0600);
+	static const char *const files[] = { "manifest/data.mdb", "manifest/lock.mdb",
+	                                     "coordinator.lock" };
+	for (size_t i = 0; i < 3; i++) {
+		snprintf(p, sizeof p, "%s/%s", root, files[i]);
+		ck_assert_int_eq(stat(p, &st), 0);
+		ck_assert_msg((st.st_mode & 0777) == 0600, "%s: %o", files[i], st.st_mode & 0777);
+	}
+	snprintf(p, sizeof p, "%s/manifest", root);
+	ck_assert_int_eq(stat(p, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0700);
+	/* A root the library creates is private too; group access when asked. */
+	char sub[4300];
+	snprintf(sub, sizeof sub, "%s/new/root", root);
+	struct ckpt_opts o;
+	opts_for(&o, 0, 1, 0);
+	o.root = sub;
+	ckpt_ctx *c;
+	ck_assert_int_eq(ckpt_open(&o, &c), 0);
+	ckpt_close(c);
+	ck_assert_int_eq(stat(sub, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0700);
+	setenv("CKPT_GROUP_ACCESS", "1", 1);
+	c = open_as(0, 1, 0);
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, 2, &s), 0);
+	uint8_t x[100] = { 1 };
+	ck_assert_int_eq(ckpt_save_add_blob(s, "x", CKPT_KIND_EXTRA, CKPT_REPLICATED, x, sizeof x), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	ck_assert_int_eq(ckpt_save_wait(s, -1), 0);
+	ckpt_save_free(s);
+	ckpt_close(c);
+	unsetenv("CKPT_GROUP_ACCESS");
+	snprintf(p, sizeof p, "%s/step-%020d", root, 2);
+	ck_assert_int_eq(stat(p, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0750);
+	ck_assert_int_eq(tu_shard_path(root, 2, 0, p, sizeof p), 0);
+	ck_assert_int_eq(stat(p, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0640);
+	umask(old);
+}
+END_TEST
+
+/* ckpt_open of rank of world with no secret in the options: its result. */
+static int open_nosecret(int rank, int world, unsigned flags)
+{
+	struct ckpt_opts o;
+	opts_for(&o, rank, world, flags);
+	o.secret = NULL;
+	o.secret_len = 0;
+	o.coord_port = 1;           /* never reached: the checks come first */
+	o.timeout_ms = 200;
+	ckpt_ctx *c = NULL;
+	int rc = ckpt_open(&o, &c);
+	ckpt_close(c);
+	return rc;
+}
+
+/* A job of several ranks never runs unauthenticated by accident: no secret is
+ * CKPT_EAUTH at open on every rank, naming what to set; opting out is explicit; a
+ * secret file others can read is refused. */
+START_TEST(secret_required)
+{
+	for (int r = 0; r < 3; r++) {
+		ck_assert_int_eq(open_nosecret(r, 3, 0), CKPT_EAUTH);
+		ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "CKPT_JOB_SECRET"));
+	}
+	/* One rank, or a reader, has no peers. */
+	ck_assert_int_eq(open_nosecret(0, 1, 0), 0);
+	ck_assert_int_eq(open_nosecret(1, 3, CKPT_OPEN_READONLY), 0);
+	/* The explicit opt-out gets past the check (then fails to reach the coordinator). */
+	setenv("CKPT_AUTH", "off", 1);
+	ck_assert_int_ne(open_nosecret(1, 3, 0), CKPT_EAUTH);
+	setenv("CKPT_AUTH", "maybe", 1);
+	ck_assert_int_eq(open_nosecret(1, 3, 0), -EINVAL);
+	unsetenv("CKPT_AUTH");
+	ck_assert_int_ne(open_nosecret(1, 3, CKPT_OPEN_NO_AUTH), CKPT_EAUTH);
+	/* A secret file: only its owner may read it. */
+	char f[4300];
+	snprintf(f, sizeof f, "%s-secret", root);
+	ck_assert_int_eq(tu_write_file(f, "s3cr3t-from-a-file-0123456789\n", 30), 0);
+	ck_assert_int_eq(chmod(f, 0644), 0);
+	setenv("CKPT_JOB_SECRET_FILE", f, 1);
+	ck_assert_int_eq(open_nosecret(1, 3, 0), CKPT_EAUTH);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "chmod 600"));
+	ck_assert_int_eq(chmod(f, 0600), 0);
+	ck_assert_int_ne(open_nosecret(1, 3, 0), CKPT_EAUTH);
+	ck_assert_int_eq(tu_write_file(f, "\n", 1), 0);
+	ck_assert_int_eq(open_nosecret(1, 3, 0), CKPT_EAUTH);       /* empty */
+	unsetenv("CKPT_JOB_SECRET_FILE");
+	unlink(f);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("hostile");
@@ -333,6 +534,9 @@ static Suite *suite(void)
 	tcase_add_test(t, replaced_manifest_refused);
 	tcase_add_test(t, garbage_manifest_refused);
 	tcase_add_test(t, second_coordinator_refused);
+	tcase_add_test(t, gc_spares_the_save_in_flight);
+	tcase_add_test(t, private_modes);
+	tcase_add_test(t, secret_required);
 	tcase_set_timeout(t, 120);
 	suite_add_tcase(s, t);
 	return s;

@@ -150,8 +150,30 @@ START_TEST(paths)
 	ck_assert_str_eq(p, "/r/step-00000000000000000042");
 	ck_assert(ckpt_path_parse_step_dir(p + 3, &s));
 	ck_assert_uint_eq(s, 42);
-	ck_assert_int_eq(ckpt_path_shard_rel(p, sizeof p, UINT64_MAX, 3), 0);
+	ck_assert_int_eq(ckpt_path_shard_rel(p, sizeof p, UINT64_MAX, 3, 0), 0);
 	ck_assert_str_eq(p, "step-18446744073709551615/rank-000003.shard");
+	char q[96];
+	ck_assert_int_eq(ckpt_path_shard_rel(q, sizeof q, 7, 4000000, 0x00ab00000000cdefull), 0);
+	ck_assert_str_eq(q, "step-00000000000000000007/rank-4000000-00ab00000000cdef.shard");
+	ck_assert_int_eq(ckpt_path_shard_rel(q, 50, 7, 4000000, 0xab), -ENAMETOOLONG);
+	/* The name parses back, and only the one spelling of it does. */
+	uint32_t r;
+	uint64_t id;
+	ck_assert(ckpt_path_parse_shard("rank-4000000-00ab00000000cdef.shard", &r, &id));
+	ck_assert(r == 4000000 && id == 0x00ab00000000cdefull);
+	ck_assert(ckpt_path_parse_shard("rank-000003.shard", &r, &id));
+	ck_assert(r == 3 && id == 0);
+	ck_assert(ckpt_path_parse_shard("rank-4294967295-ffffffffffffffff.shard", &r, &id));
+	ck_assert(r == UINT32_MAX && id == UINT64_MAX);
+	static const char *const bad[] = {
+		"rank-00003.shard", "rank-0000003.shard", "rank-4294967296.shard",
+		"rank-000003-00ab00000000cdeF.shard", "rank-000003-00ab00000000cde.shard",
+		"rank-000003-0000000000000000.shard", "rank-000003-00ab00000000cdef0.shard",
+		"rank-000003.shard.tmp", "rank-000003", "Rank-000003.shard", "rank--000003.shard",
+		"rank-000003-.shard", "rank-+00003.shard",
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		ck_assert_msg(!ckpt_path_parse_shard(bad[i], &r, &id), "%s parsed", bad[i]);
 	ck_assert(ckpt_path_parse_step_dir("step-18446744073709551615", &s));
 	ck_assert_uint_eq(s, UINT64_MAX);
 	ck_assert(!ckpt_path_parse_step_dir("step-18446744073709551616", &s));

@@ -12,13 +12,16 @@
 #include "ranks.h"
 #include "synth.h"
 
-void ranks_vote_make(struct rank_vote *rv, uint64_t step, uint32_t rank, uint32_t world)
+void ranks_vote_make(struct rank_vote *rv, uint64_t step, uint32_t rank, uint32_t world,
+                     uint64_t save_id)
 {
 	struct synth s;
 	synth_typical(&s, step, rank, world);
+	synth_attempt(&s, save_id);
 	synth_encode(&s, &rv->buf, &rv->len, NULL);
 	synth_free(&s);
 	rv->v = synth_vote(step, rank, rv->buf, rv->len);
+	rv->v.save_id = save_id;
 }
 
 void ranks_vote_free(struct rank_vote *rv)
@@ -30,7 +33,7 @@ void ranks_vote_free(struct rank_vote *rv)
 int ranks_prepare(struct commit_part *p, uint64_t step, uint32_t rank, uint32_t world)
 {
 	struct rank_vote rv;
-	ranks_vote_make(&rv, step, rank, world);
+	ranks_vote_make(&rv, step, rank, world, commit_part_attempt(p, step));
 	int rc = commit_part_prepare(p, &rv.v);
 	ranks_vote_free(&rv);
 	return rc;
@@ -62,7 +65,7 @@ static void *rank_thread(void *arg)
 	if (!*j->p)
 		rc = j->e->open(j->e->env, j->rank, j->p);
 	if (!rc)
-		rc = commit_part_begin(*j->p, j->step);
+		rc = ranks_begin(*j->p, j->step);
 	if (!rc)
 		rc = ranks_prepare(*j->p, j->step, j->rank, j->e->world);
 	if (!rc)

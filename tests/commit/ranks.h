@@ -22,15 +22,23 @@ struct ranks_env {
 	const void          *env;
 };
 
-/* A rank's vote: synth_typical's index (the bytes live as long as the struct). */
+/* A rank's vote: synth_typical's index for attempt save_id (the bytes live as long as
+ * the struct). */
 struct rank_vote {
 	void *buf;
 	size_t len;
 	struct commit_vote v;
 };
-void ranks_vote_make(struct rank_vote *rv, uint64_t step, uint32_t rank, uint32_t world);
+void ranks_vote_make(struct rank_vote *rv, uint64_t step, uint32_t rank, uint32_t world,
+                     uint64_t save_id);
+/* BEGIN step on p; the attempt's id stays with p (commit_part_attempt). */
+static inline int ranks_begin(struct commit_part *p, uint64_t step)
+{
+	uint64_t id;
+	return commit_part_begin(p, step, &id);
+}
 void ranks_vote_free(struct rank_vote *rv);
-/* PREPARE rank's synthetic vote of step on p. */
+/* PREPARE rank's synthetic vote of step on p, for the attempt p began. */
 int  ranks_prepare(struct commit_part *p, uint64_t step, uint32_t rank, uint32_t world);
 
 /* Close and clear p[0..n). */

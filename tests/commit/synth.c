@@ -50,6 +50,12 @@ static void *grow(void *p, uint32_t *cap, uint32_t need, size_t elem)
 	return p;
 }
 
+void synth_attempt(struct synth *s, uint64_t save_id)
+{
+	s->ix.save_id = save_id;
+	s->ix.block_bytes = save_id ? (uint32_t)IO_MAX_CHUNK_BYTES : 0;
+}
+
 void synth_add(struct synth *s, const struct synth_item *it)
 {
 	struct io_shard_index *ix = &s->ix;
@@ -131,8 +137,8 @@ void synth_typical(struct synth *s, uint64_t step, uint32_t rank, uint32_t world
 	          .blob = true, .shape = { 40 }, .extent = { 40 }, .kind = CKPT_KIND_SCHEDULER });
 }
 
-int synth_rows_encode(uint64_t step, uint32_t r, uint32_t w, unsigned n, uint64_t rows,
-                      uint64_t cols, void **buf, size_t *len)
+int synth_rows_encode(uint64_t step, uint32_t r, uint32_t w, uint64_t save_id, unsigned n,
+                      uint64_t rows, uint64_t cols, void **buf, size_t *len)
 {
 	struct io_tensor_entry *t = calloc(n ? n : 1, sizeof *t);
 	struct io_chunk_entry *ch = calloc(n ? n : 1, sizeof *ch);
@@ -167,7 +173,9 @@ int synth_rows_encode(uint64_t step, uint32_t r, uint32_t w, unsigned n, uint64_
 	}
 	if (!rc) {
 		struct io_shard_index ix = { .step = step, .rank = r, .world = w, .data_end = off,
-		                             .ntensors = n, .nchunks = nch, .tensors = t, .chunks = ch };
+		                             .ntensors = n, .nchunks = nch, .tensors = t, .chunks = ch,
+		                             .save_id = save_id,
+		                             .block_bytes = save_id ? (uint32_t)IO_MAX_CHUNK_BYTES : 0 };
 		rc = io_index_encode(&ix, buf, len);
 	}
 	free(t);

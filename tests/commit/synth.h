@@ -35,6 +35,9 @@ struct synth {
 };
 
 void synth_init(struct synth *s, uint64_t step, uint32_t rank, uint32_t world);
+/* The index names attempt save_id (a version-3 index; its chunks have no block
+ * hashes: the block size is larger than any synthetic chunk). */
+void synth_attempt(struct synth *s, uint64_t save_id);
 void synth_free(struct synth *s);
 /* Add an item; aborts on a malformed one (a bug in the test). */
 void synth_add(struct synth *s, const struct synth_item *it);
@@ -52,8 +55,9 @@ void synth_typical(struct synth *s, uint64_t step, uint32_t rank, uint32_t world
 
 /* The encoded index (malloc'd) of rank r of a w-rank job: n tensors
  * "model/layer.I/w", f32 [rows, cols], split by rows, one raw chunk each — what the
- * commit and rdma benchmarks and the rdma commit tests vote with. 0 or -ENOMEM. */
-int synth_rows_encode(uint64_t step, uint32_t r, uint32_t w, unsigned n, uint64_t rows,
-                      uint64_t cols, void **buf, size_t *len);
+ * commit and rdma benchmarks and the rdma commit tests vote with, for attempt save_id
+ * (0: none). 0 or -ENOMEM. */
+int synth_rows_encode(uint64_t step, uint32_t r, uint32_t w, uint64_t save_id, unsigned n,
+                      uint64_t rows, uint64_t cols, void **buf, size_t *len);
 
 #endif

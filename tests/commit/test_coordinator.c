@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -58,7 +59,9 @@ struct env {
 
 static int part_open(const void *env, uint32_t rank, struct commit_part **out);
 
-static void env_start(struct env *e, uint32_t world, unsigned timeout_ms)
+/* files: the coordinator holds each vote to the shard file it names (the ranks of
+ * ranks.c vote with synthetic indexes and no file: those tests run without). */
+static void env_start_files(struct env *e, uint32_t world, unsigned timeout_ms, bool files)
 {
 	memset(e, 0, sizeof *e);
 	e->world = world;
@@ -68,13 +71,19 @@ static void env_start(struct env *e, uint32_t world, unsigned timeout_ms)
 	struct commit_coord_opts o = { .manifest = e->m, .job_id = JOB, .world = world,
 	                               .secret = SECRET, .secret_len = strlen(SECRET),
 	                               .transport = NET_TCP, .addr = "127.0.0.1", .port = 0,
-	                               .timeout_ms = timeout_ms };
+	                               .timeout_ms = timeout_ms, .root = files ? e->root : NULL,
+	                               .incarnation = 0x1c0ffee };
 	int rc = commit_coord_start(&o, &e->c);
 	ck_assert_msg(rc == 0, "commit_coord_start: %s", ckpt_err_msg());
 	e->port = commit_coord_port(e->c);
 	ck_assert_uint_ne(e->port, 0);
 	e->r = (struct ranks_env){ .m = e->m, .c = e->c, .world = world, .tmo_ms = TMO,
 	                           .open = part_open, .env = e };
+}
+
+static void env_start(struct env *e, uint32_t world, unsigned timeout_ms)
+{
+	env_start_files(e, world, timeout_ms, false);
 }
 
 static void env_stop(struct env *e)
@@ -153,14 +162,15 @@ START_TEST(commits_ordered_by_step)
 	env_start(&e, 2, 500);
 	struct commit_part *p[2] = { part_connect(&e, 0), part_connect(&e, 1) };
 	for (uint32_t r = 0; r < 2; r++) {
-		ck_assert_int_eq(commit_part_begin(p[r], 10), 0);
-		ck_assert_int_eq(commit_part_begin(p[r], 11), 0);
+		ck_assert_int_eq(ranks_begin(p[r], 10), 0);
+		ck_assert_int_eq(ranks_begin(p[r], 11), 0);
 	}
 	for (uint32_t r = 0; r < 2; r++)
 		ck_assert_int_eq(ranks_prepare(p[r], 11, r, 2), 0);
 	sleep_ms(1500);
 	struct manifest_step rec10, rec11;
-	ck_assert_msg(manifest_step_get(e.m, 11, &rec11) == CKPT_ENOTFOUND,
+	ck_assert_int_eq(manifest_step_get(e.m, 11, &rec11), 0);
+	ck_assert_msg(rec11.state == CKPT_STATE_INFLIGHT,
 	              "step 11 was decided (state %u) before step 10", rec11.state);
 	for (uint32_t r = 0; r < 2; r++)
 		ck_assert_int_eq(ranks_prepare(p[r], 10, r, 2), 0);
@@ -184,7 +194,7 @@ START_TEST(begin_committed_step)
 	env_start(&e, 2, 5000);
 	struct commit_part *p[2] = { 0 };
 	ranks_commit_all(&e.r, p, 3);
-	int rc = commit_part_begin(p[1], 3);
+	int rc = ranks_begin(p[1], 3);
 	ck_assert_msg(rc == -EEXIST, "rc %d (%s)", rc, ckpt_err_msg());
 	ck_assert_msg(strstr(ckpt_err_msg(), "already committed"), "%s", ckpt_err_msg());
 	ranks_commit_all(&e.r, p, 4);
@@ -199,7 +209,7 @@ START_TEST(rank_abort)
 	env_start(&e, 3, 10000);
 	struct commit_part *p[3] = { part_connect(&e, 0), part_connect(&e, 1), part_connect(&e, 2) };
 	for (uint32_t r = 0; r < 3; r++)
-		ck_assert_int_eq(commit_part_begin(p[r], 7), 0);
+		ck_assert_int_eq(ranks_begin(p[r], 7), 0);
 	ck_assert_int_eq(ranks_prepare(p[0], 7, 0, 3), 0);
 	ck_assert_int_eq(commit_part_abort(p[1], 7, -ENOSPC, "disk full writing the shard"), 0);
 	ck_assert_int_eq(ranks_prepare(p[2], 7, 2, 3), 0);
@@ -224,8 +234,8 @@ START_TEST(late_vote_does_not_revive_a_step)
 	struct env e;
 	env_start(&e, 2, 30000);
 	struct commit_part *p[2] = { part_connect(&e, 0), part_connect(&e, 1) };
-	ck_assert_int_eq(commit_part_begin(p[0], 1), 0);
-	ck_assert_int_eq(commit_part_begin(p[1], 1), 0);
+	ck_assert_int_eq(ranks_begin(p[0], 1), 0);
+	ck_assert_int_eq(ranks_begin(p[1], 1), 0);
 	ck_assert_int_eq(commit_part_abort(p[1], 1, -EIO, "write error"), 0);
 	expect_wait(p[0], 1, CKPT_EABORTED, (const char *const[]){ "write error", NULL });
 	ck_assert_int_eq(ranks_prepare(p[0], 1, 0, 2), 0);
@@ -247,7 +257,7 @@ START_TEST(disconnect_before_vote)
 	env_start(&e, 3, 60000);
 	struct commit_part *p[3] = { part_connect(&e, 0), part_connect(&e, 1), part_connect(&e, 2) };
 	for (uint32_t r = 0; r < 3; r++)
-		ck_assert_int_eq(commit_part_begin(p[r], 5), 0);
+		ck_assert_int_eq(ranks_begin(p[r], 5), 0);
 	ck_assert_int_eq(ranks_prepare(p[0], 5, 0, 3), 0);
 	ck_assert_int_eq(ranks_prepare(p[1], 5, 1, 3), 0);
 	uint64_t t0 = ckpt_now_ns();
@@ -269,8 +279,8 @@ START_TEST(timeout_one_rank_silent)
 	struct env e;
 	env_start(&e, 2, 500);
 	struct commit_part *p[2] = { part_connect(&e, 0), part_connect(&e, 1) };
-	ck_assert_int_eq(commit_part_begin(p[0], 1), 0);
-	ck_assert_int_eq(commit_part_begin(p[1], 1), 0);
+	ck_assert_int_eq(ranks_begin(p[0], 1), 0);
+	ck_assert_int_eq(ranks_begin(p[1], 1), 0);
 	uint64_t t0 = ckpt_now_ns();
 	ck_assert_int_eq(ranks_prepare(p[0], 1, 0, 2), 0);
 	const char *const why[] = { "timed out", "ranks 1", NULL };
@@ -292,8 +302,8 @@ START_TEST(in_doubt_when_coordinator_stops)
 	struct env e;
 	env_start(&e, 2, 5000);
 	struct commit_part *p[2] = { part_connect(&e, 0), part_connect(&e, 1) };
-	ck_assert_int_eq(commit_part_begin(p[0], 9), 0);
-	ck_assert_int_eq(commit_part_begin(p[1], 9), 0);
+	ck_assert_int_eq(ranks_begin(p[0], 9), 0);
+	ck_assert_int_eq(ranks_begin(p[1], 9), 0);
 	ck_assert_int_eq(ranks_prepare(p[0], 9, 0, 2), 0);
 	commit_coord_stop(e.c);
 	e.c = e.r.c = NULL;
@@ -317,7 +327,7 @@ START_TEST(in_doubt_when_decision_lost)
 	env_start(&e, 2, 5000);
 	struct commit_part *p[2] = { part_connect(&e, 0), part_connect(&e, 1) };
 	for (uint32_t r = 0; r < 2; r++)
-		ck_assert_int_eq(commit_part_begin(p[r], 4), 0);
+		ck_assert_int_eq(ranks_begin(p[r], 4), 0);
 	for (uint32_t r = 0; r < 2; r++)
 		ck_assert_int_eq(ranks_prepare(p[r], 4, r, 2), 0);
 	for (uint32_t r = 0; r < 2; r++) {
@@ -453,7 +463,7 @@ START_TEST(raw_garbage_truncated_oversized)
 		break;
 	default: {
 		struct rank_vote rv;
-		ranks_vote_make(&rv, 50, 0, 2);
+		ranks_vote_make(&rv, 50, 0, 2, 0);
 		struct ckpt_buf b;
 		ckpt_buf_init(&b);
 		ck_assert_int_eq(commit_prepare_encode(&rv.v, &b), 0);
@@ -530,10 +540,10 @@ START_TEST(forged_vote_for_another_rank)
 	env_start(&e, 3, 10000);
 	struct commit_part *p[3] = { part_connect(&e, 0), part_connect(&e, 1), part_connect(&e, 2) };
 	for (uint32_t r = 0; r < 3; r++)
-		ck_assert_int_eq(commit_part_begin(p[r], 20), 0);
+		ck_assert_int_eq(ranks_begin(p[r], 20), 0);
 	/* Rank 1 votes in rank 0's name, before rank 0 does. */
 	struct rank_vote forged;
-	ranks_vote_make(&forged, 20, 0, 3);
+	ranks_vote_make(&forged, 20, 0, 3, commit_part_attempt(p[1], 20));
 	forged.v.file_size = 666;
 	ck_assert_int_eq(commit_part_prepare(p[1], &forged.v), 0);
 	ranks_vote_free(&forged);
@@ -563,9 +573,9 @@ START_TEST(replayed_prepare)
 	env_start(&e, 2, 5000);
 	struct commit_part *p[2] = { part_connect(&e, 0), part_connect(&e, 1) };
 	for (uint32_t r = 0; r < 2; r++)
-		ck_assert_int_eq(commit_part_begin(p[r], 30), 0);
+		ck_assert_int_eq(ranks_begin(p[r], 30), 0);
 	struct rank_vote rv;
-	ranks_vote_make(&rv, 30, 0, 2);
+	ranks_vote_make(&rv, 30, 0, 2, commit_part_attempt(p[0], 30));
 	rv.v.file_size = 1111;
 	ck_assert_int_eq(commit_part_prepare(p[0], &rv.v), 0);
 	rv.v.file_size = 2222;            /* the replay differs: it must not replace */
@@ -610,12 +620,12 @@ static void bad_msg_send(struct net_conn *c, enum bad_msg k, uint64_t step, uint
 	size_t n = 0;
 	uint16_t type = COMMIT_MSG_BEGIN;
 	memset(b, 0, sizeof b);
-	ckpt_put_le16(b, 1);                       /* the version, where it stays 1 */
+	ckpt_put_le16(b, 2);                       /* the version (2), where it stays so */
 	ckpt_put_le64(b + 2, step);
 	switch (k) {
 	case BM_BEGIN_SHORT:   n = 9; break;
 	case BM_BEGIN_LONG:    n = 11; break;
-	case BM_BEGIN_VERSION: ckpt_put_le16(b, 2); n = 10; break;
+	case BM_BEGIN_VERSION: ckpt_put_le16(b, 1); n = 10; break;   /* an older peer's */
 	case BM_BEGIN_EMPTY:   n = 0; break;
 	case BM_PREPARE_SHORT: type = COMMIT_MSG_PREPARE; n = 20; break;
 	case BM_PREPARE_LEN_MISMATCH:
@@ -626,11 +636,12 @@ static void bad_msg_send(struct net_conn *c, enum bad_msg k, uint64_t step, uint
 		ckpt_put_le32(b + 10, 1);              /* rank 1: its own */
 		ckpt_put_le64(b + 14, 4096);
 		tu_fill(b + 22, CKPT_HASH_BYTES, seed, 3);
+		ckpt_put_le64(b + 38, 0x5a5a);         /* save id */
 		uint64_t len = k == BM_PREPARE_LEN_ZERO ? 0 : k == BM_PREPARE_LEN_HUGE ? UINT64_MAX
 		             : k == BM_PREPARE_LEN_MISMATCH ? 1000 : 10;
-		ckpt_put_le64(b + 38, len);
-		tu_fill(b + 46, 10, seed, 4);
-		n = 56;
+		ckpt_put_le64(b + 46, len);
+		tu_fill(b + 54, 10, seed, 4);
+		n = 64;
 		if (k == BM_PREPARE_VERSION)
 			ckpt_put_le16(b, 0);
 		break;
@@ -641,8 +652,8 @@ static void bad_msg_send(struct net_conn *c, enum bad_msg k, uint64_t step, uint
 		type = COMMIT_MSG_ABORT;
 		ckpt_put_le32(b + 10, k == BM_ABORT_CODE_POSITIVE ? 5u : (uint32_t)-5);
 		ckpt_put_le16(b + 14, k == BM_ABORT_REASON_LONG ? 600 : 4);
-		memcpy(b + 16, "oops", 4);
-		n = k == BM_ABORT_REASON_LONG ? 16 + 600 : k == BM_ABORT_TRAILING ? 21 : 20;
+		memcpy(b + 16, "oops", 4);             /* then the save id, 8 bytes (zeros) */
+		n = k == BM_ABORT_REASON_LONG ? 16 + 600 : k == BM_ABORT_TRAILING ? 29 : 28;
 		break;
 	case BM_UNKNOWN_TYPE:       type = 99; n = 10; break;
 	case BM_HANDSHAKE_TYPE:     type = NET_MSG_HELLO; n = 10; break;
@@ -672,7 +683,7 @@ START_TEST(malformed_messages_from_a_rank)
 	uint64_t step = 40;
 	struct commit_part *p[2] = { part_connect(&e, 0), NULL };
 	struct net_conn *bad = bad_rank_connect(&e, 1);
-	ck_assert_int_eq(commit_part_begin(p[0], step), 0);
+	ck_assert_int_eq(ranks_begin(p[0], step), 0);
 	ck_assert_int_eq(ranks_prepare(p[0], step, 0, 2), 0);
 	bad_msg_send(bad, k, step, tu_seed());
 	ranks_expect_dropped(bad, TMO, "a misbehaving connection");
@@ -697,10 +708,11 @@ START_TEST(well_formed_vote_with_a_bad_index)
 	for (int round = 0; round < 3; round++) {
 		uint64_t step = 60 + (uint64_t)round;
 		for (uint32_t r = 0; r < 2; r++)
-			ck_assert_int_eq(commit_part_begin(p[r], step), 0);
+			ck_assert_int_eq(ranks_begin(p[r], step), 0);
 		ck_assert_int_eq(ranks_prepare(p[0], step, 0, 2), 0);
 		struct rank_vote rv;
-		ranks_vote_make(&rv, round == 1 ? step + 100 : step, round == 2 ? 0 : 1, 2);
+		ranks_vote_make(&rv, round == 1 ? step + 100 : step, round == 2 ? 0 : 1, 2,
+		                commit_part_attempt(p[1], step));
 		rv.v.step = step;
 		rv.v.rank = 1;
 		uint8_t junk[200];
@@ -764,6 +776,136 @@ END_TEST
 
 /* ================================================================ main */
 
+/* ---------------------------------------------------------------- votes and files */
+
+/* Write rank's real shard of step for attempt save_id under e->root: one f32 tensor
+ * "w" of [4 * world] rows, rank's 4 rows; *v is its vote (its index: res->footer). */
+static void real_shard(const struct env *e, uint64_t step, uint32_t rank, uint64_t save_id,
+                       struct io_shard_result *res, struct commit_vote *v)
+{
+	struct io_pool *pool;
+	struct io_engine *eng;
+	ck_assert_int_eq(io_pool_create(1u << 16, 4, NULL, &pool), 0);
+	ck_assert_int_eq(io_engine_create(pool, 2, &eng), 0);
+	char dir[4200], path[4400];
+	ck_assert_int_eq(ckpt_path_step_dir(dir, sizeof dir, e->root, step), 0);
+	mkdir(dir, 0700);
+	ck_assert_int_eq(ckpt_path_shard(path, sizeof path, e->root, step, rank, save_id), 0);
+	struct io_shard_writer *w;
+	struct io_writer_opts o = { .step = step, .rank = rank, .world = e->world,
+	                            .save_id = save_id, .block_bytes = IO_BLOCK_BYTES };
+	ck_assert_msg(io_shard_writer_open(eng, path, &o, &w) == 0, "%s", ckpt_err_msg());
+	uint64_t shape = 4ull * e->world, off = 4ull * rank, ext = 4;
+	struct io_tensor_desc d = { .name = "w", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
+	                            .policy = CKPT_SHARDED, .ndim = 1, .global_shape = &shape,
+	                            .offset = &off, .extent = &ext, .raw_bytes = 16 };
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), 0);
+	int b = io_pool_get(pool, -1);
+	ck_assert_int_ge(b, 0);
+	memset(io_pool_addr(pool, (unsigned)b), (int)rank + 1, 16);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 16), 0);
+	ck_assert_msg(io_shard_writer_finish(w, res) == 0, "%s", ckpt_err_msg());
+	io_engine_destroy(eng);
+	io_pool_destroy(pool);
+	*v = (struct commit_vote){ .rank = rank, .step = step, .save_id = save_id,
+	                           .index = res->footer, .index_len = res->footer_len,
+	                           .file_size = res->file_size };
+	memcpy(v->footer_hash, res->footer_hash, CKPT_HASH_BYTES);
+}
+
+static void result_free(struct io_shard_result *r)
+{
+	free(r->footer);
+	io_index_free(r->index);
+}
+
+/* A vote is held to the file it names: an index with no file behind it (a replayed
+ * or forged vote, or a rank whose data is not there), a file of another size, or a
+ * file whose footer is not the one voted for commits nothing; real votes commit. */
+START_TEST(votes_held_to_their_files)
+{
+	struct env e;
+	env_start_files(&e, 2, 5000, true);
+	struct commit_part *p[2] = { part_connect(&e, 0), part_connect(&e, 1) };
+	for (int round = 0; round < 4; round++) {
+		uint64_t step = 70 + (uint64_t)round;
+		for (uint32_t r = 0; r < 2; r++)
+			ck_assert_int_eq(ranks_begin(p[r], step), 0);
+		struct io_shard_result res[2];
+		struct commit_vote v[2];
+		for (uint32_t r = 0; r < 2; r++)
+			real_shard(&e, step, r, commit_part_attempt(p[r], step), &res[r], &v[r]);
+		const char *needle = NULL;
+		char path[4400];
+		ckpt_path_shard(path, sizeof path, e.root, step, 1, v[1].save_id);
+		if (round == 0) {
+			ck_assert_int_eq(unlink(path), 0);          /* the data is not there */
+			needle = "no such shard file";
+		} else if (round == 1) {
+			ck_assert_int_eq(truncate(path, (off_t)v[1].file_size + 4096), 0);
+			needle = "not the";
+		} else if (round == 2) {
+			v[1].footer_hash[3] ^= 1;                    /* another footer than the file's */
+			needle = "another footer";
+		}
+		for (uint32_t r = 0; r < 2; r++)
+			ck_assert_int_eq(commit_part_prepare(p[r], &v[r]), 0);
+		if (needle) {
+			const char *const why[] = { "rank 1", needle, NULL };
+			expect_wait(p[0], step, CKPT_EABORTED, why);
+			expect_wait(p[1], step, CKPT_EABORTED, why);
+			ranks_assert_not_committed(&e.r, step);
+		} else {
+			expect_wait(p[0], step, 0, NULL);
+			expect_wait(p[1], step, 0, NULL);
+			struct manifest_step rec;
+			ck_assert_int_eq(manifest_step_get(e.m, step, &rec), 0);
+			ck_assert(rec.state == CKPT_STATE_COMMITTED && rec.save_id == v[0].save_id &&
+			          rec.incarnation == 0x1c0ffee);
+		}
+		for (uint32_t r = 0; r < 2; r++)
+			result_free(&res[r]);
+	}
+	ranks_close(p, 2);
+	env_stop(&e);
+}
+END_TEST
+
+/* A new attempt at a step removes the files of the attempt the manifest names dead
+ * before any rank may write, and nothing else of the directory. */
+START_TEST(new_attempt_clears_the_dead_one)
+{
+	struct env e;
+	env_start_files(&e, 2, 5000, true);
+	struct commit_part *p[2] = { part_connect(&e, 0), part_connect(&e, 1) };
+	uint64_t step = 80;
+	for (uint32_t r = 0; r < 2; r++)
+		ck_assert_int_eq(ranks_begin(p[r], step), 0);
+	uint64_t dead = commit_part_attempt(p[0], step);
+	struct io_shard_result res;
+	struct commit_vote v;
+	real_shard(&e, step, 0, dead, &res, &v);
+	result_free(&res);
+	char mine[4400], other[4400];
+	ckpt_path_shard(mine, sizeof mine, e.root, step, 0, dead);
+	ckpt_path_shard(other, sizeof other, e.root, step, 1, 0x5ca1ab1e);
+	ck_assert_int_eq(tu_write_file(other, "not named by any record", 23), 0);
+	ck_assert_int_eq(commit_part_abort(p[1], step, CKPT_EABORTED, "rank 1 gives up"), 0);
+	expect_wait(p[0], step, CKPT_EABORTED, NULL);
+	struct stat st;
+	ck_assert_int_eq(stat(mine, &st), 0);             /* an abort removes nothing itself */
+	for (uint32_t r = 0; r < 2; r++)
+		ck_assert_int_eq(ranks_begin(p[r], step), 0);
+	ck_assert_uint_ne(commit_part_attempt(p[0], step), dead);
+	ck_assert_int_eq(stat(mine, &st), -1);             /* the dead attempt's file: gone */
+	ck_assert_int_eq(stat(other, &st), 0);             /* a file no record names: kept */
+	for (uint32_t r = 0; r < 2; r++)
+		commit_part_abort(p[r], step, CKPT_EABORTED, "test over");
+	ranks_close(p, 2);
+	env_stop(&e);
+}
+END_TEST
+
 int main(void)
 {
 	tu_seed();
@@ -782,6 +924,8 @@ int main(void)
 	tcase_add_test(tc, in_doubt_when_coordinator_stops);
 	tcase_add_test(tc, in_doubt_when_decision_lost);
 	tcase_add_test(tc, start_rejects_bad_options);
+	tcase_add_test(tc, votes_held_to_their_files);
+	tcase_add_test(tc, new_attempt_clears_the_dead_one);
 	suite_add_tcase(s, tc);
 	TCase *bp = tcase_create("bad_peers");
 	tcase_set_timeout(bp, 120);

@@ -397,7 +397,7 @@ START_TEST(bad_relayed_messages)
 	struct commit_part *p[8] = { 0 };
 	for (uint32_t r = 0; r < 4; r++) {
 		p[r] = part_connect(&e, r);
-		ck_assert_int_eq(commit_part_begin(p[r], step), 0);
+		ck_assert_int_eq(ranks_begin(p[r], step), 0);
 	}
 	uint32_t set[4] = { 4, 5, 6, 7 };
 	int code;
@@ -415,7 +415,8 @@ START_TEST(bad_relayed_messages)
 	case BR_VOTE_OUTSIDE_SET:         /* rank 2's vote, forged, tagged rank 2 */
 	case BR_VOTE_UNDER_ANOTHER_TAG:   /* rank 6's vote, tagged rank 5 */
 	case BR_UNTAGGED_VOTE:            /* a PREPARE of its own, not RELAYED */
-		ranks_vote_make(&rv, step, k == BR_VOTE_OUTSIDE_SET ? 2 : k == BR_UNTAGGED_VOTE ? 4 : 6, 8);
+		ranks_vote_make(&rv, step, k == BR_VOTE_OUTSIDE_SET ? 2 : k == BR_UNTAGGED_VOTE ? 4 : 6, 8,
+		                commit_part_attempt(p[0], step));
 		rv.v.file_size = 666;
 		ck_assert_int_eq(commit_prepare_encode(&rv.v, &b), 0);
 		if (k == BR_UNTAGGED_VOTE)
@@ -472,10 +473,10 @@ START_TEST(rank_forging_through_its_leader)
 	struct commit_part *p[8] = { 0 };
 	for (uint32_t r = 0; r < 8; r++) {
 		p[r] = part_connect(&e, r);
-		ck_assert_int_eq(commit_part_begin(p[r], step), 0);
+		ck_assert_int_eq(ranks_begin(p[r], step), 0);
 	}
 	struct rank_vote forged;
-	ranks_vote_make(&forged, step, 6, 8);
+	ranks_vote_make(&forged, step, 6, 8, commit_part_attempt(p[5], step));
 	forged.v.file_size = 666;
 	ck_assert_int_eq(commit_part_prepare(p[5], &forged.v), 0);
 	free(forged.buf);
@@ -539,7 +540,7 @@ START_TEST(leader_killed_mid_save)
 	struct commit_part *p[8] = { 0 };
 	for (uint32_t r = 0; r < 8; r++) {
 		p[r] = part_connect(&e, r);
-		ck_assert_int_eq(commit_part_begin(p[r], step), 0);
+		ck_assert_int_eq(ranks_begin(p[r], step), 0);
 	}
 	e.leaders[1] = NULL;
 	for (uint32_t r = 0; r < 6; r++)
@@ -581,7 +582,7 @@ START_TEST(coordinator_lost_behind_a_leader)
 	struct commit_part *p[4] = { 0 };
 	for (uint32_t r = 0; r < 4; r++) {
 		p[r] = part_connect(&e, r);
-		ck_assert_int_eq(commit_part_begin(p[r], 9), 0);
+		ck_assert_int_eq(ranks_begin(p[r], 9), 0);
 	}
 	ck_assert_int_eq(ranks_prepare(p[0], 9, 0, 4), 0);
 	ck_assert_int_eq(ranks_prepare(p[2], 9, 2, 4), 0);
@@ -619,7 +620,7 @@ START_TEST(decision_dropped_by_the_leader)
 	struct commit_part *p[4] = { 0 };
 	for (uint32_t r = 0; r < 4; r++) {
 		p[r] = part_connect(&e, r);
-		ck_assert_int_eq(commit_part_begin(p[r], 4), 0);
+		ck_assert_int_eq(ranks_begin(p[r], 4), 0);
 	}
 	for (uint32_t r = 0; r < 4; r++)
 		ck_assert_int_eq(ranks_prepare(p[r], 4, r, 4), 0);

@@ -48,6 +48,8 @@ static struct node resolve(int rank, int world, const char *const *env)
 	o.root = "/nonexistent/not-opened";
 	o.rank = rank;
 	o.world = world;
+	o.secret = "tree-config-test-secret";      /* a job of several ranks needs one */
+	o.secret_len = strlen(o.secret);
 	struct glue_config cfg;
 	struct node n = { .rc = config_resolve(&o, &cfg) };
 	if (!n.rc) {

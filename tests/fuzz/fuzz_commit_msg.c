@@ -49,9 +49,10 @@ static void check_status(const uint8_t *data, size_t size)
 	if (commit_status_encode(&m, &b) || b.len != size)
 		abort();
 	const size_t fixed = 16;        /* version, step, code, reason length */
-	if (memcmp(b.p, data, fixed))
+	const size_t tail = 8;          /* the save id, after the reason */
+	if (memcmp(b.p, data, fixed) || memcmp(b.p + size - tail, data + size - tail, tail))
 		abort();
-	for (size_t i = fixed; i < size; i++)
+	for (size_t i = fixed; i < size - tail; i++)
 		if (b.p[i] != (data[i] < 0x20 ? '?' : data[i]))
 			abort();
 	ckpt_buf_free(&b);
@@ -178,6 +179,7 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 		for (size_t i = 0; i < rl; i++)
 			m.reason[i] = (char)(' ' + mix(&s) % 95);
 		m.reason[rl] = '\0';
+		m.save_id = mix(&s) % 3 ? mix(&s) : 0;
 		ckpt_buf_init(&b);
 		commit_status_encode(&m, &b);
 		n = keep(&b, bufs, lens, n);
@@ -189,11 +191,13 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 		memset(t, 0, sizeof t);
 		memset(ch, 0, sizeof ch);
 		uint32_t world = 1 + (uint32_t)(mix(&s) % 8);
+		uint64_t save_id = mix(&s) % 4 ? mix(&s) | 1 : 0;
 		struct io_shard_index ix = { .step = step, .world = world,
 		                             .rank = (uint32_t)(mix(&s) % world),
 		                             .data_end = IO_HEADER_BYTES,
 		                             .ntensors = (uint32_t)(mix(&s) % 4),
-		                             .tensors = t, .chunks = ch };
+		                             .tensors = t, .chunks = ch, .save_id = save_id,
+		                             .block_bytes = save_id ? 1u << 20 : 0 };
 		for (uint32_t i = 0; i < ix.ntensors; i++) {
 			uint64_t elems = 1 + mix(&s) % 64;
 			t[i] = (struct io_tensor_entry){ .name = names[i], .kind = CKPT_KIND_MODEL,
@@ -213,7 +217,7 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 		size_t len = 0;
 		if (io_index_encode(&ix, &enc, &len))
 			abort();
-		struct commit_vote v = { .rank = ix.rank, .step = step, .index = enc,
+		struct commit_vote v = { .rank = ix.rank, .step = step, .save_id = save_id, .index = enc,
 		                         .index_len = len, .file_size = ix.data_end + 4096 };
 		for (unsigned k = 0; k < CKPT_HASH_BYTES; k++)
 			v.footer_hash[k] = (uint8_t)mix(&s);

@@ -52,8 +52,11 @@ check_root_clean() {
     n=$(ls -A "$d" | wc -l)
     if [ "$n" != "$w" ]; then echo "    step $s: $n files, want $w: $(ls -A "$d" | tr '\n' ' ')"; bad=1; fi
     for ((r = 0; r < w; r++)); do
-      f=$(printf '%s/rank-%06d.shard' "$d" "$r")
-      if [ ! -s "$f" ]; then echo "    step $s: shard of rank $r missing or empty"; bad=1; fi
+      # The name carries the attempt's save id: exactly one file of the rank.
+      f=$(compgen -G "$(printf '%s/rank-%06d-*.shard' "$d" "$r")")
+      if [ "$(wc -w <<<"$f")" != 1 ] || [ ! -s "$f" ]; then
+        echo "    step $s: shard of rank $r missing, empty or more than one: $f"; bad=1
+      fi
     done
   done
   return $bad

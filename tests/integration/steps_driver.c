@@ -97,6 +97,8 @@ static void opts_for(struct ckpt_opts *o, unsigned rank, unsigned flags)
 	o->coord_addr = "127.0.0.1";
 	o->coord_port = port;
 	o->job_id = job_id;
+	o->secret = job_id;         /* a job of several ranks authenticates its peers */
+	o->secret_len = strlen(job_id);
 	o->max_inflight = 2;
 	o->timeout_ms = 60000;
 	o->chunk_bytes = 64 * 1024;    /* several chunks per tensor */

@@ -45,9 +45,14 @@ static int any_rank(void *arg, uint32_t rank, const char **why)
 	return 0;
 }
 
-static int send_status(struct net_conn *c, uint16_t type, uint64_t step, int code, const char *why)
+/* Attempt ids: BEGIN_REPLY opens attempt ATTEMPT(step); an older one was decided. */
+#define ATTEMPT(step) (0x5a00u + (step))
+#define OLDER(step)   (0x4a00u + (step))
+
+static int send_status(struct net_conn *c, uint16_t type, uint64_t step, uint64_t save_id,
+                       int code, const char *why)
 {
-	struct commit_status_msg m = { .step = step, .code = code };
+	struct commit_status_msg m = { .step = step, .code = code, .save_id = save_id };
 	snprintf(m.reason, sizeof m.reason, "%s", why);
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
@@ -74,6 +79,9 @@ static int recv_step(struct net_conn *c, uint16_t *type, uint64_t *step)
 		*step = v.step;
 	else if (m.type == COMMIT_MSG_ABORT && !(rc = commit_status_decode(m.payload, m.len, &st)))
 		*step = st.step;
+	/* An ABORT names the attempt it gives up: the one this rank's BEGIN opened. */
+	if (!rc && m.type == COMMIT_MSG_ABORT && st.save_id && st.save_id != ATTEMPT(st.step))
+		rc = -EBADMSG;
 	net_msg_free(&m);
 	return rc;
 }
@@ -100,20 +108,22 @@ static void *coordinator_script(void *arg)
 		/* BEGIN 7 -> DECISION(7, abort) first, then BEGIN_REPLY(7, ok). */
 		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 7)
 			SCRIPT_FAIL("want BEGIN 7, got type %u step %llu", type, (unsigned long long)step);
-		if (send_status(c, COMMIT_MSG_DECISION, 7, CKPT_EABORTED, "rank 2 failed: disk on fire") ||
-		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 7, 0, ""))
+		if (send_status(c, COMMIT_MSG_DECISION, 7, OLDER(7), CKPT_EABORTED,
+		                "rank 2 failed: disk on fire") ||
+		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 7, ATTEMPT(7), 0, ""))
 			SCRIPT_FAIL("send: %s", ckpt_err_msg());
 	} else {
 		/* BEGIN 8 -> reply ok; BEGIN 9 -> DECISION(8, abort), then reply ok to 9 (the
 		 * barrier: the decision reaches the rank after its begin of 8 returned). */
 		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 8)
 			SCRIPT_FAIL("want BEGIN 8, got type %u step %llu", type, (unsigned long long)step);
-		if (send_status(c, COMMIT_MSG_BEGIN_REPLY, 8, 0, ""))
+		if (send_status(c, COMMIT_MSG_BEGIN_REPLY, 8, ATTEMPT(8), 0, ""))
 			SCRIPT_FAIL("send: %s", ckpt_err_msg());
 		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 9)
 			SCRIPT_FAIL("want BEGIN 9, got type %u step %llu", type, (unsigned long long)step);
-		if (send_status(c, COMMIT_MSG_DECISION, 8, CKPT_EABORTED, "rank 1 failed: write error") ||
-		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 9, 0, ""))
+		if (send_status(c, COMMIT_MSG_DECISION, 8, ATTEMPT(8), CKPT_EABORTED,
+		                "rank 1 failed: write error") ||
+		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 9, ATTEMPT(9), 0, ""))
 			SCRIPT_FAIL("send: %s", ckpt_err_msg());
 	}
 	/* Everything else the rank sends, until it hangs up. */
@@ -167,7 +177,8 @@ START_TEST(decision_before_begin_reply)
 	struct script s;
 	pthread_t t;
 	struct commit_part *p = start(&s, &t, 1);
-	int rc = commit_part_begin(p, 7);
+	uint64_t id;
+	int rc = commit_part_begin(p, 7, &id);
 	const char *msg = ckpt_err_msg();
 	ck_assert_msg(rc == CKPT_EABORTED, "begin of an aborted step: rc %d (%s)", rc, msg);
 	ck_assert_msg(strstr(msg, "disk on fire"), "the coordinator's reason is lost: '%s'", msg);
@@ -181,13 +192,15 @@ START_TEST(decision_before_vote)
 	struct script s;
 	pthread_t t;
 	struct commit_part *p = start(&s, &t, 2);
-	ck_assert_int_eq(commit_part_begin(p, 8), 0);
+	uint64_t id8, id9;
+	ck_assert_int_eq(commit_part_begin(p, 8, &id8), 0);
+	ck_assert_uint_eq(id8, ATTEMPT(8));
 	/* DECISION 8 precedes the reply to BEGIN 9 on the stream: once begin(9)
 	 * returns, the decision has been filed. */
-	ck_assert_int_eq(commit_part_begin(p, 9), 0);
+	ck_assert_int_eq(commit_part_begin(p, 9, &id9), 0);
 	uint8_t idx[16] = { 1, 2, 3 };
-	struct commit_vote v = { .rank = 1, .step = 8, .index = idx, .index_len = sizeof idx,
-	                         .file_size = 4096 };
+	struct commit_vote v = { .rank = 1, .step = 8, .save_id = id8, .index = idx,
+	                         .index_len = sizeof idx, .file_size = 4096 };
 	ck_assert_int_eq(commit_part_prepare(p, &v), 0);
 	int rc = commit_part_wait(p, 8, TMO);
 	const char *msg = ckpt_err_msg();
@@ -204,7 +217,8 @@ START_TEST(begin_never_answered)
 	struct script s;
 	pthread_t t;
 	struct commit_part *p = start_tmo(&s, &t, 3, 300);
-	int rc = commit_part_begin(p, 7);
+	uint64_t id;
+	int rc = commit_part_begin(p, 7, &id);
 	const char *msg = ckpt_err_msg();
 	ck_assert_msg(rc == -ETIMEDOUT, "begin without an answer: rc %d (%s)", rc, msg);
 	ck_assert_msg(strstr(msg, "no answer to BEGIN"), "message: '%s'", msg);

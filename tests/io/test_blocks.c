@@ -44,8 +44,7 @@ static const uint64_t sizes[2] = { BIG_BYTES, SMALL_BYTES };
 static void fx_write(struct fx *f, uint32_t block_bytes, int zstd, bool compressible)
 {
 	struct io_shard_writer *w;
-	ck_assert_msg(io_shard_writer_open(f->e, f->path, 5, 0, 1, 4u << 20, zstd, block_bytes,
-	                                   &w) == 0, "%s", ckpt_err_msg());
+	ck_assert_msg(io_shard_writer_open(f->e, f->path, &(struct io_writer_opts){ .step = 5, .rank = 0, .world = 1, .size_hint = 4u << 20, .zstd_level = zstd, .block_bytes = block_bytes }, &w) == 0, "%s", ckpt_err_msg());
 	for (unsigned i = 0; i < 2; i++) {
 		char name[32];
 		snprintf(name, sizeof name, "layers.%u/w", i);

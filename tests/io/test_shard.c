@@ -141,7 +141,8 @@ static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, i
 {
 	struct io_shard_writer *w;
 	memset(res, 0xee, sizeof *res);    /* finish must zero it on failure */
-	int rc = io_shard_writer_open(f->e, f->path, 9, 1, 4, 1u << 20, zstd, f->block_bytes, &w);
+	unlink(f->path);                   /* the writer never replaces a file */
+	int rc = io_shard_writer_open(f->e, f->path, &(struct io_writer_opts){ .step = 9, .rank = 1, .world = 4, .size_hint = 1u << 20, .zstd_level = zstd, .block_bytes = f->block_bytes }, &w);
 	if (rc)
 		return rc;
 	for (unsigned i = 0; i < s->n; i++) {
@@ -722,7 +723,7 @@ START_TEST(real_efbig_half_way)
 		struct shard_spec s = { 2, sizes, false };
 		struct io_shard_writer *w;
 		/* No size hint: ftruncate past the limit would fail at open instead. */
-		int rc = io_shard_writer_open(f.e, f.path, 9, 1, 4, 0, 0, IO_BLOCK_BYTES, &w);
+		int rc = io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 9, .rank = 1, .world = 4, .size_hint = 0, .zstd_level = 0, .block_bytes = IO_BLOCK_BYTES }, &w);
 		if (rc)
 			_exit(3);
 		for (unsigned i = 0; i < 2 && !rc; i++) {
@@ -780,23 +781,48 @@ START_TEST(writer_misuse)
 	struct fx f;
 	fx_init(&f, "shard-misuse");
 	struct io_shard_writer *w;
-	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, 1, 4, 4, 0, 0, IO_BLOCK_BYTES, &w),
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .rank = 4, .world = 4, .size_hint = 0, .zstd_level = 0, .block_bytes = IO_BLOCK_BYTES }, &w),
 	                 -EINVAL);
 	ck_assert_ptr_null(w);
-	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, 1, 0, 1, 0, 99, IO_BLOCK_BYTES, &w),
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .rank = 0, .world = 1, .size_hint = 0, .zstd_level = 99, .block_bytes = IO_BLOCK_BYTES }, &w),
 	                 -EINVAL);
 	/* Block sizes: a power of two of at least 4 KiB, at most a chunk's limit. */
 	const uint32_t bad_blocks[] = { 1, 2048, 12288, 3u << 20, 1u << 31 };
 	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(bad_blocks); i++) {
-		ck_assert_int_eq(io_shard_writer_open(f.e, f.path, 1, 0, 1, 0, 0, bad_blocks[i], &w),
+		ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .rank = 0, .world = 1, .size_hint = 0, .zstd_level = 0, .block_bytes = bad_blocks[i] }, &w),
 		                 -EINVAL);
 		ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "block size"));
 	}
 	char bad[600];
 	snprintf(bad, sizeof bad, "%s/no/such/dir/x.shard", f.dir);
-	ck_assert_int_eq(io_shard_writer_open(f.e, bad, 1, 0, 1, 0, 0, 0, &w), -ENOENT);
+	ck_assert_int_eq(io_shard_writer_open(f.e, bad, &(struct io_writer_opts){ .step = 1, .rank = 0, .world = 1, .size_hint = 0, .zstd_level = 0, .block_bytes = 0 }, &w), -ENOENT);
 	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), bad));
-	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, 1, 0, 1, 0, 0, IO_BLOCK_BYTES, &w), 0);
+	/* A save id needs format 3, which has block hashes. */
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .world = 1, .save_id = 5 }, &w), -EINVAL);
+	/* Never over an existing file (another process's attempt, or a committed shard):
+	 * -EEXIST, and the file is left exactly as it was, open failures included. */
+	ck_assert_int_eq(tu_write_file(f.path, "not yours", 9), 0);
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .rank = 0, .world = 1, .block_bytes = IO_BLOCK_BYTES, .save_id = 7 }, &w), -EEXIST);
+	ck_assert_ptr_null(w);
+	void *kept;
+	size_t klen;
+	ck_assert_int_eq(tu_read_file(f.path, &kept, &klen), 0);
+	ck_assert(klen == 9 && !memcmp(kept, "not yours", 9));
+	free(kept);
+	ck_assert_int_eq(unlink(f.path), 0);
+	/* The file's mode: private by default, what is asked otherwise. */
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .rank = 0, .world = 1, .block_bytes = IO_BLOCK_BYTES }, &w), 0);
+	struct stat ms;
+	ck_assert_int_eq(stat(f.path, &ms), 0);
+	ck_assert_uint_eq(ms.st_mode & 0777, 0600);
+	io_shard_writer_abort(w);
+	mode_t um = umask(0);
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .rank = 0, .world = 1, .block_bytes = IO_BLOCK_BYTES, .mode = 0640 }, &w), 0);
+	umask(um);
+	ck_assert_int_eq(stat(f.path, &ms), 0);
+	ck_assert_uint_eq(ms.st_mode & 0777, 0640);
+	io_shard_writer_abort(w);
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .rank = 0, .world = 1, .size_hint = 0, .zstd_level = 0, .block_bytes = IO_BLOCK_BYTES }, &w), 0);
 	uint64_t shape[2] = { 10, 10 }, off[2] = { 0, 0 }, ext[2] = { 10, 10 };
 	struct io_tensor_desc d = { "a/b", CKPT_KIND_MODEL, CKPT_F32, CKPT_SHARDED, 0, 2,
 	                            shape, off, ext, 400 };
@@ -839,7 +865,7 @@ START_TEST(writer_misuse)
 	ck_assert(!file_exists(f.path));
 	ck_assert_uint_eq(io_pool_nfree(f.pool), NBUFS);
 	/* Abort mid-way removes the file and returns buffers. */
-	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, 1, 0, 1, 1u << 20, 0, IO_BLOCK_BYTES, &w),
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .rank = 0, .world = 1, .size_hint = 1u << 20, .zstd_level = 0, .block_bytes = IO_BLOCK_BYTES }, &w),
 	                 0);
 	d.name = "x";
 	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), 0);

@@ -18,11 +18,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "manifest/manifest.h"
 #include "manifest/manifest_internal.h"
 #include "testutil.h"
 
 /* ------------------------------------------------------------------ generated data */
+
+/* An aborted attempt's record of (step, world), for manifest_record_abort. */
+#define AREC(step_, world_) (&(struct manifest_step){ .step = (step_), .world = (world_) })
 
 /* Index length of (step, rank): varied, never 0; fixed_len overrides. */
 static size_t gen_index_len(uint64_t step, uint32_t rank, size_t fixed_len)
@@ -51,7 +56,7 @@ static void shardset_make(struct shardset *ss, uint64_t step, uint32_t w, size_t
 	for (uint32_t r = 0; r < w; r++) {
 		struct manifest_shard *s = &ss->sh[r];
 		s->rank = r;
-		ck_assert_int_eq(ckpt_path_shard_rel(ss->paths[r], sizeof ss->paths[r], step, r), 0);
+		ck_assert_int_eq(ckpt_path_shard_rel(ss->paths[r], sizeof ss->paths[r], step, r, 0), 0);
 		s->path = ss->paths[r];
 		s->file_size = step * 7 + r + 4096;
 		tu_fill(s->footer_hash, CKPT_HASH_BYTES, tu_seed(), gen_stream(step, r) ^ 0xF00Du);
@@ -118,7 +123,7 @@ static int shard_verify(struct manifest *m, uint64_t step, uint32_t rank, size_t
 		return rc;
 	char path[64];
 	uint8_t hash[CKPT_HASH_BYTES];
-	ckpt_path_shard_rel(path, sizeof path, step, rank);
+	ckpt_path_shard_rel(path, sizeof path, step, rank, 0);
 	tu_fill(hash, sizeof hash, tu_seed(), gen_stream(step, rank) ^ 0xF00Du);
 	size_t len = gen_index_len(step, rank, fixed_len);
 	int bad = 0;
@@ -249,7 +254,7 @@ START_TEST(create_open_reopen)
 	ck_assert_uint_eq(latest, 3);
 	/* A read-only handle refuses every write. */
 	ck_assert_int_eq(commit_gen(m, 4, 1, 0), CKPT_ESTATE);
-	ck_assert_int_eq(manifest_record_abort(m, 4, 1, "x"), CKPT_ESTATE);
+	ck_assert_int_eq(manifest_record_abort(m, AREC(4, 1), "x"), CKPT_ESTATE);
 	ck_assert_int_eq(manifest_set_trust(m, 3, CKPT_TRUST_VERIFIED), CKPT_ESTATE);
 	ck_assert_int_eq(manifest_step_delete(m, 3), CKPT_ESTATE);
 	manifest_close(m);
@@ -522,9 +527,9 @@ START_TEST(aborted_steps)
 	struct manifest *m = open_create(root);
 	ck_assert_int_eq(commit_gen(m, 1, 2, 0), 0);
 	ck_assert_int_eq(commit_gen(m, 3, 2, 0), 0);
-	ck_assert_int_eq(manifest_record_abort(m, 2, 2, "rank 1 timed out"), 0);
-	ck_assert_int_eq(manifest_record_abort(m, 4, 2, NULL), 0);
-	ck_assert_int_eq(manifest_record_abort(m, 4, 3, "again"), 0);      /* replaces */
+	ck_assert_int_eq(manifest_record_abort(m, AREC(2, 2), "rank 1 timed out"), 0);
+	ck_assert_int_eq(manifest_record_abort(m, AREC(4, 2), NULL), 0);
+	ck_assert_int_eq(manifest_record_abort(m, AREC(4, 3), "again"), 0);      /* replaces */
 
 	uint64_t latest, got[8];
 	ck_assert_int_eq(manifest_step_latest(m, &latest), 0);
@@ -543,7 +548,7 @@ START_TEST(aborted_steps)
 	ck_assert_int_eq(manifest_shard_get(m, 4, 0, &s), CKPT_ENOTFOUND);
 
 	/* A committed step is never turned into an aborted one. */
-	ck_assert_int_eq(manifest_record_abort(m, 3, 2, "late"), -EEXIST);
+	ck_assert_int_eq(manifest_record_abort(m, AREC(3, 2), "late"), -EEXIST);
 	step_verify(m, 3, 2, 0);
 
 	/* A later commit of an aborted step works and makes it the latest. */
@@ -553,7 +558,7 @@ START_TEST(aborted_steps)
 	ck_assert_uint_eq(latest, 4);
 	ck_assert_int_eq(manifest_steps_list(m, false, got, 8), 3);
 	/* And an abort above every commit leaves latest alone. */
-	ck_assert_int_eq(manifest_record_abort(m, UINT64_MAX, 1, "x"), 0);
+	ck_assert_int_eq(manifest_record_abort(m, AREC(UINT64_MAX, 1), "x"), 0);
 	ck_assert_int_eq(manifest_step_latest(m, &latest), 0);
 	ck_assert_uint_eq(latest, 4);
 	manifest_close(m);
@@ -567,7 +572,7 @@ START_TEST(set_trust)
 	char *root = tu_tmpdir("manifest");
 	struct manifest *m = open_create(root);
 	ck_assert_int_eq(commit_gen(m, 11, 3, 0), 0);
-	ck_assert_int_eq(manifest_record_abort(m, 12, 3, "x"), 0);
+	ck_assert_int_eq(manifest_record_abort(m, AREC(12, 3), "x"), 0);
 	struct manifest_step before, after;
 	ck_assert_int_eq(manifest_step_get(m, 11, &before), 0);
 	ck_assert_int_eq(manifest_set_trust(m, 11, CKPT_TRUST_VERIFIED), 0);
@@ -596,7 +601,7 @@ START_TEST(step_delete)
 	struct manifest *m = open_create(root);
 	for (uint64_t s = 10; s <= 12; s++)
 		ck_assert_int_eq(commit_gen(m, s, 5, 0), 0);
-	ck_assert_int_eq(manifest_record_abort(m, 13, 5, "x"), 0);
+	ck_assert_int_eq(manifest_record_abort(m, AREC(13, 5), "x"), 0);
 	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 15);
 	ck_assert_int_eq(manifest_step_delete(m, 11), 0);
 	struct manifest_step r;
@@ -657,7 +662,7 @@ START_TEST(many_steps)
 	}
 	for (size_t i = 0; i < N; i++) {
 		if (order[i] % 7000 == 7)          /* every 7th step: aborted */
-			ck_assert_int_eq(manifest_record_abort(m, order[i], 1, "x"), 0);
+			ck_assert_int_eq(manifest_record_abort(m, AREC(order[i], 1), "x"), 0);
 		else
 			ck_assert_int_eq(commit_gen(m, order[i], 1, 16), 0);
 	}
@@ -708,8 +713,10 @@ START_TEST(corrupt_step_record)
 	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), root));
 	ck_assert_int_eq(manifest_step_get(m, 8, &r), 0);
 	uint64_t latest, got[4];
-	ck_assert_int_eq(manifest_step_latest(m, &latest), 0);        /* 8 is above 7 */
-	ck_assert_uint_eq(latest, 8);
+	/* 8 is above 7, but the damaged record below is not skipped: it might have been
+	 * anything (the latest, under a damaged key). */
+	ck_assert_int_eq(manifest_step_latest(m, &latest), CKPT_EFORMAT);
+	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "step 7"));
 	ck_assert_int_eq(manifest_steps_list(m, false, got, 4), CKPT_EFORMAT);
 	manifest_close(m);
 
@@ -722,7 +729,7 @@ START_TEST(corrupt_step_record)
 	shardset_make(&ss, 8, 2, 100);
 	size_t n = manifest_shard_rec_size(&ss.sh[1]);
 	uint8_t *rec = malloc(n);
-	manifest_shard_encode(&ss.sh[1], rec);
+	manifest_shard_encode(8, &ss.sh[1], rec);
 	ckpt_put_le64(rec + 48, 101);      /* the index length field */
 	uint8_t skey[12];
 	manifest_shard_key(skey, 8, 1);
@@ -735,7 +742,8 @@ START_TEST(corrupt_step_record)
 	ck_assert_int_eq(manifest_open(root, 0, &m), 0);
 	ck_assert_int_eq(manifest_step_get(m, 7, &r), CKPT_EVERSION);
 	struct manifest_shard s;
-	ck_assert_int_eq(manifest_shard_get(m, 8, 1, &s), CKPT_EFORMAT);
+	/* Its checksum no longer matches: damage, whatever the field. */
+	ck_assert_int_eq(manifest_shard_get(m, 8, 1, &s), CKPT_ECORRUPT);
 	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "rank 1"));
 	ck_assert_ptr_null(s.owned_);
 	ck_assert_int_eq(shard_verify(m, 8, 0, 0), 0);
@@ -791,7 +799,10 @@ static size_t mutate(uint8_t *p, size_t n, size_t cap, uint64_t *rng)
 	}
 }
 
-static bool ok_code(int rc) { return rc == 0 || rc == CKPT_EFORMAT || rc == CKPT_EVERSION; }
+static bool ok_code(int rc)
+{
+	return rc == 0 || rc == CKPT_EFORMAT || rc == CKPT_EVERSION || rc == CKPT_ECORRUPT;
+}
 
 START_TEST(fuzz_decoders)
 {
@@ -822,7 +833,7 @@ START_TEST(fuzz_decoders)
 		/* shard record */
 		n = manifest_shard_rec_size(&ss.sh[0]);
 		ck_assert_uint_le(n, CAP);
-		manifest_shard_encode(&ss.sh[0], buf);
+		manifest_shard_encode(42, &ss.sh[0], buf);
 		n = mutate(buf, n, CAP, &rng);
 		p = malloc(n ? n : 1);
 		memcpy(p, buf, n);
@@ -831,7 +842,8 @@ START_TEST(fuzz_decoders)
 		rc = manifest_shard_decode(p, n, 42, 0, &s, &pl);
 		ck_assert_msg(ok_code(rc), "shard decode: %d (iteration %d)", rc, it);
 		if (rc == 0) {
-			ck_assert_uint_eq(MANIFEST_SHARD_REC_FIXED + pl + s.index_len, n);
+			ck_assert_uint_eq(MANIFEST_SHARD_REC_FIXED + pl + s.index_len + MANIFEST_CHECK_BYTES,
+			                  n);
 			ck_assert((const uint8_t *)s.path >= p && (const uint8_t *)s.index + s.index_len <= p + n);
 			ck_assert(manifest_path_ok(s.path, pl));
 		}
@@ -863,7 +875,7 @@ START_TEST(fuzz_replay_lmdb)
 		manifest_step_key(key, step);
 		m_put(m, m->dbi_steps, key, 8, buf, n);
 
-		manifest_shard_encode(&ss.sh[0], buf);
+		manifest_shard_encode(step, &ss.sh[0], buf);
 		n = mutate(buf, manifest_shard_rec_size(&ss.sh[0]), CAP, &rng);
 		uint32_t rank = (uint32_t)(tu_rand(&rng) % 2);
 		manifest_shard_key(key, step, rank);
@@ -881,7 +893,7 @@ START_TEST(fuzz_replay_lmdb)
 		}
 		uint64_t got[16], latest;
 		rc = manifest_steps_list(m, true, got, 16);
-		ck_assert_msg(rc >= 0 || rc == CKPT_EFORMAT || rc == CKPT_EVERSION, "list: %d", rc);
+		ck_assert_msg(rc >= 0 || ok_code(rc), "list: %d", rc);
 		rc = manifest_step_latest(m, &latest);
 		ck_assert_msg(ok_code(rc) || rc == CKPT_ENOTFOUND, "latest: %d", rc);
 		/* The commit path reads the old record first: it must refuse cleanly too. */
@@ -926,8 +938,11 @@ END_TEST
 
 /* ------------------------------------------------------------------ shard tables */
 
-/* Shards as lib/commit commits them: canonical paths, no index copy, the footer's
- * place (generated from step and rank). */
+/* The attempt of a generated tabular step. */
+#define TAB_ID(step) (0x7ab1e00000000000ull | (uint64_t)(step))
+
+/* Shards as lib/commit commits them: canonical paths (with the attempt's save id),
+ * no index copy, the footer's place (generated from step and rank). */
 static void tabset_make(struct shardset *ss, uint64_t step, uint32_t w)
 {
 	shardset_make(ss, step, w, 1);
@@ -938,6 +953,8 @@ static void tabset_make(struct shardset *ss, uint64_t step, uint32_t w)
 		s->index_len = 0;
 		s->footer_offset = step * 4096 + r;
 		s->footer_len = 1 + (step + r) % 70000;
+		ck_assert_int_eq(ckpt_path_shard_rel(ss->paths[r], sizeof ss->paths[r], step, r,
+		                                     TAB_ID(step)), 0);
 	}
 }
 
@@ -948,22 +965,24 @@ static int commit_tab(struct manifest *m, uint64_t step, uint32_t w)
 	uint64_t rng = tu_seed() ^ step;
 	shardset_shuffle(&ss, &rng);
 	struct manifest_step r = gen_step(step, w);
+	r.save_id = TAB_ID(step);
 	int rc = manifest_commit(m, &r, ss.sh, w);
 	shardset_free(&ss);
 	return rc;
 }
 
-/* Every rank of a tabset step reads back (0, or a positive code saying what differs). */
-static int tab_verify(struct manifest *m, uint64_t step, uint32_t w)
+/* Every rank of a tabset step reads back (0, or a positive code saying what differs).
+ * save_id: the attempt the paths carry (0: a version-1 table's, without). */
+static int tab_verify_id(struct manifest *m, uint64_t step, uint32_t w, uint64_t save_id)
 {
 	for (uint32_t r = 0; r < w; r++) {
 		struct manifest_shard s;
 		int rc = manifest_shard_get(m, step, r, &s);
 		if (rc)
 			return rc;
-		char path[64];
+		char path[96];
 		uint8_t hash[CKPT_HASH_BYTES];
-		ckpt_path_shard_rel(path, sizeof path, step, r);
+		ckpt_path_shard_rel(path, sizeof path, step, r, save_id);
 		tu_fill(hash, sizeof hash, tu_seed(), gen_stream(step, r) ^ 0xF00Du);
 		int bad = s.rank != r ? 1 : strcmp(s.path, path) ? 2 :
 		          s.file_size != step * 7 + r + 4096 ? 3 :
@@ -980,14 +999,19 @@ static int tab_verify(struct manifest *m, uint64_t step, uint32_t w)
 	return rc == CKPT_ENOTFOUND ? 0 : 8;
 }
 
-/* A format-2 manifest stores a step of canonical shards as one table value: it
- * reads back rank by rank (before and after reopening), is deleted with its step,
- * and a committed step is still not overwritten. */
+static int tab_verify(struct manifest *m, uint64_t step, uint32_t w)
+{
+	return tab_verify_id(m, step, w, TAB_ID(step));
+}
+
+/* A step of canonical shards is stored as one table value: it reads back rank by
+ * rank (before and after reopening), is deleted with its step, and a committed step
+ * is still not overwritten. */
 START_TEST(table_commit_read_back)
 {
 	char *root = tu_tmpdir("manifest");
 	struct manifest *m = open_create(root);
-	ck_assert_uint_eq(m->format, 2);
+	ck_assert_uint_eq(m->format, MANIFEST_FORMAT_VERSION);
 	static const uint32_t ws[] = { 1, 7, 300 };
 	for (unsigned i = 0; i < 3; i++)
 		ck_assert_int_eq(commit_tab(m, 10 + i, ws[i]), 0);
@@ -1008,7 +1032,7 @@ START_TEST(table_commit_read_back)
 	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 2);
 	struct manifest_shard s;
 	ck_assert_int_eq(manifest_shard_get(m, 11, 0, &s), CKPT_ENOTFOUND);
-	ck_assert_int_eq(manifest_record_abort(m, 11, 7, "gone"), 0);
+	ck_assert_int_eq(manifest_record_abort(m, AREC(11, 7), "gone"), 0);
 	ck_assert_int_eq(commit_tab(m, 11, 5), 0);              /* over the aborted record */
 	ck_assert_int_eq(tab_verify(m, 11, 5), 0);
 	ck_assert_int_eq(tab_verify(m, 12, 300), 0);
@@ -1018,9 +1042,16 @@ START_TEST(table_commit_read_back)
 }
 END_TEST
 
+/* XXH3-64 of val seeded with the XXH3-64 of the key: a record's checksum, computed
+ * here independently of the codec (docs/format.md §8.3). */
+static uint64_t check_of(const void *key, size_t klen, const void *val, size_t vlen)
+{
+	return XXH3_64bits_withSeed(val, vlen, XXH3_64bits(key, klen));
+}
+
 /* What a table cannot hold goes in per-rank records, in the same manifest: an
- * index copy, a path that is not the canonical one. And a format-1 manifest keeps
- * per-rank records for every commit (an older build reads it still). */
+ * index copy, a path that is not the canonical one, no save id. A version-1 table
+ * (an older build's: no save id, no checksums) still reads. */
 START_TEST(table_or_records)
 {
 	char *root = tu_tmpdir("manifest");
@@ -1034,6 +1065,7 @@ START_TEST(table_or_records)
 	char odd[64] = "elsewhere/rank-000001.shard";
 	ss.sh[1].path = odd;
 	struct manifest_step r = gen_step(2, 3);
+	r.save_id = TAB_ID(2);
 	ck_assert_int_eq(manifest_commit(m, &r, ss.sh, 3), 0);
 	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 7);
 	struct manifest_shard s;
@@ -1044,17 +1076,34 @@ START_TEST(table_or_records)
 	shardset_free(&ss);
 	ck_assert_int_eq(commit_tab(m, 3, 2), 0);
 	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 8);
+	/* A path of another attempt than the step's: records. */
+	tabset_make(&ss, 4, 2);
+	r = gen_step(4, 2);
+	r.save_id = TAB_ID(99);
+	ck_assert_int_eq(manifest_commit(m, &r, ss.sh, 2), 0);
+	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 10);
+	shardset_free(&ss);
 	manifest_close(m);
 
-	uint8_t v[4];
-	ckpt_put_le32(v, 1);
-	raw_put(root, "meta", "format", 6, v, sizeof v);
-	m = open_create(root);
-	ck_assert_uint_eq(m->format, 1);
-	ck_assert_int_eq(commit_tab(m, 4, 5), 0);
-	ck_assert_uint_eq(db_entries(m, m->dbi_shards), 13);    /* five records */
-	ck_assert_int_eq(tab_verify(m, 4, 5), 0);
-	ck_assert_int_eq(tab_verify(m, 3, 2), 0);               /* the table still reads */
+	/* A version-1 table, as an older build wrote it, under step 5. */
+	enum { W1 = 3 };
+	uint8_t v1[8 + 48 * W1] = { 0 };
+	ckpt_put_le16(v1, 1);
+	ckpt_put_le32(v1 + 4, W1);
+	for (uint32_t k = 0; k < W1; k++) {
+		uint8_t *e = v1 + 8 + 48 * k;
+		ckpt_put_le32(e, k);
+		ckpt_put_le64(e + 8, 5 * 7 + k + 4096);
+		tu_fill(e + 16, CKPT_HASH_BYTES, tu_seed(), gen_stream(5, k) ^ 0xF00Du);
+		ckpt_put_le64(e + 32, 5 * 4096 + k);
+		ckpt_put_le64(e + 40, 1 + (5 + k) % 70000);
+	}
+	uint8_t key[8];
+	manifest_step_key(key, 5);
+	raw_put(root, "shards", key, sizeof key, v1, sizeof v1);
+	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), 0);
+	ck_assert_int_eq(tab_verify_id(m, 5, W1, 0), 0);        /* paths without a save id */
+	ck_assert_int_eq(tab_verify(m, 3, 2), 0);
 	step_verify(m, 1, 4, 0);
 	manifest_close(m);
 	tu_rmtree(root);
@@ -1062,45 +1111,67 @@ START_TEST(table_or_records)
 }
 END_TEST
 
-/* The canonical-path test is exact: prefix, "rank-", at least six digits, ".shard". */
+/* The canonical-path test is exact: prefix, then the name ckpt_path_shard_name
+ * gives for the rank and the step's save id. */
 START_TEST(table_path_canonical)
 {
-	char prefix[MANIFEST_TABLE_PREFIX + 1], path[64];
+	char prefix[MANIFEST_TABLE_PREFIX + 1], path[96];
 	manifest_table_prefix(prefix, 42);
 	ck_assert_str_eq(prefix, "step-00000000000000000042/");
 	struct manifest_shard s = { .footer_len = 1, .path = path };
+	const uint64_t id = 0x00c0ffee00000001ull;
 	static const uint32_t ranks[] = { 0, 7, 999999, 1000000, 4294967295u };
 	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(ranks); i++) {
 		s.rank = ranks[i];
-		ckpt_path_shard_rel(path, sizeof path, 42, s.rank);
-		ck_assert_msg(manifest_shard_tabular(prefix, &s), "%s", path);
+		ckpt_path_shard_rel(path, sizeof path, 42, s.rank, id);
+		ck_assert_msg(manifest_shard_tabular(prefix, id, &s), "%s", path);
+		ck_assert_msg(!manifest_shard_tabular(prefix, id + 1, &s), "%s as another attempt", path);
+		ck_assert_msg(!manifest_shard_tabular(prefix, 0, &s), "%s without an attempt", path);
 		s.rank = ranks[i] + 1;
-		ck_assert_msg(!manifest_shard_tabular(prefix, &s), "%s as rank %u", path, s.rank);
+		ck_assert_msg(!manifest_shard_tabular(prefix, id, &s), "%s as rank %u", path, s.rank);
 	}
 	s.rank = 3;
 	static const char *const bad[] = {
-		"step-00000000000000000042/rank-00003.shard", "step-00000000000000000042/rank-000003.shar",
-		"step-00000000000000000042/rank-000003.shardx", "step-00000000000000000043/rank-000003.shard",
-		"step-00000000000000000042/Rank-000003.shard", "step-00000000000000000042/rank-0000003.shard",
+		"step-00000000000000000042/rank-00003-00c0ffee00000001.shard",
+		"step-00000000000000000042/rank-000003-00c0ffee00000001.shar",
+		"step-00000000000000000042/rank-000003-00c0ffee00000001.shardx",
+		"step-00000000000000000043/rank-000003-00c0ffee00000001.shard",
+		"step-00000000000000000042/Rank-000003-00c0ffee00000001.shard",
+		"step-00000000000000000042/rank-0000003-00c0ffee00000001.shard",
+		"step-00000000000000000042/rank-000003-00C0FFEE00000001.shard",
+		"step-00000000000000000042/rank-000003.shard",
 	};
 	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(bad); i++) {
 		snprintf(path, sizeof path, "%s", bad[i]);
-		ck_assert_msg(!manifest_shard_tabular(prefix, &s), "%s", path);
+		ck_assert_msg(!manifest_shard_tabular(prefix, id, &s), "%s", path);
 	}
-	ckpt_path_shard_rel(path, sizeof path, 42, 3);
-	ck_assert(manifest_shard_tabular(prefix, &s));
+	ckpt_path_shard_rel(path, sizeof path, 42, 3, id);
+	ck_assert(manifest_shard_tabular(prefix, id, &s));
 	s.footer_len = 0;
-	ck_assert(!manifest_shard_tabular(prefix, &s));
+	ck_assert(!manifest_shard_tabular(prefix, id, &s));
 	s.footer_len = 1;
 	s.index = "x";
 	s.index_len = 1;
-	ck_assert(!manifest_shard_tabular(prefix, &s));
+	ck_assert(!manifest_shard_tabular(prefix, id, &s));
 }
 END_TEST
 
-/* A damaged table: every reader gets CKPT_EFORMAT or CKPT_EVERSION naming step and
- * rank, never an out-of-bounds read (the ASan stage runs this), and other steps
- * read on. */
+/* Re-seal a table's checksums after a test changed it on purpose, so that the
+ * structural checks behind them are reached (header, and entry k). */
+static void table_reseal(uint8_t *b, uint64_t step, uint32_t nentries)
+{
+	uint8_t key[8];
+	manifest_step_key(key, step);
+	ckpt_put_le64(b + 16, check_of(key, sizeof key, b, 16));
+	for (uint32_t k = 0; k < nentries; k++) {
+		uint8_t *e = b + MANIFEST_TABLE_HEADER + (size_t)k * MANIFEST_TABLE_ENTRY;
+		ckpt_put_le64(e + 48, check_of(key, sizeof key, e, 48));
+	}
+}
+
+/* A damaged table: every reader gets CKPT_ECORRUPT (a checksum), CKPT_EFORMAT or
+ * CKPT_EVERSION naming step and rank, never an out-of-bounds read (the ASan stage
+ * runs this), and other steps read on. */
 START_TEST(table_corrupt)
 {
 	char *root = tu_tmpdir("manifest");
@@ -1111,25 +1182,33 @@ START_TEST(table_corrupt)
 	struct shardset ss;
 	tabset_make(&ss, 5, 3);
 	size_t n = manifest_table_size(3);
-	uint8_t good[256], b[256];
+	uint8_t good[512], b[512];
 	ck_assert_uint_le(n, sizeof good);
-	manifest_table_header(good, 3);
+	manifest_table_header(good, 5, 3, TAB_ID(5));
 	for (uint32_t r = 0; r < 3; r++)
-		manifest_table_put(good, &ss.sh[r]);
+		manifest_table_put(good, 5, &ss.sh[r]);
 	shardset_free(&ss);
 	uint8_t key[8];
 	manifest_step_key(key, 5);
-	struct { const char *what; size_t len; size_t at; uint32_t v; int width; int want; } cases[] = {
-		{ "truncated", 0, 0, 0, 0, CKPT_EFORMAT },
-		{ "newer version", 0, 0, 2, 2, CKPT_EVERSION },
-		{ "version 0", 0, 0, 0, 2, CKPT_EFORMAT },
-		{ "reserved", 0, 2, 1, 2, CKPT_EFORMAT },
-		{ "count 0", 0, 4, 0, 4, CKPT_EFORMAT },
-		{ "count past the bytes", 0, 4, 4, 4, CKPT_EFORMAT },
-		{ "entry's rank", 0, 8 + 48, 7, 4, CKPT_EFORMAT },
-		{ "entry's reserved", 0, 8 + 48 + 4, 1, 4, CKPT_EFORMAT },
-		{ "footer length 0", 0, 8 + 48 + 40, 0, 4, CKPT_EFORMAT },
-		{ "trailing byte", 1, 0, 0, 0, CKPT_EFORMAT },
+	enum { H = MANIFEST_TABLE_HEADER, E = MANIFEST_TABLE_ENTRY };
+	/* reseal: the change is made consistent with the checksums, to reach the field
+	 * checks behind them; otherwise the checksum catches it. */
+	struct { const char *what; size_t len; size_t at; uint64_t v; int width; bool reseal;
+	         int want; } cases[] = {
+		{ "truncated", 0, 0, 0, 0, false, CKPT_EFORMAT },
+		{ "newer version", 0, 0, 3, 2, false, CKPT_EVERSION },
+		{ "version 0", 0, 0, 0, 2, false, CKPT_EFORMAT },
+		{ "a flipped header bit", 0, 4, 3 ^ 8, 4, false, CKPT_ECORRUPT },
+		{ "another step's table", 0, 0, 0, 0, false, CKPT_ECORRUPT },
+		{ "reserved", 0, 2, 1, 2, true, CKPT_EFORMAT },
+		{ "count 0", 0, 4, 0, 4, true, CKPT_EFORMAT },
+		{ "count past the bytes", 0, 4, 4, 4, true, CKPT_EFORMAT },
+		{ "save id 0", 0, 8, 0, 8, true, CKPT_EFORMAT },
+		{ "a flipped entry bit", 0, H + E + 9, 0xfe, 1, false, CKPT_ECORRUPT },
+		{ "entry's rank", 0, H + E, 7, 4, true, CKPT_EFORMAT },
+		{ "entry's reserved", 0, H + E + 4, 1, 4, true, CKPT_EFORMAT },
+		{ "footer length 0", 0, H + E + 40, 0, 8, true, CKPT_EFORMAT },
+		{ "trailing byte", 1, 0, 0, 0, false, CKPT_EFORMAT },
 	};
 	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(cases); i++) {
 		memcpy(b, good, n);
@@ -1138,18 +1217,24 @@ START_TEST(table_corrupt)
 			len = n - 1;
 		else if (cases[i].len)
 			b[len++] = 0;
+		else if (!strcmp(cases[i].what, "another step's table"))
+			table_reseal(b, 4, 3);                /* sealed for step 4, found under 5 */
+		else if (cases[i].width == 1)
+			b[cases[i].at] ^= (uint8_t)cases[i].v;
 		else if (cases[i].width == 2)
 			ckpt_put_le16(b + cases[i].at, (uint16_t)cases[i].v);
+		else if (cases[i].width == 4)
+			ckpt_put_le32(b + cases[i].at, (uint32_t)cases[i].v);
 		else
-			ckpt_put_le32(b + cases[i].at, cases[i].v);
-		if (cases[i].at == 8 + 48 + 40)           /* a u64 field */
-			ckpt_put_le64(b + cases[i].at, 0);
+			ckpt_put_le64(b + cases[i].at, cases[i].v);
+		if (cases[i].reseal)
+			table_reseal(b, 5, 3);
 		raw_put(root, "shards", key, sizeof key, b, len);
 		ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), 0);
 		struct manifest_shard s;
 		int rc = manifest_shard_get(m, 5, 1, &s);
 		ck_assert_msg(rc == cases[i].want, "%s: %d (%s)", cases[i].what, rc, ckpt_err_msg());
-		ck_assert_msg(strstr(ckpt_err_msg(), "step 5 rank 1") && strstr(ckpt_err_msg(), root),
+		ck_assert_msg(strstr(ckpt_err_msg(), "step 5") && strstr(ckpt_err_msg(), root),
 		              "%s: message '%s'", cases[i].what, ckpt_err_msg());
 		ck_assert_ptr_null(s.owned_);
 		ck_assert_int_eq(tab_verify(m, 6, 2), 0);
@@ -1158,13 +1243,14 @@ START_TEST(table_corrupt)
 	/* Rank 0's entry of a table damaged at rank 1 still reads: entries are checked
 	 * one at a time (a load reads every rank; checking all on each would be W²). */
 	memcpy(b, good, n);
-	ckpt_put_le32(b + 8 + 48, 9);
+	b[H + E + 20] ^= 1;
 	raw_put(root, "shards", key, sizeof key, b, n);
 	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), 0);
 	struct manifest_shard s;
 	ck_assert_int_eq(manifest_shard_get(m, 5, 0, &s), 0);
 	manifest_shard_free(&s);
-	ck_assert_int_eq(manifest_shard_get(m, 5, 1, &s), CKPT_EFORMAT);
+	ck_assert_int_eq(manifest_shard_get(m, 5, 1, &s), CKPT_ECORRUPT);
+	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "rank 1"));
 	manifest_close(m);
 	/* Random damage: a code, never a crash. */
 	uint64_t rng = tu_seed() ^ 0x7AB1E;
@@ -1180,6 +1266,125 @@ START_TEST(table_corrupt)
 				manifest_shard_free(&s);
 		}
 	}
+	manifest_close(m);
+	tu_rmtree(root);
+	free(root);
+}
+END_TEST
+
+/* A flipped bit in a step's key inside data.mdb (LMDB pages carry no checksum)
+ * makes the record read as another step's: its checksum names it damaged instead,
+ * "latest" fails rather than roll back to an older step, and the damaged keys are
+ * listed for repair. */
+START_TEST(flipped_step_key)
+{
+	char *root = tu_tmpdir("manifest");
+	struct manifest *m = open_create(root);
+	for (uint64_t st = 1; st <= 3; st++)
+		ck_assert_int_eq(commit_tab(m, st * 10, 2), 0);
+	/* Step 30's record moved to key 29 (one bit of the key's last byte). */
+	MDB_txn *txn;
+	ck_assert_int_eq(mdb_txn_begin(m->env, NULL, 0, &txn), 0);
+	uint8_t k30[8], k29[8];
+	manifest_step_key(k30, 30);
+	manifest_step_key(k29, 30 ^ 3);
+	MDB_val key = { 8, k30 }, val, key2 = { 8, k29 };
+	ck_assert_int_eq(mdb_get(txn, m->dbi_steps, &key, &val), 0);
+	void *copy = malloc(val.mv_size);
+	memcpy(copy, val.mv_data, val.mv_size);
+	MDB_val v2 = { val.mv_size, copy };
+	ck_assert_int_eq(mdb_del(txn, m->dbi_steps, &key, NULL), 0);
+	ck_assert_int_eq(mdb_put(txn, m->dbi_steps, &key2, &v2, 0), 0);
+	ck_assert_int_eq(mdb_txn_commit(txn), 0);
+	free(copy);
+	struct manifest_step r;
+	ck_assert_int_eq(manifest_step_get(m, 29, &r), CKPT_ECORRUPT);
+	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "step 29"));
+	ck_assert_int_eq(manifest_step_get(m, 30, &r), CKPT_ENOTFOUND);
+	uint64_t latest = 0, bad[4];
+	ck_assert_int_eq(manifest_step_latest(m, &latest), CKPT_ECORRUPT);
+	ck_assert_int_eq(manifest_steps_damaged(m, bad, 4), 1);
+	ck_assert_uint_eq(bad[0], 29);
+	/* A bit of a value: the same. */
+	ck_assert_int_eq(mdb_txn_begin(m->env, NULL, 0, &txn), 0);
+	uint8_t k10[8];
+	manifest_step_key(k10, 10);
+	MDB_val key10 = { 8, k10 };
+	ck_assert_int_eq(mdb_get(txn, m->dbi_steps, &key10, &val), 0);
+	copy = malloc(val.mv_size);
+	memcpy(copy, val.mv_data, val.mv_size);
+	((uint8_t *)copy)[12] ^= 0x10;                /* the world */
+	MDB_val v3 = { val.mv_size, copy };
+	ck_assert_int_eq(mdb_put(txn, m->dbi_steps, &key10, &v3, 0), 0);
+	ck_assert_int_eq(mdb_txn_commit(txn), 0);
+	free(copy);
+	ck_assert_int_eq(manifest_step_get(m, 10, &r), CKPT_ECORRUPT);
+	ck_assert_int_eq(manifest_steps_damaged(m, bad, 4), 2);
+	/* Repair: delete the damaged records; the rest reads. */
+	ck_assert_int_eq(manifest_step_delete(m, 10), 0);
+	ck_assert_int_eq(manifest_step_delete(m, 29), 0);
+	ck_assert_int_eq(manifest_step_latest(m, &latest), 0);
+	ck_assert_uint_eq(latest, 20);
+	ck_assert_int_eq(manifest_steps_damaged(m, bad, 4), 0);
+	manifest_close(m);
+	tu_rmtree(root);
+	free(root);
+}
+END_TEST
+
+/* An INFLIGHT record before the first file of an attempt: it names the attempt and
+ * its coordinator, is replaced by the commit of that attempt only, by the abort of
+ * any, never over a committed step; an older format is upgraded by the first write. */
+START_TEST(inflight_records)
+{
+	char *root = tu_tmpdir("manifest");
+	struct manifest *m = open_create(root);
+	struct manifest_step id = { .step = 40, .world = 2, .save_id = TAB_ID(40),
+	                            .incarnation = 0x1c, .job_id = "j" };
+	ck_assert_int_eq(manifest_begin(m, &id), 0);
+	struct manifest_step r;
+	ck_assert_int_eq(manifest_step_get(m, 40, &r), 0);
+	ck_assert(r.state == CKPT_STATE_INFLIGHT && r.save_id == TAB_ID(40) &&
+	          r.incarnation == 0x1c && r.world == 2 && !strcmp(r.job_id, "j"));
+	uint64_t latest;
+	ck_assert_int_eq(manifest_step_latest(m, &latest), CKPT_ENOTFOUND);   /* invisible */
+	/* Another attempt cannot commit over it. */
+	struct shardset ss;
+	tabset_make(&ss, 40, 2);
+	struct manifest_step c = gen_step(40, 2);
+	c.save_id = TAB_ID(40) + 1;
+	ck_assert_int_eq(manifest_commit(m, &c, ss.sh, 2), -ESTALE);
+	c.save_id = TAB_ID(40);
+	ck_assert_int_eq(manifest_commit(m, &c, ss.sh, 2), 0);
+	ck_assert_int_eq(manifest_step_get(m, 40, &r), 0);
+	ck_assert(r.state == CKPT_STATE_COMMITTED && r.save_id == TAB_ID(40));
+	ck_assert_int_eq(manifest_begin(m, &id), -EEXIST);
+	shardset_free(&ss);
+	/* Begin, abort, and an aborted attempt never commits afterwards. */
+	id.step = 41;
+	id.save_id = TAB_ID(41);
+	ck_assert_int_eq(manifest_begin(m, &id), 0);
+	ck_assert_int_eq(manifest_record_abort(m, &id, "rank 1 failed"), 0);
+	ck_assert_int_eq(manifest_step_get(m, 41, &r), 0);
+	ck_assert(r.state == CKPT_STATE_ABORTED && r.save_id == TAB_ID(41));
+	ck_assert_int_eq(commit_tab(m, 41, 2), -ESTALE);
+	id.save_id = TAB_ID(41) + 7;                  /* a new attempt over the aborted one */
+	ck_assert_int_eq(manifest_begin(m, &id), 0);
+	manifest_close(m);
+
+	/* A format-2 manifest reads, and is upgraded by its first write. */
+	uint8_t v[4];
+	ckpt_put_le32(v, 2);
+	raw_put(root, "meta", "format", 6, v, sizeof v);
+	ck_assert_int_eq(manifest_open(root, 0, &m), 0);
+	ck_assert_uint_eq(m->format, 2);
+	ck_assert_int_eq(manifest_step_get(m, 40, &r), 0);
+	ck_assert_uint_eq(m->format, 2);               /* reading changes nothing */
+	ck_assert_int_eq(commit_tab(m, 42, 2), 0);
+	ck_assert_uint_eq(m->format, MANIFEST_FORMAT_VERSION);
+	manifest_close(m);
+	ck_assert_int_eq(manifest_open(root, MANIFEST_RDONLY, &m), 0);
+	ck_assert_uint_eq(m->format, MANIFEST_FORMAT_VERSION);
 	manifest_close(m);
 	tu_rmtree(root);
 	free(root);
@@ -1534,6 +1739,8 @@ int main(void)
 	tcase_add_test(tc, table_commit_read_back);
 	tcase_add_test(tc, table_or_records);
 	tcase_add_test(tc, table_path_canonical);
+	tcase_add_test(tc, flipped_step_key);
+	tcase_add_test(tc, inflight_records);
 	tcase_add_test(tc, table_corrupt);
 	tcase_add_test(tc, reserve_keeps_commits_in_place);
 	tcase_add_test(tc, reserve_within_map);

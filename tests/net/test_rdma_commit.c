@@ -55,11 +55,12 @@ static void *rank_main(void *arg)
 	struct rank_job *j = arg;
 	void *ix = NULL;
 	size_t len = 0;
-	j->rc = commit_part_begin(j->p, j->step);
+	uint64_t save_id = 0;
+	j->rc = commit_part_begin(j->p, j->step, &save_id);
 	if (!j->rc)
-		j->rc = synth_rows_encode(j->step, j->rank, j->world, NTENSORS, ROWS, 16, &ix, &len);
+		j->rc = synth_rows_encode(j->step, j->rank, j->world, save_id, NTENSORS, ROWS, 16, &ix, &len);
 	if (!j->rc) {
-		struct commit_vote v = { .rank = j->rank, .step = j->step, .index = ix,
+		struct commit_vote v = { .rank = j->rank, .step = j->step, .save_id = save_id, .index = ix,
 		                         .index_len = len, .file_size = 1 };
 		j->rc = commit_part_prepare(j->p, &v);
 	}
@@ -109,7 +110,8 @@ static void commit_world(uint32_t w)
 		ck_assert_uint_eq(rec.world, w);
 	}
 	/* A step already committed is refused at BEGIN, over rdma as over tcp. */
-	ck_assert_int_eq(commit_part_begin(parts[0], 2), -EEXIST);
+	uint64_t id;
+	ck_assert_int_eq(commit_part_begin(parts[0], 2, &id), -EEXIST);
 	for (uint32_t r = 0; r < w; r++)
 		commit_part_close(parts[r]);
 	commit_coord_stop(co);

@@ -5,7 +5,8 @@
  *   ckpt-inspect ROOT show STEP|latest [--chunks] [--json]
  *   ckpt-inspect ROOT verify [STEP|latest|all] [--no-mark] [--quiet] [--json]
  *   ckpt-inspect ROOT diff STEP1 STEP2 [--json]
- *   ckpt-inspect ROOT gc [--keep-last N] [--keep-every K] [--min-age S] [--dry-run] [--json]
+ *   ckpt-inspect ROOT gc [--keep-last N] [--keep-every K] [--min-age S] [--dry-run]
+ *                        [--unrecorded] [--json]
  *   ckpt-inspect ROOT rebuild [--merge] [--json]
  *
  * Every option and exit code is documented in docs/ckpt-inspect.md; --help prints
@@ -36,7 +37,7 @@ struct args {
 	const char *root, *cmd;
 	const char *pos[2];
 	int         npos;
-	bool        json, all, chunks, dry_run, no_mark, merge, quiet;
+	bool        json, all, chunks, dry_run, no_mark, merge, quiet, unrecorded;
 	uint64_t    keep_last, keep_every, min_age;
 };
 
@@ -48,24 +49,29 @@ static void usage(FILE *f)
 	"commands:\n"
 	"  list [--all]                    every committed step: state, world size, logical and\n"
 	"                                  stored bytes, compression ratio, commit time, trust;\n"
-	"                                  --all adds aborted, in-flight and orphaned steps\n"
+	"                                  --all adds aborted and in-flight steps, and step\n"
+	"                                  directories the manifest has no record of\n"
 	"  show STEP|latest [--chunks]     every tensor of a step; --chunks adds the placement of\n"
 	"                                  every chunk (rank, file, offset, lengths, codec, hash)\n"
 	"  verify [STEP|latest|all]        read every chunk and check its hash (default: latest);\n"
 	"         [--no-mark] [--quiet]    a verified step is marked so in the manifest unless\n"
 	"                                  --no-mark; --quiet: no progress display\n"
 	"  diff STEP1 STEP2                tensors added, removed, changed (by chunk hash), unchanged\n"
-	"  gc [--keep-last N] [--keep-every K] [--min-age S] [--dry-run]\n"
-	"                                  remove orphaned and aborted steps, and committed steps\n"
-	"                                  kept by neither rule; never the latest committed step\n"
-	"  rebuild [--merge]               recreate a lost manifest from the shard files\n"
+	"  gc [--keep-last N] [--keep-every K] [--min-age S] [--dry-run] [--unrecorded]\n"
+	"                                  remove aborted attempts, and committed steps kept by\n"
+	"                                  neither rule; never the latest committed step nor a\n"
+	"                                  save in flight; --unrecorded: also step directories\n"
+	"                                  the manifest has no record of\n"
+	"  rebuild [--merge]               recreate a lost or damaged manifest from the shard\n"
+	"                                  files (--merge: add to a manifest that has records)\n"
 	"\n"
 	"options:\n"
 	"  --json      machine-readable output on stdout (one JSON document)\n"
 	"  --help      this text\n"
 	"\n"
 	"exit status: 0 ok; 1 failure (damage found by verify, or an operation failed);\n"
-	"2 usage; 3 no such step; 4 not a checkpoint root; 5 root not writable (gc, rebuild).\n"
+	"2 usage; 3 no such step; 4 not a checkpoint root; 5 root not writable (gc, rebuild);\n"
+	"6 no usable manifest (run rebuild); 7 root in use by a running job's coordinator.\n"
 	"See docs/ckpt-inspect.md.\n");
 }
 
@@ -170,7 +176,7 @@ static int parse_step(const char *s, uint64_t *step)
 static const char *state_name(const struct ckpt_catalog_step *s)
 {
 	if (!s->has_record)
-		return "orphan";
+		return "unrecorded";
 	switch (s->info.state) {
 	case CKPT_STATE_COMMITTED: return "committed";
 	case CKPT_STATE_ABORTED:   return "aborted";
@@ -249,7 +255,9 @@ static int cmd_list(const struct args *a)
 				printf("%-20" PRIu64 " %-9s %-9s %5s %7s %11s %11s %6s  %s (%u file(s) on disk)\n",
 				       s->info.step, state_name(s), "-", world, "-", "-",
 				       tool_bytes(s->dir_bytes, b2), "-",
-				       s->has_record ? "not visible" : "no record: in flight or left by a crash",
+				       !s->has_record ? "no record in the manifest: kept (rebuild --merge "
+				       "recovers it, gc --unrecorded removes it)" :
+				       s->info.state == CKPT_STATE_INFLIGHT ? "being saved now" : "not visible",
 				       s->nfiles);
 			}
 		}
@@ -678,7 +686,7 @@ static int cmd_gc(const struct args *a)
 	o.keep_last = a->keep_last;
 	o.keep_every = a->keep_every;
 	o.min_age_s = a->min_age;
-	o.flags = a->dry_run ? CKPT_GC_DRY_RUN : 0;
+	o.flags = (a->dry_run ? CKPT_GC_DRY_RUN : 0) | (a->unrecorded ? CKPT_GC_UNRECORDED : 0);
 	struct gc_out g = { a, 0 };
 	o.report = gc_report;
 	o.arg = &g;
@@ -689,8 +697,8 @@ static int cmd_gc(const struct args *a)
 	char b[32];
 	if (a->json) {
 		printf("],\"ok\":%s,\"steps_removed\":%" PRIu64 ",\"bytes_freed\":%" PRIu64
-		       ",\"steps_kept\":%" PRIu64, rc ? "false" : "true", r.steps_removed, r.bytes_freed,
-		       r.steps_kept);
+		       ",\"steps_kept\":%" PRIu64 ",\"steps_unrecorded\":%" PRIu64, rc ? "false" : "true",
+		       r.steps_removed, r.bytes_freed, r.steps_kept, r.steps_unrecorded);
 		if (rc) {
 			printf(",\"error\":");
 			tool_json_str(stdout, ckpt_last_error(NULL));
@@ -700,6 +708,10 @@ static int cmd_gc(const struct args *a)
 		printf("%s %" PRIu64 " step(s), %s %s; %" PRIu64 " committed step(s) kept\n",
 		       a->dry_run ? "would remove" : "removed", r.steps_removed,
 		       tool_bytes(r.bytes_freed, b), a->dry_run ? "to free" : "freed", r.steps_kept);
+		if (r.steps_unrecorded)
+			printf("%" PRIu64 " step director%s without a record left alone (`rebuild --merge` "
+			       "recovers them, --unrecorded removes them)\n", r.steps_unrecorded,
+			       r.steps_unrecorded == 1 ? "y" : "ies");
 	}
 	int x = rc ? fail(rc, "gc") : EXIT_OK;
 	ckpt_close(c);
@@ -717,7 +729,8 @@ static void rebuild_report(void *arg, uint64_t step, int outcome, uint32_t world
 {
 	struct rb_out *o = arg;
 	const char *what = outcome == CKPT_REBUILD_COMMITTED ? "committed" :
-	                   outcome == CKPT_REBUILD_PRESENT ? "present" : "not-committed";
+	                   outcome == CKPT_REBUILD_PRESENT ? "present" :
+	                   outcome == CKPT_REBUILD_DAMAGED ? "damaged-record-removed" : "not-committed";
 	if (o->a->json) {
 		printf("%s{\"step\":%" PRIu64 ",\"outcome\":\"%s\",\"world\":%u,\"why\":",
 		       o->n ? "," : "", step, what, world);
@@ -727,6 +740,8 @@ static void rebuild_report(void *arg, uint64_t step, int outcome, uint32_t world
 		printf("step %" PRIu64 ": committed (world %u, every shard proven)\n", step, world);
 	} else if (outcome == CKPT_REBUILD_PRESENT) {
 		printf("step %" PRIu64 ": left as it was (%s)\n", step, why);
+	} else if (outcome == CKPT_REBUILD_DAMAGED) {
+		printf("step %" PRIu64 ": %s\n", step, why);
 	} else {
 		printf("step %" PRIu64 ": NOT committed: %s\n", step, why);
 	}
@@ -806,12 +821,13 @@ int main(int argc, char **argv)
 		{ "quiet", no_argument, 0, 'q' },
 		{ "keep-last", required_argument, 0, 'L' }, { "keep-every", required_argument, 0, 'E' },
 		{ "min-age", required_argument, 0, 'A' }, { "help", no_argument, 0, 'h' },
+		{ "unrecorded", no_argument, 0, 'U' },
 		{ 0, 0, 0, 0 },
 	};
 	/* Which options each command accepts. */
 	static const struct { const char *cmd, *opts; } allowed[] = {
 		{ "list", "ja" }, { "show", "jc" }, { "verify", "jNq" }, { "diff", "j" },
-		{ "gc", "jnLEA" }, { "rebuild", "jm" },
+		{ "gc", "jnLEAU" }, { "rebuild", "jm" },
 	};
 	const char *ok = NULL;
 	for (size_t k = 0; k < sizeof allowed / sizeof *allowed; k++)
@@ -841,6 +857,7 @@ int main(int argc, char **argv)
 		case 'N': a.no_mark = true; break;
 		case 'm': a.merge = true; break;
 		case 'q': a.quiet = true; break;
+		case 'U': a.unrecorded = true; break;
 		case 'L': if (parse_count("--keep-last", optarg, &a.keep_last)) return EXIT_USAGE; break;
 		case 'E': if (parse_count("--keep-every", optarg, &a.keep_every)) return EXIT_USAGE; break;
 		case 'A': if (parse_count("--min-age", optarg, &a.min_age)) return EXIT_USAGE; break;
