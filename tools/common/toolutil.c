@@ -1,6 +1,6 @@
 /*
  * toolutil.c — the helpers of toolutil.h: output formatting and the progress
- * display shared by ckpt-inspect and ckpt-reshard.
+ * display shared by the tools.
  */
 #define _GNU_SOURCE
 #include <errno.h>

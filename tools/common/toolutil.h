@@ -1,8 +1,8 @@
 /*
- * toolutil.h — small helpers shared by ckpt-inspect and ckpt-reshard (compiled into
- * both; public API only): JSON string output, human-readable sizes and times,
- * number parsing, and the progress display (a bar on a terminal, plain lines
- * otherwise, so that logs stay readable).
+ * toolutil.h — small helpers shared by ckpt-synth, ckpt-inspect and ckpt-reshard (a
+ * static library linked into each; public API only): JSON string output,
+ * human-readable sizes and times, number parsing, and the progress display (a bar
+ * on a terminal, plain lines otherwise, so that logs stay readable).
  */
 #ifndef CKPT_TOOLUTIL_H
 #define CKPT_TOOLUTIL_H
