@@ -136,6 +136,19 @@ void ckpt_buf_u16(struct ckpt_buf *b, uint16_t v);
 void ckpt_buf_u32(struct ckpt_buf *b, uint32_t v);
 void ckpt_buf_u64(struct ckpt_buf *b, uint64_t v);
 
+/* ------------------------------------------------------------------ names (util.c)
+ * Why name (len bytes) breaks the rules of ckpt_name_check, in a few words, or NULL
+ * when it keeps them. utf8 false checks every rule but well-formed UTF-8: the rules a
+ * name read back from a shard must keep, since shards written before UTF-8 was
+ * required may hold other bytes and must stay loadable. */
+const char *ckpt_name_problem(const char *name, size_t len, bool utf8);
+/* name as a message may quote it: well-formed UTF-8 as it is, every other byte (and
+ * control bytes) as \xNN, cut after CKPT_NAME_QUOTE_BYTES bytes with "...". out holds
+ * cap bytes (CKPT_NAME_QUOTE_CAP is always enough); returns out. */
+#define CKPT_NAME_QUOTE_BYTES 64u
+#define CKPT_NAME_QUOTE_CAP   (4u * CKPT_NAME_QUOTE_BYTES + 8u)
+const char *ckpt_name_quote(const char *name, size_t len, char *out, size_t cap);
+
 /* ------------------------------------------------------------------ environment
  * The only place that reads the environment (STYLE rule 3). */
 const char *ckpt_env(const char *name);                     /* NULL if unset or empty */

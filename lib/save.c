@@ -113,9 +113,13 @@ int ckpt_save_add_tensor_source(ckpt_save *s, const struct ckpt_tensor *t, ckpt_
 {
 	if (!fn)
 		return ckpt_err(-EINVAL, "tensor source: the callback is NULL");
-	if (t && t->mem == CKPT_MEM_DEVICE)
+	if (t && t->mem == CKPT_MEM_DEVICE) {
+		/* The name is not checked yet: quoted, never copied. */
+		char q[CKPT_NAME_QUOTE_CAP];
 		return ckpt_err(-EINVAL, "tensor '%s': a source fills host memory (mem must be "
-		                "auto or host)", t->name ? t->name : "?");
+		                "auto or host)", t->name ? ckpt_name_quote(t->name,
+		                strnlen(t->name, CKPT_MAX_NAME + 1), q, sizeof q) : "?");
+	}
 	return save_add(s, t, fn, arg);
 }
 
@@ -127,10 +131,13 @@ static int save_add(ckpt_save *s, const struct ckpt_tensor *t, ckpt_source_fn fn
 	if (!t || !t->name)
 		return ckpt_err(-EINVAL, "tensor or its name is NULL");
 	size_t nlen = strnlen(t->name, CKPT_MAX_NAME + 1);
-	if (ckpt_name_check(t->name, nlen))
-		return ckpt_err(CKPT_ENAME, "tensor name '%.64s%s' is invalid (empty, too long, "
-		                "'.'/'..' or empty component, leading '/', control bytes)",
-		                t->name, nlen > 64 ? "..." : "");
+	const char *why = ckpt_name_problem(t->name, nlen, true);
+	if (why) {
+		/* Quoted, never copied: the bad bytes would make the message invalid too. */
+		char q[CKPT_NAME_QUOTE_CAP];
+		return ckpt_err(CKPT_ENAME, "tensor name '%s' is invalid: %s",
+		                ckpt_name_quote(t->name, nlen, q, sizeof q), why);
+	}
 	if (t->kind < 1 || t->kind > CKPT_KIND_MAX_ || t->policy < 1 || t->policy > CKPT_POLICY_MAX_)
 		return ckpt_err(-EINVAL, "tensor '%s': unknown kind %d or policy %d", t->name,
 		                t->kind, t->policy);
@@ -195,9 +202,12 @@ int ckpt_save_add_blob(ckpt_save *s, const char *name, int kind, int policy,
 	if (!name)
 		return ckpt_err(-EINVAL, "blob name is NULL");
 	size_t nlen = strnlen(name, CKPT_MAX_NAME + 1);
-	if (ckpt_name_check(name, nlen))
-		return ckpt_err(CKPT_ENAME, "blob name '%.64s%s' is invalid", name,
-		                nlen > 64 ? "..." : "");
+	const char *why = ckpt_name_problem(name, nlen, true);
+	if (why) {
+		char q[CKPT_NAME_QUOTE_CAP];
+		return ckpt_err(CKPT_ENAME, "blob name '%s' is invalid: %s",
+		                ckpt_name_quote(name, nlen, q, sizeof q), why);
+	}
 	if (kind < 1 || kind > CKPT_KIND_MAX_)
 		return ckpt_err(-EINVAL, "blob '%s': unknown kind %d", name, kind);
 	if (policy != CKPT_REPLICATED && policy != CKPT_RANK_BOUND)

@@ -241,8 +241,10 @@ struct ckpt_tensor {
  */
 CKPT_API int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out);
 /* Add this rank's box of a tensor. The data must stay unchanged until the snapshot
- * point (ckpt_save_wait_snapshot). Errors: CKPT_ENAME, CKPT_ESHAPE, -EINVAL (kind,
- * dtype, policy), -EEXIST (name already added to this save), CKPT_ESTATE (submitted). */
+ * point (ckpt_save_wait_snapshot). Errors: CKPT_ENAME (t->name breaks a rule of
+ * ckpt_name_check; the message quotes it, bytes that are not UTF-8 as \xNN),
+ * CKPT_ESHAPE, -EINVAL (kind, dtype, policy), -EEXIST (name already added to this
+ * save), CKPT_ESTATE (submitted). */
 CKPT_API int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t);
 /* A tensor's bytes pulled on demand: fill dst with the len bytes of this rank's box
  * (row-major) that start at byte off; return 0, or a negative code that fails the
@@ -344,8 +346,12 @@ CKPT_API int ckpt_load_count(const ckpt_load *l);
 /* i in [0, count): sorted by name. */
 CKPT_API int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_info *out);
 
-/* Validate a name: non-empty, <= CKPT_MAX_NAME bytes, no NUL, no empty, "." or ".."
- * component, no leading '/'. 0 or CKPT_ENAME. */
+/* Validate a name: non-empty, <= CKPT_MAX_NAME bytes, well-formed UTF-8 (RFC 3629:
+ * no overlong forms, no surrogates U+D800..U+DFFF, nothing above U+10FFFF, no
+ * truncated sequence), no NUL or other control byte (< 0x20), no empty, "." or ".."
+ * component, no leading '/'. 0 or CKPT_ENAME. The save functions apply it to every
+ * name. A step saved before names had to be UTF-8 may hold names that break only
+ * that rule: it still loads, and its items load by those names. */
 CKPT_API int ckpt_name_check(const char *name, size_t len);
 
 /* ------------------------------------------------------------------ batch load, rank map

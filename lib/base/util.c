@@ -72,31 +72,108 @@ const char *ckpt_policy_name(int policy)
 	return (policy >= 1 && policy <= CKPT_POLICY_MAX_) ? names[policy] : "?";
 }
 
-int ckpt_name_check(const char *name, size_t len)
+/* Length of the well-formed UTF-8 sequence at p (1 to 4 bytes), or 0 when the bytes
+ * there are not one: RFC 3629's grammar (Unicode Table 3-7), which leaves out overlong
+ * forms (C0, C1, E0 80..9F, F0 80..8F), the surrogates U+D800..U+DFFF (ED A0..BF),
+ * everything above U+10FFFF (F4 90.., F5..FF), lone continuation bytes and sequences
+ * cut short. */
+static size_t utf8_seq(const unsigned char *p, size_t left)
+{
+	unsigned char b = p[0];
+	if (b < 0x80)
+		return 1;
+	size_t n;
+	unsigned char lo = 0x80, hi = 0xBF;       /* range of the second byte */
+	if (b >= 0xC2 && b <= 0xDF)      n = 2;
+	else if (b == 0xE0)              { n = 3; lo = 0xA0; }
+	else if (b == 0xED)              { n = 3; hi = 0x9F; }
+	else if (b >= 0xE1 && b <= 0xEF) n = 3;
+	else if (b == 0xF0)              { n = 4; lo = 0x90; }
+	else if (b == 0xF4)              { n = 4; hi = 0x8F; }
+	else if (b >= 0xF1 && b <= 0xF3) n = 4;
+	else
+		return 0;
+	if (left < n || p[1] < lo || p[1] > hi)
+		return 0;
+	for (size_t i = 2; i < n; i++)
+		if (p[i] < 0x80 || p[i] > 0xBF)
+			return 0;
+	return n;
+}
+
+const char *ckpt_name_problem(const char *name, size_t len, bool utf8)
 {
 	if (!name || len == 0)
-		return CKPT_ENAME;
+		return "empty";
 	if (len > CKPT_MAX_NAME)
-		return CKPT_ENAME;
+		return "longer than CKPT_MAX_NAME bytes";
 	if (memchr(name, '\0', len))
-		return CKPT_ENAME;
+		return "a NUL byte";
 	if (name[0] == '/')
-		return CKPT_ENAME;
+		return "a leading '/'";
 	/* Every '/'-separated component must be non-empty and not "." or "..". */
 	size_t start = 0;
 	for (size_t i = 0; i <= len; i++) {
 		if (i == len || name[i] == '/') {
 			size_t n = i - start;
 			if (n == 0)
-				return CKPT_ENAME;
+				return "an empty component";
 			if ((n == 1 && name[start] == '.') ||
 			    (n == 2 && name[start] == '.' && name[start + 1] == '.'))
-				return CKPT_ENAME;
+				return "a '.' or '..' component";
 			start = i + 1;
 		}
 	}
 	for (size_t i = 0; i < len; i++)
 		if ((unsigned char)name[i] < 0x20)
-			return CKPT_ENAME;
-	return 0;
+			return "a control byte";
+	const unsigned char *p = (const unsigned char *)name;
+	for (size_t i = 0; utf8 && i < len;) {
+		size_t n = utf8_seq(p + i, len - i);
+		if (!n)
+			return "not well-formed UTF-8";
+		i += n;
+	}
+	return NULL;
+}
+
+int ckpt_name_check(const char *name, size_t len)
+{
+	return ckpt_name_problem(name, len, true) ? CKPT_ENAME : 0;
+}
+
+const char *ckpt_name_quote(const char *name, size_t len, char *out, size_t cap)
+{
+	static const char hex[] = "0123456789abcdef";
+	const unsigned char *p = (const unsigned char *)name;
+	size_t o = 0;
+	if (cap < 8) {
+		if (cap)
+			out[0] = '\0';
+		return out;
+	}
+	if (!name)
+		len = 0;
+	/* Room kept for one escape or sequence (4), "..." and the NUL. */
+	for (size_t i = 0; i < len;) {
+		size_t n = utf8_seq(p + i, len - i);
+		if (i >= CKPT_NAME_QUOTE_BYTES || o + 8 > cap) {
+			memcpy(out + o, "...", 3);
+			o += 3;
+			break;
+		}
+		if (n && p[i] >= 0x20 && p[i] != 0x7f) {
+			memcpy(out + o, p + i, n);
+			o += n;
+			i += n;
+		} else {
+			out[o++] = '\\';
+			out[o++] = 'x';
+			out[o++] = hex[p[i] >> 4];
+			out[o++] = hex[p[i] & 15];
+			i++;
+		}
+	}
+	out[o < cap ? o : cap - 1] = '\0';
+	return out;
 }

@@ -177,7 +177,12 @@ static int tensor_decode(struct ckpt_cursor *c, struct io_tensor_entry *t, uint3
 	const uint8_t *name = ckpt_cursor_take(c, n);
 	if (!c->ok)
 		return BAD("tensor %u: truncated name", i);
-	if (ckpt_name_check((const char *)name, n))
+	/* Every rule of ckpt_name_check but UTF-8: the save API has refused names that
+	 * are not well-formed UTF-8 only since that rule was added, and a shard written
+	 * before may hold one; refusing it here would make a committed checkpoint
+	 * unreadable. The other rules keep what readers rely on (a NUL-terminated name,
+	 * no control bytes, nothing that walks out of a path). */
+	if (ckpt_name_problem((const char *)name, n, false))
 		return BAD("tensor %u: invalid name (length %u)", i, n);
 	char *s = malloc((size_t)n + 1);
 	if (!s)

@@ -3,6 +3,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -31,6 +32,131 @@ START_TEST(names)
 	ck_assert_int_eq(ckpt_name_check(big, CKPT_MAX_NAME), 0);
 	ck_assert_int_eq(ckpt_name_check(big, CKPT_MAX_NAME + 1), CKPT_ENAME);
 	free(big);
+}
+END_TEST
+
+/* Well-formed UTF-8 is required of new names (RFC 3629); the structural rules alone
+ * (ckpt_name_problem with utf8 false) are what a shard read back must keep. */
+START_TEST(names_utf8)
+{
+	static const char *const good[] = {
+		"\x7f", "\xc2\x80", "\xdf\xbf",                    /* U+007F, U+0080, U+07FF */
+		"\xe0\xa0\x80", "\xed\x9f\xbf", "\xee\x80\x80",    /* U+0800, U+D7FF, U+E000 */
+		"\xef\xbf\xbf", "\xf0\x90\x80\x80",                /* U+FFFF, U+10000 */
+		"\xf4\x8f\xbf\xbf",                                /* U+10FFFF */
+		"model/\xce\xb1\xce\xb2/\xe6\x97\xa5\xe6\x9c\xac/\xf0\x9f\x98\x80.weight",
+	};
+	static const char *const bad[] = {
+		"\xc0\xaf", "\xc1\xbf", "\xe0\x80\xaf", "\xe0\x9f\xbf",  /* overlong */
+		"\xf0\x80\x80\xaf", "\xf0\x8f\xbf\xbf",
+		"\xed\xa0\x80", "\xed\xbf\xbf",                          /* surrogates */
+		"\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\xf7\xbf\xbf\xbf", /* > U+10FFFF */
+		"\xfe", "\xff",
+		"\xe2\x82", "\xe2\x82" "a", "\xf0\x9f\x98", "a\xc2",    /* truncated */
+		"\x80", "a\xbf", "\xc2\xc0", "\xe2\x28\xa1",             /* lone or bad continuation */
+		"layer/\xce\xb1/\xc0\xaf/w",
+	};
+	for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+		ck_assert_msg(ckpt_name_check(good[i], strlen(good[i])) == 0, "good[%zu]", i);
+		ck_assert_ptr_null(ckpt_name_problem(good[i], strlen(good[i]), false));
+	}
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		size_t n = strlen(bad[i]);
+		ck_assert_msg(ckpt_name_check(bad[i], n) == CKPT_ENAME, "bad[%zu]", i);
+		ck_assert_str_eq(ckpt_name_problem(bad[i], n, true), "not well-formed UTF-8");
+		/* Only the UTF-8 rule: a stored name like this still decodes. */
+		ck_assert_msg(ckpt_name_problem(bad[i], n, false) == NULL, "bad[%zu] structural", i);
+	}
+	/* The structural rules hold whatever the bytes. */
+	ck_assert_ptr_nonnull(ckpt_name_problem("a/../\xc0\xaf", 7, false));
+	ck_assert_ptr_nonnull(ckpt_name_problem("/\xc0\xaf", 3, false));
+	ck_assert_ptr_nonnull(ckpt_name_problem("\xc0\n", 2, false));
+	ck_assert_ptr_nonnull(ckpt_name_problem("\xc0\0", 2, false));
+
+	/* Quoting for messages: valid characters kept, every other byte escaped. */
+	char q[CKPT_NAME_QUOTE_CAP];
+	ck_assert_str_eq(ckpt_name_quote("a\xc0\xaf" "b", 4, q, sizeof q), "a\\xc0\\xafb");
+	ck_assert_str_eq(ckpt_name_quote("\xce\xb1\xed\xa0\x80", 5, q, sizeof q),
+	                 "\xce\xb1\\xed\\xa0\\x80");
+	ck_assert_str_eq(ckpt_name_quote("x\n\x01", 3, q, sizeof q), "x\\x0a\\x01");
+	ck_assert_str_eq(ckpt_name_quote("\xe2\x82", 2, q, sizeof q), "\\xe2\\x82");
+	char big[300];
+	memset(big, 0xff, sizeof big);
+	ckpt_name_quote(big, sizeof big, q, sizeof q);
+	ck_assert_uint_le(strlen(q), sizeof q - 1);
+	ck_assert_str_eq(q + strlen(q) - 3, "...");
+	ck_assert_ptr_null(ckpt_name_problem(q, strlen(q), true));   /* printable UTF-8 */
+	memset(big, 'n', sizeof big);
+	ckpt_name_quote(big, sizeof big, q, sizeof q);
+	ck_assert_uint_eq(strlen(q), CKPT_NAME_QUOTE_BYTES + 3);
+	char small[8];
+	ck_assert_str_eq(ckpt_name_quote("\xc0\xaf", 2, small, sizeof small), "\\xc0...");
+}
+END_TEST
+
+/* An independent oracle: decode each code point and check its range (not the
+ * library's byte table), so that the two check each other. */
+static bool oracle_utf8(const unsigned char *p, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		unsigned b = p[i], len = b < 0x80 ? 1 : b >> 5 == 6 ? 2 : b >> 4 == 14 ? 3 :
+		                        b >> 3 == 30 ? 4 : 0;
+		if (!len || i + len > n)
+			return false;
+		unsigned long cp = len == 1 ? b : b & (0x7fu >> len);
+		for (unsigned k = 1; k < len; k++) {
+			if (p[i + k] >> 6 != 2)
+				return false;
+			cp = cp << 6 | (p[i + k] & 0x3fu);
+		}
+		static const unsigned long min[] = { 0, 0, 0x80, 0x800, 0x10000 };
+		if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+			return false;
+		i += len;
+	}
+	return true;
+}
+
+/* Every string of 1 to 3 bytes after "x" (so that no structural rule applies: no
+ * control byte, no '/'), and every 4-byte lead with every second byte and the edge
+ * values of the others: the checker agrees with the oracle on each. */
+START_TEST(names_utf8_exhaustive)
+{
+	unsigned char s[5] = { 'x' };
+	unsigned long checked = 0;
+	for (unsigned n = 1; n <= 3; n++) {
+		unsigned long total = 1ul << (8 * n);
+		for (unsigned long v = 0; v < total; v++) {
+			bool skip = false;
+			for (unsigned k = 0; k < n; k++) {
+				s[1 + k] = (unsigned char)(v >> (8 * k));
+				skip |= s[1 + k] < 0x20 || s[1 + k] == '/';
+			}
+			if (skip)
+				continue;
+			/* Not ck_assert: Check records a mark for every one that passes. */
+			bool ok = ckpt_name_check((const char *)s, 1 + n) == 0;
+			if (ok != oracle_utf8(s, 1 + n))
+				ck_abort_msg("%u bytes %06lx: checker says %d", n, v, ok);
+			checked++;
+		}
+	}
+	static const unsigned char edge[] = { 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0 };
+	for (unsigned b0 = 0xf0; b0 <= 0xff; b0++)
+		for (unsigned b1 = 0x20; b1 <= 0xff; b1++)
+			for (unsigned i = 0; i < sizeof edge; i++)
+				for (unsigned j = 0; j < sizeof edge; j++) {
+					if (b1 == '/')
+						continue;
+					unsigned char q[5] = { 'x', (unsigned char)b0, (unsigned char)b1, edge[i],
+					                       edge[j] };
+					bool ok = ckpt_name_check((const char *)q, 5) == 0;
+					if (ok != oracle_utf8(q, 5))
+						ck_abort_msg("%02x %02x %02x %02x: checker says %d", b0, b1,
+						             edge[i], edge[j], ok);
+					checked++;
+				}
+	ck_assert_uint_gt(checked, 10000000);
 }
 END_TEST
 
@@ -188,6 +314,8 @@ int main(void)
 	Suite *s = suite_create("base");
 	TCase *tc = tcase_create("base");
 	tcase_add_test(tc, names);
+	tcase_add_test(tc, names_utf8);
+	tcase_add_test(tc, names_utf8_exhaustive);
 	tcase_add_test(tc, sizes);
 	tcase_add_test(tc, errors);
 	tcase_add_test(tc, fault_table);

@@ -10,7 +10,8 @@
  *   ckpt-inspect ROOT rebuild [--merge] [--json]
  *
  * Every option and exit code is documented in docs/ckpt-inspect.md; --help prints
- * the same summary. Reading commands open the root read-only; verify (to record the
+ * the same summary. Under --json stdout holds exactly one JSON document whatever
+ * happens (toolutil.h: the failure rule). Reading commands open the root read-only; verify (to record the
  * trust level), gc and rebuild open it as the manifest's owner (rank 0, world 1)
  * without the garbage collection a job's coordinator runs at open, so that nothing
  * is removed except what gc was asked to remove.
@@ -66,7 +67,8 @@ static void usage(FILE *f)
 	"                                  files (--merge: add to a manifest that has records)\n"
 	"\n"
 	"options:\n"
-	"  --json      machine-readable output on stdout (one JSON document)\n"
+	"  --json      machine-readable output on stdout: one JSON document, also on\n"
+	"              failure ({\"ok\":false,\"error\",\"code\",\"exit\"})\n"
 	"  --help      this text\n"
 	"\n"
 	"exit status: 0 ok; 1 failure (damage found by verify, or an operation failed);\n"
@@ -95,8 +97,46 @@ static int exit_for(int rc)
 static int fail(int rc, const char *what)
 {
 	/* The library's message already ends with the code's description. */
-	fprintf(stderr, "ckpt-inspect: %s: %s\n", what, ckpt_last_error(NULL));
-	return exit_for(rc);
+	return tool_fail(exit_for(rc), rc, "%s: %s", what, ckpt_last_error(NULL));
+}
+
+/* Where list, show and diff write their document: under --json a buffer, printed
+ * only once the command has succeeded, so that a failure half-way leaves the error
+ * object alone on stdout; otherwise stdout itself. */
+struct doc {
+	FILE  *f;
+	char  *buf;
+	size_t len;
+};
+
+static int doc_open(struct doc *d, bool json)
+{
+	memset(d, 0, sizeof d[0]);
+	d->f = json ? open_memstream(&d->buf, &d->len) : stdout;
+	return d->f ? 0 : -ENOMEM;
+}
+
+/* The command succeeded: the document goes out. */
+static void doc_emit(struct doc *d)
+{
+	if (d->f == stdout)
+		return;
+	if (!fclose(d->f) && d->buf)
+		fwrite(d->buf, 1, d->len, stdout);
+	free(d->buf);
+	d->f = NULL;
+	d->buf = NULL;
+}
+
+/* The command failed: what it wrote is dropped (its error object says why). */
+static void doc_drop(struct doc *d)
+{
+	if (!d->f || d->f == stdout)
+		return;
+	fclose(d->f);
+	free(d->buf);
+	d->f = NULL;
+	d->buf = NULL;
 }
 
 static int open_root(const char *root, unsigned flags, ckpt_ctx **c)
@@ -119,38 +159,36 @@ static int open_root(const char *root, unsigned flags, ckpt_ctx **c)
 static int check_root_dir(const char *root)
 {
 	struct stat st;
-	if (stat(root, &st) < 0) {
-		fprintf(stderr, "ckpt-inspect: %s: %s\n", root, strerror(errno));
-		return EXIT_NOTROOT;
-	}
-	if (!S_ISDIR(st.st_mode)) {
-		fprintf(stderr, "ckpt-inspect: %s is not a directory: not a checkpoint root\n", root);
-		return EXIT_NOTROOT;
-	}
+	if (stat(root, &st) < 0)
+		return tool_fail(EXIT_NOTROOT, -errno, "%s: %s", root, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return tool_fail(EXIT_NOTROOT, CKPT_ENOTROOT, "%s is not a directory: not a "
+		                 "checkpoint root", root);
 	return 0;
 }
 
 /* Open for reading; then, if write is set, reopen as the manifest's owner. A root
- * that cannot be written still opens for reading when ro_ok (*readonly says so). */
-static int open_for(const struct args *a, bool write, bool ro_ok, ckpt_ctx **c, bool *readonly)
+ * that cannot be written still opens for reading when ro_ok: *unwritable says so
+ * (and only that: a root opened read-only because nothing is to be written is not
+ * said to be unwritable). */
+static int open_for(const struct args *a, bool write, bool ro_ok, ckpt_ctx **c, bool *unwritable)
 {
+	*unwritable = false;
 	int x = check_root_dir(a->root);
 	if (x)
 		return -x;
 	int rc = open_root(a->root, CKPT_OPEN_READONLY, c);
 	if (rc)
 		return -fail(rc, a->root);
-	*readonly = true;
 	if (!write)
 		return 0;
 	ckpt_close(*c);
 	*c = NULL;
 	rc = open_root(a->root, CKPT_OPEN_NO_GC, c);
-	if (rc == 0) {
-		*readonly = false;
+	if (rc == 0)
 		return 0;
-	}
 	if (ro_ok && (rc == -EROFS || rc == -EACCES || rc == -EPERM)) {
+		*unwritable = true;
 		fprintf(stderr, "ckpt-inspect: %s is not writable: verifying without recording the "
 		        "result\n", a->root);
 		rc = open_root(a->root, CKPT_OPEN_READONLY, c);
@@ -166,8 +204,10 @@ static int parse_step(const char *s, uint64_t *step)
 		*step = CKPT_LATEST;
 		return 0;
 	}
-	if (tool_parse_u64(s, step) || *step == CKPT_LATEST) {
-		fprintf(stderr, "ckpt-inspect: '%s' is not a step (a number, or latest)\n", s);
+	/* CKPT_LATEST is no step number: the largest one is one less. */
+	if (tool_parse_u64_range(s, 0, CKPT_LATEST - 1, step)) {
+		tool_usage("'%s' is not a step (a number from 0 to %" PRIu64 ", or latest)", s,
+		           (uint64_t)CKPT_LATEST - 1);
 		return -1;
 	}
 	return 0;
@@ -199,8 +239,8 @@ static const char *trust_name(int trust)
 static int cmd_list(const struct args *a)
 {
 	ckpt_ctx *c;
-	bool ro;
-	int rc = open_for(a, false, false, &c, &ro);
+	bool unwritable;
+	int rc = open_for(a, false, false, &c, &unwritable);
 	if (rc)
 		return -rc;
 	unsigned flags = a->all ? CKPT_CATALOG_ALL : 0;
@@ -216,54 +256,62 @@ static int cmd_list(const struct args *a)
 		free(st);
 		return x;
 	}
+	struct doc d;
+	if (doc_open(&d, a->json)) {
+		free(st);
+		ckpt_close(c);
+		return fail(-ENOMEM, "list");
+	}
+	FILE *f = d.f;
 	char b1[32], b2[32], t[32];
 	if (a->json) {
-		printf("{\"root\":");
-		tool_json_str(stdout, a->root);
-		printf(",\"steps\":[");
+		fprintf(f, "{\"ok\":true,\"root\":");
+		tool_json_str(f, a->root);
+		fprintf(f, ",\"steps\":[");
 		for (int i = 0; i < n; i++) {
 			const struct ckpt_catalog_step *s = &st[i];
 			double ratio = s->info.stored_bytes ?
 				(double)s->info.logical_bytes / (double)s->info.stored_bytes : 0.0;
-			printf("%s{\"step\":%" PRIu64 ",\"state\":\"%s\",\"trust\":\"%s\",\"world\":%u,"
-			       "\"tensors\":%u,\"logical_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64
-			       ",\"compression_ratio\":%.4f,\"commit_time\":\"%s\",\"commit_time_ns\":%" PRIu64
-			       ",\"has_record\":%s,\"has_dir\":%s,\"files\":%u,\"dir_bytes\":%" PRIu64 "}",
-			       i ? "," : "", s->info.step, state_name(s), trust_name(s->info.trust),
-			       s->info.world, s->info.ntensors, s->info.logical_bytes,
-			       s->info.stored_bytes, ratio, tool_time(s->info.commit_time_ns, t),
-			       s->info.commit_time_ns, s->has_record ? "true" : "false",
-			       s->has_dir ? "true" : "false", s->nfiles, s->dir_bytes);
+			fprintf(f, "%s{\"step\":%" PRIu64 ",\"state\":\"%s\",\"trust\":\"%s\",\"world\":%u,"
+			        "\"tensors\":%u,\"logical_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64
+			        ",\"compression_ratio\":%.4f,\"commit_time\":\"%s\",\"commit_time_ns\":%" PRIu64
+			        ",\"has_record\":%s,\"has_dir\":%s,\"files\":%u,\"dir_bytes\":%" PRIu64 "}",
+			        i ? "," : "", s->info.step, state_name(s), trust_name(s->info.trust),
+			        s->info.world, s->info.ntensors, s->info.logical_bytes,
+			        s->info.stored_bytes, ratio, tool_time(s->info.commit_time_ns, t),
+			        s->info.commit_time_ns, s->has_record ? "true" : "false",
+			        s->has_dir ? "true" : "false", s->nfiles, s->dir_bytes);
 		}
-		printf("]}\n");
+		fprintf(f, "]}\n");
 	} else {
-		printf("%-20s %-9s %-9s %5s %7s %11s %11s %6s  %s\n", "STEP", "STATE", "TRUST", "WORLD",
-		       "TENSORS", "LOGICAL", "STORED", "RATIO", "COMMITTED (UTC)");
+		fprintf(f, "%-20s %-9s %-9s %5s %7s %11s %11s %6s  %s\n", "STEP", "STATE", "TRUST",
+		        "WORLD", "TENSORS", "LOGICAL", "STORED", "RATIO", "COMMITTED (UTC)");
 		for (int i = 0; i < n; i++) {
 			const struct ckpt_catalog_step *s = &st[i];
 			bool committed = s->has_record && s->info.state == CKPT_STATE_COMMITTED;
 			if (committed)
-				printf("%-20" PRIu64 " %-9s %-9s %5u %7u %11s %11s %6.3f  %s\n", s->info.step,
-				       state_name(s), trust_name(s->info.trust), s->info.world,
-				       s->info.ntensors, tool_bytes(s->info.logical_bytes, b1),
-				       tool_bytes(s->info.stored_bytes, b2),
-				       s->info.stored_bytes ? (double)s->info.logical_bytes /
-				       (double)s->info.stored_bytes : 0.0, tool_time(s->info.commit_time_ns, t));
+				fprintf(f, "%-20" PRIu64 " %-9s %-9s %5u %7u %11s %11s %6.3f  %s\n",
+				        s->info.step, state_name(s), trust_name(s->info.trust), s->info.world,
+				        s->info.ntensors, tool_bytes(s->info.logical_bytes, b1),
+				        tool_bytes(s->info.stored_bytes, b2),
+				        s->info.stored_bytes ? (double)s->info.logical_bytes /
+				        (double)s->info.stored_bytes : 0.0, tool_time(s->info.commit_time_ns, t));
 			else {
 				char world[16];
 				snprintf(world, sizeof world, s->info.world ? "%u" : "-", s->info.world);
-				printf("%-20" PRIu64 " %-9s %-9s %5s %7s %11s %11s %6s  %s (%u file(s) on disk)\n",
-				       s->info.step, state_name(s), "-", world, "-", "-",
-				       tool_bytes(s->dir_bytes, b2), "-",
-				       !s->has_record ? "no record in the manifest: kept (rebuild --merge "
-				       "recovers it, gc --unrecorded removes it)" :
-				       s->info.state == CKPT_STATE_INFLIGHT ? "being saved now" : "not visible",
-				       s->nfiles);
+				fprintf(f, "%-20" PRIu64 " %-9s %-9s %5s %7s %11s %11s %6s  %s (%u file(s) on "
+				        "disk)\n", s->info.step, state_name(s), "-", world, "-", "-",
+				        tool_bytes(s->dir_bytes, b2), "-",
+				        !s->has_record ? "no record in the manifest: kept (rebuild --merge "
+				        "recovers it, gc --unrecorded removes it)" :
+				        s->info.state == CKPT_STATE_INFLIGHT ? "being saved now" : "not visible",
+				        s->nfiles);
 			}
 		}
 		if (n == 0)
-			printf("(no %ssteps)\n", a->all ? "" : "committed ");
+			fprintf(f, "(no %ssteps)\n", a->all ? "" : "committed ");
 	}
+	doc_emit(&d);
 	free(st);
 	ckpt_close(c);
 	return EXIT_OK;
@@ -299,18 +347,31 @@ static int get_chunks(ckpt_load *l, unsigned i, struct ckpt_chunk_info **out, in
 	return got < 0 ? got : 0;
 }
 
+/* A name as JSON: "name" always (U+FFFD for bytes that are not UTF-8), and for a
+ * name that is not UTF-8 (saved before the library required it) also "name_hex",
+ * its stored bytes, so that a script can still ask for the item by them. */
+static void json_name(FILE *f, const char *name)
+{
+	fputs("\"name\":", f);
+	tool_json_str(f, name);
+	if (!tool_utf8_ok(name)) {
+		fputs(",\"name_hex\":\"", f);
+		for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+			fprintf(f, "%02x", *p);
+		fputc('"', f);
+	}
+}
+
 static int cmd_show(const struct args *a)
 {
-	if (a->npos != 1) {
-		fprintf(stderr, "ckpt-inspect: show needs one STEP (a number, or latest)\n");
-		return EXIT_USAGE;
-	}
+	if (a->npos != 1)
+		return tool_usage("show needs one STEP (a number, or latest)");
 	uint64_t step;
 	if (parse_step(a->pos[0], &step))
 		return EXIT_USAGE;
 	ckpt_ctx *c;
-	bool ro;
-	int rc = open_for(a, false, false, &c, &ro);
+	bool unwritable;
+	int rc = open_for(a, false, false, &c, &unwritable);
 	if (rc)
 		return -rc;
 	ckpt_load *l;
@@ -319,22 +380,29 @@ static int cmd_show(const struct args *a)
 		ckpt_close(c);
 		return x;
 	}
+	struct doc d;
+	if (doc_open(&d, a->json)) {
+		ckpt_load_close(l);
+		ckpt_close(c);
+		return fail(-ENOMEM, "show");
+	}
+	FILE *f = d.f;
 	struct ckpt_step_info si;
 	ckpt_step_info(c, ckpt_load_step(l), &si);
 	int n = ckpt_load_count(l);
 	char b1[32], b2[32], t[32];
 	if (a->json) {
-		printf("{\"step\":%" PRIu64 ",\"world\":%u,\"trust\":\"%s\",\"commit_time\":\"%s\","
-		       "\"logical_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64 ",\"tensors\":[",
-		       si.step, si.world, trust_name(si.trust), tool_time(si.commit_time_ns, t),
-		       si.logical_bytes, si.stored_bytes);
+		fprintf(f, "{\"ok\":true,\"step\":%" PRIu64 ",\"world\":%u,\"trust\":\"%s\","
+		        "\"commit_time\":\"%s\",\"logical_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64
+		        ",\"tensors\":[", si.step, si.world, trust_name(si.trust),
+		        tool_time(si.commit_time_ns, t), si.logical_bytes, si.stored_bytes);
 	} else {
-		printf("step %" PRIu64 ": world %u, %d tensors and blobs, %s logical, %s stored, "
-		       "trust %s, committed %s\n", si.step, si.world, n,
-		       tool_bytes(si.logical_bytes, b1), tool_bytes(si.stored_bytes, b2),
-		       trust_name(si.trust), tool_time(si.commit_time_ns, t));
-		printf("%-40s %-9s %-7s %-20s %-10s %6s %6s %11s %11s\n", "NAME", "KIND", "DTYPE", "SHAPE",
-		       "POLICY", "SHARDS", "CHUNKS", "BYTES", "STORED");
+		fprintf(f, "step %" PRIu64 ": world %u, %d tensors and blobs, %s logical, %s stored, "
+		        "trust %s, committed %s\n", si.step, si.world, n,
+		        tool_bytes(si.logical_bytes, b1), tool_bytes(si.stored_bytes, b2),
+		        trust_name(si.trust), tool_time(si.commit_time_ns, t));
+		fprintf(f, "%-40s %-9s %-7s %-20s %-10s %6s %6s %11s %11s\n", "NAME", "KIND", "DTYPE",
+		        "SHAPE", "POLICY", "SHARDS", "CHUNKS", "BYTES", "STORED");
 	}
 	for (int i = 0; i < n && !rc; i++) {
 		struct ckpt_tensor_info ti;
@@ -345,34 +413,34 @@ static int cmd_show(const struct args *a)
 		if (a->chunks && (rc = get_chunks(l, (unsigned)i, &ch, &nch)))
 			break;
 		if (a->json) {
-			printf("%s{\"name\":", i ? "," : "");
-			tool_json_str(stdout, ti.name);
-			printf(",\"kind\":\"%s\",\"dtype\":\"%s\",\"shape\":", ckpt_kind_name(ti.kind),
-			       ckpt_dtype_name(ti.dtype));
-			print_shape(stdout, ti.global_shape, ti.ndim, true);
-			printf(",\"policy\":\"%s\",\"shards\":%u,\"chunks\":%u,\"logical_bytes\":%" PRIu64
-			       ",\"stored_bytes\":%" PRIu64, ckpt_policy_name(ti.policy), ti.nshards,
-			       ti.nchunks, ti.logical_bytes, ti.stored_bytes);
+			fprintf(f, "%s{", i ? "," : "");
+			json_name(f, ti.name);
+			fprintf(f, ",\"kind\":\"%s\",\"dtype\":\"%s\",\"shape\":", ckpt_kind_name(ti.kind),
+			        ckpt_dtype_name(ti.dtype));
+			print_shape(f, ti.global_shape, ti.ndim, true);
+			fprintf(f, ",\"policy\":\"%s\",\"shards\":%u,\"chunks\":%u,\"logical_bytes\":%" PRIu64
+			        ",\"stored_bytes\":%" PRIu64, ckpt_policy_name(ti.policy), ti.nshards,
+			        ti.nchunks, ti.logical_bytes, ti.stored_bytes);
 			if (a->chunks) {
-				printf(",\"chunk_list\":[");
+				fprintf(f, ",\"chunk_list\":[");
 				for (int k = 0; k < nch; k++) {
 					char h[33];
 					hash_hex(ch[k].hash, h);
-					printf("%s{\"rank\":%u,\"chunk\":%u,\"file\":", k ? "," : "", ch[k].rank,
-					       ch[k].chunk);
-					tool_json_str(stdout, ch[k].file);
-					printf(",\"offset\":%" PRIu64 ",\"stored_len\":%" PRIu64 ",\"raw_offset\":%"
-					       PRIu64 ",\"raw_len\":%" PRIu64 ",\"codec\":\"%s\",\"hash\":\"%s\","
-					       "\"box_offset\":", ch[k].file_offset, ch[k].stored_len,
-					       ch[k].raw_offset, ch[k].raw_len, ckpt_codec_name(ch[k].codec), h);
-					print_shape(stdout, ch[k].box_offset, ti.ndim, true);
-					printf(",\"box_extent\":");
-					print_shape(stdout, ch[k].box_extent, ti.ndim, true);
-					printf("}");
+					fprintf(f, "%s{\"rank\":%u,\"chunk\":%u,\"file\":", k ? "," : "",
+					        ch[k].rank, ch[k].chunk);
+					tool_json_str(f, ch[k].file);
+					fprintf(f, ",\"offset\":%" PRIu64 ",\"stored_len\":%" PRIu64 ",\"raw_offset\":%"
+					        PRIu64 ",\"raw_len\":%" PRIu64 ",\"codec\":\"%s\",\"hash\":\"%s\","
+					        "\"box_offset\":", ch[k].file_offset, ch[k].stored_len,
+					        ch[k].raw_offset, ch[k].raw_len, ckpt_codec_name(ch[k].codec), h);
+					print_shape(f, ch[k].box_offset, ti.ndim, true);
+					fprintf(f, ",\"box_extent\":");
+					print_shape(f, ch[k].box_extent, ti.ndim, true);
+					fprintf(f, "}");
 				}
-				printf("]");
+				fprintf(f, "]");
 			}
-			printf("}");
+			fprintf(f, "}");
 		} else {
 			char shape[256];
 			FILE *mf = fmemopen(shape, sizeof shape, "w");
@@ -382,28 +450,35 @@ static int cmd_show(const struct args *a)
 			} else {
 				snprintf(shape, sizeof shape, "?");
 			}
-			printf("%-40s %-9s %-7s %-20s %-10s %6u %6u %11s %11s\n", ti.name,
-			       ckpt_kind_name(ti.kind), ckpt_dtype_name(ti.dtype), shape,
-			       ckpt_policy_name(ti.policy), ti.nshards, ti.nchunks,
-			       tool_bytes(ti.logical_bytes, b1), tool_bytes(ti.stored_bytes, b2));
+			fprintf(f, "%-40s %-9s %-7s %-20s %-10s %6u %6u %11s %11s\n", ti.name,
+			        ckpt_kind_name(ti.kind), ckpt_dtype_name(ti.dtype), shape,
+			        ckpt_policy_name(ti.policy), ti.nshards, ti.nchunks,
+			        tool_bytes(ti.logical_bytes, b1), tool_bytes(ti.stored_bytes, b2));
 			for (int k = 0; k < nch; k++) {
 				char h[33];
 				hash_hex(ch[k].hash, h);
-				printf("    rank %u chunk %u  %s @ %" PRIu64 "  stored %" PRIu64 " raw %" PRIu64
-				       " (+%" PRIu64 ")  %s  %s  box ", ch[k].rank, ch[k].chunk, ch[k].file,
-				       ch[k].file_offset, ch[k].stored_len, ch[k].raw_len, ch[k].raw_offset,
-				       ckpt_codec_name(ch[k].codec), h);
-				print_shape(stdout, ch[k].box_offset, ti.ndim, false);
-				printf("+");
-				print_shape(stdout, ch[k].box_extent, ti.ndim, false);
-				printf("\n");
+				fprintf(f, "    rank %u chunk %u  %s @ %" PRIu64 "  stored %" PRIu64 " raw %"
+				        PRIu64 " (+%" PRIu64 ")  %s  %s  box ", ch[k].rank, ch[k].chunk,
+				        ch[k].file, ch[k].file_offset, ch[k].stored_len, ch[k].raw_len,
+				        ch[k].raw_offset, ckpt_codec_name(ch[k].codec), h);
+				print_shape(f, ch[k].box_offset, ti.ndim, false);
+				fprintf(f, "+");
+				print_shape(f, ch[k].box_extent, ti.ndim, false);
+				fprintf(f, "\n");
 			}
 		}
 		free(ch);
 	}
-	if (a->json)
-		printf("]}\n");
-	int x = rc ? fail(rc, "show") : EXIT_OK;
+	int x;
+	if (rc) {
+		doc_drop(&d);
+		x = fail(rc, "show");
+	} else {
+		if (a->json)
+			fprintf(f, "]}\n");
+		doc_emit(&d);
+		x = EXIT_OK;
+	}
 	ckpt_load_close(l);
 	ckpt_close(c);
 	return x;
@@ -417,16 +492,24 @@ static int verify_progress(void *arg, uint64_t done, uint64_t total)
 	return 0;
 }
 
-static int verify_one(const struct args *a, ckpt_ctx *c, uint64_t step, bool ro, bool first)
+/* What verify_one reports back to cmd_verify. */
+struct verify_out {
+	int  rc;
+	char msg[1024];
+};
+
+/* Verify step (a number: the result names it whatever happens). */
+static void verify_one(const struct args *a, ckpt_ctx *c, uint64_t step, bool known,
+                       bool unwritable, bool first, struct verify_out *out)
 {
 	struct ckpt_verify_opts o;
 	ckpt_verify_opts_init(&o, sizeof o);
 	struct tool_progress p;
 	char sname[24], lbl[64];
-	if (step == CKPT_LATEST)
-		snprintf(sname, sizeof sname, "latest");
-	else
+	if (known)
 		snprintf(sname, sizeof sname, "%" PRIu64, step);
+	else
+		snprintf(sname, sizeof sname, "latest");
 	snprintf(lbl, sizeof lbl, "verify step %s", sname);
 	tool_progress_start(&p, lbl, a->quiet);
 	o.progress = verify_progress;
@@ -434,23 +517,42 @@ static int verify_one(const struct args *a, ckpt_ctx *c, uint64_t step, bool ro,
 	if (a->no_mark)
 		o.flags |= CKPT_VERIFY_NO_MARK;
 	struct ckpt_verify_result *r = calloc(1, sizeof *r);
-	if (!r)
-		return fail(-ENOMEM, "verify");
-	r->size = sizeof *r;
-	int rc = ckpt_catalog_verify(c, step, &o, r);
+	int rc = r ? 0 : -ENOMEM;
+	if (r) {
+		r->size = sizeof *r;
+		rc = ckpt_catalog_verify(c, known ? step : CKPT_LATEST, &o, r);
+	}
 	tool_progress_end(&p);
+	out->rc = rc;
+	snprintf(out->msg, sizeof out->msg, "%s", rc ? (r ? ckpt_last_error(NULL) :
+	         "out of memory") : "");
+	const char *msg = out->msg;
 	char b[32];
-	const char *msg = rc ? ckpt_last_error(NULL) : "";
-	if (a->json) {
-		printf("%s{\"step\":%" PRIu64 ",\"ok\":%s,\"chunks\":%" PRIu64 ",\"bytes\":%" PRIu64
-		       ",\"stored_bytes\":%" PRIu64 ",\"seconds\":%.6f,\"marked\":%s",
-		       first ? "" : ",", r->step, rc ? "false" : "true", r->chunks, r->raw_bytes,
-		       r->stored_bytes, r->seconds, r->marked ? "true" : "false");
-		if (rc) {
-			printf(",\"error\":");
-			tool_json_str(stdout, msg);
-			printf(",\"code\":%d", rc);
+	if (!r) {
+		if (a->json) {
+			printf("%s{\"step\":", first ? "" : ",");
+			printf(known ? "%" PRIu64 : "null", step);
+			printf(",\"ok\":false");
+			tool_json_fail_fields(stdout, msg, rc, EXIT_FAIL);
+			printf("}");
+		} else {
+			printf("step %s: FAILED: %s\n", sname, msg);
 		}
+		fprintf(stderr, "ckpt-inspect: verify: %s\n", msg);
+		return;
+	}
+	if (a->json) {
+		/* The step asked for, even when it could not be opened (the result names a
+		 * step only once the library opened one); null for latest of a root that
+		 * has no committed step. */
+		printf("%s{\"step\":", first ? "" : ",");
+		printf(known ? "%" PRIu64 : "null", step);
+		printf(",\"ok\":%s,\"chunks\":%" PRIu64 ",\"bytes\":%" PRIu64
+		       ",\"stored_bytes\":%" PRIu64 ",\"seconds\":%.6f,\"marked\":%s",
+		       rc ? "false" : "true", r->chunks, r->raw_bytes, r->stored_bytes, r->seconds,
+		       r->marked ? "true" : "false");
+		if (rc)
+			tool_json_fail_fields(stdout, msg, rc, exit_for(rc));
 		if (r->bad) {
 			printf(",\"bad\":{\"tensor\":");
 			tool_json_str(stdout, r->bad_tensor);
@@ -460,11 +562,13 @@ static int verify_one(const struct args *a, ckpt_ctx *c, uint64_t step, bool ro,
 		}
 		printf("}");
 	} else if (!rc) {
+		/* Not marked: because it was asked, or because the root cannot be written
+		 * (open_for fell back to reading); never "read-only" for a root that is not. */
 		printf("step %" PRIu64 ": ok, %" PRIu64 " chunks, %s verified in %.3f s (%.0f MiB/s)%s\n",
 		       r->step, r->chunks, tool_bytes(r->raw_bytes, b), r->seconds,
 		       r->seconds > 0 ? (double)r->raw_bytes / 1048576.0 / r->seconds : 0.0,
-		       r->marked ? "; marked verified" : ro ? "; not marked (read-only root)" :
-		       "; not marked (--no-mark)");
+		       r->marked ? "; marked verified" : a->no_mark ? "; not marked (--no-mark)" :
+		       unwritable ? "; not marked (read-only root)" : "; not marked");
 	} else if (r->bad) {
 		printf("step %" PRIu64 ": FAILED: tensor '%s' chunk %u (rank %u, file %s, offset %" PRIu64
 		       "): %s\n", r->step, r->bad_tensor, r->bad_chunk, r->bad_rank, r->bad_file,
@@ -473,30 +577,30 @@ static int verify_one(const struct args *a, ckpt_ctx *c, uint64_t step, bool ro,
 		printf("step %s: FAILED: %s\n", sname, msg);
 	}
 	free(r);
-	if (!a->json && rc)
+	if (rc)
 		fprintf(stderr, "ckpt-inspect: verify: %s\n", msg);
-	return rc;
 }
 
 static int cmd_verify(const struct args *a)
 {
-	if (a->npos > 1) {
-		fprintf(stderr, "ckpt-inspect: verify takes at most one STEP\n");
-		return EXIT_USAGE;
-	}
+	if (a->npos > 1)
+		return tool_usage("verify takes at most one STEP");
 	const char *which = a->npos ? a->pos[0] : "latest";
 	bool all = !strcmp(which, "all");
 	uint64_t step = 0;
 	if (!all && parse_step(which, &step))
 		return EXIT_USAGE;
 	ckpt_ctx *c;
-	bool ro;
-	int rc = open_for(a, !a->no_mark, true, &c, &ro);
+	bool unwritable;
+	int rc = open_for(a, !a->no_mark, true, &c, &unwritable);
 	if (rc)
 		return -rc;
+	/* The steps to verify, by number: all committed ones, or the newest for latest,
+	 * so that the report names the step it verified even when the verify fails. */
 	uint64_t *steps = NULL;
 	int n = 1;
-	if (all) {
+	bool known = step != CKPT_LATEST;
+	if (all || !known) {
 		n = ckpt_steps(c, NULL, 0);
 		steps = n >= 0 ? calloc((size_t)n + 1, sizeof *steps) : NULL;
 		if (n < 0 || !steps || (n = ckpt_steps(c, steps, (size_t)n)) < 0) {
@@ -505,25 +609,47 @@ static int cmd_verify(const struct args *a)
 			ckpt_close(c);
 			return x;
 		}
+		if (!all && n > 0) {
+			step = steps[n - 1];
+			known = true;
+		}
+		if (!all)
+			n = 1;      /* latest of a root without steps: the library says why */
 	}
-	if (a->json)
+	if (a->json) {
+		tool_json_claim();
 		printf("{\"steps\":[");
+	}
 	int worst = 0, nbad = 0;
+	char first_msg[1024] = "";
 	for (int i = 0; i < n; i++) {
-		rc = verify_one(a, c, all ? steps[i] : step, ro, i == 0);
-		if (rc) {
-			nbad++;
-			if (!worst || rc == CKPT_ENOTFOUND)
-				worst = rc;
+		struct verify_out out;
+		verify_one(a, c, all ? steps[i] : step, all || known, unwritable, i == 0, &out);
+		if (out.rc) {
+			if (!nbad++)
+				snprintf(first_msg, sizeof first_msg, "%s", out.msg);
+			if (!worst || out.rc == CKPT_ENOTFOUND)
+				worst = out.rc;
 		}
 	}
-	if (a->json)
-		printf("],\"ok\":%s,\"failed\":%d}\n", nbad ? "false" : "true", nbad);
-	else if (all && n == 0)
+	int x = worst == CKPT_ENOTFOUND && !all ? EXIT_NOSTEP : (worst ? EXIT_FAIL : EXIT_OK);
+	if (a->json) {
+		printf("],\"ok\":%s,\"failed\":%d", nbad ? "false" : "true", nbad);
+		if (nbad) {
+			char msg[1100];
+			if (nbad == 1)
+				snprintf(msg, sizeof msg, "%s", first_msg);
+			else
+				snprintf(msg, sizeof msg, "%d steps failed; the first: %s", nbad, first_msg);
+			tool_json_fail_fields(stdout, msg, worst, x);
+		}
+		printf("}\n");
+	} else if (all && n == 0) {
 		printf("(no committed steps)\n");
+	}
 	free(steps);
 	ckpt_close(c);
-	return worst == CKPT_ENOTFOUND && !all ? EXIT_NOSTEP : (worst ? EXIT_FAIL : EXIT_OK);
+	return x;
 }
 
 /* ------------------------------------------------------------------ diff */
@@ -564,16 +690,14 @@ static int diff_same(ckpt_load *l1, unsigned i1, ckpt_load *l2, unsigned i2, boo
 
 static int cmd_diff(const struct args *a)
 {
-	if (a->npos != 2) {
-		fprintf(stderr, "ckpt-inspect: diff needs two steps\n");
-		return EXIT_USAGE;
-	}
+	if (a->npos != 2)
+		return tool_usage("diff needs two steps");
 	uint64_t s1, s2;
 	if (parse_step(a->pos[0], &s1) || parse_step(a->pos[1], &s2))
 		return EXIT_USAGE;
 	ckpt_ctx *c;
-	bool ro;
-	int rc = open_for(a, false, false, &c, &ro);
+	bool unwritable;
+	int rc = open_for(a, false, false, &c, &unwritable);
 	if (rc)
 		return -rc;
 	ckpt_load *l1 = NULL, *l2 = NULL;
@@ -591,7 +715,11 @@ static int cmd_diff(const struct args *a)
 	const char **lists[4];
 	int cnt[4] = { 0, 0, 0, 0 };
 	for (int k = 0; k < 4; k++)
-		lists[k] = calloc((size_t)(n1 + n2) + 1, sizeof *lists[k]);
+		if (!(lists[k] = calloc((size_t)(n1 + n2) + 1, sizeof *lists[k])))
+			rc = -ENOMEM;
+	struct doc d = { 0 };
+	if (!rc && doc_open(&d, a->json))
+		rc = -ENOMEM;
 	int i = 0, j = 0;
 	while (!rc && (i < n1 || j < n2)) {
 		struct ckpt_tensor_info x, y;
@@ -618,25 +746,31 @@ static int cmd_diff(const struct args *a)
 		}
 	}
 	if (!rc) {
+		FILE *f = d.f;
 		if (a->json) {
-			printf("{\"from\":%" PRIu64 ",\"to\":%" PRIu64, ckpt_load_step(l1), ckpt_load_step(l2));
+			fprintf(f, "{\"ok\":true,\"from\":%" PRIu64 ",\"to\":%" PRIu64, ckpt_load_step(l1),
+			        ckpt_load_step(l2));
 			for (int k = 0; k < 4; k++) {
-				printf(",\"%s\":[", names[k]);
+				fprintf(f, ",\"%s\":[", names[k]);
 				for (int m = 0; m < cnt[k]; m++) {
-					printf(m ? "," : "");
-					tool_json_str(stdout, lists[k][m]);
+					fputs(m ? "," : "", f);
+					tool_json_str(f, lists[k][m]);
 				}
-				printf("]");
+				fprintf(f, "]");
 			}
-			printf("}\n");
+			fprintf(f, "}\n");
 		} else {
-			printf("step %" PRIu64 " -> step %" PRIu64 "\n", ckpt_load_step(l1), ckpt_load_step(l2));
+			fprintf(f, "step %" PRIu64 " -> step %" PRIu64 "\n", ckpt_load_step(l1),
+			        ckpt_load_step(l2));
 			for (int k = 0; k < 3; k++)
 				for (int m = 0; m < cnt[k]; m++)
-					printf("%c %s\n", marks[k], lists[k][m]);
-			printf("%d added, %d removed, %d changed, %d unchanged\n", cnt[ADDED], cnt[REMOVED],
-			       cnt[CHANGED], cnt[UNCHANGED]);
+					fprintf(f, "%c %s\n", marks[k], lists[k][m]);
+			fprintf(f, "%d added, %d removed, %d changed, %d unchanged\n", cnt[ADDED],
+			        cnt[REMOVED], cnt[CHANGED], cnt[UNCHANGED]);
 		}
+		doc_emit(&d);
+	} else {
+		doc_drop(&d);
 	}
 	int x = rc ? fail(rc, "diff") : EXIT_OK;
 	for (int k = 0; k < 4; k++)
@@ -672,13 +806,11 @@ static void gc_report(void *arg, const struct ckpt_gc_item *it)
 
 static int cmd_gc(const struct args *a)
 {
-	if (a->npos) {
-		fprintf(stderr, "ckpt-inspect: gc takes no positional argument\n");
-		return EXIT_USAGE;
-	}
+	if (a->npos)
+		return tool_usage("gc takes no positional argument");
 	ckpt_ctx *c;
-	bool ro;
-	int rc = open_for(a, true, false, &c, &ro);
+	bool unwritable;
+	int rc = open_for(a, true, false, &c, &unwritable);
 	if (rc)
 		return -rc;
 	struct ckpt_gc_opts o;
@@ -691,8 +823,12 @@ static int cmd_gc(const struct args *a)
 	o.report = gc_report;
 	o.arg = &g;
 	struct ckpt_gc_result r = { .size = sizeof r };
-	if (a->json)
+	/* Streamed: each removal is printed (and flushed) as it happens, so that the
+	 * output of a gc that is killed half-way still says what went. */
+	if (a->json) {
+		tool_json_claim();
 		printf("{\"dry_run\":%s,\"removed\":[", a->dry_run ? "true" : "false");
+	}
 	rc = ckpt_catalog_gc(c, &o, &r);
 	char b[32];
 	if (a->json) {
@@ -700,8 +836,9 @@ static int cmd_gc(const struct args *a)
 		       ",\"steps_kept\":%" PRIu64 ",\"steps_unrecorded\":%" PRIu64, rc ? "false" : "true",
 		       r.steps_removed, r.bytes_freed, r.steps_kept, r.steps_unrecorded);
 		if (rc) {
-			printf(",\"error\":");
-			tool_json_str(stdout, ckpt_last_error(NULL));
+			char msg[1024];
+			snprintf(msg, sizeof msg, "gc: %s", ckpt_last_error(NULL));
+			tool_json_fail_fields(stdout, msg, rc, exit_for(rc));
 		}
 		printf("}\n");
 	} else if (!rc) {
@@ -750,10 +887,8 @@ static void rebuild_report(void *arg, uint64_t step, int outcome, uint32_t world
 
 static int cmd_rebuild(const struct args *a)
 {
-	if (a->npos) {
-		fprintf(stderr, "ckpt-inspect: rebuild takes no positional argument\n");
-		return EXIT_USAGE;
-	}
+	if (a->npos)
+		return tool_usage("rebuild takes no positional argument");
 	int x = check_root_dir(a->root);
 	if (x)
 		return x;
@@ -764,16 +899,19 @@ static int cmd_rebuild(const struct args *a)
 		return fail(rc, a->root);
 	struct rb_out o = { a, 0 };
 	struct ckpt_rebuild_result r = { .size = sizeof r };
-	if (a->json)
+	if (a->json) {
+		tool_json_claim();
 		printf("{\"steps\":[");
+	}
 	rc = ckpt_catalog_rebuild(c, a->merge ? CKPT_REBUILD_MERGE : 0, rebuild_report, &o, &r);
 	if (a->json) {
 		printf("],\"ok\":%s,\"committed\":%" PRIu64 ",\"present\":%" PRIu64
 		       ",\"not_committed\":%" PRIu64, rc ? "false" : "true", r.steps_committed,
 		       r.steps_present, r.steps_unproven);
 		if (rc) {
-			printf(",\"error\":");
-			tool_json_str(stdout, ckpt_last_error(NULL));
+			char msg[1024];
+			snprintf(msg, sizeof msg, "rebuild: %s", ckpt_last_error(NULL));
+			tool_json_fail_fields(stdout, msg, rc, exit_for(rc));
 		}
 		printf("}\n");
 	} else if (!rc) {
@@ -790,9 +928,10 @@ static int cmd_rebuild(const struct args *a)
 
 static int parse_count(const char *opt, const char *v, uint64_t *out)
 {
-	if (tool_parse_u64(v, out) || (*out == 0 && strcmp(opt, "--min-age"))) {
-		fprintf(stderr, "ckpt-inspect: %s '%s': a positive integer%s\n", opt, v,
-		        strcmp(opt, "--min-age") ? "" : " or 0");
+	bool zero_ok = !strcmp(opt, "--min-age");
+	if (tool_parse_u64_range(v, zero_ok ? 0 : 1, UINT64_MAX, out)) {
+		tool_usage("%s '%s': a %s integer (decimal digits only)", opt, v,
+		           zero_ok ? "non-negative" : "positive");
 		return -1;
 	}
 	return 0;
@@ -800,20 +939,13 @@ static int parse_count(const char *opt, const char *v, uint64_t *out)
 
 int main(int argc, char **argv)
 {
+	tool_init("ckpt-inspect", NULL);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);
 			return EXIT_OK;
 		}
 	}
-	if (argc < 3) {
-		usage(stderr);
-		return EXIT_USAGE;
-	}
-	struct args a;
-	memset(&a, 0, sizeof a);
-	a.root = argv[1];
-	a.cmd = argv[2];
 	static const struct option opts[] = {
 		{ "json", no_argument, 0, 'j' }, { "all", no_argument, 0, 'a' },
 		{ "chunks", no_argument, 0, 'c' }, { "dry-run", no_argument, 0, 'n' },
@@ -824,6 +956,20 @@ int main(int argc, char **argv)
 		{ "unrecorded", no_argument, 0, 'U' },
 		{ 0, 0, 0, 0 },
 	};
+	/* --json anywhere: every error, usage errors included, is then a JSON object. */
+	bool json = tool_scan_has(argc, argv, 3, opts, 'j');
+	for (int i = 1; i < argc && i < 3; i++)
+		json |= !strcmp(argv[i], "--json");
+	tool_set_json(json);
+	if (argc < 3) {
+		usage(stderr);
+		return tool_usage("usage: ckpt-inspect ROOT COMMAND [options]");
+	}
+	struct args a;
+	memset(&a, 0, sizeof a);
+	a.root = argv[1];
+	a.cmd = argv[2];
+	a.json = json;
 	/* Which options each command accepts. */
 	static const struct { const char *cmd, *opts; } allowed[] = {
 		{ "list", "ja" }, { "show", "jc" }, { "verify", "jNq" }, { "diff", "j" },
@@ -831,24 +977,27 @@ int main(int argc, char **argv)
 	};
 	const char *ok = NULL;
 	for (size_t k = 0; k < sizeof allowed / sizeof *allowed; k++)
-		if (!strcmp(a.cmd, allowed[k].cmd))
+		if (!strcmp(a.cmd, allowed[k].cmd)) {
 			ok = allowed[k].opts;
+			tool_set_op(allowed[k].cmd);
+		}
 	if (!ok) {
-		fprintf(stderr, "ckpt-inspect: unknown command '%s'\n", a.cmd);
+		char q[256];
 		usage(stderr);
-		return EXIT_USAGE;
+		return tool_usage("unknown command '%s'", tool_quote(a.cmd, q, sizeof q));
 	}
-	optind = 3;
+	/* Options after the command: getopt sees argv[2..] (argv[2] stands for the
+	 * program name), as tool_scan_has did. */
+	int sargc = argc - 2;
+	char **sargv = argv + 2;
+	optind = 0;
+	opterr = 0;
 	int ch, idx;
-	while ((ch = getopt_long(argc, argv, "", opts, &idx)) != -1) {
-		if (ch == '?') {
-			usage(stderr);
-			return EXIT_USAGE;
-		}
-		if (!strchr(ok, ch)) {
-			fprintf(stderr, "ckpt-inspect: %s does not take --%s\n", a.cmd, opts[idx].name);
-			return EXIT_USAGE;
-		}
+	while ((ch = getopt_long(sargc, sargv, ":", opts, &idx)) != -1) {
+		if (ch == '?' || ch == ':')
+			return tool_getopt_error(ch, sargv, opts);
+		if (!strchr(ok, ch))
+			return tool_usage("%s does not take --%s", a.cmd, opts[idx].name);
 		switch (ch) {
 		case 'j': a.json = true; break;
 		case 'a': a.all = true; break;
@@ -863,18 +1012,16 @@ int main(int argc, char **argv)
 		case 'A': if (parse_count("--min-age", optarg, &a.min_age)) return EXIT_USAGE; break;
 		}
 	}
-	for (; optind < argc; optind++) {
+	for (; optind < sargc; optind++) {
 		if (a.npos == 2) {
-			fprintf(stderr, "ckpt-inspect: too many arguments ('%s')\n", argv[optind]);
-			return EXIT_USAGE;
+			char q[256];
+			return tool_usage("too many arguments ('%s')", tool_quote(sargv[optind], q, sizeof q));
 		}
-		a.pos[a.npos++] = argv[optind];
+		a.pos[a.npos++] = sargv[optind];
 	}
 	if (!strcmp(a.cmd, "list")) {
-		if (a.npos) {
-			fprintf(stderr, "ckpt-inspect: list takes no positional argument\n");
-			return EXIT_USAGE;
-		}
+		if (a.npos)
+			return tool_usage("list takes no positional argument");
 		return cmd_list(&a);
 	}
 	if (!strcmp(a.cmd, "show"))    return cmd_show(&a);

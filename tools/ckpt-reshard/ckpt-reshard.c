@@ -20,6 +20,9 @@
  * written (a source callback, with a read-ahead thread), so its bound is two pools
  * (source reads, output), the read-ahead ring and a chunk of scratch, whatever its
  * share. docs/ckpt-reshard.md says so.
+ *
+ * Every option value is parsed strictly (toolutil.h); under --json stdout holds one
+ * JSON object whatever happens.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -71,7 +74,7 @@ static void usage(FILE *f)
 	"                         scheduler, extra (default: all)\n"
 	"  --buffer SIZE          export read buffer (default 64M; at least one row of a tensor)\n"
 	"  --quiet                no progress display\n"
-	"  --json                 one JSON document on stdout\n"
+	"  --json                 one JSON document on stdout, also on failure\n"
 	"  --help                 this text\n"
 	"SIZE takes K, M, G, T suffixes.\n"
 	"\n"
@@ -120,10 +123,15 @@ static int open_ctx(const char *root, int rank, int world, unsigned flags,
 int reshard_open_source(const struct reshard_args *a, ckpt_ctx **c)
 {
 	struct stat st;
-	if (stat(a->root, &st) < 0)
-		return -errno == -ENOENT ? (fprintf(stderr, "ckpt-reshard: %s: no such directory\n",
-		                                    a->root), -ENOENT) : -errno;
-	return open_ctx(a->root, 0, 1, CKPT_OPEN_READONLY, a, c);
+	*c = NULL;
+	if (stat(a->root, &st) < 0) {
+		int rc = -errno;
+		return tool_fail(reshard_exit_for(rc), rc, "%s: %s", a->root, strerror(-rc));
+	}
+	int rc = open_ctx(a->root, 0, 1, CKPT_OPEN_READONLY, a, c);
+	if (rc)
+		return tool_fail(reshard_exit_for(rc), rc, "%s", ckpt_last_error(NULL));
+	return 0;
 }
 
 /* ------------------------------------------------------------------ the plan */
@@ -712,41 +720,44 @@ static int preflight(const struct reshard_args *a, const struct plan *p)
 	for (size_t i = 0; i < p->n; i++) {
 		const struct item *it = &p->items[i];
 		if (it->ti.policy == CKPT_SHARDED && it->ti.ndim && it->ti.global_shape[0] < a->world) {
-			fprintf(stderr, "ckpt-reshard: --world %u: tensor '%s' has only %" PRIu64 " rows in "
-			        "its first dimension; it cannot be split over %u ranks\n", a->world,
-			        it->name, it->ti.global_shape[0], a->world);
-			return RX_WORLD;
+			char q[300];
+			return tool_fail(RX_WORLD, -EINVAL, "--world %u: tensor '%s' has only %" PRIu64
+			                 " rows in its first dimension; it cannot be split over %u ranks",
+			                 a->world, tool_quote(it->name, q, sizeof q),
+			                 it->ti.global_shape[0], a->world);
 		}
 	}
-	bool rb = false;
+	/* The names go to stderr one a line, and into the JSON error as one list. */
+	char list[1024] = "";
+	size_t nrb = 0, used = 0;
 	for (size_t i = 0; i < p->n; i++) {
-		if (p->items[i].ti.policy != CKPT_RANK_BOUND)
+		if (p->items[i].ti.policy != CKPT_RANK_BOUND || a->rank_map || a->drop_rank_bound)
 			continue;
-		if (!a->rank_map && !a->drop_rank_bound) {
-			if (!rb)
-				fprintf(stderr, "ckpt-reshard: the step holds rank-bound state, which belongs to "
-				        "one saved rank and is not resharded; map saved ranks to new ones with "
-				        "--rank-map (when that is safe for your job) or leave it out with "
-				        "--drop-rank-bound:\n");
-			fprintf(stderr, "  %s (%s)\n", p->items[i].name, ckpt_kind_name(p->items[i].ti.kind));
-			rb = true;
-		}
+		if (!nrb++)
+			fprintf(stderr, "ckpt-reshard: the step holds rank-bound state, which belongs to "
+			        "one saved rank and is not resharded; map saved ranks to new ones with "
+			        "--rank-map (when that is safe for your job) or leave it out with "
+			        "--drop-rank-bound:\n");
+		char q[300];
+		tool_quote(p->items[i].name, q, sizeof q);
+		fprintf(stderr, "  %s (%s)\n", q, ckpt_kind_name(p->items[i].ti.kind));
+		if (used < sizeof list)
+			used += (size_t)snprintf(list + used, sizeof list - used, "%s%s (%s)",
+			                         nrb > 1 ? ", " : "", q, ckpt_kind_name(p->items[i].ti.kind));
 	}
-	if (rb)
-		return RX_RANKBOUND;
+	if (nrb)
+		return tool_fail_json(RX_RANKBOUND, CKPT_ERANKBOUND, "the step holds %zu rank-bound "
+		                      "item(s), which need --rank-map or --drop-rank-bound: %s", nrb,
+		                      list);
 	for (unsigned r = 0; a->rank_map && r < a->world; r++) {
-		if (a->rank_map[r] >= (int)p->src_world) {
-			fprintf(stderr, "ckpt-reshard: --rank-map: saved rank %d does not exist (the step "
-			        "was saved by %u ranks)\n", a->rank_map[r], p->src_world);
-			return RX_USAGE;
-		}
+		if (a->rank_map[r] >= (int)p->src_world)
+			return tool_usage("--rank-map: saved rank %d does not exist (the step was saved "
+			                  "by %u ranks)", a->rank_map[r], p->src_world);
 	}
 	/* The output root: not the source, and not already holding the step. */
 	char r1[PATH_MAX], r2[PATH_MAX];
-	if (realpath(a->root, r1) && realpath(a->out, r2) && !strcmp(r1, r2)) {
-		fprintf(stderr, "ckpt-reshard: --out is the source root; write to another root\n");
-		return RX_USAGE;
-	}
+	if (realpath(a->root, r1) && realpath(a->out, r2) && !strcmp(r1, r2))
+		return tool_usage("--out is the source root; write to another root");
 	struct stat st;
 	if (stat(a->out, &st) == 0) {
 		ckpt_ctx *c;
@@ -762,26 +773,27 @@ static int preflight(const struct reshard_args *a, const struct plan *p)
 					found = e->d_name;
 					break;
 				}
-			if (found)
-				fprintf(stderr, "ckpt-reshard: --out %s is not empty and not a checkpoint root "
-				        "(found '%s')\n", a->out, found);
+			int x = 0;
+			if (found) {
+				char q[300];
+				x = tool_fail(RX_NOTROOT, CKPT_ENOTROOT, "--out %s is not empty and not a "
+				              "checkpoint root (found '%s')", a->out, tool_quote(found, q, sizeof q));
+			}
 			if (d)
 				closedir(d);
-			if (found)
-				return RX_NOTROOT;
+			if (x)
+				return x;
 		} else if (rc) {
-			fprintf(stderr, "ckpt-reshard: --out %s: %s\n", a->out, ckpt_last_error(NULL));
-			return reshard_exit_for(rc);
+			return tool_fail(reshard_exit_for(rc), rc, "--out %s: %s", a->out,
+			                 ckpt_last_error(NULL));
 		} else {
 			struct ckpt_step_info si;
 			uint64_t s2 = a->have_out_step ? a->out_step : p->src_step;
 			rc = ckpt_step_info(c, s2, &si);
 			ckpt_close(c);
-			if (rc == 0 && si.state == CKPT_STATE_COMMITTED) {
-				fprintf(stderr, "ckpt-reshard: %s already holds step %" PRIu64 "; choose another "
-				        "--step or root\n", a->out, s2);
-				return RX_EXISTS;
-			}
+			if (rc == 0 && si.state == CKPT_STATE_COMMITTED)
+				return tool_fail(RX_EXISTS, -EEXIST, "%s already holds step %" PRIu64 "; choose "
+				                 "another --step or root", a->out, s2);
 		}
 	}
 	return 0;
@@ -793,23 +805,26 @@ static int run_reshard(struct reshard_args *a)
 	ckpt_load *l = NULL;
 	struct plan p;
 	memset(&p, 0, sizeof p);
-	int rc = reshard_open_source(a, &c);
-	if (!rc)
-		rc = ckpt_load_open(c, a->latest ? CKPT_LATEST : a->step, &l);
+	int x = reshard_open_source(a, &c);
+	if (x)
+		return x;
+	int rc = ckpt_load_open(c, a->latest ? CKPT_LATEST : a->step, &l);
 	struct ckpt_step_info si;
 	if (!rc)
 		rc = ckpt_step_info(c, ckpt_load_step(l), &si);
 	if (!rc)
 		rc = plan_build(l, &p, si.world);
+	char msg[1024];
+	snprintf(msg, sizeof msg, "%s", rc == -ENOMEM ? "out of memory for the plan" :
+	         ckpt_last_error(NULL));
 	/* No context may be open across fork (the manifest and io_uring do not survive it). */
 	ckpt_load_close(l);
 	ckpt_close(c);
 	if (rc) {
-		fprintf(stderr, "ckpt-reshard: %s\n", ckpt_last_error(NULL));
 		plan_free(&p);
-		return reshard_exit_for(rc);
+		return tool_fail(reshard_exit_for(rc), rc, "%s", msg);
 	}
-	int x = preflight(a, &p);
+	x = preflight(a, &p);
 	if (x) {
 		plan_free(&p);
 		return x;
@@ -823,17 +838,28 @@ static int run_reshard(struct reshard_args *a)
 	 * another job (a specific error) instead of joining it. */
 	if (!getenv("CKPT_JOB_ID"))
 		snprintf(a->job, sizeof a->job, "ckpt-reshard-%ld-%u", (long)getpid(), a->port);
-	int fds[2];
-	if (pipe(fds) < 0) {
+	/* The job is this run's own: its ranks share a fresh secret, so that nothing
+	 * else that reaches the port can join it (the job id alone is guessable). */
+	if (tool_job_secret()) {
 		plan_free(&p);
 		return RX_FAIL;
+	}
+	int fds[2];
+	if (pipe(fds) < 0) {
+		rc = -errno;
+		plan_free(&p);
+		return tool_fail(RX_FAIL, rc, "pipe: %s", strerror(-rc));
 	}
 	double t0 = tool_now();
 	pid_t *pids = calloc(a->world, sizeof *pids);
 	struct report *last = calloc(a->world, sizeof *last);
 	if (!pids || !last) {
+		free(pids);
+		free(last);
+		close(fds[0]);
+		close(fds[1]);
 		plan_free(&p);
-		return RX_FAIL;
+		return tool_fail(RX_FAIL, -ENOMEM, "out of memory for %u rank processes", a->world);
 	}
 	unsigned started = 0;
 	for (unsigned r = 0; r < a->world; r++, started++) {
@@ -890,6 +916,15 @@ static int run_reshard(struct reshard_args *a)
 		bytes += last[r].bytes_done;
 	uint64_t s2 = a->have_out_step ? a->out_step : p.src_step;
 	char b[32];
+	x = worst == CKPT_ENODEV ? RX_NODEV : worst == -EEXIST ? RX_EXISTS :
+	    worst == CKPT_ENOTROOT ? RX_NOTROOT : worst ? RX_FAIL : RX_OK;
+	/* The first failing rank's message stands for the run in the JSON error. */
+	msg[0] = '\0';
+	for (unsigned r = 0; r < a->world && worst && !msg[0]; r++)
+		if (last[r].rc)
+			snprintf(msg, sizeof msg, "%s", last[r].msg);
+	if (worst && !msg[0])
+		snprintf(msg, sizeof msg, "only %u of %u rank processes started", started, a->world);
 	if (a->json) {
 		printf("{\"op\":\"reshard\",\"ok\":%s,\"from_step\":%" PRIu64 ",\"to_step\":%" PRIu64
 		       ",\"source_world\":%u,\"world\":%u,\"out\":", worst ? "false" : "true",
@@ -905,7 +940,10 @@ static int run_reshard(struct reshard_args *a)
 			}
 			printf("}");
 		}
-		printf("]}\n");
+		printf("]");
+		if (worst)
+			tool_json_fail_fields(stdout, msg, worst, x);
+		printf("}\n");
 	} else if (!worst) {
 		printf("resharded step %" PRIu64 " (world %u) into %s step %" PRIu64 " (world %u): %zu "
 		       "items, %s in %.3f s\n", p.src_step, p.src_world, a->out, s2, a->world, p.n,
@@ -921,8 +959,7 @@ static int run_reshard(struct reshard_args *a)
 	free(pids);
 	free(last);
 	plan_free(&p);
-	return worst == CKPT_ENODEV ? RX_NODEV : worst == -EEXIST ? RX_EXISTS :
-	       worst == CKPT_ENOTROOT ? RX_NOTROOT : worst ? RX_FAIL : RX_OK;
+	return x;
 }
 
 /* ------------------------------------------------------------------ main */
@@ -937,6 +974,8 @@ static int parse_rank_map(struct reshard_args *a, const char *s)
 		return -1;
 	char *dup = strdup(s), *save = NULL;
 	size_t i = 0;
+	if (!dup)
+		return -1;
 	for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save), i++) {
 		uint64_t v;
 		if (!strcmp(tok, "-"))
@@ -953,6 +992,7 @@ static int parse_rank_map(struct reshard_args *a, const char *s)
 
 int main(int argc, char **argv)
 {
+	tool_init("ckpt-reshard", NULL);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);
@@ -971,130 +1011,125 @@ int main(int argc, char **argv)
 		{ "buffer", required_argument, 0, 'b' }, { "quiet", no_argument, 0, 'q' },
 		{ "json", no_argument, 0, 'j' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
+	/* --json anywhere: every error, usage errors included, is then a JSON object, whose
+	 * op says which job was asked for. */
+	a.json = tool_scan_has(argc, argv, 1, opts, 'j');
+	tool_set_json(a.json);
+	tool_set_op(tool_scan_has(argc, argv, 1, opts, 'e') ? "export" : "reshard");
 	const char *pos[2];
 	int npos = 0, ch;
-	bool have_world = false;
+	bool have_world = false, have_pool = false, compress = false;
 	const char *map = NULL;
 	uint64_t v;
-	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	optind = 0;
+	opterr = 0;
+	while ((ch = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
 		switch (ch) {
 		case 'w':
-			if (tool_parse_u64(optarg, &v) || v == 0 || v > 65536) {
-				fprintf(stderr, "ckpt-reshard: --world '%s': a number of ranks from 1 to 65536\n",
-				        optarg);
-				return RX_USAGE;
-			}
+			if (tool_parse_u64_range(optarg, 1, 65536, &v))
+				return tool_usage("--world '%s': a number of ranks from 1 to 65536", optarg);
 			a.world = (unsigned)v;
 			have_world = true;
 			break;
 		case 'o': a.out = optarg; break;
 		case 's':
-			if (tool_parse_u64(optarg, &a.out_step) || a.out_step == UINT64_MAX) {
-				fprintf(stderr, "ckpt-reshard: --step '%s' is not a step number\n", optarg);
-				return RX_USAGE;
-			}
+			if (tool_parse_u64_range(optarg, 0, CKPT_LATEST - 1, &a.out_step))
+				return tool_usage("--step '%s': a step number from 0 to %" PRIu64, optarg,
+				                  (uint64_t)CKPT_LATEST - 1);
 			a.have_out_step = true;
 			break;
 		case 'C':
-			if (tool_parse_size(optarg, &a.chunk) || a.chunk == 0 || a.chunk % 4096) {
-				fprintf(stderr, "ckpt-reshard: --chunk '%s': a size, multiple of 4096\n", optarg);
+			if (tool_parse_size_opt("--chunk", optarg, TOOL_CHUNK_UNIT, TOOL_MAX_CHUNK,
+			                   TOOL_CHUNK_UNIT, &a.chunk))
 				return RX_USAGE;
-			}
 			break;
 		case 'P':
-			if (tool_parse_size(optarg, &a.pool)) {
-				fprintf(stderr, "ckpt-reshard: --pool '%s' is not a size\n", optarg);
+			/* At least two chunks of the smallest size: the library's own floor. */
+			if (tool_parse_size_opt("--pool", optarg, 2 * TOOL_CHUNK_UNIT, SIZE_MAX, 0, &a.pool))
 				return RX_USAGE;
-			}
+			have_pool = true;
 			break;
 		case 'b':
-			if (tool_parse_size(optarg, &a.buffer) || a.buffer == 0) {
-				fprintf(stderr, "ckpt-reshard: --buffer '%s' is not a size\n", optarg);
+			if (tool_parse_size_opt("--buffer", optarg, 1, SIZE_MAX, 0, &a.buffer))
 				return RX_USAGE;
-			}
 			break;
 		case 'c':
-			if (!strcmp(optarg, "none")) a.zstd_level = 0;
-			else if (!strcmp(optarg, "zstd")) a.zstd_level = 3;
-			else if (!strncmp(optarg, "zstd:", 5) && atoi(optarg + 5) >= 1 && atoi(optarg + 5) <= 22)
-				a.zstd_level = atoi(optarg + 5);
-			else {
-				fprintf(stderr, "ckpt-reshard: --compress '%s': none or zstd[:1..22]\n", optarg);
-				return RX_USAGE;
-			}
+			if (tool_parse_compress(optarg, &a.zstd_level))
+				return tool_usage("--compress '%s': none, zstd or zstd:LEVEL with LEVEL 1 to 22",
+				                  optarg);
+			compress = true;
 			break;
 		case 'm': map = optarg; break;
 		case 'd': a.drop_rank_bound = true; break;
 		case 'p':
-			if (tool_parse_u64(optarg, &v) || v == 0 || v > 65535) {
-				fprintf(stderr, "ckpt-reshard: --port '%s': 1 to 65535\n", optarg);
-				return RX_USAGE;
-			}
+			if (tool_parse_u64_range(optarg, 1, 65535, &v))
+				return tool_usage("--port '%s': a port from 1 to 65535", optarg);
 			a.port = (unsigned)v;
 			break;
 		case 'e': a.export_file = optarg; break;
 		case 'k': {
 			static const char *kinds[] = { "model", "optimizer", "rng", "scheduler", "extra" };
+			a.kind = 0;
 			for (int k = 0; k < 5; k++)
 				if (!strcmp(optarg, kinds[k]))
 					a.kind = k + 1;
-			if (!a.kind) {
-				fprintf(stderr, "ckpt-reshard: --kind '%s': model, optimizer, rng, scheduler or "
-				        "extra\n", optarg);
-				return RX_USAGE;
-			}
+			if (!a.kind)
+				return tool_usage("--kind '%s': model, optimizer, rng, scheduler or extra",
+				                  optarg);
 			break;
 		}
 		case 'q': a.quiet = true; break;
 		case 'j': a.json = true; break;
-		default: usage(stderr); return RX_USAGE;
+		case '?':
+		case ':':
+			return tool_getopt_error(ch, argv, opts);
+		default: usage(stderr); return tool_usage("unexpected option");
 		}
 	}
 	for (; optind < argc; optind++) {
 		if (npos == 2) {
-			fprintf(stderr, "ckpt-reshard: too many arguments ('%s')\n", argv[optind]);
-			return RX_USAGE;
+			char q[256];
+			return tool_usage("too many arguments ('%s')", tool_quote(argv[optind], q, sizeof q));
 		}
 		pos[npos++] = argv[optind];
 	}
 	if (npos != 2) {
-		fprintf(stderr, "ckpt-reshard: ROOT and STEP are required\n");
 		usage(stderr);
-		return RX_USAGE;
+		return tool_usage("ROOT and STEP are required");
 	}
 	a.root = pos[0];
 	if (!strcmp(pos[1], "latest"))
 		a.latest = true;
-	else if (tool_parse_u64(pos[1], &a.step) || a.step == UINT64_MAX) {
-		fprintf(stderr, "ckpt-reshard: '%s' is not a step (a number, or latest)\n", pos[1]);
-		return RX_USAGE;
+	else if (tool_parse_u64_range(pos[1], 0, CKPT_LATEST - 1, &a.step)) {
+		char q[256];
+		return tool_usage("'%s' is not a step (a number from 0 to %" PRIu64 ", or latest)",
+		                  tool_quote(pos[1], q, sizeof q), (uint64_t)CKPT_LATEST - 1);
 	}
 	if (a.export_file) {
-		if (have_world || a.out || map || a.drop_rank_bound) {
-			fprintf(stderr, "ckpt-reshard: --export-safetensors does not combine with --world, "
-			        "--out, --rank-map or --drop-rank-bound\n");
-			return RX_USAGE;
-		}
+		/* Options of the reshard job would be ignored here: refused instead. */
+		if (have_world || a.out || map || a.drop_rank_bound || a.have_out_step || a.chunk ||
+		    a.port || compress)
+			return tool_usage("--export-safetensors does not combine with --world, --out, "
+			                  "--step, --chunk, --compress, --port, --rank-map or "
+			                  "--drop-rank-bound");
 		return reshard_export_safetensors(&a);
 	}
-	if (!have_world || !a.out) {
-		fprintf(stderr, "ckpt-reshard: --world N and --out ROOT2 are required (or "
-		        "--export-safetensors FILE)\n");
-		return RX_USAGE;
-	}
-	if (a.kind) {
-		fprintf(stderr, "ckpt-reshard: --kind applies to --export-safetensors only\n");
-		return RX_USAGE;
-	}
-	if (map && a.drop_rank_bound) {
-		fprintf(stderr, "ckpt-reshard: --rank-map and --drop-rank-bound exclude each other\n");
-		return RX_USAGE;
-	}
+	if (!have_world || !a.out)
+		return tool_usage("--world N and --out ROOT2 are required (or --export-safetensors "
+		                  "FILE)");
+	if (a.kind)
+		return tool_usage("--kind applies to --export-safetensors only");
+	if (a.buffer)
+		return tool_usage("--buffer applies to --export-safetensors only");
+	if (map && a.drop_rank_bound)
+		return tool_usage("--rank-map and --drop-rank-bound exclude each other");
+	if (a.chunk && have_pool && a.pool < 2 * a.chunk)
+		return tool_usage("--pool %" PRIu64 " is smaller than two chunks of --chunk %" PRIu64,
+		                  a.pool, a.chunk);
 	if (map && parse_rank_map(&a, map) != (int)a.world) {
-		fprintf(stderr, "ckpt-reshard: --rank-map '%s': %u comma-separated saved ranks (or '-')\n",
-		        map, a.world);
 		free(a.rank_map);
-		return RX_USAGE;
+		return tool_usage("--rank-map '%s': %u comma-separated saved ranks (numbers, or '-')",
+		                  map, a.world);
 	}
 	int x = run_reshard(&a);
 	free(a.rank_map);

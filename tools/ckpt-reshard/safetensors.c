@@ -9,6 +9,11 @@
  * fit the buffer (--buffer, at least one row), and appended. The file is written
  * under a temporary name and renamed into place only when complete, so a failed
  * export never leaves a file that parses but holds partial data.
+ *
+ * The header is JSON, which must be UTF-8: a tensor whose name is not (possible only
+ * in a checkpoint saved before the library required UTF-8 names) is refused by
+ * name, before anything is written, rather than mapped to another name that would
+ * no longer say which tensor it is.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -49,8 +54,8 @@ struct st_item {
 static int st_write_all(FILE *f, const void *p, size_t n, const char *path)
 {
 	if (n && fwrite(p, 1, n, f) != n) {
-		fprintf(stderr, "ckpt-reshard: write %s: %s\n", path, strerror(errno));
-		return -1;
+		int e = errno ? errno : EIO;
+		return tool_fail(RX_FAIL, -e, "export: write %s: %s", path, strerror(e));
 	}
 	return 0;
 }
@@ -68,12 +73,10 @@ static int st_stream(ckpt_load *l, const struct st_item *it, FILE *f, const char
 	if (!it->bytes)
 		return 0;
 	if (row > *cap) {
-		uint8_t *n = realloc(*buf, (size_t)row);
-		if (!n) {
-			fprintf(stderr, "ckpt-reshard: '%s': one row of %" PRIu64 " bytes does not fit "
-			        "in memory\n", t->name, row);
-			return -1;
-		}
+		uint8_t *n = row <= SIZE_MAX ? realloc(*buf, (size_t)row) : NULL;
+		if (!n)
+			return tool_fail(RX_FAIL, -ENOMEM, "export: '%s': one row of %" PRIu64 " bytes "
+			                 "does not fit in memory", t->name, row);
 		*buf = n;
 		*cap = (size_t)row;
 	}
@@ -88,10 +91,8 @@ static int st_stream(ckpt_load *l, const struct st_item *it, FILE *f, const char
 			ext[0] = k;
 		}
 		int rc = ckpt_load_tensor(l, t->name, t->dtype, t->ndim, off, ext, *buf, CKPT_MEM_HOST);
-		if (rc) {
-			fprintf(stderr, "ckpt-reshard: export: %s\n", ckpt_last_error(NULL));
-			return rc;
-		}
+		if (rc)
+			return tool_fail(reshard_exit_for(rc), rc, "export: %s", ckpt_last_error(NULL));
 		if (st_write_all(f, *buf, (size_t)(k * row), path))
 			return -1;
 		*done += k * row;
@@ -109,39 +110,54 @@ int reshard_export_safetensors(const struct reshard_args *a)
 	size_t hlen = 0;
 	FILE *f = NULL;
 	uint8_t *buf = NULL;
-	char tmp[4200];
-	int x = RX_FAIL;
+	char tmp[4200], q[300];
+	bool progress = false;
+	struct tool_progress p;
 	snprintf(tmp, sizeof tmp, "%s.tmp-%d", a->export_file, (int)getpid());
-	int rc = reshard_open_source(a, &c);
-	if (!rc)
-		rc = ckpt_load_open(c, a->latest ? CKPT_LATEST : a->step, &l);
+	/* Every failure below reports itself (tool_fail) and sets x to its exit code. */
+	int x = reshard_open_source(a, &c);
+	if (x)
+		goto out;
+	int rc = ckpt_load_open(c, a->latest ? CKPT_LATEST : a->step, &l);
 	if (rc) {
-		fprintf(stderr, "ckpt-reshard: %s\n", ckpt_last_error(NULL));
-		x = reshard_exit_for(rc);
+		x = tool_fail(reshard_exit_for(rc), rc, "%s", ckpt_last_error(NULL));
 		goto out;
 	}
 	int n = ckpt_load_count(l);
-	items = calloc((size_t)n + 1, sizeof *items);
-	if (!items)
+	items = n >= 0 ? calloc((size_t)n + 1, sizeof *items) : NULL;
+	if (!items) {
+		x = tool_fail(RX_FAIL, n < 0 ? n : -ENOMEM, "export: the step's catalog: %s",
+		              n < 0 ? ckpt_last_error(NULL) : "out of memory");
 		goto out;
+	}
 	size_t ni = 0, nskip = 0;
 	uint64_t total = 0;
 	/* Blobs are opaque bytes and rank-bound items have no consolidated value: neither
 	 * is a tensor of the exported model; both are reported as skipped. */
 	for (int i = 0; i < n; i++) {
 		struct st_item *it = &items[ni];
-		if (ckpt_load_info(l, (unsigned)i, &it->ti))
+		if ((rc = ckpt_load_info(l, (unsigned)i, &it->ti))) {
+			x = tool_fail(RX_FAIL, rc, "export: %s", ckpt_last_error(NULL));
 			goto out;
+		}
 		bool skip = ckpt_load_is_blob(l, (unsigned)i) != 0 || it->ti.policy == CKPT_RANK_BOUND ||
 		            (a->kind && it->ti.kind != a->kind);
 		if (skip) {
 			if (!(a->kind && it->ti.kind != a->kind)) {
 				nskip++;
 				if (!a->json && !a->quiet)
-					fprintf(stderr, "ckpt-reshard: skipping '%s' (%s)\n", it->ti.name,
+					fprintf(stderr, "ckpt-reshard: skipping '%s' (%s)\n",
+					        tool_quote(it->ti.name, q, sizeof q),
 					        ckpt_load_is_blob(l, (unsigned)i) ? "a blob" : "rank-bound");
 			}
 			continue;
+		}
+		if (!tool_utf8_ok(it->ti.name)) {
+			x = tool_fail(RX_FAIL, CKPT_ENAME, "export: tensor '%s': its name is not valid "
+			              "UTF-8 (saved before names had to be), and a safetensors header is "
+			              "JSON, which must be; nothing was written (--kind can leave it out)",
+			              tool_quote(it->ti.name, q, sizeof q));
+			goto out;
 		}
 		it->idx = (unsigned)i;
 		uint64_t e = 1;
@@ -153,8 +169,10 @@ int reshard_export_safetensors(const struct reshard_args *a)
 		ni++;
 	}
 	FILE *hf = open_memstream(&hdr, &hlen);
-	if (!hf)
+	if (!hf) {
+		x = tool_fail(RX_FAIL, -ENOMEM, "export: the header: out of memory");
 		goto out;
+	}
 	fprintf(hf, "{\"__metadata__\":{\"format\":\"pt\",\"libckpt_step\":\"%" PRIu64 "\"}",
 	        ckpt_load_step(l));
 	for (size_t i = 0; i < ni; i++) {
@@ -175,38 +193,53 @@ int reshard_export_safetensors(const struct reshard_args *a)
 		fputc(' ', hf);
 		pos++;
 	}
-	if (fclose(hf) || !hdr)
+	if (fclose(hf) || !hdr) {
+		x = tool_fail(RX_FAIL, -ENOMEM, "export: the header: out of memory");
 		goto out;
+	}
 	f = fopen(tmp, "wb");
 	if (!f) {
-		fprintf(stderr, "ckpt-reshard: create %s: %s\n", tmp, strerror(errno));
+		int e = errno;
+		x = tool_fail(RX_FAIL, -e, "export: create %s: %s", tmp, strerror(e));
 		goto out;
 	}
 	uint8_t le[8];
 	for (int b = 0; b < 8; b++)
 		le[b] = (uint8_t)((uint64_t)hlen >> (8 * b));
-	if (st_write_all(f, le, 8, tmp) || st_write_all(f, hdr, hlen, tmp))
+	if ((x = st_write_all(f, le, 8, tmp)) || (x = st_write_all(f, hdr, hlen, tmp)))
 		goto out;
-	size_t cap = (size_t)(a->buffer ? a->buffer : 64u << 20);
+	uint64_t want = a->buffer ? a->buffer : 64u << 20;
+	size_t cap = (size_t)want;
 	buf = malloc(cap);
-	if (!buf)
+	if (!buf) {
+		x = tool_fail(RX_FAIL, -ENOMEM, "export: --buffer of %" PRIu64 " bytes: out of memory",
+		              want);
 		goto out;
-	struct tool_progress p;
+	}
 	tool_progress_start(&p, "export", a->quiet || a->json);
+	progress = true;
 	uint64_t done = 0;
 	double t0 = tool_now();
-	for (size_t i = 0; i < ni; i++)
-		if (st_stream(l, &items[i], f, tmp, &buf, &cap, &p, &done, total))
-			goto out_progress;
+	for (size_t i = 0; i < ni; i++) {
+		/* st_stream reports its own failure; its code is an exit code or rc. */
+		int r = st_stream(l, &items[i], f, tmp, &buf, &cap, &p, &done, total);
+		if (r) {
+			x = r > 0 ? r : RX_FAIL;
+			goto out;
+		}
+	}
 	tool_progress_end(&p);
+	progress = false;
 	if (fflush(f) || fsync(fileno(f))) {
-		fprintf(stderr, "ckpt-reshard: write %s: %s\n", tmp, strerror(errno));
+		int e = errno;
+		x = tool_fail(RX_FAIL, -e, "export: write %s: %s", tmp, strerror(e));
 		goto out;
 	}
 	fclose(f);
 	f = NULL;
 	if (rename(tmp, a->export_file)) {
-		fprintf(stderr, "ckpt-reshard: rename to %s: %s\n", a->export_file, strerror(errno));
+		int e = errno;
+		x = tool_fail(RX_FAIL, -e, "export: rename to %s: %s", a->export_file, strerror(e));
 		goto out;
 	}
 	double dt = tool_now() - t0;
@@ -222,16 +255,13 @@ int reshard_export_safetensors(const struct reshard_args *a)
 		       ckpt_load_step(l), ni, tool_bytes(total, b1), a->export_file, dt, nskip);
 	}
 	x = RX_OK;
-	goto out;
-out_progress:
-	tool_progress_end(&p);
 out:
+	if (progress)
+		tool_progress_end(&p);
 	if (f)
 		fclose(f);
 	if (x != RX_OK)
 		unlink(tmp);
-	if (x == RX_FAIL && a->json)
-		printf("{\"op\":\"export\",\"ok\":false}\n");
 	free(buf);
 	free(hdr);
 	free(items);

@@ -11,7 +11,8 @@
  * when RANK and WORLD_SIZE are already set (started by torchrun, srun, mpirun).
  * verify reads every tensor back as W ranks would (any W) and compares bit for bit.
  * Forked rank processes are named ckpt-rank-R (the process name: pgrep -x).
- * Uses the public API only.
+ * Every option value is parsed strictly (toolutil.h); under --json stdout holds one
+ * JSON object whatever happens. Uses the public API only.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -59,6 +61,8 @@ struct args {
 	struct shared_barrier *load_barrier; /* verify as forked ranks: load together, then compare */
 	unsigned    world;
 	int         zstd_level;
+	bool        launched;      /* RANK and WORLD_SIZE set by a launcher: run as that rank */
+	uint64_t    env_rank, env_world;
 };
 
 /* What each rank reports to the parent through a pipe. */
@@ -84,7 +88,8 @@ static void usage(FILE *f)
 	"moments, a rank-bound RNG blob per rank, a replicated scheduler blob) of about SIZE\n"
 	"bytes, sharded along the first dimension over W ranks. Contents depend only on the\n"
 	"seed, so verify may read as any number of ranks.\n"
-	"SIZE takes K, M, G, T suffixes. Exit: 0 ok, 1 failure or mismatch, 2 usage.\n"
+	"SIZE takes K, M, G, T suffixes; S is decimal or 0x-hex; W is 1 to 4096; L is 1 to 22.\n"
+	"Exit: 0 ok, 1 failure or mismatch, 2 usage (see docs/ckpt-synth.md).\n"
 	"Each failing rank prints one line to stderr: 'ckpt-synth: save failed on rank R: why'\n"
 	"(a rank process that died says how: exit status or signal); then the ranks that\n"
 	"succeeded say so: 'ckpt-synth: save succeeded on rank R'.\n");
@@ -145,14 +150,17 @@ static int save_rank(const struct args *a, int rank, int world, struct rank_resu
 	ckpt_save *s = NULL;
 	void **bufs = NULL;
 	int rc = synth_model_build(&m, a->bytes, a->seed);
-	if (rc)
+	if (rc) {
+		snprintf(res->msg, sizeof res->msg, "the model's tensor list: out of memory");
 		return rc;
+	}
 	/* This rank's state, generated before the clock starts and before the library
 	 * allocates anything, so that RSS growth counts all of the library's memory. */
 	bufs = calloc(m.n, sizeof *bufs);
 	uint64_t (*off)[2] = calloc(m.n, sizeof *off), (*ext)[2] = calloc(m.n, sizeof *ext);
 	if (!bufs || !off || !ext) {
 		rc = -ENOMEM;
+		snprintf(res->msg, sizeof res->msg, "the model's tensor list: out of memory");
 		goto out_free;
 	}
 	for (size_t i = 0; i < m.n; i++) {
@@ -163,9 +171,13 @@ static int save_rank(const struct args *a, int rank, int world, struct rank_resu
 			synth_split(t->shape[0], (unsigned)rank, (unsigned)world, &off[i][0], &ext[i][0]);
 		uint64_t n = ckpt_dtype_size(t->dtype) * (t->ndim ? ext[i][0] : 1) *
 		             (t->ndim == 2 ? ext[i][1] : 1);
-		bufs[i] = malloc(n ? n : 1);
+		bufs[i] = n <= SIZE_MAX ? malloc(n ? (size_t)n : 1) : NULL;
 		if (!bufs[i]) {
+			/* Say so: the library has no message for memory the tool could not get. */
 			rc = -ENOMEM;
+			snprintf(res->msg, sizeof res->msg, "out of memory for '%s' (%" PRIu64 " bytes "
+			         "of this rank's share of a %" PRIu64 "-byte model; --bytes %" PRIu64 ")",
+			         t->name, n, m.total_bytes, a->bytes);
 			goto out_free;
 		}
 		synth_fill_box(&m, t, off[i], ext[i], bufs[i]);
@@ -213,7 +225,7 @@ static int save_rank(const struct args *a, int rank, int world, struct rank_resu
 	}
 	res->tensors = m.n + 2;
 out_free:
-	if (rc)
+	if (rc && !res->msg[0])
 		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error(c));
 	ckpt_save_free(s);
 	for (size_t i = 0; bufs && i < m.n; i++)
@@ -222,7 +234,7 @@ out_free:
 	free(off);
 	free(ext);
 	if (rc && !res->msg[0])
-		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error(c));
+		snprintf(res->msg, sizeof res->msg, "%s", ckpt_strerror(rc));
 	ckpt_close(c);
 	synth_model_free(&m);
 	return rc;
@@ -248,6 +260,7 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 	int passes = 0;
 	int rc = synth_model_build(&m, a->bytes, a->seed);
 	if (rc) {
+		snprintf(res->msg, sizeof res->msg, "the model's tensor list: out of memory");
 		while (passes < 2)
 			load_barrier(a, &passes);
 		return rc;
@@ -282,6 +295,8 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 		void *dst = malloc(blen[i] ? blen[i] : 1);
 		if (!dst) {
 			rc = -ENOMEM;
+			snprintf(res->msg, sizeof res->msg, "out of memory for '%s' (%zu bytes of this "
+			         "rank's share)", t->name, blen[i]);
 			break;
 		}
 		memset(dst, 0xA5, blen[i]);
@@ -301,6 +316,8 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 		uint8_t *want = malloc(blen[i] ? blen[i] : 1);
 		if (!want) {
 			rc = -ENOMEM;
+			snprintf(res->msg, sizeof res->msg, "out of memory for the expected bytes of '%s' "
+			         "(%zu)", t->name, blen[i]);
 			break;
 		}
 		synth_fill_box(&m, t, off[i], ext[i], want);
@@ -370,8 +387,10 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 out:
 	while (passes < 2)
 		load_barrier(a, &passes);
-	if (rc)
+	if (rc && !res->msg[0])
 		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error(c));
+	if (rc && !res->msg[0])
+		snprintf(res->msg, sizeof res->msg, "%s", ckpt_strerror(rc));
 	ckpt_load_close(l);
 	ckpt_close(c);
 	synth_model_free(&m);
@@ -386,25 +405,44 @@ typedef int (*rank_fn)(const struct args *, int, int, struct rank_result *);
  * else as W forked processes with a launcher's environment. */
 static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, unsigned *nres)
 {
-	const char *er = getenv("RANK"), *ew = getenv("WORLD_SIZE");
-	if (er && ew) {
+	if (a->launched) {
 		*nres = 1;
 		memset(res, 0, sizeof *res);
-		res->rank = atoi(er);
-		res->rc = fn(a, res->rank, atoi(ew), res);
+		res->rank = (int)a->env_rank;
+		res->rc = fn(a, res->rank, (int)a->env_world, res);
 		return 0;
 	}
 	unsigned w = a->world;
+	/* The ranks are ours: they share a secret no other process knows. */
+	int src = w > 1 ? tool_job_secret() : 0;
+	if (src)
+		return src;
 	int fds[2];
 	if (pipe(fds) < 0)
 		return -errno;
 	char port[16];
 	snprintf(port, sizeof port, "%u", 20000u + (unsigned)(getpid() % 20000) * 2u);
 	pid_t *pids = calloc(w, sizeof *pids);
+	if (!pids) {
+		close(fds[0]);
+		close(fds[1]);
+		return -ENOMEM;
+	}
 	for (unsigned r = 0; r < w; r++) {
 		pids[r] = fork();
-		if (pids[r] < 0)
-			return -errno;
+		if (pids[r] < 0) {
+			/* The ranks already started would wait for this one until they time
+			 * out: stop them now (they are ours). */
+			int e = -errno;
+			for (unsigned k = 0; k < r; k++) {
+				kill(pids[k], SIGKILL);
+				waitpid(pids[k], NULL, 0);
+			}
+			close(fds[0]);
+			close(fds[1]);
+			free(pids);
+			return e;
+		}
 		if (pids[r] == 0) {
 			/* Named for operators and tests: pgrep -x ckpt-rank-3 finds rank 3. */
 			char comm[16];
@@ -469,19 +507,37 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 	return failed ? 1 : 0;
 }
 
+/* The JSON document of save and verify: on failure it carries the error fields. */
+static void json_end(int rc, const char *msg, int exit)
+{
+	if (rc)
+		tool_json_fail_fields(stdout, msg, rc, exit);
+	printf("}\n");
+}
+
 static int cmd_save(const struct args *a)
 {
 	struct rank_result *res = calloc(a->world, sizeof *res);
+	if (!res)
+		return tool_fail(1, -ENOMEM, "save: out of memory");
 	unsigned n = 0;
 	int failed = run_ranks(a, save_rank, res, &n);
+	if (failed < 0) {
+		free(res);
+		return tool_fail(1, failed, "save: cannot start %u rank process(es): %s", a->world,
+		                 strerror(-failed));
+	}
 	uint64_t bytes = 0, stored = 0;
 	double secs = 0, stall = 0, durable = 0;
 	int64_t rss = 0;
 	int rc = 0;
+	char msg[640] = "";
 	for (unsigned i = 0; i < n; i++) {
 		/* Every failing rank says why: the faulting one names the fault, the others
 		 * the coordinator's reason or that they are in doubt. */
 		if (res[i].rc) {
+			if (!rc)
+				snprintf(msg, sizeof msg, "save failed on rank %d: %s", res[i].rank, res[i].msg);
 			rc = rc ? rc : res[i].rc;
 			fprintf(stderr, "ckpt-synth: save failed on rank %d: %s\n", res[i].rank, res[i].msg);
 		}
@@ -499,10 +555,11 @@ static int cmd_save(const struct args *a)
 		printf("{\"op\":\"save\",\"ok\":%s,\"step\":%" PRIu64 ",\"world\":%u,\"bytes\":%" PRIu64
 		       ",\"stored_bytes\":%" PRIu64 ",\"seconds\":%.6f,\"stall_seconds\":%.6f"
 		       ",\"durable_seconds\":%.6f,\"throughput_bytes_per_s\":%.0f"
-		       ",\"compression_ratio\":%.4f,\"peak_rss_growth_bytes\":%" PRId64 "}\n",
+		       ",\"compression_ratio\":%.4f,\"peak_rss_growth_bytes\":%" PRId64,
 		       rc ? "false" : "true", a->step, n, bytes, stored, secs, stall, durable,
 		       secs > 0 ? (double)bytes / secs : 0.0,
 		       stored ? (double)bytes / (double)stored : 0.0, rss);
+		json_end(rc, msg, 1);
 	} else if (!rc) {
 		printf("saved step %" PRIu64 ": %u rank(s), %.1f MiB in %.3f s (%.0f MiB/s), "
 		       "caller stalled %.3f s, stored %.1f MiB (ratio %.3f)\n",
@@ -517,11 +574,13 @@ static int cmd_save(const struct args *a)
 static int cmd_verify(const struct args *a)
 {
 	struct rank_result *res = calloc(a->world, sizeof *res);
+	if (!res)
+		return tool_fail(1, -ENOMEM, "verify: out of memory");
 	unsigned n = 0;
 	struct args va = *a;
 	/* A barrier shared by the forked ranks (not under an outside launcher). */
 	struct shared_barrier *bar = NULL;
-	if (!(getenv("RANK") && getenv("WORLD_SIZE")) && a->world > 1) {
+	if (!a->launched && a->world > 1) {
 		bar = mmap(NULL, sizeof *bar, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 		if (bar == MAP_FAILED)
 			bar = NULL;
@@ -529,14 +588,23 @@ static int cmd_verify(const struct args *a)
 			bar->n = a->world;
 	}
 	va.load_barrier = bar;
-	run_ranks(&va, verify_rank, res, &n);
+	int started = run_ranks(&va, verify_rank, res, &n);
 	if (bar)
 		munmap(bar, sizeof *bar);
+	if (started < 0) {
+		free(res);
+		return tool_fail(1, started, "verify: cannot start %u rank process(es): %s", a->world,
+		                 strerror(-started));
+	}
 	uint64_t tensors = 0, bytes = 0, mism = 0, skipped = 0, step = 0;
 	double load_s = 0;
 	int rc = 0;
+	char msg[640] = "";
 	for (unsigned i = 0; i < n; i++) {
 		if (res[i].rc) {
+			if (!rc)
+				snprintf(msg, sizeof msg, "verify failed on rank %d: %s", res[i].rank,
+				         res[i].msg);
 			rc = rc ? rc : res[i].rc;
 			fprintf(stderr, "ckpt-synth: verify failed on rank %d: %s\n", res[i].rank, res[i].msg);
 		}
@@ -548,18 +616,41 @@ static int cmd_verify(const struct args *a)
 		if (res[i].seconds > load_s)
 			load_s = res[i].seconds;
 	}
-	if (a->json)
-		printf("{\"op\":\"verify\",\"ok\":%s,\"step\":%" PRIu64 ",\"world\":%u,\"tensors\":%" PRIu64
-		       ",\"bytes\":%" PRIu64 ",\"mismatches\":%" PRIu64 ",\"rank_bound_skipped\":%" PRIu64
-		       ",\"load_seconds\":%.6f}\n", (rc || mism) ? "false" : "true", step, n, tensors,
+	/* Bytes that differ from the model are damage the library did not see: reported
+	 * as CKPT_ECORRUPT, with the count. */
+	if (!rc && mism)
+		snprintf(msg, sizeof msg, "%" PRIu64 " mismatch(es): the bytes read back differ from "
+		         "the model (stderr names each)", mism);
+	int code = rc ? rc : mism ? CKPT_ECORRUPT : 0;
+	if (a->json) {
+		printf("{\"op\":\"verify\",\"ok\":%s,\"step\":%" PRIu64 ",\"world\":%u,\"tensors\":%"
+		       PRIu64 ",\"bytes\":%" PRIu64 ",\"mismatches\":%" PRIu64 ",\"rank_bound_skipped\":%"
+		       PRIu64 ",\"load_seconds\":%.6f", code ? "false" : "true", step, n, tensors,
 		       bytes, mism, skipped, load_s);
-	else
+		json_end(code, msg, 1);
+	} else
 		printf("verified %" PRIu64 " tensors, %" PRIu64 " bytes, %" PRIu64 " mismatches"
 		       " (step %" PRIu64 ", as %u rank(s)%s)\n", tensors, bytes, mism, step, n,
 		       !skipped ? "" : a->no_rng ? "; no RNG state, as expected (--no-rng)"
 		       : "; rank-bound RNG state not carried to a new world size");
 	free(res);
 	return (rc || mism) ? 1 : 0;
+}
+
+/* RANK and WORLD_SIZE from a launcher: both or neither, whole numbers, rank < world. */
+static int parse_launcher(struct args *a)
+{
+	const char *er = getenv("RANK"), *ew = getenv("WORLD_SIZE");
+	if (!er || !ew)
+		return 0;
+	if (tool_parse_u64_range(ew, 1, 65536, &a->env_world) ||
+	    tool_parse_u64_range(er, 0, a->env_world - 1, &a->env_rank)) {
+		tool_usage("RANK='%s' and WORLD_SIZE='%s' from the launcher: a rank from 0 to "
+		           "WORLD_SIZE-1 of a world of 1 to 65536", er, ew);
+		return -1;
+	}
+	a->launched = true;
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -573,88 +664,111 @@ int main(int argc, char **argv)
 		{ "json", no_argument, 0, 'j' }, { "help", no_argument, 0, 'h' },
 		{ "no-rng", no_argument, 0, 'N' }, { 0, 0, 0, 0 },
 	};
+	tool_init("ckpt-synth", NULL);
 	if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
 		usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? 2 : 0;
 	}
 	a.cmd = argv[1];
-	optind = 2;
+	/* --json anywhere: every error, usage errors included, is then a JSON object. */
+	a.json = tool_scan_has(argc, argv, 2, opts, 'j') || !strcmp(a.cmd, "--json");
+	tool_set_json(a.json);
+	bool save = !strcmp(a.cmd, "save");
+	if (!save && strcmp(a.cmd, "verify")) {
+		char q[256];
+		usage(stderr);
+		return tool_usage("unknown command '%s' (save or verify)", tool_quote(a.cmd, q, sizeof q));
+	}
+	tool_set_op(a.cmd);
+	/* The options after the command: argv[1] stands for the program name, as in
+	 * tool_scan_has. */
+	int sargc = argc - 1;
+	char **sargv = argv + 1;
+	optind = 0;
+	opterr = 0;
 	int ch;
-	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	uint64_t v;
+	bool have_chunk = false, have_pool = false;
+	const char *bytes_arg = "";
+	while ((ch = getopt_long(sargc, sargv, ":", opts, NULL)) != -1) {
 		switch (ch) {
 		case 'r': a.root = optarg; break;
 		case 's':
 			if (!strcmp(optarg, "latest")) {
 				a.latest = true;
+			} else if (tool_parse_u64_range(optarg, 0, CKPT_LATEST - 1, &a.step)) {
+				return tool_usage("--step '%s': a step number from 0 to %" PRIu64 "%s", optarg,
+				                  (uint64_t)CKPT_LATEST - 1, save ? "" : ", or latest");
 			} else {
-				char *end;
-				a.step = strtoull(optarg, &end, 10);
-				if (*end || end == optarg) {
-					fprintf(stderr, "ckpt-synth: --step '%s': a number or latest\n", optarg);
-					return 2;
-				}
+				a.latest = false;
 			}
 			a.have_step = true;
 			break;
 		case 'b':
-			if (tool_parse_size(optarg, &a.bytes)) {
-				fprintf(stderr, "ckpt-synth: --bytes '%s' is not a size\n", optarg);
+			if (tool_parse_size_opt("--bytes", optarg, 1, UINT64_MAX, 0, &a.bytes))
 				return 2;
-			}
+			bytes_arg = optarg;
 			a.have_bytes = true;
 			break;
-		case 'S': a.seed = strtoull(optarg, NULL, 0); break;
-		case 'w': {
-			long w = strtol(optarg, NULL, 10);
-			if (w < 1 || w > 4096) {
-				fprintf(stderr, "ckpt-synth: --world %s: 1 to 4096\n", optarg);
-				return 2;
-			}
-			a.world = (unsigned)w;
+		case 'S':
+			if (tool_parse_u64_hex(optarg, &a.seed))
+				return tool_usage("--seed '%s': a number, decimal or 0x-hex, below 2^64", optarg);
 			break;
-		}
+		case 'w':
+			if (tool_parse_u64_range(optarg, 1, 4096, &v))
+				return tool_usage("--world '%s': a number of ranks from 1 to 4096", optarg);
+			a.world = (unsigned)v;
+			break;
 		case 'c':
-			if (!strcmp(optarg, "none")) a.zstd_level = 0;
-			else if (!strcmp(optarg, "zstd")) a.zstd_level = 3;
-			else if (!strncmp(optarg, "zstd:", 5)) a.zstd_level = atoi(optarg + 5);
-			else {
-				fprintf(stderr, "ckpt-synth: --compress '%s': none or zstd[:LEVEL]\n", optarg);
-				return 2;
-			}
+			if (tool_parse_compress(optarg, &a.zstd_level))
+				return tool_usage("--compress '%s': none, zstd or zstd:LEVEL with LEVEL 1 to 22",
+				                  optarg);
 			break;
 		case 'C':
-			if (tool_parse_size(optarg, &a.chunk)) {
-				fprintf(stderr, "ckpt-synth: --chunk '%s' is not a size\n", optarg);
+			if (tool_parse_size_opt("--chunk", optarg, TOOL_CHUNK_UNIT, TOOL_MAX_CHUNK,
+			                   TOOL_CHUNK_UNIT, &a.chunk))
 				return 2;
-			}
+			have_chunk = true;
 			break;
 		case 'P':
-			if (tool_parse_size(optarg, &a.pool)) {
-				fprintf(stderr, "ckpt-synth: --pool '%s' is not a size\n", optarg);
+			/* At least two chunks of the smallest size: the library's own floor. */
+			if (tool_parse_size_opt("--pool", optarg, 2 * TOOL_CHUNK_UNIT, SIZE_MAX, 0, &a.pool))
 				return 2;
-			}
+			have_pool = true;
 			break;
 		case 'j': a.json = true; break;
 		case 'N': a.no_rng = true; break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		case '?':
+		case ':':
+			return tool_getopt_error(ch, sargv, opts);
 		}
+	}
+	if (optind < sargc) {
+		char q[256];
+		return tool_usage("unexpected argument '%s'", tool_quote(sargv[optind], q, sizeof q));
 	}
 	if (!a.root || !a.have_step || !a.have_bytes) {
-		fprintf(stderr, "ckpt-synth: --root, --step and --bytes are required\n");
 		usage(stderr);
-		return 2;
+		return tool_usage("--root, --step and --bytes are required");
 	}
-	if (!strcmp(a.cmd, "save")) {
-		if (a.latest) {
-			fprintf(stderr, "ckpt-synth: save needs a step number\n");
-			return 2;
-		}
+	if (have_chunk && have_pool && a.pool < 2 * a.chunk)
+		return tool_usage("--pool %" PRIu64 " is smaller than two chunks of --chunk %" PRIu64,
+		                  a.pool, a.chunk);
+	/* The layout stops growing at its largest model: a larger budget would be met
+	 * silently with a smaller model. */
+	uint64_t max = synth_model_max_bytes();
+	if (max && a.bytes > max)
+		return tool_usage("--bytes '%s' (%" PRIu64 " bytes): larger than the largest synthetic "
+		                  "model (%" PRIu64 " bytes)", bytes_arg, a.bytes, max);
+	if (parse_launcher(&a))
+		return 2;
+	if (save) {
+		if (a.latest)
+			return tool_usage("save needs a step number (not latest)");
+		if (a.no_rng)
+			return tool_usage("save does not take --no-rng (a verify option)");
 		return cmd_save(&a);
 	}
-	if (!strcmp(a.cmd, "verify"))
-		return cmd_verify(&a);
-	fprintf(stderr, "ckpt-synth: unknown command '%s'\n", a.cmd);
-	usage(stderr);
-	return 2;
+	return cmd_verify(&a);
 }

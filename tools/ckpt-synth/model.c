@@ -116,7 +116,7 @@ int synth_model_build(struct synth_model *m, uint64_t bytes, uint64_t seed)
 	memset(m, 0, sizeof *m);
 	m->seed = seed;
 	/* The largest h whose layout fits in the budget (sizes grow monotonically). */
-	uint64_t lo = 1, hi = 1ull << 20;
+	uint64_t lo = 1, hi = SYNTH_MAX_HIDDEN;
 	while (lo < hi) {
 		uint64_t mid = (lo + hi + 1) / 2;
 		if (layout(m, mid))
@@ -127,6 +127,15 @@ int synth_model_build(struct synth_model *m, uint64_t bytes, uint64_t seed)
 			hi = mid - 1;
 	}
 	return layout(m, lo);
+}
+
+uint64_t synth_model_max_bytes(void)
+{
+	struct synth_model m;
+	memset(&m, 0, sizeof m);
+	uint64_t n = layout(&m, SYNTH_MAX_HIDDEN) ? 0 : m.total_bytes;
+	free(m.t);
+	return n;
 }
 
 void synth_model_free(struct synth_model *m)

@@ -30,6 +30,11 @@ struct synth_model {
 
 /* Build the tensor list whose global sizes add up to about bytes. -ENOMEM. */
 int  synth_model_build(struct synth_model *m, uint64_t bytes, uint64_t seed);
+/* The layout grows with a hidden size of at most this; its model is the largest one
+ * (synth_model_max_bytes bytes; 0 when out of memory), and a larger budget cannot be
+ * met. */
+#define SYNTH_MAX_HIDDEN (1ull << 20)
+uint64_t synth_model_max_bytes(void);
 void synth_model_free(struct synth_model *m);
 
 /* Bytes of tensor t. */
