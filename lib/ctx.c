@@ -227,6 +227,55 @@ int glue_manifest(ckpt_ctx *c, struct manifest **out)
 	return rc;
 }
 
+/* How long a failed rank 0 (or node leader) keeps telling its job's ranks why: they
+ * start at about the same time, so they connect within seconds. */
+#define REFUSE_GRACE_MS 15000u
+
+/* Rank 0 failed before its coordinator served, or a node leader before it joined:
+ * the other ranks learn why at once (commit_refuse) instead of after the commit
+ * timeout. Keeps this thread's message. */
+static void ckpt_refuse_peers(ckpt_ctx *c, int rc)
+{
+	const struct glue_config *cfg = &c->cfg;
+	if (cfg->world <= 1 || (cfg->flags & CKPT_OPEN_READONLY) || !cfg->root || !cfg->job_id ||
+	    rc == CKPT_EAUTH || (cfg->rank != 0 && cfg->rank != cfg->node_first) ||
+	    (cfg->rank == 0 && c->coord) || (cfg->rank != 0 && !cfg->tree) || c->part)
+		return;
+	char msg[1024], why[512];         /* a REJECT reason holds 512 bytes */
+	snprintf(msg, sizeof msg, "%s", ckpt_err_msg());
+	int transport = cfg->transport == CKPT_TRANSPORT_RDMA ? NET_RDMA : NET_TCP;
+	unsigned grace = cfg->timeout_ms < REFUSE_GRACE_MS ? cfg->timeout_ms : REFUSE_GRACE_MS;
+	struct commit_refuse_opts ro = {
+		.transport = transport, .addr = cfg->coord_addr, .port = cfg->coord_port,
+		.job_id = cfg->job_id, .world = (uint32_t)cfg->world, .secret = cfg->secret,
+		.secret_len = cfg->secret_len, .grace_ms = grace, .code = rc, .why = why,
+	};
+	if (cfg->rank == 0 && !c->coord) {
+		snprintf(why, sizeof why, "rank 0 could not start the coordinator of job '%s': %s",
+		         cfg->job_id, msg);
+		/* Every other rank connects here, or one leader per other node. */
+		uint32_t nodes = cfg->tree ? ((uint32_t)cfg->world + (uint32_t)cfg->node_size - 1) /
+		                             (uint32_t)cfg->node_size : (uint32_t)cfg->world;
+		ro.expect = nodes - 1;
+		ro.who = "coordinator";
+		commit_refuse(&ro);
+	}
+	if (cfg->tree && cfg->node_size > 1 && cfg->rank == cfg->node_first && !c->leader) {
+		char local[108];
+		commit_leader_addr(local, sizeof local, cfg->job_id, cfg->coord_port,
+		                   (uint32_t)cfg->node_first);
+		snprintf(why, sizeof why, "the leader of node %d (rank %d) could not start: %s",
+		         cfg->node_id, cfg->rank, msg);
+		ro.transport = NET_UNIX;
+		ro.addr = local;
+		ro.port = 0;
+		ro.expect = (uint32_t)cfg->node_size - 1;
+		ro.who = "node leader";
+		commit_refuse(&ro);
+	}
+	ckpt_err_restore(msg);
+}
+
 /* World > 1: rank 0 starts the coordinator (after GC, so no save of this job can
  * be in flight yet), then every rank joins it — in the hierarchical commit through
  * its node's leader, which the node's first rank starts (docs/protocol.md §2.8). */
@@ -389,6 +438,7 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	return 0;
 fail:
 	ckpt_err_prefix(rc, "open %s", c->cfg.root ? c->cfg.root : "checkpoint root");
+	ckpt_refuse_peers(c, rc);
 	ckpt_close(c);
 	return rc;
 }

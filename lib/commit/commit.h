@@ -184,6 +184,29 @@ void commit_leader_stop(struct commit_leader *l);     /* NULL: no-op */
 void commit_leader_addr(char *out, size_t cap, const char *job_id, unsigned port,
                         uint32_t first);
 
+/* ------------------------------------------------------------------ refusal
+ * When rank 0 cannot start the coordinator (or a node leader cannot join it), the
+ * other ranks would otherwise retry their connection until the timeout: listen on
+ * the address they connect to and answer each one's handshake, once it proved the
+ * secret, with a REJECT carrying code and why (refuse.c). Returns when expect ranks
+ * were told, when none came for a moment after the last one, or after grace_ms.
+ * Best effort: an address another process holds is logged and skipped. */
+struct commit_refuse_opts {
+	int         transport;       /* enum net_transport */
+	const char *addr;
+	unsigned    port;
+	const char *job_id;
+	uint32_t    world;
+	const void *secret;
+	size_t      secret_len;
+	uint32_t    expect;          /* ranks (or leaders) that will connect here */
+	unsigned    grace_ms;
+	int         code;            /* the cause: a negative code of ours or a -errno */
+	const char *why;             /* its text, as the ranks will read it */
+	const char *who;             /* "coordinator", "node leader": for log lines */
+};
+void commit_refuse(const struct commit_refuse_opts *o);
+
 /* ------------------------------------------------------------------ participant
  * One connection per rank process to the coordinator, with a receiver thread that
  * files replies and decisions by step. Any thread may call these. */

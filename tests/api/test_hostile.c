@@ -14,8 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt/ckpt.h"
@@ -523,6 +527,60 @@ START_TEST(secret_required)
 }
 END_TEST
 
+/* A TCP port on 127.0.0.1 that nobody listens on now. */
+static unsigned free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+	socklen_t len = sizeof a;
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
+/* Rank 0 cannot start the coordinator (another process holds the root): the other
+ * rank learns why within seconds, not after its 60 s connect timeout. */
+START_TEST(ranks_learn_why_rank0_failed)
+{
+	save_step(1);
+	ckpt_ctx *holder = open_as(0, 1, 0);           /* another job's coordinator */
+	unsigned port = free_port();
+	pid_t pids[2];
+	for (int r = 0; r < 2; r++) {
+		pids[r] = fork();
+		ck_assert_int_ge(pids[r], 0);
+		if (pids[r] == 0) {
+			struct ckpt_opts o;
+			opts_for(&o, r, 2, 0);
+			o.coord_addr = "127.0.0.1";
+			o.coord_port = port;
+			o.timeout_ms = 60000;
+			ckpt_ctx *c;
+			struct timespec ts0, ts1;
+			clock_gettime(CLOCK_MONOTONIC, &ts0);
+			int rc = ckpt_open(&o, &c);
+			clock_gettime(CLOCK_MONOTONIC, &ts1);
+			double s = (double)(ts1.tv_sec - ts0.tv_sec) + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e9;
+			const char *m = ckpt_last_error(NULL);
+			fprintf(stderr, "rank %d: %d after %.2f s: %s\n", r, rc, s, m);
+			if (r == 0)
+				_exit(rc == -EBUSY ? 0 : 1);
+			_exit(rc != 0 && s < 20 && strstr(m, "could not start the coordinator") &&
+			      strstr(m, "in use by the coordinator") ? 0 : 2);
+		}
+	}
+	for (int r = 0; r < 2; r++) {
+		int status;
+		ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
+		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d: status 0x%x",
+		              r, status);
+	}
+	ckpt_close(holder);
+	check_step(1);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("hostile");
@@ -537,6 +595,7 @@ static Suite *suite(void)
 	tcase_add_test(t, gc_spares_the_save_in_flight);
 	tcase_add_test(t, private_modes);
 	tcase_add_test(t, secret_required);
+	tcase_add_test(t, ranks_learn_why_rank0_failed);
 	tcase_set_timeout(t, 120);
 	suite_add_tcase(s, t);
 	return s;

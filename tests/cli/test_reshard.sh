@@ -61,6 +61,8 @@ expect_rc 0 "exported step 5" "export to safetensors (streamed in 4 KiB slabs)" 
   "$reshard" "$src" latest --export-safetensors "$root/m.safetensors" --buffer 4K
 expect_rc 0 "exported" "export --kind model" \
   "$reshard" "$src" 5 --export-safetensors "$root/model.safetensors" --kind model --quiet
+mode=$(stat -c %a "$root/m.safetensors")
+[ "$mode" = 600 ] && ok "the exported weights are private (0600)" || bad "exported file mode $mode, want 600"
 "$inspect" "$src" show 5 --chunks --json > "$root/show.json"
 python3 - "$root/m.safetensors" "$root/model.safetensors" "$root/show.json" "$src" <<'PY' \
   && ok "safetensors header parses, offsets tile the data, bytes equal the stored chunks" \

@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,9 +198,16 @@ int reshard_export_safetensors(const struct reshard_args *a)
 		x = tool_fail(RX_FAIL, -ENOMEM, "export: the header: out of memory");
 		goto out;
 	}
-	f = fopen(tmp, "wb");
+	/* Weights are often confidential: the file is private, as the checkpoint's own
+	 * files are (group-readable with CKPT_GROUP_ACCESS=1, as theirs). */
+	const char *ga = getenv("CKPT_GROUP_ACCESS");
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+	              ga && !strcmp(ga, "1") ? 0640 : 0600);
+	f = fd >= 0 ? fdopen(fd, "wb") : NULL;
 	if (!f) {
 		int e = errno;
+		if (fd >= 0)
+			close(fd);
 		x = tool_fail(RX_FAIL, -e, "export: create %s: %s", tmp, strerror(e));
 		goto out;
 	}
