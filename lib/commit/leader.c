@@ -298,9 +298,14 @@ static void *leader_main(void *arg)
 		pthread_mutex_unlock(&l->lock);
 		if (stop)
 			break;
+		/* The listener is left out while the acceptor has no room or pauses
+		 * (accept.c): polled, it would stay readable and the loop would spin. */
+		int timeout = -1;
+		bool listening = commit_acceptor_listening(l->acc, &timeout);
 		nfds_t n = 0;
 		pf[n++] = (struct pollfd){ .fd = l->wake[0], .events = POLLIN };
-		pf[n++] = (struct pollfd){ .fd = net_listener_fd(l->lis), .events = POLLIN };
+		pf[n++] = (struct pollfd){ .fd = listening ? net_listener_fd(l->lis) : -1,
+		                           .events = POLLIN };
 		if (l->up) {
 			who[n] = UINT32_MAX;
 			pf[n++] = (struct pollfd){ .fd = net_conn_fd(l->up), .events = POLLIN };
@@ -311,7 +316,7 @@ static void *leader_main(void *arg)
 				pf[n++] = (struct pollfd){ .fd = net_conn_fd(l->local[i]), .events = POLLIN };
 			}
 		}
-		if (poll(pf, n, -1) < 0 && errno != EINTR)
+		if (poll(pf, n, timeout) < 0 && errno != EINTR)
 			ckpt_log(CKPT_LOG_ERROR, "%s: poll: %s", l->name, ckpt_strerror(-errno));
 		if (pf[0].revents) {
 			char buf[64];
