@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "commit/commit_internal.h"
@@ -82,11 +83,13 @@ struct pending {
 struct commit_acceptor {
 	struct commit_acceptor_opts o;
 	pthread_cond_t    cond;
+	uid_t             uid;              /* same_user: ours */
 	uint64_t          paused_until_ns;  /* owner's loop: listener left alone until */
-	char              what[3][160];     /* the limiters' names */
+	char              what[4][160];     /* the limiters' names */
 	struct ckpt_ratelimit log_rejected; /* failed handshakes */
 	struct ckpt_ratelimit log_broken;   /* handshakes broken to make room */
 	struct ckpt_ratelimit log_accept;   /* accept or thread start failed */
+	struct ckpt_ratelimit log_peer;     /* local peers of another user refused */
 	/* under lock */
 	struct net_conn **arrived;          /* [world]: admitted, not yet taken */
 	bool             *reserved;         /* [world]: a handshake holds this rank */
@@ -296,6 +299,28 @@ static void accept_pause(struct commit_acceptor *a, const char *what)
 	                 v ? " (a silent or stalled handshake is broken to give back its descriptor)" : "");
 }
 
+/* Unix listeners (same_user): refuse a process of another user before it costs a
+ * handshake. An abstract socket has no file permissions, so any local user can
+ * connect; SO_PEERCRED gives the uid the peer had when it connected. */
+static bool peer_refused(struct commit_acceptor *a, struct net_conn *conn)
+{
+	struct ucred cr;
+	socklen_t len = sizeof cr;
+	if (getsockopt(net_conn_fd(conn), SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+		ckpt_log_limited(&a->log_peer, "%s: refused a local connection whose user is "
+		                 "unknown (SO_PEERCRED: %s)", a->o.who, ckpt_strerror(-errno));
+		return true;
+	}
+	if (cr.uid == a->uid || cr.uid == 0)
+		return false;
+	char ours[32] = "";
+	if (a->uid != 0)
+		snprintf(ours, sizeof ours, "uid %u and ", (unsigned)a->uid);
+	ckpt_log_limited(&a->log_peer, "%s: refused a local connection of uid %u (pid %d): only "
+	                 "%sroot may join", a->o.who, (unsigned)cr.uid, (int)cr.pid, ours);
+	return true;
+}
+
 /* Run conn's handshake on a thread of its own, breaking a victim if the bound is
  * reached. */
 static void handshake_start(struct commit_acceptor *a, struct net_conn *conn)
@@ -367,12 +392,15 @@ int commit_acceptor_create(const struct commit_acceptor_opts *o, struct commit_a
 		free(a);
 		return ckpt_err(-ENOMEM, "%s: acceptor", o->who);
 	}
+	a->uid = geteuid();
 	snprintf(a->what[0], sizeof a->what[0], "%s: rejected connections", o->who);
 	snprintf(a->what[1], sizeof a->what[1], "%s: connections dropped to make room", o->who);
 	snprintf(a->what[2], sizeof a->what[2], "%s: accept failures", o->who);
+	snprintf(a->what[3], sizeof a->what[3], "%s: refused local connections", o->who);
 	ckpt_ratelimit_init(&a->log_rejected, a->what[0], CKPT_LOG_WARN, LOG_INTERVAL_MS, LOG_BURST);
 	ckpt_ratelimit_init(&a->log_broken, a->what[1], CKPT_LOG_WARN, LOG_INTERVAL_MS, LOG_BURST);
 	ckpt_ratelimit_init(&a->log_accept, a->what[2], CKPT_LOG_ERROR, LOG_INTERVAL_MS, LOG_BURST);
+	ckpt_ratelimit_init(&a->log_peer, a->what[3], CKPT_LOG_WARN, LOG_INTERVAL_MS, LOG_BURST);
 	pthread_cond_init(&a->cond, NULL);
 	*out = a;
 	return 0;
@@ -385,6 +413,7 @@ bool commit_acceptor_listening(struct commit_acceptor *a, int *timeout_ms)
 	lower(timeout_ms, ckpt_ratelimit_flush(&a->log_rejected));
 	lower(timeout_ms, ckpt_ratelimit_flush(&a->log_broken));
 	lower(timeout_ms, ckpt_ratelimit_flush(&a->log_accept));
+	lower(timeout_ms, ckpt_ratelimit_flush(&a->log_peer));
 	uint64_t now = ckpt_now_ns();
 	if (now < a->paused_until_ns) {
 		lower(timeout_ms, ns_to_ms(a->paused_until_ns - now));
@@ -424,6 +453,10 @@ void commit_acceptor_accept(struct commit_acceptor *a)
 			 * same answer serves both: pause, do not spin and do not give up. */
 			accept_pause(a, "cannot accept a connection");
 			return;
+		}
+		if (a->o.same_user && peer_refused(a, conn)) {
+			net_close(conn);
+			continue;
 		}
 		handshake_start(a, conn);
 	}
@@ -469,6 +502,7 @@ void commit_acceptor_free(struct commit_acceptor *a)
 	ckpt_ratelimit_destroy(&a->log_rejected);
 	ckpt_ratelimit_destroy(&a->log_broken);
 	ckpt_ratelimit_destroy(&a->log_accept);
+	ckpt_ratelimit_destroy(&a->log_peer);
 	pthread_cond_destroy(&a->cond);
 	free(a->arrived);
 	free(a->reserved);

@@ -92,6 +92,8 @@ struct commit_acceptor_opts {
 	int                  wake_fd;   /* a byte is written here when a connection is ready,
 	                                   or when there is room for more after none was */
 	const char          *who;       /* "coordinator", for log lines */
+	bool                 same_user; /* unix listeners: refuse a peer process whose uid
+	                                   is neither ours nor root (SO_PEERCRED) */
 };
 int  commit_acceptor_create(const struct commit_acceptor_opts *o, struct commit_acceptor **out);
 /* The owner's loop, before each poll, without *lock held: should the listener be

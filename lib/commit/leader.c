@@ -13,11 +13,12 @@
  * (participant.c is unchanged), over a unix socket whose name every rank derives
  * from the job (commit_leader_addr): no service to discover.
  *
- * Checks: a rank joins only with the job's secret (the same handshake as the
- * coordinator's) and only if it belongs to this node; its messages must decode and
- * a vote must be its own, else its connection is closed, which the coordinator
- * hears as RANK_GONE: the same outcome as a rank dropped by the coordinator itself.
- * The coordinator checks the leader in turn (coordinator.c).
+ * Checks: a rank joins only from a process of our user or root (the socket is
+ * abstract, so any local user could reach it), only with the job's secret (the
+ * same handshake as the coordinator's) and only if it belongs to this node; its
+ * messages must decode and a vote must be its own, else its connection is closed,
+ * which the coordinator hears as RANK_GONE: the same outcome as a rank dropped by
+ * the coordinator itself. The coordinator checks the leader in turn (coordinator.c).
  *
  * Failures (presumed abort holds): a rank that leaves is reported upward at once
  * (RANK_GONE), so its steps abort if it had not voted. A leader that loses the
@@ -432,6 +433,8 @@ int commit_leader_start(const struct commit_leader_opts *o, struct commit_leader
 		.lis = l->lis, .job_id = l->job_id, .world = l->world, .secret = l->secret,
 		.secret_len = l->secret_len, .lock = &l->lock, .admit = leader_admit, .arg = l,
 		.wake_fd = l->wake[1], .who = l->name,
+		/* An abstract socket has no file permissions: any local user may connect. */
+		.same_user = true,
 	};
 	if ((rc = commit_acceptor_create(&ao, &l->acc)))
 		goto fail;

@@ -12,6 +12,11 @@
  * the coordinator writes about the connections it rejects or drops must stay few
  * while still counting them all ("N similar messages suppressed").
  *
+ * Peer credentials (run as its own ctest, `test_commit_flood peercred`, since it
+ * needs root to get a process of another user): the node leader's abstract unix
+ * socket refuses a process of another uid before any handshake, and still serves
+ * its own user.
+ *
  * Waits are generous and only guard against hangs; no verdict depends on timing.
  * Threaded: also run under TSan (label tsan).
  */
@@ -29,6 +34,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -464,6 +470,115 @@ START_TEST(accept_out_of_descriptors)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- peer credentials */
+
+#define CKNM 0x4D4E4B43u          /* the frame magic (docs/protocol.md §1.1) */
+#define OTHER_UID 65534u          /* nobody */
+
+/* Connect to the abstract unix socket addr ("@name"), send a HELLO frame whose
+ * payload is junk, and say what came back: 0 nothing (closed at once, before any
+ * handshake), 1 bytes (a REJECT: the handshake ran), 2 no answer, 3 no connection.
+ * Only async-signal-safe calls: it runs in a child of a threaded process. */
+static int probe_leader(const char *addr)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t n = strlen(addr);
+	if (n >= sizeof sa.sun_path)
+		return 3;
+	memcpy(sa.sun_path, addr, n);
+	sa.sun_path[0] = '\0';
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa,
+	                      (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n)))
+		return 3;
+	uint8_t f[NET_HEADER_BYTES + 4] = { 0 };
+	ckpt_put_le32(f, CKNM);
+	ckpt_put_le16(f + 4, NET_PROTO_VERSION);
+	ckpt_put_le16(f + 6, NET_MSG_HELLO);
+	ckpt_put_le32(f + 12, 4);
+	if (send(fd, f, sizeof f, MSG_NOSIGNAL) != (ssize_t)sizeof f) {
+		close(fd);
+		return 0;                 /* already closed by the leader */
+	}
+	struct pollfd pf = { .fd = fd, .events = POLLIN };
+	if (poll(&pf, 1, 10000) != 1) {
+		close(fd);
+		return 2;
+	}
+	uint8_t b[64];
+	ssize_t r = recv(fd, b, sizeof b, 0);
+	close(fd);
+	return r > 0 ? 1 : 0;
+}
+
+START_TEST(leader_refuses_other_users)
+{
+	/* A node of 2 ranks behind its leader (rank 0). */
+	struct env e = { 0 };
+	e.root = tu_tmpdir("commit-peercred");
+	ck_assert_msg(manifest_open(e.root, MANIFEST_CREATE, &e.m) == 0, "%s", ckpt_err_msg());
+	struct capture cap;
+	capture_begin(&cap, e.root);
+	struct commit_coord_opts o = { .manifest = e.m, .job_id = JOB, .world = 2,
+	                               .secret = SECRET, .secret_len = strlen(SECRET),
+	                               .transport = NET_TCP, .addr = "127.0.0.1", .port = 0,
+	                               .timeout_ms = 10000 };
+	ck_assert_msg(commit_coord_start(&o, &e.c) == 0, "commit_coord_start: %s", ckpt_err_msg());
+	e.port = commit_coord_port(e.c);
+	char addr[108];
+	commit_leader_addr(addr, sizeof addr, JOB, e.port, 0);
+	struct commit_leader_opts lo = {
+		.transport = NET_TCP, .addr = "127.0.0.1", .port = e.port, .local_addr = addr,
+		.job_id = JOB, .rank = 0, .world = 2, .node = 0, .first = 0, .nranks = 2,
+		.secret = SECRET, .secret_len = strlen(SECRET), .timeout_ms = 10000 };
+	struct commit_leader *l;
+	ck_assert_msg(commit_leader_start(&lo, &l) == 0, "leader: %s", ckpt_err_msg());
+
+	/* Our own user reaches the handshake: the junk HELLO earns a REJECT. */
+	ck_assert_int_eq(probe_leader(addr), 1);
+	/* Another user does not: closed before a byte is read. */
+	fflush(NULL);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		if (setgid(OTHER_UID) || setuid(OTHER_UID))
+			_exit(4);
+		_exit(probe_leader(addr));
+	}
+	int st = 0;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st), "the other user's probe ended with status %d", st);
+	static const char *const what[] = { "closed before the handshake", "answered by the "
+	                                    "handshake", "not answered", "not connected",
+	                                    "could not change its uid" };
+	int got = WEXITSTATUS(st);
+	ck_assert_msg(got == 0, "uid %u's connection to the leader was %s", OTHER_UID,
+	              got < 5 ? what[got] : "?");
+
+	/* The node's ranks, of our user, still commit through their leader. */
+	struct commit_part *p[2] = { 0 };
+	for (uint32_t r = 0; r < 2; r++) {
+		struct commit_part_opts po = { .transport = NET_UNIX, .addr = addr, .job_id = JOB,
+		                               .rank = r, .world = 2, .secret = SECRET,
+		                               .secret_len = strlen(SECRET), .timeout_ms = 10000 };
+		ck_assert_msg(commit_part_connect(&po, &p[r]) == 0, "rank %u: %s", r, ckpt_err_msg());
+	}
+	e.r = (struct ranks_env){ .m = e.m, .c = e.c, .world = 2, .tmo_ms = TMO };
+	ranks_commit_all(&e.r, p, 1);
+	ranks_close(p, 2);
+	commit_leader_stop(l);
+	commit_coord_stop(e.c);
+	char *log = capture_end(&cap);
+	manifest_close(e.m);
+	char want[128];
+	snprintf(want, sizeof want, "refused a local connection of uid %u", OTHER_UID);
+	ck_assert_msg(count_lines(log, want) == 1, "no line '%s' in:\n%s", want, log);
+	free(log);
+	tu_rmtree(e.root);
+	free(e.root);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- main */
 
 /* Can a child of this process have ATTACK_FDS descriptors? 0, or 77 with the reason
@@ -486,19 +601,30 @@ static int probe_descriptors(void)
 	return WEXITSTATUS(st);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-	int rc = probe_descriptors();
-	if (rc)
-		return rc;
+	bool peercred = argc > 1 && !strcmp(argv[1], "peercred");
+	if (peercred && geteuid() != 0) {
+		printf("SKIP: a process of another user needs root to set up (setuid)\n");
+		return 77;
+	}
+	if (!peercred) {
+		int rc = probe_descriptors();
+		if (rc)
+			return rc;
+	}
 	tu_seed();
 	/* Read the (empty) fault table before any thread starts. */
 	ckpt_fault_reload();
 	Suite *s = suite_create("commit_flood");
-	TCase *tc = tcase_create("flood");
+	TCase *tc = tcase_create(peercred ? "peercred" : "flood");
 	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, flood_of_silent_connections);
-	tcase_add_test(tc, accept_out_of_descriptors);
+	if (peercred)
+		tcase_add_test(tc, leader_refuses_other_users);
+	else {
+		tcase_add_test(tc, flood_of_silent_connections);
+		tcase_add_test(tc, accept_out_of_descriptors);
+	}
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
