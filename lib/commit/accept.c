@@ -11,13 +11,14 @@
  * Floods: anyone who can reach the listener can open connections faster than
  * handshakes end, and each one holds a descriptor and a thread. So handshakes are
  * bounded (HANDSHAKE_MAX at once). A connection accepted at the bound breaks the
- * handshake whose peer has said nothing for longest, or failing that the oldest
- * that has stalled (HANDSHAKE_STALE_MS): an honest rank sends its HELLO as soon as
- * it is connected and is done in milliseconds, so the ones broken are the flood's.
- * When every handshake in flight is young and progressing (many honest ranks
- * joining at once), none is broken: the acceptor stops taking connections, which
- * wait in the kernel's backlog, until one ends. A peer that sends nothing at all is
- * dropped after FIRST_MSG_TIMEOUT_MS even without pressure. accept failing for want
+ * handshake whose peer has said nothing for longest, once silent peers are seen to
+ * be a flood (victim_locked), or failing that the oldest that has stalled
+ * (HANDSHAKE_STALE_MS): an honest rank sends its HELLO as soon as it is connected
+ * and is done in milliseconds, so the ones broken are the flood's. When none
+ * qualifies (many honest ranks joining at once, some accepted before their HELLO
+ * came), none is broken: the acceptor stops taking connections, which wait in the
+ * kernel's backlog, until one ends or qualifies. A peer that sends nothing at all is dropped
+ * after FIRST_MSG_TIMEOUT_MS even without pressure. accept failing for want
  * of descriptors or memory pauses the listener (ACCEPT_PAUSE_MS) rather than
  * spinning on it, and every line a peer can provoke goes through a rate limiter.
  *
@@ -45,15 +46,25 @@
  * for seconds is not a rank, and its thread is better spent elsewhere. */
 #define FIRST_MSG_TIMEOUT_MS 3000
 /* Handshakes running at once. Honest ranks connect once per job and each handshake
- * takes milliseconds (four small messages, two HMACs), so even thousands of ranks
- * joining at once pass through 64 slots in well under a second (the rest wait in
- * the kernel's backlog, not failing); while a flood is held to 64 descriptors and
- * threads, a small part of the default limit of 1024 descriptors that the training
- * process needs for itself. */
+ * takes milliseconds (four small messages, two HMACs), so even 4096 ranks joining
+ * at once pass through 64 slots in 64 rounds of a few milliseconds (the rest wait
+ * in the kernel's backlog, not failing); while a flood is held to 64 threads and
+ * 128 descriptors (HANDSHAKE_CONNS_MAX), a small part of the default limit of 1024
+ * that the training process needs for itself. */
 #define HANDSHAKE_MAX 64u
+/* A peer silent this long since its accept is not a rank that is joining: a rank's
+ * HELLO follows its connect within microseconds, and within a few hundred
+ * milliseconds even with 512 rank threads on two busy cores (test_flood's herd:
+ * 316 ms at most). Seeing one means a flood (below). */
+#define SILENT_GRACE_MS 1000
+/* After a silent peer was seen (SILENT_GRACE_MS), silent handshakes of any age may
+ * be broken for this long: waiting SILENT_GRACE_MS before each would cap the rate
+ * at which a flood's connections are taken off the backlog (64 a second), so the
+ * flood would fill the backlog, and the ranks' connections would wait behind it. */
+#define FLOOD_MS 10000
 /* A handshake whose peer has spoken but is still not done after this long may be
  * broken for a new connection: an honest one would have finished long before. */
-#define HANDSHAKE_STALE_MS 1000
+#define HANDSHAKE_STALE_MS 3000
 /* Connections held by handshake threads, counting those broken and not yet closed
  * by their thread: the bound on the acceptor's descriptors. */
 #define HANDSHAKE_CONNS_MAX (2u * HANDSHAKE_MAX)
@@ -85,6 +96,7 @@ struct commit_acceptor {
 	pthread_cond_t    cond;
 	uid_t             uid;              /* same_user: ours */
 	uint64_t          paused_until_ns;  /* owner's loop: listener left alone until */
+	uint64_t          flood_until_ns;   /* under lock: silent handshakes breakable until */
 	char              what[4][160];     /* the limiters' names */
 	struct ckpt_ratelimit log_rejected; /* failed handshakes */
 	struct ckpt_ratelimit log_broken;   /* handshakes broken to make room */
@@ -157,17 +169,29 @@ static bool spoke_locked(struct pending *h)
 }
 
 /* Under lock: the handshake to break for a new connection, or NULL when every
- * handshake in flight is young and progressing. The oldest silent one first; else
- * the oldest stalled one, but never one whose peer proved the secret (it holds a
- * rank and is only waiting to send WELCOME). *why says which. */
+ * handshake in flight is young and progressing. The oldest silent one, if it has
+ * been silent for SILENT_GRACE_MS or a flood was seen within FLOOD_MS; else the
+ * oldest stalled one, but never one whose peer proved the secret (it holds a rank
+ * and is only waiting to send WELCOME). *why says which.
+ *
+ * Why the grace: when many ranks join at once on a busy machine, some are accepted
+ * before their HELLO comes, and breaking those for the next rank's connection would
+ * fail the ranks' own save. Only a peer silent for longer than any rank would be
+ * shows a flood, and then the silent ones are the flood's. */
 static struct pending *victim_locked(struct commit_acceptor *a, uint64_t now,
                                      const char **why)
 {
 	for (struct pending *h = a->pending; h; h = h->next) {
-		if (!h->broken && !spoke_locked(h)) {
+		if (h->broken || spoke_locked(h))
+			continue;
+		/* The oldest silent one (the list is oldest first). */
+		if (now - h->since_ns >= ms_to_ns(SILENT_GRACE_MS))
+			a->flood_until_ns = now + ms_to_ns(FLOOD_MS);
+		if (now < a->flood_until_ns) {
 			*why = "silent";
 			return h;
 		}
+		break;
 	}
 	for (struct pending *h = a->pending; h; h = h->next) {
 		if (!h->broken && !h->reserved && now - h->since_ns >= ms_to_ns(HANDSHAKE_STALE_MS)) {
@@ -296,7 +320,8 @@ static void accept_pause(struct commit_acceptor *a, const char *what)
 	pthread_mutex_unlock(a->o.lock);
 	ckpt_log_limited(&a->log_accept, "%s: %s: %s; not accepting connections for %d ms%s",
 	                 a->o.who, what, ckpt_err_msg(), ACCEPT_PAUSE_MS,
-	                 v ? " (a silent or stalled handshake is broken to give back its descriptor)" : "");
+	                 v ? " (a silent or stalled handshake is broken to give back its "
+	                     "descriptor)" : "");
 }
 
 /* Unix listeners (same_user): refuse a process of another user before it costs a
@@ -420,15 +445,19 @@ bool commit_acceptor_listening(struct commit_acceptor *a, int *timeout_ms)
 		return false;
 	}
 	pthread_mutex_lock(a->o.lock);
+	bool fds = a->conns < HANDSHAKE_CONNS_MAX;
 	bool room = room_locked(a, now);
 	if (!room) {
-		/* A handshake that ends wakes the loop; one that grows stale does not,
-		 * so come back when the oldest would. */
+		/* A handshake that ends (or closes its descriptor) wakes the loop; one that
+		 * becomes breakable (silent past the grace, or stalled) does not, so come
+		 * back when the first would, unless descriptors are what is missing. */
 		a->want_room = true;
-		for (struct pending *h = a->pending; h; h = h->next) {
-			uint64_t stale = h->since_ns + ms_to_ns(HANDSHAKE_STALE_MS);
-			if (!h->broken && !h->reserved)
-				lower(timeout_ms, stale > now ? ns_to_ms(stale - now) : 0);
+		for (struct pending *h = a->pending; fds && h; h = h->next) {
+			if (h->broken || h->reserved)
+				continue;
+			uint64_t at = h->since_ns + ms_to_ns(h->spoke ? HANDSHAKE_STALE_MS
+			                                              : SILENT_GRACE_MS);
+			lower(timeout_ms, at > now ? ns_to_ms(at - now) : 0);
 		}
 	}
 	pthread_mutex_unlock(a->o.lock);
