@@ -8,6 +8,7 @@
 #ifndef CKPT_INTERNAL_H
 #define CKPT_INTERNAL_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -38,6 +39,41 @@ void ckpt_err_restore(const char *msg);
 enum ckpt_log_level { CKPT_LOG_ERROR = 0, CKPT_LOG_WARN, CKPT_LOG_INFO, CKPT_LOG_DEBUG };
 /* To stderr, prefixed "libckpt[pid]: ", when level <= CKPT_LOG (default WARN). */
 void ckpt_log(int level, const char *fmt, ...) CKPT_PRINTF(2, 3);
+
+/* Rate-limited lines, in the spirit of the kernel's printk_ratelimit: a limiter lets
+ * at most burst lines through per interval (which starts at the first line after the
+ * previous one ended), counts the rest, and says how many it held back in one line,
+ * "<what>: N similar messages suppressed", once that interval has ended: before the
+ * next line it lets through, or at ckpt_ratelimit_flush / _destroy. For lines a peer
+ * can provoke at will (rejected connections), so that a flood of them costs the log
+ * a bounded number of lines. Time is CLOCK_MONOTONIC. The fields are the limiter's
+ * own: use the functions. Thread-safe, except init and destroy. */
+struct ckpt_ratelimit {
+	pthread_mutex_t lock;
+	const char *what;           /* borrowed: outlives the limiter */
+	int         level;
+	uint64_t    interval_ns;
+	unsigned    burst;
+	uint64_t    begin_ns;       /* the current interval's start; 0: none yet */
+	unsigned    printed;        /* lines let through in it */
+	uint64_t    missed;         /* lines held back in it */
+};
+void ckpt_ratelimit_init(struct ckpt_ratelimit *rl, const char *what, int level,
+                         unsigned interval_ms, unsigned burst);
+/* Writes the count of lines still held back, if any. */
+void ckpt_ratelimit_destroy(struct ckpt_ratelimit *rl);
+/* ckpt_log at rl's level, or only counted (see above). true if the line was written. */
+bool ckpt_log_limited(struct ckpt_ratelimit *rl, const char *fmt, ...) CKPT_PRINTF(2, 3);
+/* Writes the count now if rl's interval has ended with lines held back. Returns the
+ * milliseconds until the current interval ends while it holds lines back (call again
+ * then, so that the count comes when the interval ends, not at the next line), else -1. */
+int  ckpt_ratelimit_flush(struct ckpt_ratelimit *rl);
+/* The decisions alone, at a given time (tests drive the clock with them). take: may a
+ * line be written at now_ns? expire: end the interval if it ended by now_ns. Both
+ * give in *missed the lines held back in an interval that ended (0: nothing to say;
+ * the caller writes the count) and return as described above. */
+bool ckpt_ratelimit_take(struct ckpt_ratelimit *rl, uint64_t now_ns, uint64_t *missed);
+int  ckpt_ratelimit_expire(struct ckpt_ratelimit *rl, uint64_t now_ns, uint64_t *missed);
 
 /* ------------------------------------------------------------------ fault injection
  * CKPT_FAULT=<point>[:<nth>][:<action>], CKPT_FAULT_RANK=<r> (default: any rank).

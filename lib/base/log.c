@@ -1,10 +1,12 @@
 /*
- * log.c — the log sink: one line per event to stderr, filtered by CKPT_LOG.
+ * log.c — the log sink: one line per event to stderr, filtered by CKPT_LOG, and
+ * rate limiters for lines that a peer can provoke at will (ckpt_internal.h).
  *
  * The level is read once (the sink is one of the two pieces of global state the
- * style allows, with the fault table).
+ * style allows, with the fault table). A limiter is its owner's object, not global.
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,21 +30,21 @@ static void log_init(void)
 	else log_level = atoi(e);
 }
 
-void ckpt_log(int level, const char *fmt, ...)
+static bool log_enabled(int level)
+{
+	pthread_once(&log_once, log_init);
+	return level <= log_level;
+}
+
+static void log_v(int level, const char *fmt, va_list ap)
 {
 	static const char *names[] = { "error", "warn", "info", "debug" };
-	pthread_once(&log_once, log_init);
-	if (level > log_level)
-		return;
 	char line[1200];
-	va_list ap;
-	va_start(ap, fmt);
 	int n = snprintf(line, sizeof line, "libckpt[%d] %s: ", (int)getpid(),
 	                 names[level < 0 ? 0 : level > 3 ? 3 : level]);
 	if (n < 0)
 		n = 0;
 	vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-	va_end(ap);
 	/* One write per line so that lines of concurrent ranks do not interleave. */
 	size_t len = strlen(line);
 	if (len + 1 < sizeof line) {
@@ -51,4 +53,113 @@ void ckpt_log(int level, const char *fmt, ...)
 	}
 	ssize_t w = write(2, line, len);
 	(void)w;
+}
+
+void ckpt_log(int level, const char *fmt, ...)
+{
+	if (!log_enabled(level))
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	log_v(level, fmt, ap);
+	va_end(ap);
+}
+
+/* ------------------------------------------------------------------ rate limits */
+
+void ckpt_ratelimit_init(struct ckpt_ratelimit *rl, const char *what, int level,
+                         unsigned interval_ms, unsigned burst)
+{
+	memset(rl, 0, sizeof *rl);
+	pthread_mutex_init(&rl->lock, NULL);
+	rl->what = what;
+	rl->level = level;
+	rl->interval_ns = (uint64_t)interval_ms * 1000000u;
+	rl->burst = burst;
+}
+
+/* Under rl->lock: has the current interval ended by now? */
+static bool rl_ended(const struct ckpt_ratelimit *rl, uint64_t now_ns)
+{
+	return rl->begin_ns == 0 || now_ns - rl->begin_ns >= rl->interval_ns;
+}
+
+bool ckpt_ratelimit_take(struct ckpt_ratelimit *rl, uint64_t now_ns, uint64_t *missed)
+{
+	pthread_mutex_lock(&rl->lock);
+	*missed = 0;
+	if (rl_ended(rl, now_ns)) {
+		/* A new interval starts with this line: the last one's count is said now. */
+		*missed = rl->missed;
+		rl->missed = 0;
+		rl->printed = 0;
+		rl->begin_ns = now_ns;
+	}
+	bool ok = rl->printed < rl->burst;
+	if (ok)
+		rl->printed++;
+	else
+		rl->missed++;
+	pthread_mutex_unlock(&rl->lock);
+	return ok;
+}
+
+int ckpt_ratelimit_expire(struct ckpt_ratelimit *rl, uint64_t now_ns, uint64_t *missed)
+{
+	pthread_mutex_lock(&rl->lock);
+	*missed = 0;
+	int ms = -1;
+	if (rl->missed && rl_ended(rl, now_ns)) {
+		*missed = rl->missed;
+		rl->missed = 0;
+		rl->printed = 0;
+		rl->begin_ns = 0;        /* the next line starts an interval of its own */
+	} else if (rl->missed) {
+		uint64_t left = rl->begin_ns + rl->interval_ns - now_ns;
+		uint64_t m = (left + 999999u) / 1000000u;    /* rounded up: never early */
+		ms = m > INT32_MAX ? INT32_MAX : (int)m;
+	}
+	pthread_mutex_unlock(&rl->lock);
+	return ms;
+}
+
+static void rl_say_missed(const struct ckpt_ratelimit *rl, uint64_t missed)
+{
+	if (missed)
+		ckpt_log(rl->level, "%s: %llu similar message%s suppressed", rl->what,
+		         (unsigned long long)missed, missed == 1 ? "" : "s");
+}
+
+bool ckpt_log_limited(struct ckpt_ratelimit *rl, const char *fmt, ...)
+{
+	/* A line below the level is not written, so it is not counted either: the
+	 * count says how many lines the log would have held. */
+	if (!log_enabled(rl->level))
+		return false;
+	uint64_t missed;
+	bool ok = ckpt_ratelimit_take(rl, ckpt_now_ns(), &missed);
+	rl_say_missed(rl, missed);
+	if (ok) {
+		va_list ap;
+		va_start(ap, fmt);
+		log_v(rl->level, fmt, ap);
+		va_end(ap);
+	}
+	return ok;
+}
+
+int ckpt_ratelimit_flush(struct ckpt_ratelimit *rl)
+{
+	uint64_t missed;
+	int ms = ckpt_ratelimit_expire(rl, ckpt_now_ns(), &missed);
+	rl_say_missed(rl, missed);
+	return ms;
+}
+
+void ckpt_ratelimit_destroy(struct ckpt_ratelimit *rl)
+{
+	if (!rl)
+		return;
+	rl_say_missed(rl, rl->missed);
+	pthread_mutex_destroy(&rl->lock);
 }

@@ -74,11 +74,12 @@ int commit_gone_decode(const void *p, size_t n, uint32_t *rank,
 /* ------------------------------------------------------------------ accept.c
  * Admitting peers on a listener, shared by the coordinator and the node leader:
  * each accepted connection's handshake runs on a short-lived thread of its own (a
- * silent or hostile client costs a thread for the handshake timeout, never the
- * owner's poll loop); an admitted connection waits, by rank, until the owner's
- * loop takes it. The owner's lock guards the acceptor's state too, so that the
- * owner's admit check and the acceptor's own (no rank twice in a handshake or
- * waiting to be taken) are one atomic decision. */
+ * silent or hostile client costs a thread for a bounded time, never the owner's
+ * poll loop); an admitted connection waits, by rank, until the owner's loop takes
+ * it. Handshakes at once are bounded, and a flood of connections breaks its own
+ * silent ones, not the ranks' (docs/protocol.md §2.7). The owner's lock guards the
+ * acceptor's state too, so that the owner's admit check and the acceptor's own (no
+ * rank twice in a handshake or waiting to be taken) are one atomic decision. */
 struct commit_acceptor;
 /* Called with *lock held, after the peer proved the secret: may rank join? 0, or a
  * code with the reason in *why (sent to the peer). */
@@ -92,11 +93,21 @@ struct commit_acceptor_opts {
 	pthread_mutex_t     *lock;      /* the owner's */
 	commit_admit_fn      admit;
 	void                *arg;
-	int                  wake_fd;   /* a byte is written here when a connection is ready */
+	int                  wake_fd;   /* a byte is written here when a connection is ready,
+	                                   or when there is room for more after none was */
 	const char          *who;       /* "coordinator", for log lines */
+	bool                 same_user; /* unix listeners: refuse a peer process whose uid
+	                                   is neither ours nor root (SO_PEERCRED) */
 };
 int  commit_acceptor_create(const struct commit_acceptor_opts *o, struct commit_acceptor **out);
-/* The owner's loop, when the listener polls readable: accept what is pending. */
+/* The owner's loop, before each poll, without *lock held: should the listener be
+ * polled? Not while the acceptor pauses (accept failed for want of descriptors or
+ * memory) or has no room for another handshake. *timeout_ms, poll's timeout (< 0:
+ * none), is lowered to when that may change and to when a count of held-back log
+ * lines is due; room that frees up when a handshake ends comes through wake_fd. */
+bool commit_acceptor_listening(struct commit_acceptor *a, int *timeout_ms);
+/* The owner's loop, when the listener polls readable: accept what is pending (a
+ * batch at most, so that the loop serves its links between batches). */
 void commit_acceptor_accept(struct commit_acceptor *a);
 /* With *lock held: is rank in a handshake, or admitted and not yet taken? */
 bool commit_acceptor_holds_locked(const struct commit_acceptor *a, uint32_t rank);

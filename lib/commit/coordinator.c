@@ -6,7 +6,8 @@
  * One thread runs a poll loop over the listener and the links; it never blocks on
  * a peer (net_recv with timeout 0 keeps partial progress). The handshake of a new
  * connection runs in a short-lived thread of its own (accept.c), so a silent or
- * hostile client costs a thread for the handshake timeout, not the job.
+ * hostile client costs a thread for a few seconds, and a flood of them a bounded
+ * number of threads and descriptors, not the job.
  *
  * A link is one connection: a rank's own, or a node leader's (the hierarchical
  * commit, docs/protocol.md §2.8). A leader authenticates as its own rank, then
@@ -739,9 +740,13 @@ static void *coord_main(void *arg)
 			break;
 		links_take(c);
 		int timeout = steps_process(c);
+		/* The listener is left out while the acceptor has no room or pauses
+		 * (accept.c): polled, it would stay readable and the loop would spin. */
+		bool listening = commit_acceptor_listening(c->acc, &timeout);
 		nfds_t n = 0;
 		pf[n++] = (struct pollfd){ .fd = c->wake[0], .events = POLLIN };
-		pf[n++] = (struct pollfd){ .fd = net_listener_fd(c->lis), .events = POLLIN };
+		pf[n++] = (struct pollfd){ .fd = listening ? net_listener_fd(c->lis) : -1,
+		                           .events = POLLIN };
 		for (uint32_t l = 0; l < c->world; l++) {
 			if (c->links[l].conn) {
 				who[n] = l;

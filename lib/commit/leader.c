@@ -13,11 +13,12 @@
  * (participant.c is unchanged), over a unix socket whose name every rank derives
  * from the job (commit_leader_addr): no service to discover.
  *
- * Checks: a rank joins only with the job's secret (the same handshake as the
- * coordinator's) and only if it belongs to this node; its messages must decode and
- * a vote must be its own, else its connection is closed, which the coordinator
- * hears as RANK_GONE: the same outcome as a rank dropped by the coordinator itself.
- * The coordinator checks the leader in turn (coordinator.c).
+ * Checks: a rank joins only from a process of our user or root (the socket is
+ * abstract, so any local user could reach it), only with the job's secret (the
+ * same handshake as the coordinator's) and only if it belongs to this node; its
+ * messages must decode and a vote must be its own, else its connection is closed,
+ * which the coordinator hears as RANK_GONE: the same outcome as a rank dropped by
+ * the coordinator itself. The coordinator checks the leader in turn (coordinator.c).
  *
  * Failures (presumed abort holds): a rank that leaves is reported upward at once
  * (RANK_GONE), so its steps abort if it had not voted. A leader that loses the
@@ -298,9 +299,14 @@ static void *leader_main(void *arg)
 		pthread_mutex_unlock(&l->lock);
 		if (stop)
 			break;
+		/* The listener is left out while the acceptor has no room or pauses
+		 * (accept.c): polled, it would stay readable and the loop would spin. */
+		int timeout = -1;
+		bool listening = commit_acceptor_listening(l->acc, &timeout);
 		nfds_t n = 0;
 		pf[n++] = (struct pollfd){ .fd = l->wake[0], .events = POLLIN };
-		pf[n++] = (struct pollfd){ .fd = net_listener_fd(l->lis), .events = POLLIN };
+		pf[n++] = (struct pollfd){ .fd = listening ? net_listener_fd(l->lis) : -1,
+		                           .events = POLLIN };
 		if (l->up) {
 			who[n] = UINT32_MAX;
 			pf[n++] = (struct pollfd){ .fd = net_conn_fd(l->up), .events = POLLIN };
@@ -311,7 +317,7 @@ static void *leader_main(void *arg)
 				pf[n++] = (struct pollfd){ .fd = net_conn_fd(l->local[i]), .events = POLLIN };
 			}
 		}
-		if (poll(pf, n, -1) < 0 && errno != EINTR)
+		if (poll(pf, n, timeout) < 0 && errno != EINTR)
 			ckpt_log(CKPT_LOG_ERROR, "%s: poll: %s", l->name, ckpt_strerror(-errno));
 		if (pf[0].revents) {
 			char buf[64];
@@ -427,6 +433,8 @@ int commit_leader_start(const struct commit_leader_opts *o, struct commit_leader
 		.lis = l->lis, .job_id = l->job_id, .world = l->world, .secret = l->secret,
 		.secret_len = l->secret_len, .lock = &l->lock, .admit = leader_admit, .arg = l,
 		.wake_fd = l->wake[1], .who = l->name,
+		/* An abstract socket has no file permissions: any local user may connect. */
+		.same_user = true,
 	};
 	if ((rc = commit_acceptor_create(&ao, &l->acc)))
 		goto fail;
