@@ -38,7 +38,7 @@ static int catalog_dirs(const char *root, uint64_t **out, size_t *n)
 			continue;
 		if (*n == cap) {
 			cap = cap ? cap * 2 : 32;
-			uint64_t *p = realloc(*out, cap * sizeof *p);
+			uint64_t *p = ckpt_realloc(*out, cap * sizeof *p);
 			if (!p) {
 				rc = ckpt_err(-ENOMEM, "listing %s", root);
 				break;
@@ -49,7 +49,7 @@ static int catalog_dirs(const char *root, uint64_t **out, size_t *n)
 	}
 	closedir(d);
 	if (rc) {
-		free(*out);
+		ckpt_free(*out);
 		*out = NULL;
 		*n = 0;
 		return rc;
@@ -93,20 +93,20 @@ int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *ou
 	int nrec = manifest_steps_list(m, all, NULL, 0);
 	if (nrec < 0)
 		return nrec;
-	uint64_t *recs = malloc((size_t)(nrec ? nrec : 1) * sizeof *recs);
+	uint64_t *recs = ckpt_malloc((size_t)(nrec ? nrec : 1) * sizeof *recs);
 	if (!recs)
 		return ckpt_err(-ENOMEM, "listing %s", c->cfg.root);
 	/* A commit between the two calls may add records: take what fits the first count. */
 	int got = manifest_steps_list(m, all, recs, (size_t)nrec);
 	if (got < 0) {
-		free(recs);
+		ckpt_free(recs);
 		return got;
 	}
 	size_t nr = (size_t)(got < nrec ? got : nrec);
 	uint64_t *dirs;
 	size_t nd;
 	if ((rc = catalog_dirs(c->cfg.root, &dirs, &nd))) {
-		free(recs);
+		ckpt_free(recs);
 		return rc;
 	}
 	/* Merge the two sorted lists. */
@@ -150,8 +150,8 @@ int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *ou
 		}
 		n++;
 	}
-	free(recs);
-	free(dirs);
+	ckpt_free(recs);
+	ckpt_free(dirs);
 	if (rc)
 		return rc;
 	if (n > INT_MAX)

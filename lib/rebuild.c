@@ -57,7 +57,7 @@ static int rebuild_footer(const char *path, struct rebuild_shard *s, char *why, 
 	int rc = io_index_encode(ix, &enc, &len);
 	if (rc)
 		return ckpt_err(rc, "%s: encoding its index", path);
-	uint8_t *buf = malloc(len);
+	uint8_t *buf = ckpt_malloc(len);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	struct stat st;
 	size_t got = 0;
@@ -83,8 +83,8 @@ static int rebuild_footer(const char *path, struct rebuild_shard *s, char *why, 
 	}
 	if (fd >= 0)
 		close(fd);
-	free(buf);
-	free(enc);
+	ckpt_free(buf);
+	ckpt_free(enc);
 	return rc;
 }
 
@@ -113,10 +113,10 @@ static int rebuild_step(ckpt_ctx *c, uint64_t step, int *outcome, uint32_t *worl
 			continue;
 		if (nfiles == fcap) {
 			fcap = fcap ? fcap * 2 : 16;
-			void *p = realloc(files, fcap * sizeof *files);
+			void *p = ckpt_realloc(files, fcap * sizeof *files);
 			if (!p) {
 				closedir(d);
-				free(files);
+				ckpt_free(files);
 				return ckpt_err(-ENOMEM, "rebuild of step %llu", (unsigned long long)step);
 			}
 			files = p;
@@ -137,7 +137,7 @@ static int rebuild_step(ckpt_ctx *c, uint64_t step, int *outcome, uint32_t *worl
 		const struct io_shard_index *ix = io_shard_reader_index(rd);
 		if (!sh) {
 			world = ix->world;
-			sh = calloc(world ? world : 1, sizeof *sh);
+			sh = ckpt_calloc(world ? world : 1, sizeof *sh);
 			if (!sh) {
 				io_shard_reader_close(rd);
 				rc = ckpt_err(-ENOMEM, "rebuild of step %llu", (unsigned long long)step);
@@ -157,7 +157,7 @@ static int rebuild_step(ckpt_ctx *c, uint64_t step, int *outcome, uint32_t *worl
 		if ((rc = rebuild_footer(path, &sh[ix->rank], why, cap)))
 			break;
 	}
-	free(files);
+	ckpt_free(files);
 	if (!rc && !why[0] && nsh == 0)
 		snprintf(why, cap, "no shard file in %s", dir);
 	for (uint32_t r = 0; !rc && !why[0] && r < world; r++)
@@ -165,7 +165,7 @@ static int rebuild_step(ckpt_ctx *c, uint64_t step, int *outcome, uint32_t *worl
 			snprintf(why, cap, "rank %u of %u has no shard file that decodes", r, world);
 	*world_out = world;
 	if (!rc && !why[0]) {
-		struct commit_vote *votes = calloc(world, sizeof *votes);
+		struct commit_vote *votes = ckpt_calloc(world, sizeof *votes);
 		if (!votes) {
 			rc = ckpt_err(-ENOMEM, "rebuild of step %llu", (unsigned long long)step);
 		} else {
@@ -178,7 +178,7 @@ static int rebuild_step(ckpt_ctx *c, uint64_t step, int *outcome, uint32_t *worl
 			}
 			/* The same decision a live commit takes; on failure it records the abort. */
 			int drc = commit_decide(c->manifest, c->cfg.job_id, step, world, votes);
-			free(votes);
+			ckpt_free(votes);
 			if (drc == 0)
 				*outcome = CKPT_REBUILD_COMMITTED;
 			else if (drc == CKPT_EINVALID || drc == CKPT_EFORMAT)
@@ -199,9 +199,9 @@ static int rebuild_step(ckpt_ctx *c, uint64_t step, int *outcome, uint32_t *worl
 	}
 	for (uint32_t r = 0; sh && r < world; r++) {
 		io_shard_reader_close(sh[r].rd);
-		free(sh[r].footer);
+		ckpt_free(sh[r].footer);
 	}
-	free(sh);
+	ckpt_free(sh);
 	return rc;
 }
 
@@ -228,7 +228,7 @@ int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn rep
 	int n = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, NULL, 0);
 	if (n < 0)
 		return n;
-	struct ckpt_catalog_step *st = calloc((size_t)(n ? n : 1), sizeof *st);
+	struct ckpt_catalog_step *st = ckpt_calloc((size_t)(n ? n : 1), sizeof *st);
 	if (!st)
 		return ckpt_err(-ENOMEM, "rebuild of %s", c->cfg.root);
 	int got = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, (size_t)n);
@@ -259,7 +259,7 @@ int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn rep
 		if (report)
 			report(arg, step, outcome, world, why);
 	}
-	free(st);
+	ckpt_free(st);
 	if (ures) {
 		size_t sz = ures->size < sizeof res ? ures->size : sizeof res;
 		res.size = ures->size;

@@ -94,12 +94,12 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 	int n = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, NULL, 0);
 	if (n < 0)
 		return n;
-	struct ckpt_catalog_step *st = calloc((size_t)(n ? n : 1), sizeof *st);
+	struct ckpt_catalog_step *st = ckpt_calloc((size_t)(n ? n : 1), sizeof *st);
 	if (!st)
 		return ckpt_err(-ENOMEM, "gc of %s", c->cfg.root);
 	int got = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, (size_t)n);
 	if (got < 0) {
-		free(st);
+		ckpt_free(st);
 		return got;
 	}
 	size_t cnt = (size_t)(got < n ? got : n);
@@ -149,7 +149,7 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 		if (s->has_dir && (rc = gc_step_dir_remove(c->cfg.root, s->info.step)))
 			ckpt_err_prefix(rc, "gc of step %llu", (unsigned long long)s->info.step);
 	}
-	free(st);
+	ckpt_free(st);
 	if (ures) {
 		if (ures->size < sizeof(size_t))
 			return rc ? rc : ckpt_err(-EINVAL, "ckpt_catalog_gc: result size %zu", ures->size);

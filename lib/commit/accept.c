@@ -105,23 +105,23 @@ static void *handshake_main(void *p)
 	a->handshakes--;
 	pthread_cond_broadcast(&a->cond);
 	pthread_mutex_unlock(a->o.lock);
-	free(h);
+	ckpt_free(h);
 	return NULL;
 }
 
 int commit_acceptor_create(const struct commit_acceptor_opts *o, struct commit_acceptor **out)
 {
 	*out = NULL;
-	struct commit_acceptor *a = calloc(1, sizeof *a);
+	struct commit_acceptor *a = ckpt_calloc(1, sizeof *a);
 	if (!a)
 		return ckpt_err(-ENOMEM, "%s: acceptor", o->who);
 	a->o = *o;
-	a->arrived = calloc(o->world, sizeof *a->arrived);
-	a->reserved = calloc(o->world, sizeof *a->reserved);
+	a->arrived = ckpt_calloc(o->world, sizeof *a->arrived);
+	a->reserved = ckpt_calloc(o->world, sizeof *a->reserved);
 	if (!a->arrived || !a->reserved) {
-		free(a->arrived);
-		free(a->reserved);
-		free(a);
+		ckpt_free(a->arrived);
+		ckpt_free(a->reserved);
+		ckpt_free(a);
 		return ckpt_err(-ENOMEM, "%s: acceptor", o->who);
 	}
 	pthread_cond_init(&a->cond, NULL);
@@ -135,7 +135,7 @@ void commit_acceptor_accept(struct commit_acceptor *a)
 		struct net_conn *conn;
 		if (net_accept(a->o.lis, 0, &conn))
 			return;
-		struct pending *h = calloc(1, sizeof *h);
+		struct pending *h = ckpt_calloc(1, sizeof *h);
 		pthread_t t;
 		pthread_attr_t attr;
 		pthread_attr_init(&attr);
@@ -163,7 +163,7 @@ void commit_acceptor_accept(struct commit_acceptor *a)
 			a->handshakes--;
 			pthread_mutex_unlock(a->o.lock);
 			net_close(conn);
-			free(h);
+			ckpt_free(h);
 		}
 		pthread_attr_destroy(&attr);
 	}
@@ -206,7 +206,7 @@ void commit_acceptor_free(struct commit_acceptor *a)
 	for (uint32_t r = 0; r < a->o.world; r++)
 		net_close(a->arrived[r]);
 	pthread_cond_destroy(&a->cond);
-	free(a->arrived);
-	free(a->reserved);
-	free(a);
+	ckpt_free(a->arrived);
+	ckpt_free(a->reserved);
+	ckpt_free(a);
 }

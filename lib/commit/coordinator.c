@@ -128,26 +128,26 @@ static struct coord_step *step_find(struct commit_coord *c, uint64_t step, bool 
 		return *pp;
 	if (!create)
 		return NULL;
-	struct coord_step *s = calloc(1, sizeof *s);
+	struct coord_step *s = ckpt_calloc(1, sizeof *s);
 	if (s) {
-		s->payloads = calloc(c->world, sizeof *s->payloads);
-		s->votes = calloc(c->world, sizeof *s->votes);
-		s->began = calloc(c->world, sizeof *s->began);
-		s->shards = calloc(c->world, sizeof *s->shards);
-		s->paths = calloc(c->world, sizeof *s->paths);
+		s->payloads = ckpt_calloc(c->world, sizeof *s->payloads);
+		s->votes = ckpt_calloc(c->world, sizeof *s->votes);
+		s->began = ckpt_calloc(c->world, sizeof *s->began);
+		s->shards = ckpt_calloc(c->world, sizeof *s->shards);
+		s->paths = ckpt_calloc(c->world, sizeof *s->paths);
 		if (commit_gather_create(c->world, step, true, &s->gather))
 			s->gather = NULL;
 	}
 	if (!s || !s->payloads || !s->votes || !s->began || !s->shards || !s->paths || !s->gather) {
 		if (s) {
-			free(s->payloads);
-			free(s->votes);
-			free(s->began);
-			free(s->shards);
-			free(s->paths);
+			ckpt_free(s->payloads);
+			ckpt_free(s->votes);
+			ckpt_free(s->began);
+			ckpt_free(s->shards);
+			ckpt_free(s->paths);
 			commit_gather_free(s->gather);
 		}
-		free(s);
+		ckpt_free(s);
 		return NULL;
 	}
 	s->step = step;
@@ -159,14 +159,14 @@ static struct coord_step *step_find(struct commit_coord *c, uint64_t step, bool 
 static void step_free(struct commit_coord *c, struct coord_step *s)
 {
 	for (uint32_t r = 0; r < c->world; r++)
-		free(s->payloads[r]);
-	free(s->payloads);
-	free(s->votes);
-	free(s->began);
-	free(s->shards);
-	free(s->paths);
+		ckpt_free(s->payloads[r]);
+	ckpt_free(s->payloads);
+	ckpt_free(s->votes);
+	ckpt_free(s->began);
+	ckpt_free(s->shards);
+	ckpt_free(s->paths);
 	commit_gather_free(s->gather);
-	free(s);
+	ckpt_free(s);
 }
 
 static void step_abort(struct coord_step *s, int code, const char *fmt, ...)
@@ -232,7 +232,7 @@ static void link_drop(struct commit_coord *c, uint32_t l, const char *why)
 	}
 	pthread_mutex_unlock(&c->lock);
 	net_close(k->conn);
-	free(k->ranks);
+	ckpt_free(k->ranks);
 	memset(k, 0, sizeof *k);
 }
 
@@ -410,7 +410,7 @@ static void on_relay_hello(struct commit_coord *c, uint32_t l, const struct net_
 	if (why[0]) {
 		char full[COMMIT_MAX_REASON];
 		snprintf(full, sizeof full, "node leader (rank %u) of node %u refused: %s", l, node, why);
-		free(ranks);
+		ckpt_free(ranks);
 		if (!send_status(c, l, l, COMMIT_MSG_RELAY_WELCOME, 0, CKPT_EPEER, full))
 			link_drop(c, l, full);
 		return;
@@ -677,12 +677,12 @@ static void links_take(struct commit_coord *c)
 static void *coord_main(void *arg)
 {
 	struct commit_coord *c = arg;
-	struct pollfd *pf = calloc(c->world + 2, sizeof *pf);
-	uint32_t *who = calloc(c->world + 2, sizeof *who);
+	struct pollfd *pf = ckpt_calloc(c->world + 2, sizeof *pf);
+	uint32_t *who = ckpt_calloc(c->world + 2, sizeof *who);
 	if (!pf || !who) {
 		ckpt_log(CKPT_LOG_ERROR, "coordinator: out of memory; not serving");
-		free(pf);
-		free(who);
+		ckpt_free(pf);
+		ckpt_free(who);
 		return NULL;
 	}
 	for (;;) {
@@ -715,8 +715,8 @@ static void *coord_main(void *arg)
 			if (pf[i].revents)
 				link_read(c, who[i]);
 	}
-	free(pf);
-	free(who);
+	ckpt_free(pf);
+	ckpt_free(who);
 	return NULL;
 }
 
@@ -727,7 +727,7 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 	    (o->secret_len && !o->secret))
 		return ckpt_err(-EINVAL, "coordinator: needs a manifest, a job id, an address, a "
 		                "world size > 0 and a secret of the given length");
-	struct commit_coord *c = calloc(1, sizeof *c);
+	struct commit_coord *c = ckpt_calloc(1, sizeof *c);
 	if (!c)
 		return ckpt_err(-ENOMEM, "coordinator");
 	c->wake[0] = c->wake[1] = -1;
@@ -736,14 +736,14 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 	c->world = o->world;
 	c->timeout_ms = o->timeout_ms;
 	reserve(c);
-	c->job_id = strdup(o->job_id);
-	c->links = calloc(o->world, sizeof *c->links);
-	c->owner = malloc(o->world * sizeof *c->owner);
+	c->job_id = ckpt_strdup(o->job_id);
+	c->links = ckpt_calloc(o->world, sizeof *c->links);
+	c->owner = ckpt_malloc(o->world * sizeof *c->owner);
 	if (c->owner)
 		for (uint32_t r = 0; r < o->world; r++)
 			c->owner[r] = NO_OWNER;
 	if (o->secret_len) {
-		c->secret = malloc(o->secret_len);
+		c->secret = ckpt_malloc(o->secret_len);
 		if (c->secret)
 			memcpy(c->secret, o->secret, o->secret_len);
 		c->secret_len = o->secret_len;
@@ -819,7 +819,7 @@ void commit_coord_stop(struct commit_coord *c)
 	commit_acceptor_free(c->acc);
 	for (uint32_t l = 0; c->links && l < c->world; l++) {
 		net_close(c->links[l].conn);
-		free(c->links[l].ranks);
+		ckpt_free(c->links[l].ranks);
 	}
 	while (c->steps) {
 		struct coord_step *s = c->steps;
@@ -833,11 +833,11 @@ void commit_coord_stop(struct commit_coord *c)
 	}
 	if (c->secret) {
 		explicit_bzero(c->secret, c->secret_len);
-		free(c->secret);
+		ckpt_free(c->secret);
 	}
-	free(c->job_id);
-	free(c->links);
-	free(c->owner);
+	ckpt_free(c->job_id);
+	ckpt_free(c->links);
+	ckpt_free(c->owner);
 	pthread_mutex_destroy(&c->lock);
-	free(c);
+	ckpt_free(c);
 }

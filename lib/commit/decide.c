@@ -52,12 +52,12 @@ static int commit_txn(struct manifest *m, const char *job_id, uint64_t step, uin
  * the ranks. */
 static void record_abort(struct manifest *m, uint64_t step, uint32_t world)
 {
-	char *why = strdup(ckpt_err_msg());
+	char *why = ckpt_strdup(ckpt_err_msg());
 	struct manifest_step cur;
 	if (!(manifest_step_get(m, step, &cur) == 0 && cur.state == CKPT_STATE_COMMITTED))
 		manifest_record_abort(m, step, world, why ? why : "commit failed");
 	ckpt_err_restore(why ? why : "commit failed (out of memory for the reason)");
-	free(why);
+	ckpt_free(why);
 }
 
 int commit_decide_records(struct manifest *m, const char *job_id, uint64_t step,
@@ -77,8 +77,8 @@ int commit_decide_gathered(struct manifest *m, const char *job_id, uint64_t step
                            uint32_t world, const struct commit_vote *votes,
                            struct commit_gather *g)
 {
-	struct manifest_shard *shards = calloc(world, sizeof *shards);
-	char (*paths)[COMMIT_SHARD_PATH_MAX] = calloc(world, sizeof *paths);
+	struct manifest_shard *shards = ckpt_calloc(world, sizeof *shards);
+	char (*paths)[COMMIT_SHARD_PATH_MAX] = ckpt_calloc(world, sizeof *paths);
 	int rc = 0;
 	if (!shards || !paths)
 		rc = ckpt_err(-ENOMEM, "commit of step %llu", (unsigned long long)step);
@@ -94,8 +94,8 @@ int commit_decide_gathered(struct manifest *m, const char *job_id, uint64_t step
 		rc = commit_decide_records(m, job_id, step, world, shards, g);
 	else if (rc != -EEXIST)
 		record_abort(m, step, world);
-	free(shards);
-	free(paths);
+	ckpt_free(shards);
+	ckpt_free(paths);
 	return rc;
 }
 

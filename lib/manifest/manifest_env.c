@@ -452,7 +452,7 @@ int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct
 	}
 
 	size_t rl = strlen(root);
-	struct manifest *m = calloc(1, sizeof *m + rl + 1);
+	struct manifest *m = ckpt_calloc(1, sizeof *m + rl + 1);
 	if (!m)
 		return ckpt_err(-ENOMEM, "manifest %s: out of memory", root);
 	memcpy(m->root, root, rl + 1);
@@ -465,7 +465,7 @@ int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct
 	int lrc = pthread_rwlock_init(&m->resize_lock, &attr);
 	pthread_rwlockattr_destroy(&attr);
 	if (lrc != 0) {
-		free(m);
+		ckpt_free(m);
 		return ckpt_err(-lrc, "manifest %s: rwlock", root);
 	}
 	/* LMDB wants a multiple of the page size; it raises a map smaller than the
@@ -502,5 +502,5 @@ void manifest_close(struct manifest *m)
 	if (m->env)
 		mdb_env_close(m->env);
 	pthread_rwlock_destroy(&m->resize_lock);
-	free(m);
+	ckpt_free(m);
 }
