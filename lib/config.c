@@ -338,7 +338,7 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 	cfg->root = ckpt_strdup(root);
 	cfg->coord_addr = dup_or(addr, "127.0.0.1");
 	cfg->job_id = dup_or(job, "default");
-	if (strlen(cfg->job_id) > MANIFEST_MAX_JOB_ID) {
+	if (cfg->job_id && strlen(cfg->job_id) > MANIFEST_MAX_JOB_ID) {
 		config_free(cfg);
 		return ckpt_err(-EINVAL, "job id longer than %u bytes", MANIFEST_MAX_JOB_ID);
 	}
