@@ -92,6 +92,8 @@ struct commit_coord {
 	bool                 stop;
 
 	struct coord_link   *links;            /* [world], loop thread only */
+	struct pollfd       *pf;               /* [world + 2], the loop's; allocated by start, */
+	uint32_t            *who;              /* so that a loop that cannot run never listens */
 	struct coord_step   *steps;            /* loop thread only */
 	struct commit_coord_stats stats;       /* last decided step, under lock */
 	uint64_t             ranks_left;       /* under lock */
@@ -677,14 +679,8 @@ static void links_take(struct commit_coord *c)
 static void *coord_main(void *arg)
 {
 	struct commit_coord *c = arg;
-	struct pollfd *pf = ckpt_calloc(c->world + 2, sizeof *pf);
-	uint32_t *who = ckpt_calloc(c->world + 2, sizeof *who);
-	if (!pf || !who) {
-		ckpt_log(CKPT_LOG_ERROR, "coordinator: out of memory; not serving");
-		ckpt_free(pf);
-		ckpt_free(who);
-		return NULL;
-	}
+	struct pollfd *pf = c->pf;
+	uint32_t *who = c->who;
 	for (;;) {
 		pthread_mutex_lock(&c->lock);
 		bool stop = c->stop;
@@ -715,8 +711,6 @@ static void *coord_main(void *arg)
 			if (pf[i].revents)
 				link_read(c, who[i]);
 	}
-	ckpt_free(pf);
-	ckpt_free(who);
 	return NULL;
 }
 
@@ -738,6 +732,8 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 	reserve(c);
 	c->job_id = ckpt_strdup(o->job_id);
 	c->links = ckpt_calloc(o->world, sizeof *c->links);
+	c->pf = ckpt_calloc((size_t)o->world + 2, sizeof *c->pf);
+	c->who = ckpt_calloc((size_t)o->world + 2, sizeof *c->who);
 	c->owner = ckpt_malloc(o->world * sizeof *c->owner);
 	if (c->owner)
 		for (uint32_t r = 0; r < o->world; r++)
@@ -749,7 +745,8 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 		c->secret_len = o->secret_len;
 	}
 	int rc;
-	if (!c->job_id || !c->links || !c->owner || (o->secret_len && !c->secret)) {
+	if (!c->job_id || !c->links || !c->pf || !c->who || !c->owner ||
+	    (o->secret_len && !c->secret)) {
 		rc = ckpt_err(-ENOMEM, "coordinator");
 		goto fail;
 	}
@@ -837,6 +834,8 @@ void commit_coord_stop(struct commit_coord *c)
 	}
 	ckpt_free(c->job_id);
 	ckpt_free(c->links);
+	ckpt_free(c->pf);
+	ckpt_free(c->who);
 	ckpt_free(c->owner);
 	pthread_mutex_destroy(&c->lock);
 	ckpt_free(c);

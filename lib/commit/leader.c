@@ -61,6 +61,8 @@ struct commit_leader {
 
 	pthread_mutex_t      lock;
 	struct net_conn    **local;             /* [n]: rank first+i's connection */
+	struct pollfd       *pf;                /* [n + 3], the loop's; allocated by start, */
+	uint32_t            *who;               /* so that a loop that cannot run never listens */
 	bool                 up_lost;           /* no coordinator: refuse ranks */
 	bool                 stop;
 };
@@ -276,14 +278,8 @@ static void up_read(struct commit_leader *l)
 static void *leader_main(void *arg)
 {
 	struct commit_leader *l = arg;
-	struct pollfd *pf = ckpt_calloc(l->n + 3, sizeof *pf);
-	uint32_t *who = ckpt_calloc(l->n + 3, sizeof *who);
-	if (!pf || !who) {
-		ckpt_log(CKPT_LOG_ERROR, "%s: out of memory; not serving", l->name);
-		ckpt_free(pf);
-		ckpt_free(who);
-		return NULL;
-	}
+	struct pollfd *pf = l->pf;
+	uint32_t *who = l->who;
 	for (;;) {
 		pthread_mutex_lock(&l->lock);
 		bool stop = l->stop;
@@ -329,8 +325,6 @@ static void *leader_main(void *arg)
 				local_read(l, who[k]);
 		}
 	}
-	ckpt_free(pf);
-	ckpt_free(who);
 	return NULL;
 }
 
@@ -399,6 +393,8 @@ int commit_leader_start(const struct commit_leader_opts *o, struct commit_leader
 	         o->first + o->nranks - 1);
 	l->job_id = ckpt_strdup(o->job_id);
 	l->local = ckpt_calloc(o->nranks, sizeof *l->local);
+	l->pf = ckpt_calloc((size_t)o->nranks + 3, sizeof *l->pf);
+	l->who = ckpt_calloc((size_t)o->nranks + 3, sizeof *l->who);
 	if (o->secret_len) {
 		l->secret = ckpt_malloc(o->secret_len);
 		if (l->secret)
@@ -406,7 +402,7 @@ int commit_leader_start(const struct commit_leader_opts *o, struct commit_leader
 		l->secret_len = o->secret_len;
 	}
 	int rc;
-	if (!l->job_id || !l->local || (o->secret_len && !l->secret)) {
+	if (!l->job_id || !l->local || !l->pf || !l->who || (o->secret_len && !l->secret)) {
 		rc = ckpt_err(-ENOMEM, "%s", l->name);
 		goto fail;
 	}
@@ -472,6 +468,8 @@ void commit_leader_stop(struct commit_leader *l)
 	}
 	ckpt_free(l->job_id);
 	ckpt_free(l->local);
+	ckpt_free(l->pf);
+	ckpt_free(l->who);
 	pthread_mutex_destroy(&l->lock);
 	ckpt_free(l);
 }
