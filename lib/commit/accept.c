@@ -99,13 +99,15 @@ static void *handshake_main(void *p)
 	}
 	pthread_mutex_unlock(a->o.lock);
 	net_close(h->conn);
+	/* Before the count drops: once commit_acceptor_free has seen it reach 0,
+	 * nothing a handshake allocated may still be held. */
+	ckpt_free(h);
 	if (handed)
 		wake(a);
 	pthread_mutex_lock(a->o.lock);
 	a->handshakes--;
 	pthread_cond_broadcast(&a->cond);
 	pthread_mutex_unlock(a->o.lock);
-	ckpt_free(h);
 	return NULL;
 }
 

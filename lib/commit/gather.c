@@ -255,8 +255,11 @@ static int add_piece(struct commit_gather *g, const struct gpiece *p)
 
 int commit_gather_add(struct commit_gather *g, struct io_shard_index *ix)
 {
-	if (g->failed)
+	if (g->failed) {
+		if (g->owns)
+			io_index_free(ix);
 		return CKPT_EINVALID;
+	}
 	uint32_t r = ix->rank;
 	if (r >= g->world || ix->world != g->world || ix->step != g->step || g->ix[r]) {
 		int rc = (r < g->world && g->ix[r])
