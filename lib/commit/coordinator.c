@@ -544,6 +544,12 @@ static uint32_t broadcast(struct commit_coord *c, uint64_t step, int code, const
 		ckpt_log(CKPT_LOG_ERROR, "coordinator: step %llu: cannot encode the decision: %s",
 		         (unsigned long long)step, ckpt_err_msg());
 		ckpt_buf_free(&b);
+		/* As for a send that fails: a rank that cannot be told is dropped, and learns
+		 * now what waiting for the decision would tell it only at its timeout (in doubt
+		 * after its vote: the manifest decides). */
+		for (uint32_t l = 0; l < c->world; l++)
+			if (c->links[l].conn)
+				link_drop(c, l, "the coordinator could not encode the decision");
 		return 0;
 	}
 	uint32_t sends = 0;
