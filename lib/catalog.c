@@ -42,7 +42,7 @@ static int catalog_dirs(const char *root, uint64_t **out, size_t *n)
 			continue;
 		if (*n == cap) {
 			cap = cap ? cap * 2 : 32;
-			uint64_t *p = realloc(*out, cap * sizeof *p);
+			uint64_t *p = ckpt_realloc(*out, cap * sizeof *p);
 			if (!p) {
 				rc = ckpt_err(-ENOMEM, "listing %s", root);
 				break;
@@ -53,7 +53,7 @@ static int catalog_dirs(const char *root, uint64_t **out, size_t *n)
 	}
 	closedir(d);
 	if (rc) {
-		free(*out);
+		ckpt_free(*out);
 		*out = NULL;
 		*n = 0;
 		return rc;
@@ -84,27 +84,27 @@ int catalog_list(ckpt_ctx *c, bool all, struct catalog_entry **out, size_t *coun
 	int nrec = manifest_steps_list(m, all, NULL, 0);
 	if (nrec < 0)
 		return nrec;
-	uint64_t *recs = malloc((size_t)(nrec ? nrec : 1) * sizeof *recs);
+	uint64_t *recs = ckpt_malloc((size_t)(nrec ? nrec : 1) * sizeof *recs);
 	if (!recs)
 		return ckpt_err(-ENOMEM, "listing %s", c->cfg.root);
 	/* A commit between the two calls may add records: take what fits the first count. */
 	int got = manifest_steps_list(m, all, recs, (size_t)nrec);
 	if (got < 0) {
-		free(recs);
+		ckpt_free(recs);
 		return got;
 	}
 	size_t nr = (size_t)(got < nrec ? got : nrec);
 	uint64_t *dirs;
 	size_t nd;
 	if ((rc = catalog_dirs(c->cfg.root, &dirs, &nd))) {
-		free(recs);
+		ckpt_free(recs);
 		return rc;
 	}
 	uint64_t live = catalog_live_incarnation(c);
-	struct catalog_entry *e = calloc(nr + nd ? nr + nd : 1, sizeof *e);
+	struct catalog_entry *e = ckpt_calloc(nr + nd ? nr + nd : 1, sizeof *e);
 	if (!e) {
-		free(recs);
-		free(dirs);
+		ckpt_free(recs);
+		ckpt_free(dirs);
 		return ckpt_err(-ENOMEM, "listing %s", c->cfg.root);
 	}
 	/* Merge the two sorted lists. */
@@ -146,10 +146,10 @@ int catalog_list(ckpt_ctx *c, bool all, struct catalog_entry **out, size_t *coun
 		}
 		n++;
 	}
-	free(recs);
-	free(dirs);
+	ckpt_free(recs);
+	ckpt_free(dirs);
 	if (rc) {
-		free(e);
+		ckpt_free(e);
 		return rc;
 	}
 	*out = e;
@@ -195,7 +195,7 @@ int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *ou
 		return rc;
 	for (size_t i = 0; i < n && i < cap; i++)
 		catalog_fill(&out[i], &e[i]);
-	free(e);
+	ckpt_free(e);
 	if (n > INT_MAX)
 		return ckpt_err(-EOVERFLOW, "%s: %zu steps", c->cfg.root, n);
 	return (int)n;

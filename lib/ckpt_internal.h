@@ -106,6 +106,35 @@ const char *ckpt_fault_point_name(enum ckpt_fault_point p);
 void ckpt_fault_set_rank(int rank);
 /* Re-read CKPT_FAULT (tests). */
 void ckpt_fault_reload(void);
+/* Allocation failure (the SQLite way): every call of the allocation wrappers below
+ * is counted, process-wide and on every thread; once armed with n > 0, the nth
+ * counted call after arming fails (returns NULL, once), and the later ones succeed.
+ * arm(0) disarms. The count restarts at 0 on every arm. CKPT_FAULT=alloc:<n> arms
+ * from the process's first allocation (with CKPT_FAULT_RANK: only in that rank's
+ * process, once ckpt_open has told the table the rank). */
+void     ckpt_fault_alloc_arm(uint64_t n);
+uint64_t ckpt_fault_alloc_count(void);   /* calls counted since the last arm */
+/* Blocks the wrappers returned and ckpt_free has not freed yet, process-wide: equal
+ * before and after a piece of work that must not leak (a test's leak check). */
+int64_t  ckpt_fault_alloc_live(void);
+/* The wrappers' hooks: true when this allocation must fail; blocks gained or lost. */
+bool     ckpt_fault_alloc_fail(void);
+void     ckpt_fault_alloc_note(int64_t blocks);
+
+/* ------------------------------------------------------------------ allocation
+ * Every allocation of libckpt goes through these, and the memory they return is
+ * freed with ckpt_free, so that fault injection can fail the Nth (above). They are
+ * libc's (same heap, same semantics, NULL and errno ENOMEM on failure; the aligned
+ * forms as aligned_alloc and posix_memalign), so memory may cross to and from code
+ * that uses free(). What a third-party library allocates for us (LMDB, zstd,
+ * OpenSSL, liburing, CUDA) is its own and is released by its own calls. */
+void *ckpt_malloc(size_t n);
+void *ckpt_calloc(size_t count, size_t n);
+void *ckpt_realloc(void *p, size_t n);
+void *ckpt_aligned_alloc(size_t align, size_t n);
+int   ckpt_posix_memalign(void **out, size_t align, size_t n);
+char *ckpt_strdup(const char *s);
+void  ckpt_free(void *p);
 
 /* ------------------------------------------------------------------ arithmetic
  * Overflow-checked helpers: return false on overflow (and leave *out unspecified). */

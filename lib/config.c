@@ -292,7 +292,7 @@ static int resolve_auth(struct glue_config *cfg, size_t secret_len, const char *
 
 static char *dup_or(const char *a, const char *b)
 {
-	return strdup(a ? a : b);
+	return ckpt_strdup(a ? a : b);
 }
 
 int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
@@ -428,15 +428,15 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 	if (cfg->gds & CKPT_GDS_OFF)
 		cfg->gds = 0;
 
-	cfg->root = strdup(root);
+	cfg->root = ckpt_strdup(root);
 	cfg->coord_addr = dup_or(addr, "127.0.0.1");
 	cfg->job_id = dup_or(job, "default");
-	if (strlen(cfg->job_id) > MANIFEST_MAX_JOB_ID) {
+	if (cfg->job_id && strlen(cfg->job_id) > MANIFEST_MAX_JOB_ID) {
 		config_free(cfg);
 		return ckpt_err(-EINVAL, "job id longer than %u bytes", MANIFEST_MAX_JOB_ID);
 	}
 	if (secret_len) {
-		cfg->secret = malloc(secret_len);
+		cfg->secret = ckpt_malloc(secret_len);
 		if (cfg->secret)
 			memcpy(cfg->secret, secret, secret_len);
 		cfg->secret_len = secret_len;
@@ -451,13 +451,13 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 
 void config_free(struct glue_config *cfg)
 {
-	free(cfg->root);
-	free(cfg->coord_addr);
-	free(cfg->job_id);
+	ckpt_free(cfg->root);
+	ckpt_free(cfg->coord_addr);
+	ckpt_free(cfg->job_id);
 	if (cfg->secret) {
 		/* The job secret does not outlive the context in freed heap memory. */
 		explicit_bzero(cfg->secret, cfg->secret_len);
-		free(cfg->secret);
+		ckpt_free(cfg->secret);
 	}
 	memset(cfg, 0, sizeof *cfg);
 }

@@ -359,7 +359,7 @@ void ckpt_close(ckpt_ctx *c)
 	pthread_mutex_destroy(&c->load_lock);
 	pthread_mutex_destroy(&c->manifest_lock);
 	config_free(&c->cfg);
-	free(c);
+	ckpt_free(c);
 }
 
 int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
@@ -368,7 +368,7 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 		return ckpt_err(-EINVAL, "ckpt_open: out is NULL");
 	*out = NULL;
 	ckpt_err_clear();
-	ckpt_ctx *c = calloc(1, sizeof *c);
+	ckpt_ctx *c = ckpt_calloc(1, sizeof *c);
 	if (!c)
 		return ckpt_err(-ENOMEM, "ckpt_open");
 	c->lock_fd = -1;

@@ -45,12 +45,12 @@ void ckpt_load_close(ckpt_load *l)
 		if (l->shards)
 			manifest_shard_free(&l->shards[r]);
 	}
-	free(l->readers);
-	free(l->ix);
-	free(l->shards);
-	free(l->entries);
-	free(l->piece_store);
-	free(l);
+	ckpt_free(l->readers);
+	ckpt_free(l->ix);
+	ckpt_free(l->shards);
+	ckpt_free(l->entries);
+	ckpt_free(l->piece_store);
+	ckpt_free(l);
 }
 
 static int piece_cmp(const void *a, const void *b, void *arg)
@@ -69,8 +69,8 @@ static int load_build_catalog(ckpt_load *l)
 	uint64_t total = 0;
 	for (uint32_t r = 0; r < l->rec.world; r++)
 		total += l->ix[r]->ntensors;
-	l->piece_store = malloc((total ? total : 1) * sizeof *l->piece_store);
-	l->entries = malloc((total ? total : 1) * sizeof *l->entries);
+	l->piece_store = ckpt_malloc((total ? total : 1) * sizeof *l->piece_store);
+	l->entries = ckpt_malloc((total ? total : 1) * sizeof *l->entries);
 	if (!l->piece_store || !l->entries)
 		return ckpt_err(-ENOMEM, "catalog of step %llu", (unsigned long long)l->rec.step);
 	size_t n = 0;
@@ -154,7 +154,7 @@ int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 		return rc;
 	if (step == CKPT_LATEST && (rc = manifest_step_latest(m, &step)))
 		return ckpt_err(rc, "%s has no committed step", c->cfg.root);
-	ckpt_load *l = calloc(1, sizeof *l);
+	ckpt_load *l = ckpt_calloc(1, sizeof *l);
 	if (!l)
 		return ckpt_err(-ENOMEM, "load of step %llu", (unsigned long long)step);
 	l->ctx = c;
@@ -170,9 +170,9 @@ int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 		return rc;
 	}
 	uint32_t world = l->rec.world;
-	l->shards = calloc(world, sizeof *l->shards);
-	l->ix = calloc(world, sizeof *l->ix);
-	l->readers = calloc(world, sizeof *l->readers);
+	l->shards = ckpt_calloc(world, sizeof *l->shards);
+	l->ix = ckpt_calloc(world, sizeof *l->ix);
+	l->readers = ckpt_calloc(world, sizeof *l->readers);
 	if (!l->shards || !l->ix || !l->readers) {
 		rc = ckpt_err(-ENOMEM, "load of step %llu", (unsigned long long)step);
 		goto fail;
@@ -561,7 +561,7 @@ static int load_req_plan(ckpt_load *l, const struct load_plan_req *p, void *dst,
 				continue;
 			if (*nreads == *rcap) {
 				size_t cap = *rcap ? *rcap * 2 : 64;
-				struct io_read_req *n = realloc(*reads, cap * sizeof *n);
+				struct io_read_req *n = ckpt_realloc(*reads, cap * sizeof *n);
 				if (!n)
 					return ckpt_err(-ENOMEM, "load of '%s'", e->meta->name);
 				*reads = n;
@@ -601,9 +601,9 @@ int ckpt_load_tensors(ckpt_load *l, const struct ckpt_load_req *reqs, size_t n, 
 	ckpt_err_clear();
 	size_t first_idx = SIZE_MAX;
 	char first_msg[1024] = "";
-	struct load_plan_req *plans = calloc(n ? n : 1, sizeof *plans);
-	int *rcs = calloc(n ? n : 1, sizeof *rcs);
-	uint64_t *pending = calloc(n ? n : 1, sizeof *pending);
+	struct load_plan_req *plans = ckpt_calloc(n ? n : 1, sizeof *plans);
+	int *rcs = ckpt_calloc(n ? n : 1, sizeof *rcs);
+	uint64_t *pending = ckpt_calloc(n ? n : 1, sizeof *pending);
 	struct load_job *jobs = NULL;
 	struct io_read_req *reads = NULL;
 	size_t njobs = 0, nreads = 0, rcap = 0, maxjobs = 0;
@@ -622,7 +622,7 @@ int ckpt_load_tensors(ckpt_load *l, const struct ckpt_load_req *reqs, size_t n, 
 			maxjobs += plans[i].count;
 		}
 	}
-	jobs = calloc(maxjobs ? maxjobs : 1, sizeof *jobs);
+	jobs = ckpt_calloc(maxjobs ? maxjobs : 1, sizeof *jobs);
 	struct io_engine *eng = NULL;
 	if (!jobs)
 		rc = ckpt_err(-ENOMEM, "batch load of %zu requests", n);
@@ -667,9 +667,9 @@ out:
 		/* Nothing was read: every request shares the failure. */
 		for (size_t i = 0; results && i < n; i++)
 			results[i] = rc;
-		free(plans);
-		free(rcs);
-		free(pending);
+		ckpt_free(plans);
+		ckpt_free(rcs);
+		ckpt_free(pending);
 		return rc;
 	}
 	int ret = first_idx < n ? rcs[first_idx] : 0;
@@ -677,11 +677,11 @@ out:
 		results[i] = rcs[i];
 	if (ret)
 		ckpt_err_restore(first_msg);
-	free(plans);
-	free(rcs);
-	free(pending);
-	free(jobs);
-	free(reads);
+	ckpt_free(plans);
+	ckpt_free(rcs);
+	ckpt_free(pending);
+	ckpt_free(jobs);
+	ckpt_free(reads);
 	return ret;
 }
 

@@ -42,7 +42,7 @@ static int rebuild_footer(const char *path, struct rebuild_shard *s, char *why, 
 	int rc = io_index_encode(ix, &enc, &len);
 	if (rc)
 		return ckpt_err(rc, "%s: encoding its index", path);
-	uint8_t *buf = malloc(len);
+	uint8_t *buf = ckpt_malloc(len);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	struct stat st;
 	size_t got = 0;
@@ -68,8 +68,8 @@ static int rebuild_footer(const char *path, struct rebuild_shard *s, char *why, 
 	}
 	if (fd >= 0)
 		close(fd);
-	free(buf);
-	free(enc);
+	ckpt_free(buf);
+	ckpt_free(enc);
 	return rc;
 }
 
@@ -102,7 +102,7 @@ static int rebuild_list(const char *dir, uint64_t step, struct rebuild_file **ou
 			continue;
 		if (*n == cap) {
 			cap = cap ? cap * 2 : 16;
-			void *p = realloc(*out, cap * sizeof **out);
+			void *p = ckpt_realloc(*out, cap * sizeof **out);
 			if (!p) {
 				rc = ckpt_err(-ENOMEM, "rebuild of step %llu", (unsigned long long)step);
 				break;
@@ -115,7 +115,7 @@ static int rebuild_list(const char *dir, uint64_t step, struct rebuild_file **ou
 	}
 	closedir(d);
 	if (rc) {
-		free(*out);
+		ckpt_free(*out);
 		*out = NULL;
 		*n = 0;
 		return rc;
@@ -148,7 +148,7 @@ static int rebuild_attempt(const char *dir, uint64_t step, const struct rebuild_
 		const struct io_shard_index *ix = io_shard_reader_index(rd);
 		if (!sh) {
 			world = ix->world;
-			sh = calloc(world ? world : 1, sizeof *sh);
+			sh = ckpt_calloc(world ? world : 1, sizeof *sh);
 			if (!sh) {
 				io_shard_reader_close(rd);
 				rc = ckpt_err(-ENOMEM, "rebuild of step %llu", (unsigned long long)step);
@@ -180,9 +180,9 @@ static void rebuild_shards_free(struct rebuild_shard *sh, uint32_t world)
 {
 	for (uint32_t r = 0; sh && r < world; r++) {
 		io_shard_reader_close(sh[r].rd);
-		free(sh[r].footer);
+		ckpt_free(sh[r].footer);
 	}
-	free(sh);
+	ckpt_free(sh);
 }
 
 /* Rebuild one step directory. Its files are grouped by attempt (the save id of their
@@ -224,7 +224,7 @@ static int rebuild_step(ckpt_ctx *c, uint64_t step, int *outcome, uint32_t *worl
 		}
 		rebuild_shards_free(sh, world);
 	}
-	free(files);
+	ckpt_free(files);
 	if (!rc && nfiles == 0)
 		snprintf(why, cap, "no shard file in %s", dir);
 	else if (!rc && nproven > 1)
@@ -235,7 +235,7 @@ static int rebuild_step(ckpt_ctx *c, uint64_t step, int *outcome, uint32_t *worl
 	*world_out = best_world;
 	if (!rc && !why[0]) {
 		uint32_t world = best_world;
-		struct commit_vote *votes = calloc(world, sizeof *votes);
+		struct commit_vote *votes = ckpt_calloc(world, sizeof *votes);
 		if (!votes) {
 			rc = ckpt_err(-ENOMEM, "rebuild of step %llu", (unsigned long long)step);
 		} else {
@@ -251,7 +251,7 @@ static int rebuild_step(ckpt_ctx *c, uint64_t step, int *outcome, uint32_t *worl
 			                            .incarnation = c->incarnation };
 			snprintf(id.job_id, sizeof id.job_id, "%s", c->cfg.job_id);
 			int drc = commit_decide(c->manifest, &id, votes);
-			free(votes);
+			ckpt_free(votes);
 			if (drc == 0)
 				*outcome = CKPT_REBUILD_COMMITTED;
 			else if (drc == CKPT_EINVALID || drc == CKPT_EFORMAT)
@@ -325,7 +325,7 @@ int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn rep
 	int n = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, NULL, 0);
 	if (n < 0)
 		return n;
-	struct ckpt_catalog_step *st = calloc((size_t)(n ? n : 1), sizeof *st);
+	struct ckpt_catalog_step *st = ckpt_calloc((size_t)(n ? n : 1), sizeof *st);
 	if (!st)
 		return ckpt_err(-ENOMEM, "rebuild of %s", c->cfg.root);
 	int got = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, (size_t)n);
@@ -354,7 +354,7 @@ int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn rep
 		if (report)
 			report(arg, step, outcome, world, why);
 	}
-	free(st);
+	ckpt_free(st);
 	if (ures) {
 		size_t sz = ures->size < sizeof res ? ures->size : sizeof res;
 		res.size = ures->size;

@@ -168,7 +168,7 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 		if (!dry && (rc = gc_remove(c, x, why)))
 			ckpt_err_prefix(rc, "gc of step %llu", (unsigned long long)x->step);
 	}
-	free(st);
+	ckpt_free(st);
 	if (ures) {
 		if (ures->size < sizeof(size_t))
 			return rc ? rc : ckpt_err(-EINVAL, "ckpt_catalog_gc: result size %zu", ures->size);

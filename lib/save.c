@@ -32,7 +32,7 @@ static int item_name_add(struct ckpt_save *s, const char *name, size_t len)
 	/* Open addressing on XXH3-64 of the name; collisions are resolved by strcmp. */
 	if ((s->nitems + 1) * 2 > s->hash_cap) {
 		size_t cap = s->hash_cap ? s->hash_cap * 2 : 64;
-		uint64_t *h = calloc(cap, sizeof *h);
+		uint64_t *h = ckpt_calloc(cap, sizeof *h);
 		if (!h)
 			return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)s->step);
 		for (size_t i = 0; i < s->nitems; i++) {
@@ -42,7 +42,7 @@ static int item_name_add(struct ckpt_save *s, const char *name, size_t len)
 				j = (j + 1) & (cap - 1);
 			h[j] = (uint64_t)i << 32 | (v & 0xffffffffu) | 1;
 		}
-		free(s->name_hashes);
+		ckpt_free(s->name_hashes);
 		s->name_hashes = h;
 		s->hash_cap = cap;
 	}
@@ -87,13 +87,13 @@ static int save_push(struct ckpt_save *s, struct save_item *it)
 		return rc;
 	if (s->nitems == s->cap) {
 		size_t cap = s->cap ? s->cap * 2 : 32;
-		struct save_item *n = realloc(s->items, cap * sizeof *n);
+		struct save_item *n = ckpt_realloc(s->items, cap * sizeof *n);
 		if (!n)
 			return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)s->step);
 		s->items = n;
 		s->cap = cap;
 	}
-	it->name = strdup(it->name);
+	it->name = ckpt_strdup(it->name);
 	if (!it->name)
 		return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)s->step);
 	s->items[s->nitems++] = *it;
@@ -291,7 +291,7 @@ int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
 			return rc;
 		save_id = id.save_id;
 	}
-	ckpt_save *s = calloc(1, sizeof *s);
+	ckpt_save *s = ckpt_calloc(1, sizeof *s);
 	if (!s) {
 		save_local_abort(c, step, save_id, "out of memory at begin");
 		return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)step);
@@ -416,10 +416,10 @@ void ckpt_save_free(ckpt_save *s)
 	snapshot_event_destroy(c->snap, s->snapshot_event);
 	snapshot_event_destroy(c->snap, s->fence);
 	for (size_t i = 0; i < s->nitems; i++)
-		free(s->items[i].name);
-	free(s->items);
-	free(s->name_hashes);
-	free(s);
+		ckpt_free(s->items[i].name);
+	ckpt_free(s->items);
+	ckpt_free(s->name_hashes);
+	ckpt_free(s);
 }
 
 int ckpt_save_stats(const ckpt_save *s, struct ckpt_save_stats *st)
@@ -847,6 +847,6 @@ out:
 		ckpt_err_prefix(rc, "save of step %llu on rank %d", (unsigned long long)s->step,
 		                c->cfg.rank);
 	io_index_free(res.index);
-	free(res.footer);
+	ckpt_free(res.footer);
 	save_finish(c, s, rc);
 }

@@ -72,7 +72,7 @@ static int verify_footer(ckpt_load *l, uint32_t r)
 	uint64_t off = io_shard_reader_index(rd)->data_end;
 	io_shard_reader_close(rd);
 	size_t len = l->shards[r].index_len;
-	uint8_t *buf = malloc(len ? len : 1);
+	uint8_t *buf = ckpt_malloc(len ? len : 1);
 	if (!buf)
 		return ckpt_err(-ENOMEM, "%s: footer", path);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -92,7 +92,7 @@ static int verify_footer(ckpt_load *l, uint32_t r)
 		              "for rank %u (file replaced or damaged)", path, (unsigned long long)off, r);
 	if (fd >= 0)
 		close(fd);
-	free(buf);
+	ckpt_free(buf);
 	return rc;
 }
 
@@ -128,19 +128,19 @@ static int verify_step(ckpt_ctx *c, ckpt_load *l, const struct ckpt_verify_opts 
 			return rc;
 		n += l->ix[r]->nchunks;
 	}
-	struct io_read_req *reqs = calloc(n ? n : 1, sizeof *reqs);
+	struct io_read_req *reqs = ckpt_calloc(n ? n : 1, sizeof *reqs);
 	struct verify_state v = { .progress = o->progress, .arg = o->arg };
-	v.delivered = calloc(n ? n : 1, 1);
+	v.delivered = ckpt_calloc(n ? n : 1, 1);
 	if (!reqs || !v.delivered) {
-		free(reqs);
-		free(v.delivered);
+		ckpt_free(reqs);
+		ckpt_free(v.delivered);
 		return ckpt_err(-ENOMEM, "verify of %zu chunks", n);
 	}
 	v.base = reqs;
 	struct io_engine *eng;
 	if ((rc = load_engine_acquire(c, &eng))) {
-		free(reqs);
-		free(v.delivered);
+		ckpt_free(reqs);
+		ckpt_free(v.delivered);
 		return rc;
 	}
 	size_t k = 0;
@@ -171,8 +171,8 @@ static int verify_step(ckpt_ctx *c, ckpt_load *l, const struct ckpt_verify_opts 
 	for (size_t i = 0; i < k; i++)
 		res->chunks += v.delivered[i];
 	res->raw_bytes = v.done;
-	free(reqs);
-	free(v.delivered);
+	ckpt_free(reqs);
+	ckpt_free(v.delivered);
 	return rc;
 }
 
@@ -190,7 +190,7 @@ int ckpt_catalog_verify(ckpt_ctx *c, uint64_t step, const struct ckpt_verify_opt
 	}
 	if (ures && ures->size < sizeof(size_t))
 		return ckpt_err(-EINVAL, "ckpt_catalog_verify: result size %zu", ures->size);
-	struct ckpt_verify_result *res = calloc(1, sizeof *res);
+	struct ckpt_verify_result *res = ckpt_calloc(1, sizeof *res);
 	if (!res)
 		return ckpt_err(-ENOMEM, "verify");
 	uint64_t t0 = ckpt_now_ns();
@@ -218,6 +218,6 @@ int ckpt_catalog_verify(ckpt_ctx *c, uint64_t step, const struct ckpt_verify_opt
 		res->size = ures->size;
 		memcpy(ures, res, sz);
 	}
-	free(res);
+	ckpt_free(res);
 	return rc;
 }

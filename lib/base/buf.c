@@ -15,7 +15,7 @@ void ckpt_buf_init(struct ckpt_buf *b)
 
 void ckpt_buf_free(struct ckpt_buf *b)
 {
-	free(b->p);
+	ckpt_free(b->p);
 	ckpt_buf_init(b);
 }
 
@@ -29,7 +29,7 @@ void ckpt_buf_put(struct ckpt_buf *b, const void *p, size_t n)
 			if (cap > SIZE_MAX / 2) { b->ok = false; return; }
 			cap *= 2;
 		}
-		uint8_t *q = realloc(b->p, cap);
+		uint8_t *q = ckpt_realloc(b->p, cap);
 		if (!q) { b->ok = false; return; }
 		b->p = q;
 		b->cap = cap;

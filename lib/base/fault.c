@@ -4,6 +4,10 @@
  * CKPT_FAULT=<point>[:<nth>][:<action>] with CKPT_FAULT_RANK=<r>. The table below is
  * the one list of fault points; the crash matrix in tests/integration walks it.
  * A fault point costs one load and a branch when no fault is armed.
+ *
+ * Allocation failure is the other kind: CKPT_FAULT=alloc:<n>, or
+ * ckpt_fault_alloc_arm(n) from a test, fails the nth call of the allocation
+ * wrappers (alloc.c). Its counters cost an atomic add per allocation and per free.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -41,6 +45,10 @@ static struct {
 	int             only_rank; /* -1: any */
 	atomic_int      my_rank;
 	atomic_ulong    hits;
+	/* Allocation failure: every thread of the process counts here. */
+	_Atomic uint64_t alloc_at;    /* 0: off */
+	_Atomic uint64_t alloc_count;
+	_Atomic int64_t  alloc_live;
 } fault = { .lock = PTHREAD_MUTEX_INITIALIZER, .point = -1, .only_rank = -1, .my_rank = -1 };
 
 const char *ckpt_fault_point_name(enum ckpt_fault_point p)
@@ -57,6 +65,7 @@ static void fault_parse(void)
 	atomic_store(&fault.hits, 0);
 	const char *r = ckpt_env("CKPT_FAULT_RANK");
 	fault.only_rank = r ? atoi(r) : -1;
+	atomic_store(&fault.alloc_at, 0);
 	const char *e = ckpt_env("CKPT_FAULT");
 	if (!e)
 		return;
@@ -64,6 +73,17 @@ static void fault_parse(void)
 	snprintf(spec, sizeof spec, "%s", e);
 	char *save = NULL;
 	char *name = strtok_r(spec, ":", &save);
+	if (name && !strcmp(name, "alloc")) {
+		char *tok = strtok_r(NULL, ":", &save);
+		uint64_t n = tok ? strtoull(tok, NULL, 10) : 0;
+		if (!n) {
+			ckpt_log(CKPT_LOG_ERROR, "CKPT_FAULT: '%s' needs alloc:<n>, n >= 1 (ignored)", e);
+			return;
+		}
+		atomic_store(&fault.alloc_count, 0);
+		atomic_store(&fault.alloc_at, n);
+		return;
+	}
 	for (int i = 0; name && i < CKPT_FP_COUNT_; i++)
 		if (!strcmp(name, fault_points[i]))
 			fault.point = i;
@@ -152,4 +172,43 @@ int ckpt_fault(enum ckpt_fault_point p)
 	default:
 		return 0;
 	}
+}
+
+void ckpt_fault_alloc_arm(uint64_t n)
+{
+	/* Parse CKPT_FAULT first, so that a later lazy parse cannot undo this arm. */
+	if (!atomic_load_explicit(&fault.loaded, memory_order_acquire))
+		fault_load();
+	atomic_store(&fault.alloc_at, 0);
+	atomic_store(&fault.alloc_count, 0);
+	atomic_store(&fault.alloc_at, n);
+}
+
+uint64_t ckpt_fault_alloc_count(void)
+{
+	return atomic_load(&fault.alloc_count);
+}
+
+bool ckpt_fault_alloc_fail(void)
+{
+	if (!atomic_load_explicit(&fault.loaded, memory_order_acquire))
+		fault_load();
+	uint64_t n = atomic_fetch_add_explicit(&fault.alloc_count, 1, memory_order_relaxed) + 1;
+	uint64_t at = atomic_load_explicit(&fault.alloc_at, memory_order_relaxed);
+	if (!at || n != at)
+		return false;
+	if (fault.only_rank >= 0 && fault.only_rank != atomic_load(&fault.my_rank))
+		return false;
+	ckpt_log(CKPT_LOG_INFO, "fault injected: allocation %llu fails", (unsigned long long)n);
+	return true;
+}
+
+void ckpt_fault_alloc_note(int64_t blocks)
+{
+	atomic_fetch_add_explicit(&fault.alloc_live, blocks, memory_order_relaxed);
+}
+
+int64_t ckpt_fault_alloc_live(void)
+{
+	return atomic_load(&fault.alloc_live);
 }

@@ -293,13 +293,15 @@ static void *handshake_main(void *p)
 		ckpt_log_limited(&a->log_rejected, "%s: rejected %s: %s", a->o.who,
 		                 net_conn_name(h->conn), ckpt_err_msg());
 	net_close(h->conn);
+	/* Before the count drops: once commit_acceptor_free has seen it reach 0,
+	 * nothing a handshake allocated may still be held. */
+	ckpt_free(h);
 	if (handed || room)
 		wake(a);
 	pthread_mutex_lock(a->o.lock);
 	a->handshakes--;
 	pthread_cond_broadcast(&a->cond);
 	pthread_mutex_unlock(a->o.lock);
-	free(h);
 	return NULL;
 }
 
@@ -350,7 +352,7 @@ static bool peer_refused(struct commit_acceptor *a, struct net_conn *conn)
  * reached. */
 static void handshake_start(struct commit_acceptor *a, struct net_conn *conn)
 {
-	struct pending *h = calloc(1, sizeof *h);
+	struct pending *h = ckpt_calloc(1, sizeof *h);
 	if (!h) {
 		net_close(conn);
 		ckpt_err(-ENOMEM, "a handshake's state");
@@ -397,7 +399,7 @@ static void handshake_start(struct commit_acceptor *a, struct net_conn *conn)
 	a->handshakes--;
 	pthread_mutex_unlock(a->o.lock);
 	net_close(conn);
-	free(h);
+	ckpt_free(h);
 	ckpt_err(-rc, "a handshake thread");
 	accept_pause(a, "cannot start a handshake");
 }
@@ -405,16 +407,16 @@ static void handshake_start(struct commit_acceptor *a, struct net_conn *conn)
 int commit_acceptor_create(const struct commit_acceptor_opts *o, struct commit_acceptor **out)
 {
 	*out = NULL;
-	struct commit_acceptor *a = calloc(1, sizeof *a);
+	struct commit_acceptor *a = ckpt_calloc(1, sizeof *a);
 	if (!a)
 		return ckpt_err(-ENOMEM, "%s: acceptor", o->who);
 	a->o = *o;
-	a->arrived = calloc(o->world, sizeof *a->arrived);
-	a->reserved = calloc(o->world, sizeof *a->reserved);
+	a->arrived = ckpt_calloc(o->world, sizeof *a->arrived);
+	a->reserved = ckpt_calloc(o->world, sizeof *a->reserved);
 	if (!a->arrived || !a->reserved) {
-		free(a->arrived);
-		free(a->reserved);
-		free(a);
+		ckpt_free(a->arrived);
+		ckpt_free(a->reserved);
+		ckpt_free(a);
 		return ckpt_err(-ENOMEM, "%s: acceptor", o->who);
 	}
 	a->uid = geteuid();
@@ -533,7 +535,7 @@ void commit_acceptor_free(struct commit_acceptor *a)
 	ckpt_ratelimit_destroy(&a->log_accept);
 	ckpt_ratelimit_destroy(&a->log_peer);
 	pthread_cond_destroy(&a->cond);
-	free(a->arrived);
-	free(a->reserved);
-	free(a);
+	ckpt_free(a->arrived);
+	ckpt_free(a->reserved);
+	ckpt_free(a);
 }

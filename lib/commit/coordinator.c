@@ -96,6 +96,8 @@ struct commit_coord {
 	bool                 stop;
 
 	struct coord_link   *links;            /* [world], loop thread only */
+	struct pollfd       *pf;               /* [world + 2], the loop's; allocated by start, */
+	uint32_t            *who;              /* so that a loop that cannot run never listens */
 	struct coord_step   *steps;            /* loop thread only */
 	struct commit_coord_stats stats;       /* last decided step, under lock */
 	uint64_t             ranks_left;       /* under lock */
@@ -132,26 +134,26 @@ static struct coord_step *step_find(struct commit_coord *c, uint64_t step, bool 
 		return *pp;
 	if (!create)
 		return NULL;
-	struct coord_step *s = calloc(1, sizeof *s);
+	struct coord_step *s = ckpt_calloc(1, sizeof *s);
 	if (s) {
-		s->payloads = calloc(c->world, sizeof *s->payloads);
-		s->votes = calloc(c->world, sizeof *s->votes);
-		s->began = calloc(c->world, sizeof *s->began);
-		s->shards = calloc(c->world, sizeof *s->shards);
-		s->paths = calloc(c->world, sizeof *s->paths);
+		s->payloads = ckpt_calloc(c->world, sizeof *s->payloads);
+		s->votes = ckpt_calloc(c->world, sizeof *s->votes);
+		s->began = ckpt_calloc(c->world, sizeof *s->began);
+		s->shards = ckpt_calloc(c->world, sizeof *s->shards);
+		s->paths = ckpt_calloc(c->world, sizeof *s->paths);
 		if (commit_gather_create(c->world, step, true, &s->gather))
 			s->gather = NULL;
 	}
 	if (!s || !s->payloads || !s->votes || !s->began || !s->shards || !s->paths || !s->gather) {
 		if (s) {
-			free(s->payloads);
-			free(s->votes);
-			free(s->began);
-			free(s->shards);
-			free(s->paths);
+			ckpt_free(s->payloads);
+			ckpt_free(s->votes);
+			ckpt_free(s->began);
+			ckpt_free(s->shards);
+			ckpt_free(s->paths);
 			commit_gather_free(s->gather);
 		}
-		free(s);
+		ckpt_free(s);
 		return NULL;
 	}
 	s->step = step;
@@ -163,14 +165,14 @@ static struct coord_step *step_find(struct commit_coord *c, uint64_t step, bool 
 static void step_free(struct commit_coord *c, struct coord_step *s)
 {
 	for (uint32_t r = 0; r < c->world; r++)
-		free(s->payloads[r]);
-	free(s->payloads);
-	free(s->votes);
-	free(s->began);
-	free(s->shards);
-	free(s->paths);
+		ckpt_free(s->payloads[r]);
+	ckpt_free(s->payloads);
+	ckpt_free(s->votes);
+	ckpt_free(s->began);
+	ckpt_free(s->shards);
+	ckpt_free(s->paths);
 	commit_gather_free(s->gather);
-	free(s);
+	ckpt_free(s);
 }
 
 /* Take s off the list and free it (an attempt that never began). */
@@ -248,7 +250,7 @@ static void link_drop(struct commit_coord *c, uint32_t l, const char *why)
 	}
 	pthread_mutex_unlock(&c->lock);
 	net_close(k->conn);
-	free(k->ranks);
+	ckpt_free(k->ranks);
 	memset(k, 0, sizeof *k);
 }
 
@@ -453,7 +455,7 @@ static void on_relay_hello(struct commit_coord *c, uint32_t l, const struct net_
 	if (why[0]) {
 		char full[COMMIT_MAX_REASON];
 		snprintf(full, sizeof full, "node leader (rank %u) of node %u refused: %s", l, node, why);
-		free(ranks);
+		ckpt_free(ranks);
 		if (!send_status(c, l, l, COMMIT_MSG_RELAY_WELCOME, 0, 0, CKPT_EPEER, full))
 			link_drop(c, l, full);
 		return;
@@ -587,6 +589,12 @@ static uint32_t broadcast(struct commit_coord *c, const struct coord_step *s, in
 		ckpt_log(CKPT_LOG_ERROR, "coordinator: step %llu: cannot encode the decision: %s",
 		         (unsigned long long)step, ckpt_err_msg());
 		ckpt_buf_free(&b);
+		/* As for a send that fails: a rank that cannot be told is dropped, and learns
+		 * now what waiting for the decision would tell it only at its timeout (in doubt
+		 * after its vote: the manifest decides). */
+		for (uint32_t l = 0; l < c->world; l++)
+			if (c->links[l].conn)
+				link_drop(c, l, "the coordinator could not encode the decision");
 		return 0;
 	}
 	uint32_t sends = 0;
@@ -724,14 +732,8 @@ static void links_take(struct commit_coord *c)
 static void *coord_main(void *arg)
 {
 	struct commit_coord *c = arg;
-	struct pollfd *pf = calloc(c->world + 2, sizeof *pf);
-	uint32_t *who = calloc(c->world + 2, sizeof *who);
-	if (!pf || !who) {
-		ckpt_log(CKPT_LOG_ERROR, "coordinator: out of memory; not serving");
-		free(pf);
-		free(who);
-		return NULL;
-	}
+	struct pollfd *pf = c->pf;
+	uint32_t *who = c->who;
 	for (;;) {
 		pthread_mutex_lock(&c->lock);
 		bool stop = c->stop;
@@ -766,8 +768,6 @@ static void *coord_main(void *arg)
 			if (pf[i].revents)
 				link_read(c, who[i]);
 	}
-	free(pf);
-	free(who);
 	return NULL;
 }
 
@@ -778,7 +778,7 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 	    (o->secret_len && !o->secret))
 		return ckpt_err(-EINVAL, "coordinator: needs a manifest, a job id, an address, a "
 		                "world size > 0 and a secret of the given length");
-	struct commit_coord *c = calloc(1, sizeof *c);
+	struct commit_coord *c = ckpt_calloc(1, sizeof *c);
 	if (!c)
 		return ckpt_err(-ENOMEM, "coordinator");
 	c->wake[0] = c->wake[1] = -1;
@@ -787,23 +787,25 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 	c->world = o->world;
 	c->timeout_ms = o->timeout_ms;
 	reserve(c);
-	c->job_id = strdup(o->job_id);
-	c->root = o->root ? strdup(o->root) : NULL;
+	c->job_id = ckpt_strdup(o->job_id);
+	c->root = o->root ? ckpt_strdup(o->root) : NULL;
 	c->incarnation = o->incarnation;
-	c->links = calloc(o->world, sizeof *c->links);
-	c->owner = malloc(o->world * sizeof *c->owner);
+	c->links = ckpt_calloc(o->world, sizeof *c->links);
+	c->pf = ckpt_calloc((size_t)o->world + 2, sizeof *c->pf);
+	c->who = ckpt_calloc((size_t)o->world + 2, sizeof *c->who);
+	c->owner = ckpt_malloc(o->world * sizeof *c->owner);
 	if (c->owner)
 		for (uint32_t r = 0; r < o->world; r++)
 			c->owner[r] = NO_OWNER;
 	if (o->secret_len) {
-		c->secret = malloc(o->secret_len);
+		c->secret = ckpt_malloc(o->secret_len);
 		if (c->secret)
 			memcpy(c->secret, o->secret, o->secret_len);
 		c->secret_len = o->secret_len;
 	}
 	int rc;
-	if (!c->job_id || !c->links || !c->owner || (o->secret_len && !c->secret) ||
-	    (o->root && !c->root)) {
+	if (!c->job_id || !c->links || !c->pf || !c->who || !c->owner ||
+	    (o->secret_len && !c->secret) || (o->root && !c->root)) {
 		rc = ckpt_err(-ENOMEM, "coordinator");
 		goto fail;
 	}
@@ -873,7 +875,7 @@ void commit_coord_stop(struct commit_coord *c)
 	commit_acceptor_free(c->acc);
 	for (uint32_t l = 0; c->links && l < c->world; l++) {
 		net_close(c->links[l].conn);
-		free(c->links[l].ranks);
+		ckpt_free(c->links[l].ranks);
 	}
 	while (c->steps) {
 		struct coord_step *s = c->steps;
@@ -887,12 +889,14 @@ void commit_coord_stop(struct commit_coord *c)
 	}
 	if (c->secret) {
 		explicit_bzero(c->secret, c->secret_len);
-		free(c->secret);
+		ckpt_free(c->secret);
 	}
-	free(c->job_id);
-	free(c->root);
-	free(c->links);
-	free(c->owner);
+	ckpt_free(c->job_id);
+	ckpt_free(c->root);
+	ckpt_free(c->links);
+	ckpt_free(c->pf);
+	ckpt_free(c->who);
+	ckpt_free(c->owner);
 	pthread_mutex_destroy(&c->lock);
-	free(c);
+	ckpt_free(c);
 }

@@ -69,12 +69,12 @@ static int commit_txn(struct manifest *m, const struct manifest_step *id,
  * the ranks. */
 static void record_abort(struct manifest *m, const struct manifest_step *id)
 {
-	char *why = strdup(ckpt_err_msg());
+	char *why = ckpt_strdup(ckpt_err_msg());
 	struct manifest_step cur;
 	if (!(manifest_step_get(m, id->step, &cur) == 0 && cur.state == CKPT_STATE_COMMITTED))
 		manifest_record_abort(m, id, why ? why : "commit failed");
 	ckpt_err_restore(why ? why : "commit failed (out of memory for the reason)");
-	free(why);
+	ckpt_free(why);
 }
 
 int commit_decide_records(struct manifest *m, const struct manifest_step *id,
@@ -95,8 +95,8 @@ int commit_decide(struct manifest *m, const struct manifest_step *id,
 	uint64_t step = id->step;
 	uint32_t world = id->world;
 	struct commit_gather *g = NULL;
-	struct manifest_shard *shards = calloc(world ? world : 1, sizeof *shards);
-	char (*paths)[COMMIT_SHARD_PATH_MAX] = calloc(world ? world : 1, sizeof *paths);
+	struct manifest_shard *shards = ckpt_calloc(world ? world : 1, sizeof *shards);
+	char (*paths)[COMMIT_SHARD_PATH_MAX] = ckpt_calloc(world ? world : 1, sizeof *paths);
 	int rc = shards && paths ? commit_gather_create(world, step, true, &g)
 	                         : ckpt_err(-ENOMEM, "commit of step %llu", (unsigned long long)step);
 	for (uint32_t r = 0; r < world && !rc; r++) {
@@ -122,7 +122,7 @@ int commit_decide(struct manifest *m, const struct manifest_step *id,
 	else if (rc != -EEXIST)
 		record_abort(m, id);
 	commit_gather_free(g);
-	free(shards);
-	free(paths);
+	ckpt_free(shards);
+	ckpt_free(paths);
 	return rc;
 }

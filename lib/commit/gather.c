@@ -50,9 +50,9 @@ struct commit_gather {
 int commit_gather_create(uint32_t world, uint64_t step, bool owns, struct commit_gather **out)
 {
 	*out = NULL;
-	struct commit_gather *g = calloc(1, sizeof *g);
-	if (!g || !(g->ix = calloc(world, sizeof *g->ix))) {
-		free(g);
+	struct commit_gather *g = ckpt_calloc(1, sizeof *g);
+	if (!g || !(g->ix = ckpt_calloc(world, sizeof *g->ix))) {
+		ckpt_free(g);
 		return ckpt_err(-ENOMEM, "validation of step %llu", (unsigned long long)step);
 	}
 	g->step = step;
@@ -68,16 +68,16 @@ void commit_gather_free(struct commit_gather *g)
 		return;
 	for (size_t i = 0; i < g->table_cap; i++) {
 		if (g->table[i]) {
-			free(g->table[i]->pieces);
-			free(g->table[i]);
+			ckpt_free(g->table[i]->pieces);
+			ckpt_free(g->table[i]);
 		}
 	}
-	free(g->table);
+	ckpt_free(g->table);
 	if (g->owns)
 		for (uint32_t r = 0; r < g->world; r++)
 			io_index_free(g->ix[r]);
-	free(g->ix);
-	free(g);
+	ckpt_free(g->ix);
+	ckpt_free(g);
 }
 
 static int g_fail(struct commit_gather *g, int code)
@@ -89,7 +89,7 @@ static int g_fail(struct commit_gather *g, int code)
 static int table_grow(struct commit_gather *g)
 {
 	size_t cap = g->table_cap ? g->table_cap * 2 : 256;
-	struct group **t = calloc(cap, sizeof *t);
+	struct group **t = ckpt_calloc(cap, sizeof *t);
 	if (!t)
 		return -ENOMEM;
 	for (size_t i = 0; i < g->table_cap; i++) {
@@ -101,7 +101,7 @@ static int table_grow(struct commit_gather *g)
 			j = (j + 1) & (cap - 1);
 		t[j] = e;
 	}
-	free(g->table);
+	ckpt_free(g->table);
 	g->table = t;
 	g->table_cap = cap;
 	return 0;
@@ -121,7 +121,7 @@ static struct group *group_get(struct commit_gather *g, const struct gpiece *p, 
 			return g->table[j];
 		j = (j + 1) & (g->table_cap - 1);
 	}
-	struct group *e = calloc(1, sizeof *e);
+	struct group *e = ckpt_calloc(1, sizeof *e);
 	if (!e)
 		return NULL;
 	e->name = name;
@@ -183,7 +183,7 @@ static int add_sharded(struct commit_gather *g, struct group *e, const struct gp
 			                e->pieces[i].rank, p->rank);
 	if (e->n == e->cap) {
 		uint32_t cap = e->cap ? e->cap * 2 : 4;
-		struct gpiece *n = realloc(e->pieces, cap * sizeof *n);
+		struct gpiece *n = ckpt_realloc(e->pieces, cap * sizeof *n);
 		if (!n)
 			return ckpt_err(-ENOMEM, "validation of step %llu", (unsigned long long)g->step);
 		e->pieces = n;
@@ -255,8 +255,11 @@ static int add_piece(struct commit_gather *g, const struct gpiece *p)
 
 int commit_gather_add(struct commit_gather *g, struct io_shard_index *ix)
 {
-	if (g->failed)
+	if (g->failed) {
+		if (g->owns)
+			io_index_free(ix);
 		return CKPT_EINVALID;
+	}
 	uint32_t r = ix->rank;
 	if (r >= g->world || ix->world != g->world || ix->step != g->step || g->ix[r]) {
 		int rc = (r < g->world && g->ix[r])

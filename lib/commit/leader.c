@@ -62,6 +62,8 @@ struct commit_leader {
 
 	pthread_mutex_t      lock;
 	struct net_conn    **local;             /* [n]: rank first+i's connection */
+	struct pollfd       *pf;                /* [n + 3], the loop's; allocated by start, */
+	uint32_t            *who;               /* so that a loop that cannot run never listens */
 	bool                 up_lost;           /* no coordinator: refuse ranks */
 	bool                 stop;
 };
@@ -277,14 +279,8 @@ static void up_read(struct commit_leader *l)
 static void *leader_main(void *arg)
 {
 	struct commit_leader *l = arg;
-	struct pollfd *pf = calloc(l->n + 3, sizeof *pf);
-	uint32_t *who = calloc(l->n + 3, sizeof *who);
-	if (!pf || !who) {
-		ckpt_log(CKPT_LOG_ERROR, "%s: out of memory; not serving", l->name);
-		free(pf);
-		free(who);
-		return NULL;
-	}
+	struct pollfd *pf = l->pf;
+	uint32_t *who = l->who;
 	for (;;) {
 		pthread_mutex_lock(&l->lock);
 		bool stop = l->stop;
@@ -335,8 +331,6 @@ static void *leader_main(void *arg)
 				local_read(l, who[k]);
 		}
 	}
-	free(pf);
-	free(who);
 	return NULL;
 }
 
@@ -353,7 +347,7 @@ static int leader_join(struct commit_leader *l, const struct commit_leader_opts 
 	if ((rc = net_handshake_client(l->up, &a, (int)o->timeout_ms)))
 		return ckpt_err_prefix(rc, "%s: join job '%s' at the coordinator %s:%u", l->name,
 		                       o->job_id, o->addr, o->port);
-	uint32_t *ranks = malloc(l->n * sizeof *ranks);
+	uint32_t *ranks = ckpt_malloc(l->n * sizeof *ranks);
 	if (!ranks)
 		return ckpt_err(-ENOMEM, "%s", l->name);
 	for (uint32_t i = 0; i < l->n; i++)
@@ -361,7 +355,7 @@ static int leader_join(struct commit_leader *l, const struct commit_leader_opts 
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
 	rc = commit_hello_encode(l->node, ranks, l->n, &b);
-	free(ranks);
+	ckpt_free(ranks);
 	if (!rc)
 		rc = net_send(l->up, COMMIT_MSG_RELAY_HELLO, b.p, b.len, (int)o->timeout_ms);
 	ckpt_buf_free(&b);
@@ -391,7 +385,7 @@ int commit_leader_start(const struct commit_leader_opts *o, struct commit_leader
 		return ckpt_err(-EINVAL, "node leader: needs a job id, the coordinator's and its own "
 		                "address, and a node of 1..%u ranks inside the world that holds its "
 		                "own rank", COMMIT_MAX_NODE_RANKS);
-	struct commit_leader *l = calloc(1, sizeof *l);
+	struct commit_leader *l = ckpt_calloc(1, sizeof *l);
 	if (!l)
 		return ckpt_err(-ENOMEM, "node leader");
 	l->wake[0] = l->wake[1] = -1;
@@ -403,16 +397,18 @@ int commit_leader_start(const struct commit_leader_opts *o, struct commit_leader
 	l->n = o->nranks;
 	snprintf(l->name, sizeof l->name, "node leader of node %u (ranks %u..%u)", o->node, o->first,
 	         o->first + o->nranks - 1);
-	l->job_id = strdup(o->job_id);
-	l->local = calloc(o->nranks, sizeof *l->local);
+	l->job_id = ckpt_strdup(o->job_id);
+	l->local = ckpt_calloc(o->nranks, sizeof *l->local);
+	l->pf = ckpt_calloc((size_t)o->nranks + 3, sizeof *l->pf);
+	l->who = ckpt_calloc((size_t)o->nranks + 3, sizeof *l->who);
 	if (o->secret_len) {
-		l->secret = malloc(o->secret_len);
+		l->secret = ckpt_malloc(o->secret_len);
 		if (l->secret)
 			memcpy(l->secret, o->secret, o->secret_len);
 		l->secret_len = o->secret_len;
 	}
 	int rc;
-	if (!l->job_id || !l->local || (o->secret_len && !l->secret)) {
+	if (!l->job_id || !l->local || !l->pf || !l->who || (o->secret_len && !l->secret)) {
 		rc = ckpt_err(-ENOMEM, "%s", l->name);
 		goto fail;
 	}
@@ -476,10 +472,12 @@ void commit_leader_stop(struct commit_leader *l)
 	}
 	if (l->secret) {
 		explicit_bzero(l->secret, l->secret_len);
-		free(l->secret);
+		ckpt_free(l->secret);
 	}
-	free(l->job_id);
-	free(l->local);
+	ckpt_free(l->job_id);
+	ckpt_free(l->local);
+	ckpt_free(l->pf);
+	ckpt_free(l->who);
 	pthread_mutex_destroy(&l->lock);
-	free(l);
+	ckpt_free(l);
 }

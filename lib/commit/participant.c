@@ -55,7 +55,7 @@ static struct part_entry *entry_get(struct commit_part *p, uint64_t step, bool c
 			return e;
 	if (!create)
 		return NULL;
-	struct part_entry *e = calloc(1, sizeof *e);
+	struct part_entry *e = ckpt_calloc(1, sizeof *e);
 	if (e) {
 		e->step = step;
 		e->next = p->entries;
@@ -70,7 +70,7 @@ static void entry_drop(struct commit_part *p, uint64_t step)
 		if ((*pp)->step == step) {
 			struct part_entry *e = *pp;
 			*pp = e->next;
-			free(e);
+			ckpt_free(e);
 			return;
 		}
 	}
@@ -152,7 +152,7 @@ static void *rx_main(void *arg)
 int commit_part_connect(const struct commit_part_opts *o, struct commit_part **out)
 {
 	*out = NULL;
-	struct commit_part *p = calloc(1, sizeof *p);
+	struct commit_part *p = ckpt_calloc(1, sizeof *p);
 	if (!p)
 		return ckpt_err(-ENOMEM, "participant");
 	pthread_mutex_init(&p->send_lock, NULL);
@@ -203,7 +203,7 @@ void commit_part_close(struct commit_part *p)
 	pthread_mutex_destroy(&p->send_lock);
 	pthread_mutex_destroy(&p->lock);
 	pthread_cond_destroy(&p->cond);
-	free(p);
+	ckpt_free(p);
 }
 
 static int part_send(struct commit_part *p, uint16_t type, const struct ckpt_buf *b)

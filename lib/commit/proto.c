@@ -180,14 +180,14 @@ int commit_hello_decode(const void *p, size_t n, uint32_t *node, uint32_t **rank
 	if (!c.ok || k == 0 || k > COMMIT_MAX_NODE_RANKS || c.left != (size_t)k * 4)
 		return ckpt_err(CKPT_EPROTO, "RELAY_HELLO: %u ranks in %zu bytes (1..%u ranks, 4 "
 		                "bytes each)", k, c.left, COMMIT_MAX_NODE_RANKS);
-	uint32_t *r = malloc((size_t)k * sizeof *r);
+	uint32_t *r = ckpt_malloc((size_t)k * sizeof *r);
 	if (!r)
 		return ckpt_err(-ENOMEM, "RELAY_HELLO");
 	for (uint32_t i = 0; i < k; i++) {
 		r[i] = ckpt_cursor_u32(&c);
 		if (i && r[i] <= r[i - 1]) {
 			uint32_t a = r[i - 1], b = r[i];
-			free(r);
+			ckpt_free(r);
 			return ckpt_err(CKPT_EPROTO, "RELAY_HELLO: ranks not strictly ascending (%u "
 			                "after %u)", b, a);
 		}

@@ -57,7 +57,7 @@ void commit_refuse(const struct commit_refuse_opts *o)
 	r.code = o->code < 0 && o->code > -2000 ? o->code : CKPT_EPEER;
 	snprintf(r.why, sizeof r.why, "%s", o->why);
 	pthread_mutex_init(&r.lock, NULL);
-	r.told = calloc(o->world, sizeof *r.told);
+	r.told = ckpt_calloc(o->world, sizeof *r.told);
 	if (!r.told || pipe2(wake, O_NONBLOCK | O_CLOEXEC) < 0)
 		goto out;
 	if (net_listen(o->transport, o->addr, o->port, &lis)) {
@@ -105,6 +105,6 @@ out:
 		close(wake[0]);
 		close(wake[1]);
 	}
-	free(r.told);
+	ckpt_free(r.told);
 	pthread_mutex_destroy(&r.lock);
 }

@@ -133,7 +133,7 @@ static void ctx_destroy(void *p)
 	struct zstd_ctxs *z = p;
 	ZSTD_freeCCtx(z->c);
 	ZSTD_freeDCtx(z->d);
-	free(z);
+	ckpt_free(z);
 }
 
 static void ctx_key_init(void)
@@ -147,9 +147,9 @@ static struct zstd_ctxs *ctxs(void)
 	pthread_once(&ctx_once, ctx_key_init);
 	struct zstd_ctxs *z = pthread_getspecific(ctx_key);
 	if (!z) {
-		z = calloc(1, sizeof *z);
+		z = ckpt_calloc(1, sizeof *z);
 		if (!z || pthread_setspecific(ctx_key, z)) {
-			free(z);
+			ckpt_free(z);
 			return NULL;
 		}
 	}

@@ -60,17 +60,17 @@ int io_engine_create(struct io_pool *pool, unsigned depth, struct io_engine **ou
 	*out = NULL;
 	if (depth == 0 || depth > 4096)
 		return ckpt_err(-EINVAL, "io engine: depth %u outside [1, 4096]", depth);
-	struct io_engine *e = calloc(1, sizeof *e);
+	struct io_engine *e = ckpt_calloc(1, sizeof *e);
 	if (!e)
 		return ckpt_err(-ENOMEM, "io engine");
 	e->pool = pool;
 	e->depth = e->nfree = depth;
-	e->reqs = calloc(depth, sizeof *e->reqs);
-	e->free_slots = calloc(depth, sizeof *e->free_slots);
+	e->reqs = ckpt_calloc(depth, sizeof *e->reqs);
+	e->free_slots = ckpt_calloc(depth, sizeof *e->free_slots);
 	if (!e->reqs || !e->free_slots) {
-		free(e->reqs);
-		free(e->free_slots);
-		free(e);
+		ckpt_free(e->reqs);
+		ckpt_free(e->free_slots);
+		ckpt_free(e);
 		return ckpt_err(-ENOMEM, "io engine");
 	}
 	for (unsigned i = 0; i < depth; i++)
@@ -79,15 +79,15 @@ int io_engine_create(struct io_pool *pool, unsigned depth, struct io_engine **ou
 	 * cannot overflow. */
 	int rc = io_uring_queue_init(depth, &e->ring, 0);
 	if (rc < 0) {
-		free(e->reqs);
-		free(e->free_slots);
-		free(e);
+		ckpt_free(e->reqs);
+		ckpt_free(e->free_slots);
+		ckpt_free(e);
 		return ckpt_err(rc == -EPERM ? -ENOSYS : rc, "io engine: io_uring_queue_init(%u)",
 		                depth);
 	}
 	if (pool) {
 		unsigned n = io_pool_nbufs(pool);
-		struct iovec *iov = calloc(n, sizeof *iov);
+		struct iovec *iov = ckpt_calloc(n, sizeof *iov);
 		rc = -ENOMEM;
 		if (iov) {
 			for (unsigned i = 0; i < n; i++) {
@@ -95,7 +95,7 @@ int io_engine_create(struct io_pool *pool, unsigned depth, struct io_engine **ou
 				iov[i].iov_len = io_pool_buf_bytes(pool);
 			}
 			rc = io_uring_register_buffers(&e->ring, iov, n);
-			free(iov);
+			ckpt_free(iov);
 		}
 		e->registered = rc == 0;
 		if (!e->registered)
@@ -115,9 +115,9 @@ void io_engine_destroy(struct io_engine *e)
 		if (io_engine_reap(e, true) < 0)
 			break;
 	io_uring_queue_exit(&e->ring);
-	free(e->reqs);
-	free(e->free_slots);
-	free(e);
+	ckpt_free(e->reqs);
+	ckpt_free(e->free_slots);
+	ckpt_free(e);
 }
 
 struct io_pool *io_engine_pool(const struct io_engine *e) { return e->pool; }

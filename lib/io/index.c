@@ -109,10 +109,10 @@ void io_index_free(struct io_shard_index *ix)
 		return;
 	if (ix->tensors)
 		for (uint32_t i = 0; i < ix->ntensors; i++)
-			free((char *)ix->tensors[i].name);
-	free(ix->tensors);
-	free(ix->chunks);
-	free(ix);
+			ckpt_free((char *)ix->tensors[i].name);
+	ckpt_free(ix->tensors);
+	ckpt_free(ix->chunks);
+	ckpt_free(ix);
 }
 
 int io_index_find(const struct io_shard_index *ix, const char *name)
@@ -184,7 +184,7 @@ static int tensor_decode(struct ckpt_cursor *c, struct io_tensor_entry *t, uint3
 	 * no control bytes, nothing that walks out of a path). */
 	if (ckpt_name_problem((const char *)name, n, false))
 		return BAD("tensor %u: invalid name (length %u)", i, n);
-	char *s = malloc((size_t)n + 1);
+	char *s = ckpt_malloc((size_t)n + 1);
 	if (!s)
 		return ckpt_err(-ENOMEM, "shard index: tensor %u name", i);
 	memcpy(s, name, n);
@@ -310,7 +310,7 @@ static int cmp_by_name(const void *a, const void *b, void *arg)
 static int overlap_and_names_check(const struct io_shard_index *ix)
 {
 	size_t n = ix->nchunks > ix->ntensors ? ix->nchunks : ix->ntensors;
-	uint32_t *ord = malloc((n ? n : 1) * sizeof *ord);
+	uint32_t *ord = ckpt_malloc((n ? n : 1) * sizeof *ord);
 	if (!ord)
 		return ckpt_err(-ENOMEM, "shard index: checking %zu entries", n);
 	int rc = 0;
@@ -332,7 +332,7 @@ static int overlap_and_names_check(const struct io_shard_index *ix)
 		if (!strcmp(ix->tensors[ord[i - 1]].name, ix->tensors[ord[i]].name))
 			rc = BAD("tensors %u and %u: duplicate name '%s'", ord[i - 1], ord[i],
 			         ix->tensors[ord[i]].name);
-	free(ord);
+	ckpt_free(ord);
 	return rc;
 }
 
@@ -431,8 +431,8 @@ static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 	if (need > c->left)
 		return BAD("%u tensors and %u chunks need >= %llu bytes, %zu left", ntensors,
 		           nchunks, (unsigned long long)need, c->left);
-	ix->tensors = calloc(ntensors ? ntensors : 1, sizeof *ix->tensors);
-	ix->chunks = calloc(nchunks ? nchunks : 1, sizeof *ix->chunks);
+	ix->tensors = ckpt_calloc(ntensors ? ntensors : 1, sizeof *ix->tensors);
+	ix->chunks = ckpt_calloc(nchunks ? nchunks : 1, sizeof *ix->chunks);
 	if (!ix->tensors || !ix->chunks)
 		return ckpt_err(-ENOMEM, "shard index: %u tensors, %u chunks", ntensors, nchunks);
 	for (uint32_t i = 0; i < ntensors; i++) {
@@ -458,7 +458,7 @@ static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 int io_index_decode(const void *buf, size_t len, struct io_shard_index **out)
 {
 	*out = NULL;
-	struct io_shard_index *ix = calloc(1, sizeof *ix);
+	struct io_shard_index *ix = ckpt_calloc(1, sizeof *ix);
 	if (!ix)
 		return ckpt_err(-ENOMEM, "shard index: decode");
 	struct ckpt_cursor c;
@@ -483,7 +483,7 @@ int io_blocks_encode(uint32_t block_bytes, const uint8_t *hashes, uint64_t nbloc
 	if (!ckpt_mul_u64(nblocks, CKPT_HASH_BYTES, &n) || !ckpt_add_u64(n, IO_BLOCKS_HDR_BYTES, &n) ||
 	    n > SIZE_MAX)
 		return ckpt_err(-EINVAL, "block table: %llu blocks", (unsigned long long)nblocks);
-	uint8_t *p = malloc((size_t)n);
+	uint8_t *p = ckpt_malloc((size_t)n);
 	if (!p)
 		return ckpt_err(-ENOMEM, "block table of %llu bytes", (unsigned long long)n);
 	memcpy(p, IO_BLOCKS_MAGIC, IO_MAGIC_BYTES);

@@ -186,7 +186,7 @@ struct io_tensor_desc {
 
 struct io_shard_result {
 	struct io_shard_index *index;      /* caller frees: io_index_free */
-	void    *footer;                   /* encoded index, caller frees: free() */
+	void    *footer;                   /* encoded index, caller frees: ckpt_free() */
 	size_t   footer_len;
 	uint8_t  footer_hash[CKPT_HASH_BYTES];
 	uint64_t file_size;

@@ -40,14 +40,14 @@ int io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_alloc 
 	    !ckpt_mul_u64(buf_bytes, nbufs, &total) || total > SIZE_MAX)
 		return ckpt_err(-EINVAL, "io pool: %u buffers of %zu bytes (need a non-zero "
 		                "multiple of %u)", nbufs, buf_bytes, CKPT_ALIGN);
-	struct io_pool *p = calloc(1, sizeof *p);
+	struct io_pool *p = ckpt_calloc(1, sizeof *p);
 	if (!p)
 		return ckpt_err(-ENOMEM, "io pool");
 	p->buf_bytes = buf_bytes;
 	p->total = (size_t)total;
 	p->nbufs = p->nfree = nbufs;
-	p->free_stack = calloc(nbufs, sizeof *p->free_stack);
-	p->owned = calloc(nbufs, sizeof *p->owned);
+	p->free_stack = ckpt_calloc(nbufs, sizeof *p->free_stack);
+	p->owned = ckpt_calloc(nbufs, sizeof *p->owned);
 	if (alloc && alloc->alloc)
 		p->alloc = *alloc;
 	if (!p->free_stack || !p->owned)
@@ -56,9 +56,9 @@ int io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_alloc 
 		p->base = p->alloc.alloc(p->total, p->alloc.arg);
 		if (p->base && (uintptr_t)p->base % CKPT_ALIGN) {
 			p->alloc.free(p->base, p->total, p->alloc.arg);
-			free(p->free_stack);
-			free(p->owned);
-			free(p);
+			ckpt_free(p->free_stack);
+			ckpt_free(p->owned);
+			ckpt_free(p);
 			return ckpt_err(-EINVAL, "io pool: allocator returned unaligned memory");
 		}
 	} else {
@@ -78,9 +78,9 @@ int io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_alloc 
 	*out = p;
 	return 0;
 nomem:
-	free(p->free_stack);
-	free(p->owned);
-	free(p);
+	ckpt_free(p->free_stack);
+	ckpt_free(p->owned);
+	ckpt_free(p);
 	return ckpt_err(-ENOMEM, "io pool: %u buffers of %zu bytes", nbufs, buf_bytes);
 }
 
@@ -97,9 +97,9 @@ void io_pool_destroy(struct io_pool *p)
 		io_unmap_buffers(p->base, p->total);
 	pthread_cond_destroy(&p->freed);
 	pthread_mutex_destroy(&p->lock);
-	free(p->free_stack);
-	free(p->owned);
-	free(p);
+	ckpt_free(p->free_stack);
+	ckpt_free(p->owned);
+	ckpt_free(p);
 }
 
 int io_pool_get(struct io_pool *p, int timeout_ms)
@@ -226,7 +226,7 @@ void io_unmap_buffers(void *m, size_t bytes)
 void *io_aligned_alloc(size_t bytes)
 {
 	void *m = NULL;
-	if (posix_memalign(&m, CKPT_ALIGN, ckpt_align_up(bytes ? bytes : 1, CKPT_ALIGN)))
+	if (ckpt_posix_memalign(&m, CKPT_ALIGN, ckpt_align_up(bytes ? bytes : 1, CKPT_ALIGN)))
 		return NULL;
 	return m;
 }

@@ -196,7 +196,7 @@ static int load_index(struct io_shard_reader *r)
 	uint32_t hworld = rc ? 0 : ckpt_get_le32(blk + IO_HDR_OFF_WORLD);
 	uint32_t hversion = rc ? 0 : ckpt_get_le32(blk + IO_HDR_OFF_VERSION);
 	uint64_t hsave = hversion >= 3 ? ckpt_get_le64(blk + IO_HDR_OFF_SAVE_ID) : 0;
-	free(blk);
+	ckpt_free(blk);
 	if (rc)
 		return rc;
 	/* footer_off + footer_len <= size - 64 and size is aligned: this stays inside. */
@@ -218,7 +218,7 @@ static int load_index(struct io_shard_reader *r)
 	}
 	if (!rc && (rc = io_index_decode(f, (size_t)tr.footer_len, &r->owned)))
 		ckpt_err_prefix(rc, "%s: footer", r->path);
-	free(f);
+	ckpt_free(f);
 	if (rc)
 		return rc;
 	const struct io_shard_index *ix = r->owned;
@@ -243,20 +243,20 @@ void io_shard_reader_close(struct io_shard_reader *r)
 	if (r->fd >= 0)
 		close(r->fd);
 	io_index_free(r->owned);
-	free(r->blocks_msg);
-	free(r->blocks_buf);
-	free(r->first_block);
-	free(r->path);
-	free(r);
+	ckpt_free(r->blocks_msg);
+	ckpt_free(r->blocks_buf);
+	ckpt_free(r->first_block);
+	ckpt_free(r->path);
+	ckpt_free(r);
 }
 
 int io_shard_reader_open(struct io_engine *e, const char *path,
                          const struct io_shard_index *index, struct io_shard_reader **out)
 {
 	*out = NULL;
-	struct io_shard_reader *r = calloc(1, sizeof *r);
-	if (!r || !(r->path = strdup(path))) {
-		free(r);
+	struct io_shard_reader *r = ckpt_calloc(1, sizeof *r);
+	if (!r || !(r->path = ckpt_strdup(path))) {
+		ckpt_free(r);
 		return ckpt_err(-ENOMEM, "%s: reader", path);
 	}
 	r->e = e;
@@ -338,7 +338,7 @@ static int blocks_load(struct io_shard_reader *r)
 		                "mismatch", r->path, off, (unsigned long long)ix->blocks_len);
 	if ((rc = io_blocks_decode(ix, r->blocks_buf, (size_t)ix->blocks_len, &r->blocks)))
 		return ckpt_err_prefix(rc, "%s: block table at offset %llu", r->path, off);
-	if (!(r->first_block = malloc((ix->nchunks ? ix->nchunks : 1) * sizeof *r->first_block)))
+	if (!(r->first_block = ckpt_malloc((ix->nchunks ? ix->nchunks : 1) * sizeof *r->first_block)))
 		return ckpt_err(-ENOMEM, "%s: block table", r->path);
 	uint64_t n = 0;
 	for (uint32_t k = 0; k < ix->nchunks; k++) {
@@ -358,8 +358,8 @@ int io_shard_reader_load_blocks(struct io_shard_reader *r)
 	r->blocks_tried = true;
 	r->blocks_rc = blocks_load(r);
 	if (r->blocks_rc) {
-		r->blocks_msg = strdup(ckpt_err_msg());
-		free(r->blocks_buf);
+		r->blocks_msg = ckpt_strdup(ckpt_err_msg());
+		ckpt_free(r->blocks_buf);
 		r->blocks_buf = NULL;
 		r->blocks = NULL;
 	}
@@ -401,7 +401,7 @@ static void mem_release(struct rd_batch *b, struct rd_mem *m)
 	if (m->buf >= 0)
 		io_pool_put(b->pool, (unsigned)m->buf);
 	else
-		free(m->p);
+		ckpt_free(m->p);
 	m->buf = -1;
 	m->p = NULL;
 }
@@ -600,7 +600,7 @@ static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 	uint64_t nb = (q->flags & IO_READ_CHECK_BLOCKS) ? io_chunk_nblocks(r->ix, c) : 0;
 	if (nb > b->scratch_cap) {
 		uint8_t *p = nb <= SIZE_MAX / CKPT_HASH_BYTES
-			? realloc(b->scratch, (size_t)nb * CKPT_HASH_BYTES) : NULL;
+			? ckpt_realloc(b->scratch, (size_t)nb * CKPT_HASH_BYTES) : NULL;
 		if (!p)
 			return ckpt_err(-ENOMEM, "%s: block hashes of chunk %u", r->path, q->chunk);
 		b->scratch = p;
@@ -651,7 +651,7 @@ int io_read_batch(struct io_engine *e, const struct io_read_req *reqs, size_t n,
 	b.done_tail = &b.done_head;
 	if (n == 0)
 		return 0;
-	b.slots = calloc(b.nslots, sizeof *b.slots);
+	b.slots = ckpt_calloc(b.nslots, sizeof *b.slots);
 	if (!b.slots)
 		return ckpt_err(-ENOMEM, "read batch of %zu chunks", n);
 	int err = 0;
@@ -692,7 +692,7 @@ int io_read_batch(struct io_engine *e, const struct io_read_req *reqs, size_t n,
 			b.nbusy--;
 		}
 	}
-	free(b.slots);
-	free(b.scratch);
+	ckpt_free(b.slots);
+	ckpt_free(b.scratch);
 	return err;
 }

@@ -161,7 +161,7 @@ static int write_header(struct io_shard_writer *w)
 	while (n < 0 && errno == EINTR);
 	int rc = n == (ssize_t)IO_HEADER_BYTES ? 0
 	         : ckpt_err(n < 0 ? -errno : -EIO, "write %s header at offset 0", w->path);
-	free(h);
+	ckpt_free(h);
 	return rc;
 }
 
@@ -170,14 +170,14 @@ static void w_free(struct io_shard_writer *w)
 	if (w->fd >= 0)
 		close(w->fd);
 	for (uint32_t i = 0; i < w->ntensors; i++)
-		free((char *)w->tensors[i].name);
-	free(w->tensors);
-	free(w->appended);
-	free(w->names);
-	free(w->chunks);
-	free(w->blocks);
-	free(w->path);
-	free(w);
+		ckpt_free((char *)w->tensors[i].name);
+	ckpt_free(w->tensors);
+	ckpt_free(w->appended);
+	ckpt_free(w->names);
+	ckpt_free(w->chunks);
+	ckpt_free(w->blocks);
+	ckpt_free(w->path);
+	ckpt_free(w);
 }
 
 int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_writer_opts *o,
@@ -198,9 +198,9 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 		return ckpt_err(-EINVAL, "%s: a save id needs format 3, which has block hashes", path);
 	if (!io_engine_pool(e))
 		return ckpt_err(-EINVAL, "%s: the engine has no buffer pool", path);
-	struct io_shard_writer *w = calloc(1, sizeof *w);
-	if (!w || !(w->path = strdup(path))) {
-		free(w);
+	struct io_shard_writer *w = ckpt_calloc(1, sizeof *w);
+	if (!w || !(w->path = ckpt_strdup(path))) {
+		ckpt_free(w);
 		return ckpt_err(-ENOMEM, "%s: writer", path);
 	}
 	w->e = e;
@@ -264,7 +264,7 @@ static int names_grow(struct io_shard_writer *w)
 {
 	uint32_t cap = w->names_cap ? w->names_cap * 2 : 64;
 	uint32_t *old = w->names, ocap = w->names_cap;
-	w->names = calloc(cap, sizeof *w->names);
+	w->names = ckpt_calloc(cap, sizeof *w->names);
 	if (!w->names) {
 		w->names = old;
 		return -ENOMEM;
@@ -276,7 +276,7 @@ static int names_grow(struct io_shard_writer *w)
 			w->names[name_slot(w, w->tensors[old[i] - 1].name, &found)] = old[i];
 		}
 	}
-	free(old);
+	ckpt_free(old);
 	return 0;
 }
 
@@ -326,10 +326,10 @@ int io_shard_writer_add_tensor(struct io_shard_writer *w, const struct io_tensor
 		return ckpt_err(-EEXIST, "%s: tensor '%s' added twice", w->path, t->name);
 	if (w->ntensors == w->tcap) {
 		uint32_t cap = w->tcap ? w->tcap * 2 : 16;
-		struct io_tensor_entry *nt = realloc(w->tensors, cap * sizeof *nt);
+		struct io_tensor_entry *nt = ckpt_realloc(w->tensors, cap * sizeof *nt);
 		if (nt)
 			w->tensors = nt;
-		uint64_t *na = nt ? realloc(w->appended, cap * sizeof *na) : NULL;
+		uint64_t *na = nt ? ckpt_realloc(w->appended, cap * sizeof *na) : NULL;
 		if (!na)
 			return ckpt_err(-ENOMEM, "%s: tensor table", w->path);
 		w->appended = na;
@@ -337,7 +337,7 @@ int io_shard_writer_add_tensor(struct io_shard_writer *w, const struct io_tensor
 	}
 	struct io_tensor_entry *e = &w->tensors[w->ntensors];
 	memset(e, 0, sizeof *e);
-	if (!(e->name = strdup(t->name)))
+	if (!(e->name = ckpt_strdup(t->name)))
 		return ckpt_err(-ENOMEM, "%s: tensor table", w->path);
 	e->name_len = (uint16_t)strlen(t->name);
 	e->kind = t->kind;
@@ -382,7 +382,7 @@ static int append_check(struct io_shard_writer *w, uint32_t t, size_t len)
 		return ckpt_err(-EINVAL, "%s: too many chunks", w->path);
 	if (w->nchunks == w->ccap) {
 		uint32_t cap = w->ccap ? (w->ccap > UINT32_MAX / 2 ? UINT32_MAX : w->ccap * 2) : 64;
-		struct io_chunk_entry *nc = realloc(w->chunks, (size_t)cap * sizeof *nc);
+		struct io_chunk_entry *nc = ckpt_realloc(w->chunks, (size_t)cap * sizeof *nc);
 		if (!nc)
 			return ckpt_err(-ENOMEM, "%s: chunk table", w->path);
 		w->chunks = nc;
@@ -427,7 +427,7 @@ static uint8_t *blocks_reserve(struct io_shard_writer *w, uint64_t nb)
 		while (cap < w->nblocks + nb)
 			cap *= 2;
 		uint8_t *p = cap <= SIZE_MAX / CKPT_HASH_BYTES
-			? realloc(w->blocks, (size_t)cap * CKPT_HASH_BYTES) : NULL;
+			? ckpt_realloc(w->blocks, (size_t)cap * CKPT_HASH_BYTES) : NULL;
 		if (!p) {
 			ckpt_err(-ENOMEM, "%s: block hash table of %llu entries", w->path,
 			         (unsigned long long)cap);
@@ -620,7 +620,7 @@ static int write_tail(struct io_shard_writer *w, const void *table, size_t tlen,
 	if (b >= 0)
 		io_pool_put(w->pool, (unsigned)b);
 	else
-		free(p);
+		ckpt_free(p);
 	return rc;
 }
 
@@ -669,11 +669,11 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 		ix.data_end = w->next_off + tpad;
 	}
 	if ((rc = io_index_encode(&ix, &res->footer, &res->footer_len))) {
-		free(table);
+		ckpt_free(table);
 		return rc;
 	}
 	if (res->footer_len > IO_MAX_FOOTER_BYTES) {
-		free(table);
+		ckpt_free(table);
 		return ckpt_err(-EFBIG, "%s: footer of %zu bytes exceeds the format's limit",
 		                w->path, res->footer_len);
 	}
@@ -682,7 +682,7 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 	res->file_size = w->next_off + tail_len;
 	rc = write_tail(w, table, tlen, tpad, res->footer, res->footer_len, res->footer_hash,
 	                tail_len);
-	free(table);
+	ckpt_free(table);
 	if (rc)
 		return rc;
 	if ((rc = ckpt_fault(CKPT_FP_AFTER_FOOTER_WRITE)) < 0)
@@ -714,7 +714,7 @@ int io_shard_writer_finish(struct io_shard_writer *w, struct io_shard_result *re
 	memset(res, 0, sizeof *res);
 	int rc = finish_steps(w, res);
 	if (rc) {
-		free(res->footer);
+		ckpt_free(res->footer);
 		io_index_free(res->index);
 		memset(res, 0, sizeof *res);
 		/* The file can never be voted for: remove it now rather than leave it to GC. */

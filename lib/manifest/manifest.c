@@ -196,7 +196,7 @@ int manifest_commit(struct manifest *m, const struct manifest_step *rec,
 		                m->root, s, nshards, r.world);
 
 	/* Every rank 0..world-1 exactly once: a bitmap, since world may be large. */
-	uint8_t *seen = calloc((size_t)r.world / 8 + 1, 1);
+	uint8_t *seen = ckpt_calloc((size_t)r.world / 8 + 1, 1);
 	if (!seen)
 		return ckpt_err(-ENOMEM, "manifest %s: step %llu: out of memory", m->root, s);
 	for (uint32_t i = 0; i < nshards && !rc; i++) {
@@ -212,7 +212,7 @@ int manifest_commit(struct manifest *m, const struct manifest_step *rec,
 		else
 			seen[rank / 8] |= (uint8_t)(1u << (rank % 8));
 	}
-	free(seen);
+	ckpt_free(seen);
 	if (rc)
 		return rc;
 
@@ -553,7 +553,7 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
 		manifest_txn_abort(m, txn);
 		if (rc)
 			return ckpt_err_prefix(rc, "manifest %s", m->root);
-		char *path = malloc(MANIFEST_TABLE_PREFIX + 48);
+		char *path = ckpt_malloc(MANIFEST_TABLE_PREFIX + 48);
 		if (!path)
 			return ckpt_err(-ENOMEM, "manifest %s: step %llu rank %u", m->root, s, rank);
 		ckpt_path_shard_rel(path, MANIFEST_TABLE_PREFIX + 48, step, rank, save_id);
@@ -587,7 +587,7 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
 	/* LMDB's pointers die with the transaction: copy index and path out, into one
 	 * block (index first, so it keeps malloc's alignment). Sizes are bounded by
 	 * the decoder (index <= MANIFEST_MAX_INDEX, path <= MANIFEST_MAX_PATH). */
-	uint8_t *block = malloc(sh.index_len + pl + 1);
+	uint8_t *block = ckpt_malloc(sh.index_len + pl + 1);
 	if (!block) {
 		manifest_txn_abort(m, txn);
 		return ckpt_err(-ENOMEM, "manifest %s: step %llu rank %u: %zu bytes for the shard "
@@ -609,6 +609,6 @@ void manifest_shard_free(struct manifest_shard *s)
 {
 	if (!s)
 		return;
-	free(s->owned_);
+	ckpt_free(s->owned_);
 	memset(s, 0, sizeof *s);
 }

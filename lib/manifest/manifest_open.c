@@ -272,7 +272,7 @@ static int m_dbs_open(struct manifest *m, bool create)
 static struct manifest *m_alloc(const char *root, bool rdonly)
 {
 	size_t rl = strlen(root);
-	struct manifest *m = calloc(1, sizeof *m + rl + 1);
+	struct manifest *m = ckpt_calloc(1, sizeof *m + rl + 1);
 	if (!m)
 		return NULL;
 	memcpy(m->root, root, rl + 1);
@@ -285,7 +285,7 @@ static struct manifest *m_alloc(const char *root, bool rdonly)
 	int lrc = pthread_rwlock_init(&m->resize_lock, &attr);
 	pthread_rwlockattr_destroy(&attr);
 	if (lrc != 0) {
-		free(m);
+		ckpt_free(m);
 		return NULL;
 	}
 	return m;
@@ -458,5 +458,5 @@ void manifest_close(struct manifest *m)
 	if (m->env)
 		mdb_env_close(m->env);
 	pthread_rwlock_destroy(&m->resize_lock);
-	free(m);
+	ckpt_free(m);
 }

@@ -19,7 +19,7 @@ void net_msg_free(struct net_msg *m)
 {
 	if (!m)
 		return;
-	free(m->payload);
+	ckpt_free(m->payload);
 	m->payload = NULL;
 	m->len = 0;
 }
@@ -30,7 +30,7 @@ static int rx_fail(struct net_conn *c, int code, const char *why)
 {
 	ckpt_log(CKPT_LOG_WARN, "%s: %s; closing the connection", c->name, why);
 	net_conn_break(c, code);
-	free(c->rx.payload);
+	ckpt_free(c->rx.payload);
 	memset(&c->rx, 0, sizeof c->rx);
 	return ckpt_err(code, "%s: %s", c->name, why);
 }
@@ -86,7 +86,7 @@ static int rx_header_done(struct net_conn *c, size_t max)
 	rx->len = len;
 	rx->got = 0;
 	if (len > 0) {
-		rx->payload = malloc(len);
+		rx->payload = ckpt_malloc(len);
 		if (!rx->payload) {
 			snprintf(why, sizeof why, "cannot allocate %u bytes for a message", len);
 			return rx_fail(c, -ENOMEM, why);

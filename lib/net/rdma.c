@@ -227,20 +227,20 @@ static void conn_free(struct rdma_conn *r)
 	if (r->pd) ibv_dealloc_pd(r->pd);
 	if (r->id) rdma_destroy_id(r->id);
 	if (r->ch) rdma_destroy_event_channel(r->ch);
-	free(r->ring);
-	free(r->rbuf);
-	free(r->sbuf);
-	free(r->stage);
+	ckpt_free(r->ring);
+	ckpt_free(r->rbuf);
+	ckpt_free(r->sbuf);
+	ckpt_free(r->stage);
 	if (r->epfd >= 0) close(r->epfd);
 	if (r->evrx >= 0) close(r->evrx);
 	if (r->evtx >= 0) close(r->evtx);
 	pthread_mutex_destroy(&r->lock);
-	free(r);
+	ckpt_free(r);
 }
 
 static struct rdma_conn *conn_alloc(void)
 {
-	struct rdma_conn *r = calloc(1, sizeof *r);
+	struct rdma_conn *r = ckpt_calloc(1, sizeof *r);
 	if (!r)
 		return NULL;
 	r->epfd = r->evrx = r->evtx = -1;
@@ -287,9 +287,9 @@ static int conn_resources(struct rdma_conn *r)
 		return ckpt_err(errno_code(), "rdma %s: rdma_create_qp", r->dev);
 	r->qp = r->id->qp;
 
-	r->rbuf = aligned_alloc(4096, (size_t)RDMA_RECV_SLOTS * RDMA_SLOT_BYTES);
-	r->sbuf = aligned_alloc(4096, (size_t)RDMA_SEND_SLOTS * RDMA_SLOT_BYTES);
-	r->ring = aligned_alloc(4096, RDMA_RING_BYTES);
+	r->rbuf = ckpt_aligned_alloc(4096, (size_t)RDMA_RECV_SLOTS * RDMA_SLOT_BYTES);
+	r->sbuf = ckpt_aligned_alloc(4096, (size_t)RDMA_SEND_SLOTS * RDMA_SLOT_BYTES);
+	r->ring = ckpt_aligned_alloc(4096, RDMA_RING_BYTES);
 	if (!r->rbuf || !r->sbuf || !r->ring)
 		return ckpt_err(-ENOMEM, "rdma %s: connection buffers", r->dev);
 	/* Only the ring is remotely writable: a peer can reach nothing else. */
@@ -350,7 +350,7 @@ static int rdma_listen_op(struct net_listener *l, const char *addr, unsigned por
 	struct addrinfo *ai;
 	if ((rc = resolve(addr, port, true, -EADDRNOTAVAIL, &ai)))
 		return rc;
-	struct rdma_listener *rl = calloc(1, sizeof *rl);
+	struct rdma_listener *rl = ckpt_calloc(1, sizeof *rl);
 	if (!rl) {
 		freeaddrinfo(ai);
 		return ckpt_err(-ENOMEM, "rdma: listener");
@@ -387,7 +387,7 @@ fail:
 		rdma_destroy_id(rl->id);
 	if (rl->ch)
 		rdma_destroy_event_channel(rl->ch);
-	free(rl);
+	ckpt_free(rl);
 	return rc;
 }
 
@@ -403,7 +403,7 @@ static void rdma_listener_close(struct net_listener *l)
 		return;
 	rdma_destroy_id(rl->id);
 	rdma_destroy_event_channel(rl->ch);
-	free(rl);
+	ckpt_free(rl);
 	l->priv = NULL;
 }
 

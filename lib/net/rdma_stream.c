@@ -214,7 +214,7 @@ static int peer_ring_set(struct rdma_conn *r, const uint8_t *b)
 		                 size, RDMA_RING_MIN, RDMA_RING_MAX);
 	/* The bytes are copied into registered memory before the WRITE: the caller's
 	 * buffer may be read-only (EFAULT to register) or freed right after. */
-	r->stage = aligned_alloc(4096, size);
+	r->stage = ckpt_aligned_alloc(4096, size);
 	if (!r->stage)
 		return conn_fail(r, -ENOMEM, "staging area of %u bytes", size);
 	r->stage_mr = ibv_reg_mr(r->pd, r->stage, size, IBV_ACCESS_LOCAL_WRITE);

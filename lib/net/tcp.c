@@ -109,7 +109,7 @@ static void tcp_conn_options(int fd)
 
 int net_sock_new(void **priv, int fd)
 {
-	struct net_sock *s = malloc(sizeof *s);
+	struct net_sock *s = ckpt_malloc(sizeof *s);
 	if (!s) {
 		close(fd);
 		return ckpt_err(-ENOMEM, "tcp: socket state");
@@ -181,7 +181,7 @@ void net_sock_listener_close(struct net_listener *l)
 	if (!l->priv)
 		return;
 	close(net_sock_fd_of(l->priv));
-	free(l->priv);
+	ckpt_free(l->priv);
 	l->priv = NULL;
 }
 
@@ -341,7 +341,7 @@ void net_sock_close(struct net_conn *c)
 	if (!c->priv)
 		return;
 	close(net_sock_fd_of(c->priv));
-	free(c->priv);
+	ckpt_free(c->priv);
 	c->priv = NULL;
 }
 

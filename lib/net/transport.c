@@ -42,13 +42,13 @@ int net_listen(int transport, const char *addr, unsigned port, struct net_listen
 	int rc = net_transport_ops_get(transport, &ops);
 	if (rc)
 		return rc;
-	struct net_listener *l = calloc(1, sizeof *l);
+	struct net_listener *l = ckpt_calloc(1, sizeof *l);
 	if (!l)
 		return ckpt_err(-ENOMEM, "%s: listener", ops->name);
 	l->ops = ops;
 	rc = ops->listen(l, addr, port);
 	if (rc) {
-		free(l);
+		ckpt_free(l);
 		return rc;
 	}
 	*out = l;
@@ -63,12 +63,12 @@ void net_listener_close(struct net_listener *l)
 	if (!l)
 		return;
 	l->ops->listener_close(l);
-	free(l);
+	ckpt_free(l);
 }
 
 static struct net_conn *conn_new(const struct net_transport_ops *ops)
 {
-	struct net_conn *c = calloc(1, sizeof *c);
+	struct net_conn *c = ckpt_calloc(1, sizeof *c);
 	if (!c)
 		return NULL;
 	c->ops = ops;
@@ -90,7 +90,7 @@ int net_accept(struct net_listener *l, int timeout_ms, struct net_conn **out)
 		return ckpt_err(-ENOMEM, "%s: accept", l->ops->name);
 	int rc = l->ops->accept(l, timeout_ms, c);
 	if (rc) {
-		free(c);
+		ckpt_free(c);
 		return rc;
 	}
 	conn_name_init(c);
@@ -111,7 +111,7 @@ int net_connect(int transport, const char *addr, unsigned port, int timeout_ms,
 		return ckpt_err(-ENOMEM, "%s: connect", ops->name);
 	rc = ops->connect(c, addr, port, timeout_ms);
 	if (rc) {
-		free(c);
+		ckpt_free(c);
 		return rc;
 	}
 	conn_name_init(c);
@@ -124,8 +124,8 @@ void net_close(struct net_conn *c)
 	if (!c)
 		return;
 	c->ops->close(c);
-	free(c->rx.payload);
-	free(c);
+	ckpt_free(c->rx.payload);
+	ckpt_free(c);
 }
 
 const char *net_conn_name(const struct net_conn *c) { return c ? c->name : "(no connection)"; }

@@ -95,7 +95,7 @@ static void pinned_free(void *p, size_t bytes, void *arg)
 
 int snapshot_create(struct snapshot **out)
 {
-	struct snapshot *sn = calloc(1, sizeof *sn);
+	struct snapshot *sn = ckpt_calloc(1, sizeof *sn);
 	*out = NULL;
 	if (!sn)
 		return ckpt_err(-ENOMEM, "snapshot state");
@@ -140,9 +140,9 @@ void snapshot_destroy(struct snapshot *sn)
 	for (unsigned i = 0; i < sn->nevents; i++)
 		cudaEventDestroy(sn->events[i]);
 	(void)cudaGetLastError();
-	free(sn->events);
+	ckpt_free(sn->events);
 	pthread_mutex_destroy(&sn->lock);
-	free(sn);
+	ckpt_free(sn);
 }
 
 int snapshot_mem_kind(struct snapshot *sn, const void *p, int mem, int *device)
@@ -297,7 +297,7 @@ int snap_dev_prepare(struct snapshot *sn, unsigned n)
 	pthread_mutex_lock(&sn->lock);
 	int rc = stream_create(sn, &sn->save_stream, "snapshot copy", false);
 	if (!rc && n > sn->nevents) {
-		cudaEvent_t *ev = realloc(sn->events, n * sizeof *ev);
+		cudaEvent_t *ev = ckpt_realloc(sn->events, n * sizeof *ev);
 		if (!ev) {
 			rc = ckpt_err(-ENOMEM, "%u snapshot events", n);
 		} else {

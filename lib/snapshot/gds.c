@@ -54,7 +54,7 @@ static void gds_unload(struct snap_gds *g)
 	if (g->lib)
 		dlclose(g->lib);
 	pthread_mutex_destroy(&g->lock);
-	free(g);
+	ckpt_free(g);
 }
 
 static void *sym(struct snap_gds *g, const char *a, const char *b)
@@ -69,7 +69,7 @@ int snapshot_gds_enable(struct snapshot *sn)
 		return ckpt_err(CKPT_ENODEV, "GPUDirect Storage: no CUDA device in this context");
 	if (sn->gds)
 		return 0;
-	struct snap_gds *g = calloc(1, sizeof *g);
+	struct snap_gds *g = ckpt_calloc(1, sizeof *g);
 	if (!g)
 		return ckpt_err(-ENOMEM, "GPUDirect Storage state");
 	pthread_mutex_init(&g->lock, NULL);
@@ -357,15 +357,15 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 	if (b.staged_max > io_pool_buf_bytes(pool))
 		return ckpt_err(-EINVAL, "GPUDirect Storage: a chunk of %zu bytes exceeds the pool's "
 		                "buffers (%zu)", b.staged_max, io_pool_buf_bytes(pool));
-	b.readers = calloc(n, sizeof *b.readers);
-	b.files = calloc(n, sizeof *b.files);
+	b.readers = ckpt_calloc(n, sizeof *b.readers);
+	b.files = ckpt_calloc(n, sizeof *b.files);
 	unsigned nw = n < GDS_WORKERS ? (unsigned)n : GDS_WORKERS;
 	struct gds_worker w[GDS_WORKERS];
 	memset(w, 0, sizeof w);
 	int rc = 0;
 	if (!b.readers || !b.files) {
-		free(b.readers);
-		free(b.files);
+		ckpt_free(b.readers);
+		ckpt_free(b.files);
 		return ckpt_err(-ENOMEM, "GPUDirect Storage batch of %zu chunks", n);
 	}
 	/* Every file first: one that cuFile refuses sends the whole batch back to the
@@ -382,8 +382,8 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 	if (rc) {
 		for (size_t i = 0; i < b.nfiles; i++)
 			gds_file_close(sn->gds, &b.files[i]);
-		free(b.readers);
-		free(b.files);
+		ckpt_free(b.readers);
+		ckpt_free(b.files);
 		return rc;
 	}
 	pthread_mutex_init(&b.lock, NULL);
@@ -470,8 +470,8 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 	}
 	for (size_t i = 0; i < b.nfiles; i++)
 		gds_file_close(sn->gds, &b.files[i]);
-	free(b.readers);
-	free(b.files);
+	ckpt_free(b.readers);
+	ckpt_free(b.files);
 	pthread_cond_destroy(&b.cond);
 	pthread_mutex_destroy(&b.lock);
 	rc = b.rc;
@@ -557,16 +557,16 @@ int snapshot_gds_file_open(struct snapshot *sn, const char *path, void **out)
 	*out = NULL;
 	if (!sn || !sn->gds)
 		return ckpt_err(-ENOTSUP, "GPUDirect Storage is not enabled");
-	struct gds_wfile *wf = calloc(1, sizeof *wf);
-	if (!wf || !(wf->path = strdup(path))) {
-		free(wf);
+	struct gds_wfile *wf = ckpt_calloc(1, sizeof *wf);
+	if (!wf || !(wf->path = ckpt_strdup(path))) {
+		ckpt_free(wf);
 		return ckpt_err(-ENOMEM, "GPUDirect Storage file %s", path);
 	}
 	wf->sn = sn;
 	int rc = gds_file_open(sn->gds, path, true, &wf->f);
 	if (rc) {
-		free(wf->path);
-		free(wf);
+		ckpt_free(wf->path);
+		ckpt_free(wf);
 		return rc;
 	}
 	pthread_mutex_init(&wf->lock, NULL);
@@ -621,7 +621,7 @@ int snapshot_gds_file_close(struct snapshot *sn, void *file)
 	gds_file_close(sn->gds, &wf->f);
 	pthread_cond_destroy(&wf->cond);
 	pthread_mutex_destroy(&wf->lock);
-	free(wf->path);
-	free(wf);
+	ckpt_free(wf->path);
+	ckpt_free(wf);
 	return rc;
 }

@@ -24,13 +24,13 @@ const struct io_pool_alloc *snapshot_pool_alloc(struct snapshot *sn)
 
 int snapshot_create(struct snapshot **out)
 {
-	*out = calloc(1, sizeof **out);
+	*out = ckpt_calloc(1, sizeof **out);
 	return *out ? 0 : ckpt_err(-ENOMEM, "snapshot state");
 }
 
 void snapshot_destroy(struct snapshot *sn)
 {
-	free(sn);
+	ckpt_free(sn);
 }
 
 int snapshot_mem_kind(struct snapshot *sn, const void *p, int mem, int *device)

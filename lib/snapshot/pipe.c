@@ -60,12 +60,12 @@ int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned windo
 		window = io_pool_nbufs(pool);
 	/* A chunk is at most one pool buffer: room for that many block hashes a slot. */
 	size_t per = (size_t)io_nblocks(io_pool_buf_bytes(pool), block_bytes) * CKPT_HASH_BYTES;
-	struct snapshot_pipe *p = calloc(1, sizeof *p);
-	if (!p || !(p->slots = calloc(window, sizeof *p->slots)) ||
-	    (per && !(p->block_store = malloc(per * window)))) {
+	struct snapshot_pipe *p = ckpt_calloc(1, sizeof *p);
+	if (!p || !(p->slots = ckpt_calloc(window, sizeof *p->slots)) ||
+	    (per && !(p->block_store = ckpt_malloc(per * window)))) {
 		if (p)
-			free(p->slots);
-		free(p);
+			ckpt_free(p->slots);
+		ckpt_free(p);
 		return ckpt_err(-ENOMEM, "snapshot pipe of %u slots", window);
 	}
 	for (unsigned i = 0; per && i < window; i++)
@@ -239,7 +239,7 @@ void snapshot_pipe_close(struct snapshot_pipe *p)
 		p->head = (p->head + 1) % p->window;
 		p->count--;
 	}
-	free(p->slots);
-	free(p->block_store);
-	free(p);
+	ckpt_free(p->slots);
+	ckpt_free(p->block_store);
+	ckpt_free(p);
 }

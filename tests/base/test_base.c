@@ -1,5 +1,6 @@
 /*
- * test_base.c — the base tier: names, sizes, errors, fault table, cursor, buffer, paths.
+ * test_base.c — the base tier: names, sizes, errors, fault table, allocation failure,
+ * cursor, buffer, paths.
  */
 #include <check.h>
 #include <errno.h>
@@ -240,6 +241,57 @@ START_TEST(fault_table)
 }
 END_TEST
 
+/* The allocation hook: the nth counted call fails once, with libc's contract; the
+ * env form counts from the reload; 0 disarms; live blocks are counted. */
+START_TEST(alloc_failure)
+{
+	unsetenv("CKPT_FAULT");
+	unsetenv("CKPT_FAULT_RANK");
+	ckpt_fault_reload();
+	int64_t live = ckpt_fault_alloc_live();
+	ckpt_fault_alloc_arm(3);
+	void *a = ckpt_malloc(8);
+	char *b = ckpt_strdup("x");
+	errno = 0;
+	void *c = ckpt_calloc(2, 8);               /* the third: fails */
+	ck_assert_ptr_null(c);
+	ck_assert_int_eq(errno, ENOMEM);
+	ck_assert_ptr_nonnull(a);
+	ck_assert_ptr_nonnull(b);
+	void *d = ckpt_realloc(a, 64);             /* the fourth: the failure was once */
+	ck_assert_ptr_nonnull(d);
+	ck_assert_uint_eq(ckpt_fault_alloc_count(), 4);
+	ckpt_fault_alloc_arm(1);
+	ck_assert_ptr_null(ckpt_realloc(d, 128));  /* d stays allocated, unchanged */
+	void *e = NULL;
+	ckpt_fault_alloc_arm(1);
+	ck_assert_int_eq(ckpt_posix_memalign(&e, 4096, 4096), ENOMEM);
+	ck_assert_ptr_nonnull(e = ckpt_aligned_alloc(4096, 4096));   /* the second passes */
+	ckpt_free(e);
+	ckpt_fault_alloc_arm(0);
+	ck_assert_int_eq(ckpt_posix_memalign(&e, 4096, 4096), 0);
+	ck_assert_uint_eq(ckpt_fault_alloc_count(), 1);
+	ckpt_free(e);
+	ck_assert_int_eq(ckpt_fault_alloc_live(), live + 2);   /* d and b */
+	ckpt_free(d);
+	ckpt_free(b);
+	ckpt_free(NULL);
+	ck_assert_int_eq(ckpt_fault_alloc_live(), live);
+	setenv("CKPT_FAULT", "alloc:2", 1);
+	ckpt_fault_reload();
+	void *f = ckpt_malloc(1);
+	ck_assert_ptr_nonnull(f);
+	ck_assert_ptr_null(ckpt_malloc(1));
+	ckpt_free(f);
+	setenv("CKPT_FAULT", "alloc:0", 1);        /* malformed: ignored, nothing armed */
+	ckpt_fault_reload();
+	ck_assert_ptr_nonnull(f = ckpt_malloc(1));
+	ckpt_free(f);
+	unsetenv("CKPT_FAULT");
+	ckpt_fault_reload();
+}
+END_TEST
+
 START_TEST(cursor_and_buf)
 {
 	struct ckpt_buf b;
@@ -319,6 +371,7 @@ int main(void)
 	tcase_add_test(tc, sizes);
 	tcase_add_test(tc, errors);
 	tcase_add_test(tc, fault_table);
+	tcase_add_test(tc, alloc_failure);
 	tcase_add_test(tc, cursor_and_buf);
 	tcase_add_test(tc, paths);
 	suite_add_tcase(s, tc);
