@@ -89,12 +89,15 @@ static int root_scan(const char *root, struct root_state *st)
  * "run rebuild", with the cause and the command in the message. */
 static int root_refuse(const char *root, uint64_t nsteps, int cause)
 {
-	char why[512];
-	snprintf(why, sizeof why, "%s", cause ? ckpt_err_msg() : "there is no manifest");
-	return ckpt_err(CKPT_ENOMANIFEST, "checkpoint root %s holds %llu step director%s but no "
-	                "usable manifest (%s); nothing was changed. To recover the steps from "
-	                "their shard files run: ckpt-inspect %s rebuild", root,
-	                (unsigned long long)nsteps, nsteps == 1 ? "y" : "ies", why, root);
+	const char *fmt = "checkpoint root %s holds %llu step director%s and no usable manifest, "
+	                  "so nothing was changed; to recover the steps from their shard files "
+	                  "run: ckpt-inspect %s rebuild%s";
+	/* The cause's message (its own code's words at its end) follows ours. */
+	if (cause)
+		return ckpt_err_prefix(CKPT_ENOMANIFEST, fmt, root, (unsigned long long)nsteps,
+		                       nsteps == 1 ? "y" : "ies", root, "");
+	return ckpt_err(CKPT_ENOMANIFEST, fmt, root, (unsigned long long)nsteps,
+	                nsteps == 1 ? "y" : "ies", root, " (there is no manifest)");
 }
 
 /*

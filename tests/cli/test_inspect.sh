@@ -128,6 +128,33 @@ expect_rc 0 "ok" "rebuilt steps verify" "$inspect" "$r" verify all --quiet
 expect_rc 1 "holds" "rebuild refuses a manifest that has records" "$inspect" "$r" rebuild
 expect_rc 0 "removed 1 step" "gc removes what rebuild could not prove" "$inspect" "$r" gc
 
+# ---- a root held by a running job's coordinator (its lock, held here by flock(1))
+if command -v flock >/dev/null; then
+  flock -x "$r/coordinator.lock" -c 'sleep 4' & holder=$!
+  sleep 0.5
+  expect_rc 7 "in use by the coordinator" "gc on a root a job holds is refused" "$inspect" "$r" gc
+  expect_rc 0 "in use by a running job" "verify on a root a job holds reads, without marking" \
+    "$inspect" "$r" verify latest --quiet
+  expect_rc 0 "committed" "list on a root a job holds" "$inspect" "$r" list
+  wait $holder
+else
+  echo "note: flock(1) missing: the running-job checks were not run"
+fi
+
+# ---- a damaged manifest: named, refused, never reinitialised; rebuild sets it aside
+cp "$r/manifest/data.mdb" "$root/data.mdb.good"
+: > "$r/manifest/data.mdb"
+expect_rc 6 "data.mdb is damaged: it is empty" "a 0-byte data.mdb is named as such" "$inspect" "$r" list
+out=$("$inspect" "$r" list --json); rc=$?
+pycheck "its JSON error object (exit $rc)" "$out" "not d['ok'] and 'empty (0 bytes)' in d['error'] and d['exit']==6"
+[ ! -s "$r/manifest/data.mdb" ] && ok "the empty data.mdb was left as it was" || bad "data.mdb was written to"
+head -c 12288 "$root/data.mdb.good" > "$r/manifest/data.mdb"
+expect_rc 6 "cut short" "a data.mdb cut to 12 KiB: refused, no SIGBUS" "$inspect" "$r" list
+expect_rc 6 "cut short" "... verify too" "$inspect" "$r" verify latest
+expect_rc 0 "committed" "rebuild sets the damaged manifest aside and recovers the steps" "$inspect" "$r" rebuild
+ls -d "$r"/manifest.damaged-* >/dev/null 2>&1 && ok "the damaged manifest is kept aside" || bad "no manifest.damaged-*"
+expect_rc 0 "0 mismatches" "step 60 loads after the rebuild" "$synth" verify --root "$r" --step 60 --bytes 2M --seed 6
+
 # ---- bad input
 expect_rc 3 "not a committed step" "show of an unknown step" "$inspect" "$r" show 77
 expect_rc 3 "not a committed step" "verify of an unknown step" "$inspect" "$r" verify 77

@@ -187,10 +187,12 @@ static int open_for(const struct args *a, bool write, bool ro_ok, ckpt_ctx **c, 
 	rc = open_root(a->root, CKPT_OPEN_NO_GC, c);
 	if (rc == 0)
 		return 0;
-	if (ro_ok && (rc == -EROFS || rc == -EACCES || rc == -EPERM)) {
+	if (ro_ok && (rc == -EROFS || rc == -EACCES || rc == -EPERM || rc == -EBUSY)) {
 		*unwritable = true;
-		fprintf(stderr, "ckpt-inspect: %s is not writable: verifying without recording the "
-		        "result\n", a->root);
+		/* A job's coordinator holds the root (-EBUSY): reading is safe, marking is
+		 * the job's manifest owner's business. */
+		fprintf(stderr, "ckpt-inspect: %s %s: verifying without recording the result\n",
+		        a->root, rc == -EBUSY ? "is in use by a running job" : "is not writable");
 		rc = open_root(a->root, CKPT_OPEN_READONLY, c);
 		if (!rc)
 			return 0;
