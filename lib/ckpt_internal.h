@@ -78,8 +78,16 @@ int  ckpt_ratelimit_expire(struct ckpt_ratelimit *rl, uint64_t now_ns, uint64_t 
 /* ------------------------------------------------------------------ fault injection
  * CKPT_FAULT=<point>[:<nth>][:<action>], CKPT_FAULT_RANK=<r> (default: any rank).
  * Points are listed once, in lib/base/fault.c. Actions: crash (_exit(86) at that
- * point), eio, enospc, delay:<ms>, drop. nth counts hits of the point in this
- * process from 1 (default 1); the fault fires on the nth hit only. */
+ * point), eio, enospc, delay:<ms>, drop, cut, skip. nth counts hits of the point in
+ * this process from 1 (default 1); the fault fires on the nth hit only, except skip.
+ * cut is a power cut: the file system holding the path in CKPT_FAULT_CUT is shut
+ * down without flushing its journal (EXT4_IOC_SHUTDOWN, NOLOGFLUSH), then
+ * _exit(87); what survives a remount is what a power cut would have left.
+ * skip is a test knob that makes the library unsafe on purpose, so that the
+ * power-cut campaign can show it catches the mutation: from the nth hit on, every
+ * hit returns CKPT_FA_SKIP and the caller skips its sync. Only points that guard a
+ * sync accept it (before_fdatasync: the shard writer's fdatasync; before_dir_fsync:
+ * its fsync of the step directory); elsewhere it is refused when parsed. */
 enum ckpt_fault_point {
 	CKPT_FP_AFTER_CHUNK_WRITE = 0,
 	CKPT_FP_BEFORE_FDATASYNC,
@@ -92,14 +100,17 @@ enum ckpt_fault_point {
 	CKPT_FP_MSG_SEND,
 	CKPT_FP_LEADER_BEFORE_FORWARD,          /* a node leader, before relaying a rank's message up */
 	CKPT_FP_LEADER_BEFORE_DECISION_RELAY,   /* a node leader, before handing a decision down */
+	CKPT_FP_BEFORE_DIR_FSYNC,               /* the shard writer, before fsyncing the step directory */
 	CKPT_FP_COUNT_
 };
 enum ckpt_fault_action { CKPT_FA_NONE = 0, CKPT_FA_CRASH, CKPT_FA_EIO, CKPT_FA_ENOSPC,
-                         CKPT_FA_DELAY, CKPT_FA_DROP };
+                         CKPT_FA_DELAY, CKPT_FA_DROP, CKPT_FA_CUT, CKPT_FA_SKIP };
 #define CKPT_FAULT_CRASH_STATUS 86
+#define CKPT_FAULT_CUT_STATUS   87
 /* Call at a fault point. Returns 0 (no fault, or a delay that has been served),
- * -EIO, -ENOSPC, or CKPT_FA_DROP (positive: the caller drops the message). A crash
- * never returns. The message names the point. */
+ * -EIO, -ENOSPC, CKPT_FA_DROP (positive: the caller drops the message), or
+ * CKPT_FA_SKIP (positive: the caller skips its sync). A crash or a cut never
+ * returns. The message names the point. */
 int ckpt_fault(enum ckpt_fault_point p);
 const char *ckpt_fault_point_name(enum ckpt_fault_point p);
 /* Tell the fault table which rank this process is (for CKPT_FAULT_RANK). */

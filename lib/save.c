@@ -2,7 +2,8 @@
  * save.c — a save from begin to committed: item validation in the caller's
  * thread, then on the save worker the pipeline
  *     snapshot (copy into a pool buffer) -> hash -> [zstd] -> io_uring write
- * -> footer -> fdatasync -> fsync dir -> vote -> commit decision.
+ * -> footer -> fdatasync -> vote -> commit decision (the shard's directory entry is
+ * made durable when the file is created: lib/io/writer.c).
  *
  * The snapshot point is reached when the last byte of the caller's data has been
  * copied into the pool: from then on the caller may change its tensors. Copies
@@ -773,7 +774,8 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	 * landed callback, which marks the snapshot point. */
 	snapshot_pipe_close(cur.pipe);
 	cur.pipe = NULL;
-	/* Durability point of this rank: data, footer, fdatasync, directory fsync. */
+	/* Durability point of this rank: data, footer, fdatasync (the directory entry
+	 * since the file's creation). */
 	rc = io_shard_writer_finish(w, &res);
 	w = NULL;
 	if (rc)

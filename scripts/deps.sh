@@ -5,6 +5,8 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config liburing-dev liblmdb-dev lmdb-utils libxxhash-dev
       libzstd-dev check libsubunit-dev libssl-dev libibverbs-dev librdmacm-dev
       fio clang libclang-rt-14-dev python3 util-linux
+      # the power-cut campaign (tests/crash): ext4 on a loop device (losetup, mount)
+      e2fsprogs mount
       # the rdma guest (tests/rdma/run-rdma-tests.sh, shared/rdma-vm): qemu, soft-RoCE tools
       qemu-system-x86 busybox-static ibverbs-utils rdmacm-utils ibverbs-providers iproute2)
 missing=()

@@ -2,23 +2,42 @@
  * fault.c — deterministic fault injection (shared/TESTING.md).
  *
  * CKPT_FAULT=<point>[:<nth>][:<action>] with CKPT_FAULT_RANK=<r>. The table below is
- * the one list of fault points; the crash matrix in tests/integration walks it.
- * A fault point costs one load and a branch when no fault is armed.
+ * the one list of fault points; the crash matrix in tests/integration and the
+ * power-cut campaign in tests/crash walk it. A fault point costs one load and a
+ * branch when no fault is armed.
+ *
+ * Two actions exist for the power-cut campaign. cut shuts the file system holding
+ * CKPT_FAULT_CUT down without flushing its journal, so that a remount shows what
+ * a power cut at this point would have left (a crash leaves the page cache, and
+ * proves nothing about syncs). skip removes the sync that a point guards, from the
+ * nth hit on: a mutation the campaign must catch, never a setting for real use.
  *
  * Allocation failure is the other kind: CKPT_FAULT=alloc:<n>, or
  * ckpt_fault_alloc_arm(n) from a test, fails the nth call of the allocation
  * wrappers (alloc.c). Its counters cost an atomic add per allocation and per free.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ckpt_internal.h"
+
+/* The shutdown ioctl of ext4 (linux/ext4.h is not always installed); XFS's
+ * XFS_IOC_GOINGDOWN is the same number with the same flags. NOLOGFLUSH: the
+ * journal is not flushed, so what it has not committed is lost, as in a power cut. */
+#ifndef EXT4_IOC_SHUTDOWN
+#define EXT4_IOC_SHUTDOWN _IOR('X', 125, uint32_t)
+#endif
+#ifndef EXT4_GOING_FLAGS_NOLOGFLUSH
+#define EXT4_GOING_FLAGS_NOLOGFLUSH 0x2
+#endif
 
 static const char *const fault_points[CKPT_FP_COUNT_] = {
 	[CKPT_FP_AFTER_CHUNK_WRITE]       = "after_chunk_write",
@@ -32,7 +51,14 @@ static const char *const fault_points[CKPT_FP_COUNT_] = {
 	[CKPT_FP_MSG_SEND]                = "msg_send",
 	[CKPT_FP_LEADER_BEFORE_FORWARD]   = "leader_before_forward",
 	[CKPT_FP_LEADER_BEFORE_DECISION_RELAY] = "leader_before_decision_relay",
+	[CKPT_FP_BEFORE_DIR_FSYNC]        = "before_dir_fsync",
 };
+
+/* The points that guard a sync, where skip means something (see writer.c). */
+static bool fault_point_skippable(int p)
+{
+	return p == CKPT_FP_BEFORE_FDATASYNC || p == CKPT_FP_BEFORE_DIR_FSYNC;
+}
 
 /* The armed fault (at most one per process), and the hit counter of its point. */
 static struct {
@@ -43,6 +69,7 @@ static struct {
 	int             action;
 	unsigned        delay_ms;
 	int             only_rank; /* -1: any */
+	char            cut_path[4096];  /* cut: a path on the file system to shut down */
 	atomic_int      my_rank;
 	atomic_ulong    hits;
 	/* Allocation failure: every thread of the process counts here. */
@@ -66,6 +93,8 @@ static void fault_parse(void)
 	const char *r = ckpt_env("CKPT_FAULT_RANK");
 	fault.only_rank = r ? atoi(r) : -1;
 	atomic_store(&fault.alloc_at, 0);
+	const char *cut = ckpt_env("CKPT_FAULT_CUT");
+	snprintf(fault.cut_path, sizeof fault.cut_path, "%s", cut ? cut : "");
 	const char *e = ckpt_env("CKPT_FAULT");
 	if (!e)
 		return;
@@ -102,12 +131,25 @@ static void fault_parse(void)
 	else if (!strcmp(tok, "eio")) fault.action = CKPT_FA_EIO;
 	else if (!strcmp(tok, "enospc")) fault.action = CKPT_FA_ENOSPC;
 	else if (!strcmp(tok, "drop")) fault.action = CKPT_FA_DROP;
+	else if (!strcmp(tok, "cut")) fault.action = CKPT_FA_CUT;
+	else if (!strcmp(tok, "skip")) fault.action = CKPT_FA_SKIP;
 	else if (!strcmp(tok, "delay")) {
 		fault.action = CKPT_FA_DELAY;
 		tok = strtok_r(NULL, ":", &save);
 		fault.delay_ms = tok ? (unsigned)strtoul(tok, NULL, 10) : 1000;
 	} else {
 		ckpt_log(CKPT_LOG_ERROR, "CKPT_FAULT: unknown action '%s' (ignored)", tok);
+		fault.point = -1;
+	}
+	if (fault.action == CKPT_FA_CUT && !fault.cut_path[0]) {
+		ckpt_log(CKPT_LOG_ERROR, "CKPT_FAULT: action cut needs CKPT_FAULT_CUT, a path on "
+		         "the file system to shut down (ignored)");
+		fault.point = -1;
+	}
+	if (fault.action == CKPT_FA_SKIP && fault.point >= 0 &&
+	    !fault_point_skippable(fault.point)) {
+		ckpt_log(CKPT_LOG_ERROR, "CKPT_FAULT: skip applies to before_fdatasync and "
+		         "before_dir_fsync only, not to %s (ignored)", fault_points[fault.point]);
 		fault.point = -1;
 	}
 }
@@ -130,6 +172,46 @@ void ckpt_fault_reload(void)
 	pthread_mutex_unlock(&fault.lock);
 }
 
+/* One line on stderr, as the crash action writes it (write(2): nothing buffered is
+ * lost by _exit). n is snprintf's result for a buffer of cap bytes. */
+static void fault_say(const char *line, size_t cap, int n)
+{
+	size_t len = n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+	ssize_t w = write(2, line, len);
+	(void)w;
+}
+
+/* The power cut: shut the file system down without flushing its journal, then die
+ * as the machine would. After the ioctl every I/O on that file system fails with
+ * EIO, so nothing this or another process does next can reach the disk. A shutdown
+ * that fails (not root, not ext4 or XFS) degrades to a crash, and says so: the
+ * status tells a test that no cut happened. */
+static _Noreturn void fault_cut(const char *name)
+{
+	char line[4096 + 256];
+	int err = 0;
+	int fd = open(fault.cut_path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		err = errno;
+	} else {
+		uint32_t flags = EXT4_GOING_FLAGS_NOLOGFLUSH;
+		if (ioctl(fd, EXT4_IOC_SHUTDOWN, &flags) < 0)
+			err = errno;
+		close(fd);
+	}
+	if (err) {
+		fault_say(line, sizeof line,
+		          snprintf(line, sizeof line, "libckpt[%d]: fault injected: cut at %s failed: "
+		                   "shutdown of the file system of %s: %s; crashing instead\n",
+		                   (int)getpid(), name, fault.cut_path, strerror(err)));
+		_exit(CKPT_FAULT_CRASH_STATUS);
+	}
+	fault_say(line, sizeof line,
+	          snprintf(line, sizeof line, "libckpt[%d]: fault injected: cut at %s (file system "
+	                   "of %s shut down)\n", (int)getpid(), name, fault.cut_path));
+	_exit(CKPT_FAULT_CUT_STATUS);
+}
+
 void ckpt_fault_set_rank(int rank)
 {
 	atomic_store(&fault.my_rank, rank);
@@ -143,16 +225,23 @@ int ckpt_fault(enum ckpt_fault_point p)
 		return 0;
 	if (fault.only_rank >= 0 && fault.only_rank != atomic_load(&fault.my_rank))
 		return 0;
-	if (atomic_fetch_add(&fault.hits, 1) + 1 != fault.nth)
+	unsigned long hit = atomic_fetch_add(&fault.hits, 1) + 1;
+	/* skip holds from the nth hit on: a removed sync stays removed. */
+	if (fault.action == CKPT_FA_SKIP ? hit < fault.nth : hit != fault.nth)
 		return 0;
 	const char *name = fault_points[p];
 	switch (fault.action) {
+	case CKPT_FA_CUT:
+		fault_cut(name);
+	case CKPT_FA_SKIP:
+		if (hit == fault.nth)
+			ckpt_log(CKPT_LOG_WARN, "fault injected: skip at %s (the sync it guards is "
+			         "removed from now on)", name);
+		return CKPT_FA_SKIP;
 	case CKPT_FA_CRASH: {
 		char line[128];
-		int n = snprintf(line, sizeof line, "libckpt[%d]: fault injected: crash at %s\n",
-		                 (int)getpid(), name);
-		ssize_t w = write(2, line, (size_t)(n > 0 ? n : 0));
-		(void)w;
+		fault_say(line, sizeof line, snprintf(line, sizeof line, "libckpt[%d]: fault "
+		                                      "injected: crash at %s\n", (int)getpid(), name));
 		_exit(CKPT_FAULT_CRASH_STATUS);
 	}
 	case CKPT_FA_EIO:

@@ -247,8 +247,8 @@ int io_shard_writer_append_ext(struct io_shard_writer *w, uint32_t t, unsigned b
                                size_t len, const struct io_hashes *h,
                                const struct io_ext_write *ext);
 /* Durability point of the shard: waits for every write, writes footer and trailer,
- * truncates to the final size, fdatasync()s the file, fsync()s its directory. Only
- * after 0 may the shard be voted for. The writer is freed in every case; on failure
+ * truncates to the final size, fdatasync()s the file (its directory entry was made
+ * durable by io_shard_writer_open). Only after 0 may the shard be voted for. The writer is freed in every case; on failure
  * the file is removed and *res is zeroed. */
 int io_shard_writer_finish(struct io_shard_writer *w, struct io_shard_result *res);
 /* Waits for writes in flight, closes, unlinks the file, frees. NULL: no-op. */

@@ -18,7 +18,7 @@ expect_rc() {  # expect_rc RC PATTERN DESCRIPTION COMMAND...
   else ok "$d"; fi
 }
 pycheck() {  # pycheck DESCRIPTION JSON PYTHON-EXPR-OVER-d
-  if python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert ($3), d" "$2" 2>/tmp/pyerr.$$; then ok "$1"
+  if /usr/bin/python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert ($3), d" "$2" 2>/tmp/pyerr.$$; then ok "$1"
   else bad "$1" "$(cat /tmp/pyerr.$$) :: ${2:0:600}"; fi
   rm -f /tmp/pyerr.$$
 }
@@ -58,12 +58,12 @@ expect_rc 0 "verify step 20: 0%" "verify prints plain progress lines when not a 
 expect_rc 0 "ok" "verify all" "$inspect" "$r" verify all --no-mark
 
 # ---- a flipped bit is found and named
-info=$("$inspect" "$r" show 30 --chunks --json | python3 -c "
+info=$("$inspect" "$r" show 30 --chunks --json | /usr/bin/python3 -c "
 import json,sys; d=json.load(sys.stdin)
 t=[t for t in d['tensors'] if t['name']=='model/embed.weight'][0]; c=t['chunk_list'][0]
 print(c['file'], c['offset'], c['chunk'])")
 read -r file off chunk <<<"$info"
-python3 - "$r/$file" "$((off + 100))" <<'PY'
+/usr/bin/python3 - "$r/$file" "$((off + 100))" <<'PY'
 import sys
 with open(sys.argv[1], 'r+b') as f:
     f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 0x10]))
@@ -76,7 +76,7 @@ else bad "flipped bit (rc $rc)" "$out"; fi
 out=$("$inspect" "$r" verify 30 --json 2>/dev/null)
 pycheck "verify --json names the bad chunk" "$out" \
   "not d['ok'] and d['steps'][0]['bad']['tensor']=='model/embed.weight' and d['steps'][0]['bad']['chunk']==$chunk and d['steps'][0]['bad']['offset']==$off and d['steps'][0]['bad']['file']=='$file' and not d['steps'][0]['marked']"
-python3 - "$r/$file" "$((off + 100))" <<'PY'
+/usr/bin/python3 - "$r/$file" "$((off + 100))" <<'PY'
 import sys
 with open(sys.argv[1], 'r+b') as f:
     f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 0x10]))

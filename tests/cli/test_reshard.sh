@@ -31,17 +31,17 @@ for w in 1 2 3 5 6; do
     "$synth" verify --root "$root/o1" --step 5 --bytes 3M --seed 9 --world "$w"
 done
 a=$("$inspect" "$src" show 5 --chunks --json) b=$("$inspect" "$root/o1" show 5 --chunks --json)
-python3 - "$a" "$b" <<'PY' && ok "same bytes keep the same chunk hashes" || bad "chunk hashes differ after 1 -> 1"
+/usr/bin/python3 - "$a" "$b" <<'PY' && ok "same bytes keep the same chunk hashes" || bad "chunk hashes differ after 1 -> 1"
 import json, sys
 a, b = (json.loads(x) for x in sys.argv[1:])
 h = lambda d: {t['name']: [c['hash'] for c in t['chunk_list']] for t in d['tensors']}
 assert h(a) == h(b) and len(h(a)) > 40, (len(h(a)), len(h(b)))
 PY
 out=$("$reshard" "$src" 5 --world 1 --out "$root/o2" --step 6 --drop-rank-bound --json --compress zstd 2>/dev/null)
-python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert d['ok'] and d['to_step']==6 and d['world']==1 and d['ranks'][0]['ok'], d" "$out" \
+/usr/bin/python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert d['ok'] and d['to_step']==6 and d['world']==1 and d['ranks'][0]['ok'], d" "$out" \
   && ok "--drop-rank-bound --step 6 --json" || bad "--drop-rank-bound --json" "$out"
 out=$("$inspect" "$root/o2" show 6 --json)
-python3 -c "import json,sys; d=json.loads(sys.argv[1]); n=[t['name'] for t in d['tensors']]; assert 'rng' not in n and 'scheduler' in n and d['stored_bytes']<d['logical_bytes'], n" "$out" \
+/usr/bin/python3 -c "import json,sys; d=json.loads(sys.argv[1]); n=[t['name'] for t in d['tensors']]; assert 'rng' not in n and 'scheduler' in n and d['stored_bytes']<d['logical_bytes'], n" "$out" \
   && ok "dropped rank-bound item absent, replicated item present, output compressed" || bad "o2 contents" "$out"
 expect_rc 1 "'rng' is not in step" "a dropped RNG blob is missing on verify" \
   "$synth" verify --root "$root/o2" --step 6 --bytes 3M --seed 9
@@ -64,7 +64,7 @@ expect_rc 0 "exported" "export --kind model" \
 mode=$(stat -c %a "$root/m.safetensors")
 [ "$mode" = 600 ] && ok "the exported weights are private (0600)" || bad "exported file mode $mode, want 600"
 "$inspect" "$src" show 5 --chunks --json > "$root/show.json"
-python3 - "$root/m.safetensors" "$root/model.safetensors" "$root/show.json" "$src" <<'PY' \
+/usr/bin/python3 - "$root/m.safetensors" "$root/model.safetensors" "$root/show.json" "$src" <<'PY' \
   && ok "safetensors header parses, offsets tile the data, bytes equal the stored chunks" \
   || bad "safetensors content"
 import json, struct, sys, os
@@ -111,12 +111,12 @@ expect_rc 0 "0 mismatches" "the source is what the model regenerates (so the exp
 
 # ---- a flipped bit in the source: the reshard fails naming it, the output has no step
 cp -r "$src" "$root/bent"
-info=$("$inspect" "$root/bent" show 5 --chunks --json | python3 -c "
+info=$("$inspect" "$root/bent" show 5 --chunks --json | /usr/bin/python3 -c "
 import json,sys; d=json.load(sys.stdin)
 t=[t for t in d['tensors'] if t['name']=='model/layers.1/mlp.up.weight'][0]; c=t['chunk_list'][-1]
 print(c['file'], c['offset'])")
 read -r file off <<<"$info"
-python3 - "$root/bent/$file" "$((off + 7))" <<'PY'
+/usr/bin/python3 - "$root/bent/$file" "$((off + 7))" <<'PY'
 import sys
 with open(sys.argv[1], 'r+b') as f:
     f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 0x01]))
@@ -125,12 +125,12 @@ expect_rc 1 "read the source: .*tensor .model/layers.1/mlp.up.weight. chunk .*$f
   "a corrupt source chunk fails the reshard, naming the tensor" \
   "$reshard" "$root/bent" 5 --world 1 --out "$root/o5" --rank-map 0
 out=$("$inspect" "$root/o5" list --all --json 2>&1)
-python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert not [s for s in d['steps'] if s['state']=='committed'], d" "$out" \
+/usr/bin/python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert not [s for s in d['steps'] if s['state']=='committed'], d" "$out" \
   && ok "...and the output root holds no committed step" || bad "output after a failed reshard" "$out"
 
 # ---- memory follows --pool, not the state: 256 MiB resharded with --pool 32M
 "$synth" save --root "$root/big" --step 1 --bytes 256M --seed 4 >/dev/null || bad "save 256M"
-out=$(python3 - "$reshard" "$root/big" "$root/big-out" <<'PY'
+out=$(/usr/bin/python3 - "$reshard" "$root/big" "$root/big-out" <<'PY'
 import resource, subprocess, sys
 r = subprocess.run([sys.argv[1], sys.argv[2], "1", "--world", "1", "--out", sys.argv[3],
                     "--rank-map", "0", "--pool", "32M", "--quiet"], capture_output=True, text=True)

@@ -26,7 +26,7 @@ check "3 -> 8" "$reshard" "$root/w3" 1 --world 8 --out "$root/r38" --rank-map 0,
 for w in 1 2 3 7 8; do
   for r in r43 r41 r38; do
     o=$("$synth" verify --root "$root/$r" --step 1 --bytes 4M --seed 3 --world "$w" --json 2>"$root/err")
-    if python3 - "$o" "$root/err" <<'PY'
+    if /usr/bin/python3 - "$o" "$root/err" <<'PY'
 import json, sys
 d = json.loads(sys.argv[1]); err = open(sys.argv[2]).read()
 rng = err.count("blob 'rng' differs")
@@ -37,7 +37,7 @@ PY
   done
 done
 o=$("$inspect" "$root/r38" list --json)
-python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert d['steps'][0]['world']==8" "$o" \
+/usr/bin/python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert d['steps'][0]['world']==8" "$o" \
   && echo "ok: 3 -> 8 wrote 8 shards" || { echo "FAIL: world of r38: $o"; fail=1; }
 o=$("$inspect" "$root/r43" verify 1 --quiet 2>&1) && echo "ok: ckpt-inspect verify of 4 -> 3" || { echo "FAIL: $o"; fail=1; }
 [ $fail = 0 ] && rm -rf "$root"

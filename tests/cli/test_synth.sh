@@ -19,7 +19,7 @@ expect_rc() {  # expect_rc RC PATTERN DESCRIPTION COMMAND...
 W=${CKPT_SYNTH_WORLD:-1}
 check "save step 1" "$synth" save --root "$root/r" --step 1 --bytes 3M --seed 11 --world "$W"
 out=$("$synth" save --root "$root/r" --step 2 --bytes 3M --seed 12 --world "$W" --json --compress zstd:1)
-python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert d['ok'] and d['bytes']>2_000_000 and d['seconds']>0 and d['stall_seconds']>0 and d['stall_seconds']<=d['seconds'] and d['compression_ratio']>1.0, d" "$out" \
+/usr/bin/python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert d['ok'] and d['bytes']>2_000_000 and d['seconds']>0 and d['stall_seconds']>0 and d['stall_seconds']<=d['seconds'] and d['compression_ratio']>1.0, d" "$out" \
   && echo "ok: save --json fields" || { echo "FAIL: save --json: $out"; fail=1; }
 for w in 1 2 3 5; do
   expect_rc 0 "0 mismatches" "verify step 1 as $w rank(s)" \
@@ -39,7 +39,7 @@ for w in 3 7; do
 done
 expect_rc 0 "0 mismatches" "verify latest" "$synth" verify --root "$root/r" --step latest --bytes 3M --seed 12
 out=$("$synth" verify --root "$root/r" --step 2 --bytes 3M --seed 12 --world 2 --json)
-python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert d['ok'] and d['mismatches']==0 and d['tensors']>40, d" "$out" \
+/usr/bin/python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert d['ok'] and d['mismatches']==0 and d['tensors']>40, d" "$out" \
   && echo "ok: verify --json" || { echo "FAIL: verify --json: $out"; fail=1; }
 expect_rc 1 "should be absent" "--no-rng refuses a step that has its RNG state" \
   "$synth" verify --root "$root/r" --step 1 --bytes 3M --seed 11 --no-rng

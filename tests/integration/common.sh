@@ -7,7 +7,7 @@
 # coordinator binds it is acceptable (a collision shows as a failed connect, not as
 # a wrong result, because every job has its own job id).
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 need_tools() {  # need_tools CMD...: exit 77 (a visible skip) when one is missing

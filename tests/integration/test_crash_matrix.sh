@@ -29,7 +29,7 @@ set -u
 synth=$1
 filter=${2:-}
 . "$(dirname "$0")/common.sh"
-need_tools python3 timeout
+need_tools /usr/bin/python3 timeout
 
 W=3
 # Small state, several chunks per rank (after_chunk_write:2 hits mid-file).

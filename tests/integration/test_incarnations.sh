@@ -14,7 +14,7 @@
 set -u
 synth=$1
 . "$(dirname "$0")/common.sh"
-need_tools python3 timeout pgrep
+need_tools /usr/bin/python3 timeout pgrep
 W=2
 size=(--bytes 4M --chunk 256K --pool 1M)
 export CKPT_TIMEOUT_MS=${CKPT_TIMEOUT_MS:-4000}

@@ -15,7 +15,7 @@
 set -u
 synth=$1; shift
 . "$(dirname "$0")/common.sh"
-need_tools python3 timeout pgrep
+need_tools /usr/bin/python3 timeout pgrep
 seeds=("$@")
 [ ${#seeds[@]} = 0 ] && seeds=(${CKPT_KILL9_SEEDS:-1 2 3 4 5 6 7 8})
 

@@ -6,7 +6,7 @@
 set -u
 synth=$1
 . "$(dirname "$0")/common.sh"
-need_tools python3 timeout
+need_tools /usr/bin/python3 timeout
 export CKPT_JOB_ID=multirank-$$ CKPT_JOB_SECRET=multirank-secret-$$
 tmp=$(mktemp -d /var/tmp/ckpt-multirank-XXXXXX)
 root=$tmp/r

@@ -9,7 +9,7 @@
 set -u
 synth=$1
 . "$(dirname "$0")/common.sh"
-need_tools python3 timeout
+need_tools /usr/bin/python3 timeout
 export CKPT_JOB_ID=tree-$$ CKPT_JOB_SECRET=tree-secret-$$
 unset CKPT_FAULT CKPT_FAULT_RANK CKPT_COMMIT_TREE CKPT_NODE_SIZE
 tmp=$(mktemp -d /var/tmp/ckpt-tree-XXXXXX)
