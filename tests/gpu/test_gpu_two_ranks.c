@@ -39,6 +39,8 @@ static int rank_main(const char *root, int rank, size_t per_tensor, unsigned por
 	o.coord_addr = "127.0.0.1";
 	o.coord_port = port;
 	o.job_id = "gpu-two-ranks";
+	o.secret = "gpu-two-ranks-test-secret";      /* a job of two ranks authenticates */
+	o.secret_len = strlen(o.secret);
 	o.pool_bytes = 1ull << 30;
 	ckpt_ctx *c = NULL;
 	CKPT_OK(c, ckpt_open(&o, &c));
