@@ -7,7 +7,7 @@ pkgs=(build-essential cmake pkg-config liburing-dev liblmdb-dev lmdb-utils libxx
       fio clang libclang-rt-14-dev python3 util-linux
       # the power-cut campaign (tests/crash): ext4 on a loop device (losetup, mount)
       e2fsprogs mount
-      # the rdma guest (tests/rdma/run-rdma-tests.sh, shared/rdma-vm): qemu, soft-RoCE tools
+      # the rdma guest (tests/rdma/run-rdma-tests.sh, tests/rdma/vm): qemu, soft-RoCE tools
       qemu-system-x86 busybox-static ibverbs-utils rdmacm-utils ibverbs-providers iproute2)
 missing=()
 for p in "${pkgs[@]}"; do

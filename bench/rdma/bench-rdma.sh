@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench-rdma.sh — rdma vs tcp inside the same rdma guest (shared/rdma-vm: qemu,
+# bench-rdma.sh — rdma vs tcp inside the same rdma guest (tests/rdma/vm: qemu,
 # soft-RoCE rxe0 on dummy0 at 10.0.0.1; both transports use that address), and
 # print the table of docs/perf-rdma.md.
 #
@@ -9,8 +9,7 @@
 set -eu
 top=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(realpath "${1:-$top/build}")
-vm=$top/../shared/rdma-vm/run-in-vm.sh
-[ -f "$vm" ] || vm=/work/shared/rdma-vm/run-in-vm.sh
+vm=${RDMA_VM:-$top/tests/rdma/vm/run-in-vm.sh}
 [ -x "$build/bench/rdma/bench_rdma" ] || { echo "no $build/bench/rdma/bench_rdma (built with rdma?)" >&2; exit 1; }
 : "${RTT:=1000}" "${BYTES:=256M}" "${WS:=4 16}" "${VM_MEM:=3072}" "${VM_TIMEOUT:=900}"
 export VM_MEM VM_TIMEOUT

@@ -42,7 +42,7 @@ struct transport_under_test {
 };
 
 /* rdma_cm cannot use lo, so rdma runs on the soft-RoCE device's address of the
- * rdma guest (shared/rdma-vm: rxe0 on dummy0, 10.0.0.1), or CKPT_TEST_RDMA_ADDR. */
+ * rdma guest (tests/rdma/vm: rxe0 on dummy0, 10.0.0.1), or CKPT_TEST_RDMA_ADDR. */
 static struct transport_under_test transports[] = {
 	{ "tcp",  NET_TCP,  "127.0.0.1", "localhost", "::1", true },
 	{ "rdma", NET_RDMA, "10.0.0.1",  NULL,        NULL,  false },

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run-rdma-tests.sh — boot the rdma guest (shared/rdma-vm: qemu, soft-RoCE rxe0 on
+# run-rdma-tests.sh — boot the rdma guest (tests/rdma/vm: qemu, soft-RoCE rxe0 on
 # 10.0.0.1) once and run every test labelled `rdma-guest` inside it: the lib/net
 # conformance suite over rdma, lib/commit over rdma, and the crash matrix over rdma.
 # The host's ctest runs this as `rdma_suite` (label rdma); the inner tests skip
@@ -16,13 +16,10 @@ build=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(git -C "$here" rev-parse --show-toplevel 2>/dev/null) || top=$(cd "$here/../.." && pwd)
 
-# CI clones the repository and puts shared/ beside it; on a work machine it is /work/shared.
-vm=${RDMA_VM:-}
-for cand in "$top/../shared/rdma-vm/run-in-vm.sh" /work/shared/rdma-vm/run-in-vm.sh; do
-  [ -z "$vm" ] && [ -f "$cand" ] && vm=$cand
-done
-if [ -z "$vm" ]; then
-  echo "SKIP: the rdma guest is not here (looked for $top/../shared/rdma-vm/run-in-vm.sh and /work/shared/rdma-vm/run-in-vm.sh)"
+# The guest's harness lives beside this script; RDMA_VM may name another one.
+vm=${RDMA_VM:-$here/vm/run-in-vm.sh}
+if [ ! -f "$vm" ]; then
+  echo "SKIP: the rdma guest's harness $vm is not here"
   exit 77
 fi
 if ! command -v qemu-system-x86_64 >/dev/null && [ "$(id -u)" != 0 ]; then
