@@ -1,5 +1,5 @@
 /*
- * fault.c — deterministic fault injection (shared/TESTING.md).
+ * fault.c — deterministic fault injection (CONTRIBUTING.md, Tests).
  *
  * CKPT_FAULT=<point>[:<nth>][:<action>] with CKPT_FAULT_RANK=<r>. The table below is
  * the one list of fault points; the crash matrix in tests/integration and the

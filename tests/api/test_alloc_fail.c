@@ -1,5 +1,5 @@
 /*
- * test_alloc_fail.c — the allocation-failure loop (shared/TESTING.md), as SQLite runs
+ * test_alloc_fail.c — the allocation-failure loop (CONTRIBUTING.md), as SQLite runs
  * it: for N = 1, 2, ... the Nth allocation libckpt makes during a piece of work
  * fails (lib/base/alloc.c, ckpt_fault_alloc_arm), until the work completes without
  * reaching N (ckpt_fault_alloc_count says). The pieces of work, each from ckpt_open

@@ -1,7 +1,7 @@
 /*
  * test_api.c — the public API end to end on one rank: save and load round trips of
  * every dtype and shape, slices, pool backpressure, compression, the snapshot
- * point, and the bad inputs of shared/TESTING.md. After every failure the previous
+ * point, and the bad inputs of CONTRIBUTING.md. After every failure the previous
  * committed step must still load bit-exact.
  */
 #include <check.h>

@@ -1,7 +1,7 @@
 # common.sh — helpers shared by the multi-process integration scripts (sourced, not
 # run): a free TCP port on 127.0.0.1 per job, a job id of our own so that a test
 # never joins another test's coordinator, ckpt-synth wrapped in a hard timeout, and
-# the invariant checks of shared/DESIGN.md §3 on a checkpoint root.
+# the invariant checks of CONTRIBUTING.md (Tests) on a checkpoint root.
 
 # A port nobody listens on now. The kernel picks it; the tiny race until the
 # coordinator binds it is acceptable (a collision shows as a failed connect, not as

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# test_crash_matrix.sh — the crash matrix of shared/TESTING.md: for every fault point
+# test_crash_matrix.sh — the crash matrix of CONTRIBUTING.md: for every fault point
 # x {crash, eio, enospc, drop where it applies} x {a participant (rank W-1), the
 # coordinator (rank 0)}, plus lost and failed messages (msg_send:N:drop|eio), save
 # step N+1 of a W = 3 job over a committed step N with the fault armed, then check
-# the invariant of shared/DESIGN.md §3:
+# the invariant of CONTRIBUTING.md (Tests):
 #   (a) step N still verifies bit-exact;
 #   (b) step N+1 is either committed and verifies bit-exact, or invisible (verify
 #       says 'not a committed step') - never half; a save that reported success is
