@@ -370,6 +370,21 @@ int manifest_step_get(struct manifest *m, uint64_t step, struct manifest_step *o
 	return rc;
 }
 
+/* A read transaction and a cursor on the steps database; on failure nothing is left
+ * open and the error names the manifest. */
+static int steps_cursor_open(struct manifest *m, MDB_txn **txn, MDB_cursor **cur)
+{
+	int rc = manifest_txn_begin(m, MDB_RDONLY, txn);
+	if (rc)
+		return manifest_fail(m, rc, "begin read transaction");
+	rc = mdb_cursor_open(*txn, m->dbi_steps, cur);
+	if (rc) {
+		manifest_txn_abort(m, *txn);
+		return manifest_fail(m, rc, "open cursor");
+	}
+	return 0;
+}
+
 /* Walk the steps database (ascending, or descending from the end) and call fn on
  * each decoded record until fn returns non-zero (returned) or the end (0). */
 typedef int (*step_visit_fn)(const struct manifest_step *r, void *arg);
@@ -377,15 +392,10 @@ typedef int (*step_visit_fn)(const struct manifest_step *r, void *arg);
 static int steps_walk(struct manifest *m, bool descending, step_visit_fn fn, void *arg)
 {
 	MDB_txn *txn;
-	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
-	if (rc)
-		return manifest_fail(m, rc, "begin read transaction");
 	MDB_cursor *cur;
-	rc = mdb_cursor_open(txn, m->dbi_steps, &cur);
-	if (rc) {
-		manifest_txn_abort(m, txn);
-		return manifest_fail(m, rc, "open cursor");
-	}
+	int rc = steps_cursor_open(m, &txn, &cur);
+	if (rc)
+		return rc;
 	MDB_val key, val;
 	int ret = 0;
 	MDB_cursor_op op = descending ? MDB_LAST : MDB_FIRST;
@@ -465,15 +475,10 @@ int manifest_steps_damaged(struct manifest *m, uint64_t *steps, size_t cap)
 	if (!m || (cap && !steps))
 		return ckpt_err(-EINVAL, "manifest_steps_damaged: NULL argument");
 	MDB_txn *txn;
-	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
-	if (rc)
-		return manifest_fail(m, rc, "begin read transaction");
 	MDB_cursor *cur;
-	rc = mdb_cursor_open(txn, m->dbi_steps, &cur);
-	if (rc) {
-		manifest_txn_abort(m, txn);
-		return manifest_fail(m, rc, "open cursor");
-	}
+	int rc = steps_cursor_open(m, &txn, &cur);
+	if (rc)
+		return rc;
 	MDB_val key, val;
 	size_t n = 0;
 	MDB_cursor_op op = MDB_FIRST;
