@@ -249,8 +249,13 @@ static int cmd_list(const struct args *a)
 	struct ckpt_catalog_step *st = NULL;
 	int n = ckpt_catalog_steps(c, flags, NULL, 0);
 	if (n >= 0) {
-		st = calloc((size_t)n + 1, sizeof *st);
-		n = st ? ckpt_catalog_steps(c, flags, st, (size_t)n) : -ENOMEM;
+		/* Both calls return the count: a job that commits in between makes the
+		 * second larger than what was filled. */
+		int cap = n;
+		st = calloc((size_t)cap + 1, sizeof *st);
+		n = st ? ckpt_catalog_steps(c, flags, st, (size_t)cap) : -ENOMEM;
+		if (n > cap)
+			n = cap;
 	}
 	if (n < 0) {
 		int x = fail(n, "list");
@@ -604,13 +609,16 @@ static int cmd_verify(const struct args *a)
 	bool known = step != CKPT_LATEST;
 	if (all || !known) {
 		n = ckpt_steps(c, NULL, 0);
+		int cap = n;
 		steps = n >= 0 ? calloc((size_t)n + 1, sizeof *steps) : NULL;
-		if (n < 0 || !steps || (n = ckpt_steps(c, steps, (size_t)n)) < 0) {
+		if (n < 0 || !steps || (n = ckpt_steps(c, steps, (size_t)cap)) < 0) {
 			int x = fail(n < 0 ? n : -ENOMEM, "verify");
 			free(steps);
 			ckpt_close(c);
 			return x;
 		}
+		if (n > cap)        /* the job committed more since the count */
+			n = cap;
 		if (!all && n > 0) {
 			step = steps[n - 1];
 			known = true;
