@@ -295,7 +295,21 @@ static char *dup_or(const char *a, const char *b)
 	return ckpt_strdup(a ? a : b);
 }
 
+static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cfg,
+                               char *file_secret);
+
+/* file_secret holds a secret read from CKPT_JOB_SECRET_FILE while the options are
+ * resolved; it is scrubbed here, on every path out. */
 int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
+{
+	char file_secret[CONFIG_MAX_SECRET + 1];
+	int rc = config_resolve_with(o, cfg, file_secret);
+	explicit_bzero(file_secret, sizeof file_secret);
+	return rc;
+}
+
+static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cfg,
+                               char *file_secret)
 {
 	memset(cfg, 0, sizeof *cfg);
 	if (!o || o->size < offsetof(struct ckpt_opts, flags))
@@ -358,7 +372,6 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 	if (!job) job = ckpt_env("CKPT_JOB_ID");
 	const void *secret = OPT(o, secret, NULL);
 	size_t secret_len = OPT(o, secret_len, (size_t)0);
-	char file_secret[CONFIG_MAX_SECRET + 1];
 	if (!secret) {
 		secret = ckpt_env("CKPT_JOB_SECRET");
 		secret_len = secret ? strlen(secret) : 0;
@@ -441,7 +454,6 @@ int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 			memcpy(cfg->secret, secret, secret_len);
 		cfg->secret_len = secret_len;
 	}
-	explicit_bzero(file_secret, sizeof file_secret);
 	if (!cfg->root || !cfg->coord_addr || !cfg->job_id || (secret_len && !cfg->secret)) {
 		config_free(cfg);
 		return ckpt_err(-ENOMEM, "options");

@@ -355,8 +355,7 @@ void ckpt_close(ckpt_ctx *c)
 	snapshot_destroy(c->snap);
 	manifest_close(c->manifest);
 	/* Last: the root is this coordinator's until everything above is closed. */
-	if (c->lock_fd >= 0)
-		close(c->lock_fd);
+	lock_release(c->lock_fd);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->load_lock);
@@ -441,6 +440,10 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	return 0;
 fail:
 	ckpt_err_prefix(rc, "open %s", c->cfg.root ? c->cfg.root : "checkpoint root");
+	/* Telling the other ranks takes seconds: the root is free meanwhile, for the
+	 * operator's ckpt-inspect rebuild that the message may ask for. */
+	lock_release(c->lock_fd);
+	c->lock_fd = -1;
 	ckpt_refuse_peers(c, rc);
 	ckpt_close(c);
 	return rc;

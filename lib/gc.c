@@ -69,34 +69,11 @@ int gc_unrecorded_remove(const char *root, uint64_t step)
 	return gc_remove_dir(root, step);
 }
 
-/* A manifest directory left by a creation that stopped (manifest_open creates one
- * aside, then renames it): never read by anything; removed. */
-static void gc_creation_leftovers(const char *root)
-{
-	DIR *d = opendir(root);
-	if (!d)
-		return;
-	struct dirent *e;
-	char path[4500];
-	while ((e = readdir(d))) {
-		if (strncmp(e->d_name, MANIFEST_NEW_PREFIX, strlen(MANIFEST_NEW_PREFIX)))
-			continue;
-		snprintf(path, sizeof path, "%s/%s/data.mdb", root, e->d_name);
-		unlink(path);
-		snprintf(path, sizeof path, "%s/%s/lock.mdb", root, e->d_name);
-		unlink(path);
-		snprintf(path, sizeof path, "%s/%s", root, e->d_name);
-		if (rmdir(path) == 0)
-			ckpt_log(CKPT_LOG_INFO, "%s: removed an unfinished manifest creation", path);
-	}
-	closedir(d);
-}
-
 int gc_open(ckpt_ctx *c, uint64_t *removed)
 {
 	*removed = 0;
 	const char *root = c->cfg.root;
-	gc_creation_leftovers(root);
+	manifest_creation_leftovers_remove(root);
 	uint64_t bad[8];
 	int nbad = manifest_steps_damaged(c->manifest, bad, CKPT_ARRAY_SIZE(bad));
 	if (nbad > 0)
@@ -133,8 +110,8 @@ int gc_open(ckpt_ctx *c, uint64_t *removed)
 		if ((rc = gc_attempt_remove(root, step, rec.save_id)))
 			break;
 		if (rec.state == CKPT_STATE_INFLIGHT)
-			manifest_record_abort(c->manifest, &rec, "presumed aborted: the coordinator "
-			                      "that began it is gone");
+			commit_attempt_abort(c->manifest, &rec, "presumed aborted: the coordinator "
+			                     "that began it is gone");
 		(*removed)++;
 	}
 	closedir(d);

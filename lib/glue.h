@@ -70,6 +70,7 @@ struct ckpt_save {
 	void             *fence;          /* cudaEvent_t recorded on it at submit, or NULL
 	                                     (no device tensors); destroyed by ckpt_save_free */
 	struct ckpt_save *next;           /* worker queue */
+	struct ckpt_save *live_next;      /* ctx->live, under ctx->lock */
 	/* shared, under ctx->lock */
 	enum save_state   state;
 	bool              snapshot_done;
@@ -98,6 +99,7 @@ struct ckpt_ctx {
 	pthread_cond_t     cond;
 	struct ckpt_save  *queue_head, *queue_tail;
 	unsigned           inflight;      /* begun and not yet done */
+	struct ckpt_save  *live;          /* the saves begun and not yet freed */
 	bool               stopping;
 	struct io_engine  *save_engine;   /* owned by the worker thread */
 
@@ -142,9 +144,12 @@ bool glue_is_coordinator(const ckpt_ctx *c);
 /* At most one coordinator per root (lib/lock.c). lock_take: an exclusive flock on
  * <root>/coordinator.lock, held through *fd until it is closed; -EBUSY naming the
  * holder when another process holds it. lock_probe: 1 if a coordinator holds the
- * root now (*incarnation: its incarnation, from the lock file), else 0. */
+ * root now (*incarnation: its incarnation, from the lock file), else 0.
+ * lock_release: let go (closes fd; -1: nothing). A child forked while the lock is
+ * held does not hold it. */
 int  lock_take(const struct glue_config *cfg, uint64_t incarnation, int *fd);
 int  lock_probe(const char *root, uint64_t *incarnation);
+void lock_release(int fd);
 /* The manifest, opening it read-only on first use where this process is not the
  * coordinator. */
 int  glue_manifest(ckpt_ctx *c, struct manifest **out);

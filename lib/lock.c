@@ -13,10 +13,16 @@
  * The lock file's text names its holder (job, incarnation, pid, host, since when),
  * so that a refused coordinator can say who holds the root, and a reader can tell
  * an in-flight record of the live coordinator from one abandoned by a dead one.
+ *
+ * A flock belongs to the open file, which fork(2) shares: a child forked while the
+ * lock is held (a data-loader worker, say) would keep the root locked after its
+ * parent dies. So the held descriptors are listed, and a child closes its copies
+ * as it starts (pthread_atfork); O_CLOEXEC does the same across exec.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +35,57 @@
 
 #define LOCK_TRIES    20       /* x 50 ms: a coordinator that is closing lets go */
 #define LOCK_TEXT_MAX 1024
+
+/* The descriptors of the locks this process holds (a few contexts at most; one
+ * beyond the table still locks, only a child forked then keeps it too). */
+static struct {
+	pthread_mutex_t mu;
+	pthread_once_t  once;
+	int             fd[64];
+	unsigned        n;
+} held_locks = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_ONCE_INIT, { 0 }, 0 };
+
+static void held_prepare(void) { pthread_mutex_lock(&held_locks.mu); }
+static void held_parent(void)  { pthread_mutex_unlock(&held_locks.mu); }
+
+static void held_child(void)
+{
+	for (unsigned i = 0; i < held_locks.n; i++)
+		close(held_locks.fd[i]);
+	held_locks.n = 0;
+	pthread_mutex_unlock(&held_locks.mu);
+}
+
+static void held_init(void)
+{
+	if (pthread_atfork(held_prepare, held_parent, held_child))
+		ckpt_log(CKPT_LOG_WARN, "coordinator lock: pthread_atfork failed: a child forked "
+		         "while the lock is held keeps the root locked until it exits");
+}
+
+static void held_add(int fd)
+{
+	pthread_once(&held_locks.once, held_init);
+	pthread_mutex_lock(&held_locks.mu);
+	if (held_locks.n < CKPT_ARRAY_SIZE(held_locks.fd))
+		held_locks.fd[held_locks.n++] = fd;
+	pthread_mutex_unlock(&held_locks.mu);
+}
+
+void lock_release(int fd)
+{
+	if (fd < 0)
+		return;
+	pthread_mutex_lock(&held_locks.mu);
+	for (unsigned i = 0; i < held_locks.n; i++) {
+		if (held_locks.fd[i] == fd) {
+			held_locks.fd[i] = held_locks.fd[--held_locks.n];
+			break;
+		}
+	}
+	close(fd);
+	pthread_mutex_unlock(&held_locks.mu);
+}
 
 static int lock_path(char *out, size_t cap, const char *root)
 {
@@ -116,6 +173,7 @@ int lock_take(const struct glue_config *cfg, uint64_t incarnation, int *fd_out)
 	if (ftruncate(fd, 0) < 0 || pwrite(fd, text, (size_t)n, 0) != n)
 		ckpt_log(CKPT_LOG_WARN, "%s: cannot record the holder: %s", path,
 		         ckpt_strerror(-errno));
+	held_add(fd);
 	*fd_out = fd;
 	return 0;
 }

@@ -79,11 +79,22 @@ static int gc_reason(const struct catalog_entry *x, const struct ckpt_gc_opts *o
 	return CKPT_GC_ABORTED;
 }
 
-/* Remove one step for reason why (see the top of the file for the order). */
-static int gc_remove(ckpt_ctx *c, const struct catalog_entry *x, int why)
+#define GC_CHANGED 1   /* the step's record is not the one listed any more: spared */
+
+/* Remove one step for reason why (see the top of the file for the order), under
+ * the manifest's attempts lock: only if its record is still the one that was listed.
+ * The job may have begun (even committed) the step again since. */
+static int gc_remove_locked(ckpt_ctx *c, const struct catalog_entry *x, int why)
 {
 	const char *root = c->cfg.root;
-	int rc;
+	struct manifest_step cur;
+	int rc = manifest_step_get(c->manifest, x->step, &cur);
+	if (rc && rc != CKPT_ENOTFOUND)
+		return rc;
+	bool has_record = rc == 0;
+	if (has_record != x->has_record ||
+	    (has_record && (cur.state != x->rec.state || cur.save_id != x->rec.save_id)))
+		return GC_CHANGED;
 	switch (why) {
 	case CKPT_GC_RETENTION:
 		/* Invisible first, still naming its files; then the files; then the record. */
@@ -100,6 +111,14 @@ static int gc_remove(ckpt_ctx *c, const struct catalog_entry *x, int why)
 	default:
 		return ckpt_err(-EINVAL, "gc: step %llu: reason %d", (unsigned long long)x->step, why);
 	}
+}
+
+static int gc_remove(ckpt_ctx *c, const struct catalog_entry *x, int why)
+{
+	manifest_attempts_lock(c->manifest);
+	int rc = gc_remove_locked(c, x, why);
+	manifest_attempts_unlock(c->manifest);
+	return rc;
 }
 
 int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_result *ures)
@@ -163,10 +182,16 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 		};
 		if (o.report)
 			o.report(o.arg, &it);
+		if (!dry && (rc = gc_remove(c, x, why)) == GC_CHANGED) {
+			ckpt_log(CKPT_LOG_INFO, "gc: step %llu was saved again while gc ran: spared",
+			         (unsigned long long)x->step);
+			rc = 0;
+			continue;
+		}
+		if (rc)
+			ckpt_err_prefix(rc, "gc of step %llu", (unsigned long long)x->step);
 		res.steps_removed++;
 		res.bytes_freed += x->dir_bytes;
-		if (!dry && (rc = gc_remove(c, x, why)))
-			ckpt_err_prefix(rc, "gc of step %llu", (unsigned long long)x->step);
 	}
 	ckpt_free(st);
 	if (ures) {

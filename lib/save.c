@@ -251,13 +251,24 @@ static void save_local_abort(ckpt_ctx *c, uint64_t step, uint64_t save_id, const
 {
 	if (c->part || !c->manifest || !save_id)
 		return;
-	char msg[1024];
-	snprintf(msg, sizeof msg, "%s", ckpt_err_msg());
-	struct manifest_step id, cur;
+	struct manifest_step id;
 	save_local_id(c, step, save_id, &id);
-	if (!(manifest_step_get(c->manifest, step, &cur) == 0 && cur.state == CKPT_STATE_COMMITTED))
-		manifest_record_abort(c->manifest, &id, why);
-	ckpt_err_restore(msg);
+	commit_attempt_abort(c->manifest, &id, why);
+}
+
+/* The end of what ckpt_save_begin took: a place among the saves in flight. */
+static void save_release(ckpt_ctx *c, ckpt_save *s)
+{
+	pthread_mutex_lock(&c->lock);
+	for (ckpt_save **p = &c->live; *p; p = &(*p)->live_next) {
+		if (*p == s) {
+			*p = s->live_next;
+			break;
+		}
+	}
+	c->inflight--;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
 }
 
 int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
@@ -272,40 +283,52 @@ int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
 	if (step == CKPT_LATEST)
 		return ckpt_err(-EINVAL, "step %llu is reserved (CKPT_LATEST)",
 		                (unsigned long long)step);
+	ckpt_save *s = ckpt_calloc(1, sizeof *s);
+	if (!s)
+		return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)step);
+	s->ctx = c;
+	s->step = step;
+	/* Bound the saves in flight: wait for an older one to finish. A step has one
+	 * save at a time in a context: a second would begin a new attempt, which
+	 * removes the first one's files. */
+	pthread_mutex_lock(&c->lock);
+	while (c->inflight >= c->cfg.max_inflight)
+		pthread_cond_wait(&c->cond, &c->lock);
+	for (ckpt_save *o = c->live; o; o = o->live_next) {
+		if (o->step == step && o->state != SAVE_DONE) {
+			pthread_mutex_unlock(&c->lock);
+			ckpt_free(s);
+			return ckpt_err(-EBUSY, "step %llu is being saved in %s already (a save "
+			                "begun and not finished)", (unsigned long long)step,
+			                c->cfg.root);
+		}
+	}
+	c->inflight++;
+	s->live_next = c->live;
+	c->live = s;
+	pthread_mutex_unlock(&c->lock);
 	/* A committed step is never written over: check before any file is touched. In
 	 * a world of several ranks the coordinator answers for every rank; a rank alone
 	 * is its own coordinator. Either way the attempt gets its id, and its INFLIGHT
 	 * record is durable, before this rank writes anything (commit_attempt_begin). */
-	uint64_t save_id = 0;
+	int rc = 0;
 	if (c->part) {
-		int rc = commit_part_begin(c->part, step, &save_id);
-		if (rc)
-			return ckpt_err_prefix(rc, "rank %d", c->cfg.rank);
+		if ((rc = commit_part_begin(c->part, step, &s->save_id)))
+			ckpt_err_prefix(rc, "rank %d", c->cfg.rank);
 	} else if (c->manifest) {
 		struct manifest_step id;
 		save_local_id(c, step, ckpt_random_id(), &id);
-		int rc = commit_attempt_begin(c->manifest, c->cfg.root, &id);
+		rc = commit_attempt_begin(c->manifest, c->cfg.root, &id);
 		if (rc == -EEXIST)
-			return ckpt_err(-EEXIST, "step %llu is already committed in %s",
-			                (unsigned long long)step, c->cfg.root);
-		if (rc)
-			return rc;
-		save_id = id.save_id;
+			ckpt_err(-EEXIST, "step %llu is already committed in %s",
+			         (unsigned long long)step, c->cfg.root);
+		s->save_id = id.save_id;
 	}
-	ckpt_save *s = ckpt_calloc(1, sizeof *s);
-	if (!s) {
-		save_local_abort(c, step, save_id, "out of memory at begin");
-		return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)step);
+	if (rc) {
+		save_release(c, s);
+		ckpt_free(s);
+		return rc;
 	}
-	s->ctx = c;
-	s->step = step;
-	s->save_id = save_id;
-	/* Bound the saves in flight: wait for an older one to finish. */
-	pthread_mutex_lock(&c->lock);
-	while (c->inflight >= c->cfg.max_inflight)
-		pthread_cond_wait(&c->cond, &c->lock);
-	c->inflight++;
-	pthread_mutex_unlock(&c->lock);
 	*out = s;
 	return 0;
 }
@@ -410,10 +433,7 @@ void ckpt_save_free(ckpt_save *s)
 		commit_part_abort(c->part, s->step, CKPT_EABORTED, "save freed without being submitted");
 	else
 		save_local_abort(c, s->step, s->save_id, "save freed without being submitted");
-	pthread_mutex_lock(&c->lock);
-	c->inflight--;
-	pthread_cond_broadcast(&c->cond);
-	pthread_mutex_unlock(&c->lock);
+	save_release(c, s);
 	snapshot_event_destroy(c->snap, s->snapshot_event);
 	snapshot_event_destroy(c->snap, s->fence);
 	for (size_t i = 0; i < s->nitems; i++)

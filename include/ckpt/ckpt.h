@@ -235,9 +235,10 @@ struct ckpt_tensor {
 };
 
 /*
- * Begin a save of step on this rank. Errors: -EEXIST (step already committed),
- * -EBUSY (max_inflight saves already in flight... after waiting for none), CKPT_ESTATE
- * (readonly context).
+ * Begin a save of step on this rank; with max_inflight saves in flight it first waits
+ * for one to finish. Errors: -EEXIST (step already committed), -EBUSY (a save of the
+ * same step, begun in this context, has not finished: one attempt at a time),
+ * CKPT_ESTATE (read-only context), and the coordinator's or the manifest's errors.
  */
 CKPT_API int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out);
 /* Add this rank's box of a tensor. The data must stay unchanged until the snapshot
@@ -531,7 +532,9 @@ struct ckpt_gc_opts {
 	uint64_t keep_every;          /* keep committed steps that are multiples of K; 0: no rule */
 	uint64_t min_age_s;           /* spare directories without a record modified more
 	                                 recently than this (a save may be writing them); 0 */
-	ckpt_gc_report_fn report;     /* called for each step, before it is removed; NULL */
+	ckpt_gc_report_fn report;     /* called for each step, before it is removed (one
+	                                 that the job saves again meanwhile is spared, and
+	                                 not counted); NULL */
 	void    *arg;
 	/* append only */
 };

@@ -100,6 +100,11 @@ void commit_shard_record(uint64_t step, const struct commit_vote *v,
  * and nothing is touched), or the manifest's or the file system's error.
  */
 int commit_attempt_begin(struct manifest *m, const char *root, const struct manifest_step *id);
+/* Record that attempt id (step, world, save_id, incarnation, job_id) ends without
+ * committing, for why. A step that committed after all, or whose record names another
+ * attempt by now, is left as it is; another failure is logged: the files stay until
+ * the next open's GC presumes the attempt aborted. This thread's message is kept. */
+void commit_attempt_abort(struct manifest *m, const struct manifest_step *id, const char *why);
 
 /* ------------------------------------------------------------------ coordinator
  * Listens for the W participants of a job, gathers BEGIN and PREPARE per step,

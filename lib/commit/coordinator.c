@@ -658,10 +658,7 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 	} else {
 		ckpt_log(CKPT_LOG_WARN, "coordinator: step %llu aborted: %s",
 		         (unsigned long long)s->step, why);
-		struct manifest_step rec;
-		if (!(manifest_step_get(c->manifest, s->step, &rec) == 0 &&
-		      rec.state == CKPT_STATE_COMMITTED))
-			manifest_record_abort(c->manifest, &id, why);
+		commit_attempt_abort(c->manifest, &id, why);
 	}
 	uint64_t t_sent = ckpt_now_ns();
 	uint32_t sends = broadcast(c, s, code, why);

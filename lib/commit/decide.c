@@ -22,7 +22,8 @@ void commit_shard_record(uint64_t step, const struct commit_vote *v,
 	memcpy(out->footer_hash, v->footer_hash, CKPT_HASH_BYTES);
 }
 
-int commit_attempt_begin(struct manifest *m, const char *root, const struct manifest_step *id)
+static int attempt_begin_locked(struct manifest *m, const char *root,
+                                const struct manifest_step *id)
 {
 	struct manifest_step rec;
 	unsigned long long step = (unsigned long long)id->step;
@@ -40,6 +41,30 @@ int commit_attempt_begin(struct manifest *m, const char *root, const struct mani
 			                       (unsigned long long)rec.save_id);
 	}
 	return manifest_begin(m, id);
+}
+
+int commit_attempt_begin(struct manifest *m, const char *root, const struct manifest_step *id)
+{
+	/* GC of this process must not act on what it read of the step before now. */
+	manifest_attempts_lock(m);
+	int rc = attempt_begin_locked(m, root, id);
+	manifest_attempts_unlock(m);
+	return rc;
+}
+
+void commit_attempt_abort(struct manifest *m, const struct manifest_step *id, const char *why)
+{
+	char *msg = ckpt_strdup(ckpt_err_msg());
+	int rc = manifest_record_abort(m, id, why);
+	/* Committed after all (an injected fault after the transaction), or the step's
+	 * record names a newer attempt now: either way not this attempt's to change. */
+	if (rc && rc != -EEXIST && rc != -ESTALE)
+		ckpt_log(CKPT_LOG_WARN, "step %llu: the end of attempt %016llx is not recorded "
+		         "(the next open's garbage collection removes its files): %s",
+		         (unsigned long long)id->step, (unsigned long long)id->save_id,
+		         ckpt_err_msg());
+	ckpt_err_restore(msg ? msg : why);
+	ckpt_free(msg);
 }
 
 /* The commit transaction of a validated step: a small record per rank naming its
@@ -63,18 +88,13 @@ static int commit_txn(struct manifest *m, const struct manifest_step *id,
 	return rc < 0 ? rc : 0;
 }
 
-/* An injected fault after the txn leaves the step committed: the manifest decides.
- * The manifest calls below set this thread's message themselves ("no such step"), so
- * the reason is copied first and restored after: it is what the coordinator sends
- * the ranks. */
+/* The reason of the failure is the abort record's, and stays this thread's message:
+ * it is what the coordinator sends the ranks. */
 static void record_abort(struct manifest *m, const struct manifest_step *id)
 {
-	char *why = ckpt_strdup(ckpt_err_msg());
-	struct manifest_step cur;
-	if (!(manifest_step_get(m, id->step, &cur) == 0 && cur.state == CKPT_STATE_COMMITTED))
-		manifest_record_abort(m, id, why ? why : "commit failed");
-	ckpt_err_restore(why ? why : "commit failed (out of memory for the reason)");
-	ckpt_free(why);
+	char why[1024];
+	snprintf(why, sizeof why, "%s", ckpt_err_msg());
+	commit_attempt_abort(m, id, why[0] ? why : "commit failed");
 }
 
 int commit_decide_records(struct manifest *m, const struct manifest_step *id,

@@ -225,7 +225,9 @@ int manifest_commit(struct manifest *m, const struct manifest_step *rec,
 struct abort_arg { const struct manifest_step *rec; const char *why; bool begin; };
 
 /* An attempt's record: ABORTED with its reason, or INFLIGHT when it begins. Either
- * replaces an ABORTED or INFLIGHT record, never a COMMITTED one. */
+ * replaces an ABORTED or INFLIGHT record, never a COMMITTED one. An abort replaces
+ * only its own attempt's record: over a newer attempt's, that attempt's files would
+ * be named by no record. */
 static int attempt_txn(struct manifest *m, MDB_txn *txn, void *varg)
 {
 	const struct abort_arg *a = varg;
@@ -238,6 +240,12 @@ static int attempt_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	/* A damaged record is not replaced: it may be a committed step's. */
 	if (rc != 0 && rc != CKPT_ENOTFOUND)
 		return rc;
+	if (rc == 0 && !a->begin && old.save_id && a->rec->save_id &&
+	    old.save_id != a->rec->save_id)
+		return ckpt_err(-ESTALE, "manifest %s: step %llu: the record names attempt %016llx, "
+		                "not the aborted %016llx: left as it is", m->root,
+		                (unsigned long long)step, (unsigned long long)old.save_id,
+		                (unsigned long long)a->rec->save_id);
 	struct manifest_step r;
 	memset(&r, 0, sizeof r);
 	r.step = step;
@@ -353,6 +361,16 @@ int manifest_step_delete(struct manifest *m, uint64_t step)
 	if (!m)
 		return ckpt_err(-EINVAL, "manifest_step_delete: NULL manifest");
 	return manifest_write(m, delete_txn, &step, "delete step");
+}
+
+void manifest_attempts_lock(struct manifest *m)
+{
+	pthread_mutex_lock(&m->attempts_lock);
+}
+
+void manifest_attempts_unlock(struct manifest *m)
+{
+	pthread_mutex_unlock(&m->attempts_lock);
 }
 
 /* ------------------------------------------------------------------ readers */

@@ -56,6 +56,10 @@ int  manifest_check_file(const char *root);
  * earlier one) and sync the root; moved_to gets the new path. For recovery only:
  * the caller must be the root's only writer. */
 int  manifest_set_aside(const char *root, char *moved_to, size_t cap);
+/* Remove what creations that stopped left in root (<root>/manifest.new-*: manifest_open
+ * creates the environment there, then renames it into place); nothing reads them.
+ * Only for the holder of the root's coordinator lock, under which creations run. */
+void manifest_creation_leftovers_remove(const char *root);
 void manifest_close(struct manifest *m);            /* NULL: no-op */
 
 /* One checkpoint (step) record. */
@@ -108,7 +112,8 @@ int manifest_commit(struct manifest *m, const struct manifest_step *rec,
 int manifest_begin(struct manifest *m, const struct manifest_step *rec);
 /* Record an aborted attempt (rec: step, world, save_id, incarnation, job_id); the
  * reason is kept for ckpt-inspect list --all. Never replaces a committed record
- * (-EEXIST). */
+ * (-EEXIST), nor the record of another attempt (-ESTALE; a save id of 0 names
+ * every attempt). */
 int manifest_record_abort(struct manifest *m, const struct manifest_step *rec, const char *why);
 
 /* Step record of step (any state). CKPT_ENOTFOUND. */
@@ -138,6 +143,15 @@ int manifest_set_trust(struct manifest *m, uint64_t step, uint32_t trust);
 int manifest_step_retire(struct manifest *m, uint64_t step, const char *why);
 /* Remove a step's records (any state, a damaged one included: repair). */
 int manifest_step_delete(struct manifest *m, uint64_t step);
+/* Serialise, within this process, the start of an attempt (commit_attempt_begin:
+ * the old attempt's files, then the new record) with garbage collection's removal
+ * of one (its files, then its record). GC reads the record again under this lock
+ * and acts only if it is still the one it chose: otherwise a retry of the step
+ * that began, or even committed, since GC listed the root could lose its record
+ * or its files. Other processes need no part in it: only the holder of the root's
+ * coordinator lock begins attempts or collects them. */
+void manifest_attempts_lock(struct manifest *m);
+void manifest_attempts_unlock(struct manifest *m);
 
 /* Keep at least `slack` bytes of written zeros in data.mdb past LMDB's last page
  * (refilled to 2 x slack), so that commits do not extend the file: a commit that

@@ -43,6 +43,7 @@ struct manifest {
 	bool             nolock;           /* opened with MDB_NOLOCK (read-only media) */
 	uint32_t         format;           /* meta/format (1..3); a write raises it to 3 */
 	pthread_rwlock_t resize_lock;
+	pthread_mutex_t  attempts_lock;    /* manifest_attempts_lock */
 	char             root[];           /* the checkpoint root, for messages */
 };
 

@@ -124,18 +124,18 @@ int manifest_check_file(const char *root)
 		/* LMDB uses the meta page of the newer transaction; every page it names
 		 * must lie inside the file, or reading it is a SIGBUS. */
 		const struct lmdb_meta *m = m1.txnid > m0.txnid ? &m1 : &m0;
-		uint64_t need;
+		uint64_t npages, need;
 		if (rc || why[0])
 			;
 		else if (m1.psize != m0.psize)
 			snprintf(why, sizeof why, "its meta pages disagree on the page size (%u, %u)",
 			         m0.psize, m1.psize);
-		else if (m->last_pg < 1 || !ckpt_mul_u64(m->last_pg + 1, m0.psize, &need) ||
-		         need > (uint64_t)st.st_size)
+		else if (m->last_pg < 1 || !ckpt_add_u64(m->last_pg, 1, &npages) ||
+		         !ckpt_mul_u64(npages, m0.psize, &need) || need > (uint64_t)st.st_size)
 			snprintf(why, sizeof why, "it is %lld bytes but its meta page (transaction "
-			         "%llu) uses %llu pages of %u bytes: the file was cut short",
+			         "%llu) names page %llu, of %u bytes: the file was cut short",
 			         (long long)st.st_size, (unsigned long long)m->txnid,
-			         (unsigned long long)m->last_pg + 1, m0.psize);
+			         (unsigned long long)m->last_pg, m0.psize);
 		else if ((m->free_root != LMDB_P_INVALID && m->free_root > m->last_pg) ||
 		         (m->main_root != LMDB_P_INVALID && m->main_root > m->last_pg))
 			snprintf(why, sizeof why, "its meta page names a root page past its last "
@@ -288,6 +288,11 @@ static struct manifest *m_alloc(const char *root, bool rdonly)
 		ckpt_free(m);
 		return NULL;
 	}
+	if (pthread_mutex_init(&m->attempts_lock, NULL) != 0) {
+		pthread_rwlock_destroy(&m->resize_lock);
+		ckpt_free(m);
+		return NULL;
+	}
 	return m;
 }
 
@@ -359,6 +364,24 @@ static int m_create(const char *root, const char *dir, mode_t fmode, mode_t dmod
 	if (!rc)
 		rc = ckpt_fsync_dir(root);
 	return rc;
+}
+
+void manifest_creation_leftovers_remove(const char *root)
+{
+	DIR *d = opendir(root);
+	if (!d)
+		return;
+	struct dirent *e;
+	char path[PATH_MAX];
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, MANIFEST_NEW_PREFIX, strlen(MANIFEST_NEW_PREFIX)) ||
+		    snprintf(path, sizeof path, "%s/%s", root, e->d_name) >= (int)sizeof path)
+			continue;
+		m_env_dir_remove(path);
+		if (access(path, F_OK) < 0 && errno == ENOENT)
+			ckpt_log(CKPT_LOG_INFO, "%s: removed an unfinished manifest creation", path);
+	}
+	closedir(d);
 }
 
 int manifest_set_aside(const char *root, char *moved_to, size_t cap)
@@ -458,5 +481,6 @@ void manifest_close(struct manifest *m)
 	if (m->env)
 		mdb_env_close(m->env);
 	pthread_rwlock_destroy(&m->resize_lock);
+	pthread_mutex_destroy(&m->attempts_lock);
 	ckpt_free(m);
 }

@@ -414,7 +414,10 @@ int manifest_table_entry(const void *p, size_t n, uint64_t step, uint32_t rank,
 	if (ver >= 2) {
 		*save_id = ckpt_cursor_u64(&c);
 		uint64_t check = ckpt_cursor_u64(&c);
-		if (!c.ok || check != rec_check(k, sizeof k, p, 16))
+		if (!c.ok)
+			return ckpt_err(CKPT_EFORMAT, "step %llu rank %u: shard table of %zu bytes is "
+			                "shorter than its version %u header", st, rank, n, ver);
+		if (check != rec_check(k, sizeof k, p, 16))
 			return ckpt_err(CKPT_ECORRUPT, "shard table of step %llu is damaged (its header's "
 			                "checksum does not match)", st);
 		if (*save_id == 0)

@@ -1,7 +1,9 @@
 /*
  * test_hostile.c — what operators and attackers do to a root, through the public
  * API: a deleted, emptied, truncated or replaced manifest; a second coordinator on
- * a live root; garbage collection while a save is in flight; file modes. Each case
+ * a live root or held by a forked child; garbage collection while a save is in
+ * flight or while the job saves the step again; one step begun twice; file modes; a
+ * job without a secret; a failing rank 0 and the ranks it must tell. Each case
  * checks that nothing committed is lost (the steps still load bit-exact once the
  * root is repaired) and that the refusal names the cause.
  */
@@ -239,6 +241,23 @@ START_TEST(truncated_manifest_no_sigbus)
 		ck_assert_int_eq(tu_write_file(p, keep, len), 0);
 		free(keep);
 	}
+	/* Both meta pages name the last page 2^64-1: the page count must not wrap to 0
+	 * and pass the size check. */
+	void *keep;
+	size_t len;
+	ck_assert_int_eq(tu_read_file(p, &keep, &len), 0);
+	uint8_t *b = malloc(len);
+	memcpy(b, keep, len);
+	uint32_t psize = (uint32_t)b[40] | (uint32_t)b[41] << 8 | (uint32_t)b[42] << 16 |
+	                 (uint32_t)b[43] << 24;
+	ck_assert_msg(psize >= 512 && psize <= 65536 && 2 * (size_t)psize <= len, "psize %u", psize);
+	memset(b + 136, 0xff, 8);
+	memset(b + psize + 136, 0xff, 8);
+	ck_assert_int_eq(tu_write_file(p, b, len), 0);
+	every_open_refused("cut short");
+	ck_assert_int_eq(tu_write_file(p, keep, len), 0);
+	free(b);
+	free(keep);
 	for (uint64_t s = 1; s <= 6; s++)
 		check_step(s);
 }
@@ -421,6 +440,119 @@ START_TEST(gc_spares_the_save_in_flight)
 }
 END_TEST
 
+static void add_w(ckpt_save *s, uint64_t step)
+{
+	static float w[N];
+	data_of(step, w);
+	uint64_t shape[1] = { N };
+	struct ckpt_tensor t = { .name = "w", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
+		.policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape, .data = w };
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
+}
+
+/* Save step on the open context c (as check_step expects it). */
+static void save_on(ckpt_ctx *c, uint64_t step)
+{
+	ckpt_save *s;
+	ck_assert_msg(ckpt_save_begin(c, step, &s) == 0, "%s", ckpt_last_error(c));
+	add_w(s, step);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error(c));
+	ckpt_save_free(s);
+}
+
+struct resave { ckpt_ctx *c; uint64_t step; int reports; };
+
+/* gc's report of a step it is about to remove: the job saves that step again
+ * first, as a retry after the abort would. */
+static void resave_on_report(void *arg, const struct ckpt_gc_item *it)
+{
+	struct resave *r = arg;
+	r->reports++;
+	if (it->step == r->step)
+		save_on(r->c, r->step);
+}
+
+/* Retention that the job runs itself lists an aborted step; before it removes it,
+ * the job saves that step again and commits it. gc acts on what it listed only if
+ * the record is still the one listed: the new commit stays, with its files. */
+START_TEST(gc_spares_a_step_saved_again)
+{
+	ckpt_ctx *c = open_as(0, 1, 0);
+	save_on(c, 1);
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, 2, &s), 0);
+	ckpt_save_free(s);                          /* never submitted: aborted */
+	struct ckpt_catalog_step st[4];
+	ck_assert_int_eq(ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, 4), 2);
+	ck_assert(st[1].info.step == 2 && st[1].info.state == CKPT_STATE_ABORTED);
+	struct resave r = { c, 2, 0 };
+	struct ckpt_gc_opts o;
+	ckpt_gc_opts_init(&o, sizeof o);
+	o.report = resave_on_report;
+	o.arg = &r;
+	struct ckpt_gc_result res = { .size = sizeof res };
+	ck_assert_msg(ckpt_catalog_gc(c, &o, &res) == 0, "%s", ckpt_last_error(c));
+	ck_assert_int_eq(r.reports, 1);
+	ckpt_close(c);
+	check_step(1);
+	check_step(2);
+	ck_assert_uint_eq(res.steps_removed, 0);
+}
+END_TEST
+
+/* One attempt at a step at a time in a context: a second begin of a step whose save
+ * is not finished would remove the first one's files. */
+START_TEST(one_save_of_a_step_at_a_time)
+{
+	ckpt_ctx *c = open_as(0, 1, 0);
+	ckpt_save *s, *s2 = (ckpt_save *)1;
+	ck_assert_int_eq(ckpt_save_begin(c, 5, &s), 0);
+	ck_assert_int_eq(ckpt_save_begin(c, 5, &s2), -EBUSY);
+	ck_assert_ptr_null(s2);
+	ck_assert_msg(strstr(ckpt_last_error(c), "step 5") && strstr(ckpt_last_error(c), root),
+	              "%s", ckpt_last_error(c));
+	add_w(s, 5);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error(c));
+	/* Finished (not yet freed): the step is committed, and says so. */
+	ck_assert_int_eq(ckpt_save_begin(c, 5, &s2), -EEXIST);
+	ckpt_save_free(s);
+	/* Another step meanwhile is fine. */
+	save_on(c, 6);
+	ckpt_close(c);
+	check_step(5);
+	check_step(6);
+}
+END_TEST
+
+/* A process forked while its coordinator holds the root (a data-loader worker) does
+ * not keep the root once the coordinator closes or dies. */
+START_TEST(forked_child_does_not_hold_the_root)
+{
+	ckpt_ctx *c = open_as(0, 1, 0);
+	save_on(c, 1);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		pause();
+		_exit(0);
+	}
+	ckpt_close(c);
+	struct ckpt_opts o;
+	opts_for(&o, 0, 1, 0);
+	c = NULL;
+	int rc = ckpt_open(&o, &c);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	ck_assert_msg(rc == 0, "reopen with a forked child alive: %s", ckpt_last_error(NULL));
+	save_on(c, 2);
+	ckpt_close(c);
+	check_step(1);
+	check_step(2);
+}
+END_TEST
+
 /* Files and directories are private unless group access is asked for. */
 START_TEST(private_modes)
 {
@@ -581,6 +713,56 @@ START_TEST(ranks_learn_why_rank0_failed)
 }
 END_TEST
 
+/* Rank 0 of a job of two finds the manifest gone and tells rank 1 why for seconds:
+ * meanwhile the root is free, so the operator can run the rebuild that the message
+ * asks for. */
+START_TEST(root_free_while_rank0_refuses)
+{
+	save_step(1);
+	char p[4200];
+	snprintf(p, sizeof p, "%s/manifest", root);
+	tu_rmtree(p);
+	unsigned port = free_port();
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct ckpt_opts o;
+		opts_for(&o, 0, 2, 0);
+		o.coord_addr = "127.0.0.1";
+		o.coord_port = port;
+		o.timeout_ms = 8000;                   /* the refusal lasts as long */
+		ckpt_ctx *c;
+		int rc = ckpt_open(&o, &c);
+		_exit(rc == CKPT_ENOMANIFEST ? 0 : 1);
+	}
+	/* The child has taken the root once its pid is in the lock file. */
+	char want[64], lock[4200];
+	snprintf(want, sizeof want, "pid: %ld\n", (long)pid);
+	snprintf(lock, sizeof lock, "%s/coordinator.lock", root);
+	bool taken = false;
+	for (int i = 0; i < 1000 && !taken; i++) {
+		void *text;
+		size_t len;
+		if (tu_read_file(lock, &text, &len) == 0) {
+			taken = memmem(text, len, want, strlen(want)) != NULL;
+			free(text);
+		}
+		if (!taken)
+			usleep(10000);
+	}
+	ck_assert_msg(taken, "rank 0 never took the root");
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rebuild_and_check(1);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	int status;
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank 0: status 0x%x", status);
+	/* The rebuild ran during the refusal, not after it. */
+	ck_assert_int_lt(t1.tv_sec - t0.tv_sec, 6);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("hostile");
@@ -593,9 +775,13 @@ static Suite *suite(void)
 	tcase_add_test(t, garbage_manifest_refused);
 	tcase_add_test(t, second_coordinator_refused);
 	tcase_add_test(t, gc_spares_the_save_in_flight);
+	tcase_add_test(t, gc_spares_a_step_saved_again);
+	tcase_add_test(t, one_save_of_a_step_at_a_time);
+	tcase_add_test(t, forked_child_does_not_hold_the_root);
 	tcase_add_test(t, private_modes);
 	tcase_add_test(t, secret_required);
 	tcase_add_test(t, ranks_learn_why_rank0_failed);
+	tcase_add_test(t, root_free_while_rank0_refuses);
 	tcase_set_timeout(t, 120);
 	suite_add_tcase(s, t);
 	return s;

@@ -1196,6 +1196,7 @@ START_TEST(table_corrupt)
 	struct { const char *what; size_t len; size_t at; uint64_t v; int width; bool reseal;
 	         int want; } cases[] = {
 		{ "truncated", 0, 0, 0, 0, false, CKPT_EFORMAT },
+		{ "header cut short", 0, 0, 0, 0, false, CKPT_EFORMAT },
 		{ "newer version", 0, 0, 3, 2, false, CKPT_EVERSION },
 		{ "version 0", 0, 0, 0, 2, false, CKPT_EFORMAT },
 		{ "a flipped header bit", 0, 4, 3 ^ 8, 4, false, CKPT_ECORRUPT },
@@ -1215,6 +1216,8 @@ START_TEST(table_corrupt)
 		size_t len = n;
 		if (i == 0)
 			len = n - 1;
+		else if (!strcmp(cases[i].what, "header cut short"))
+			len = H - 4;                          /* in its checksum */
 		else if (cases[i].len)
 			b[len++] = 0;
 		else if (!strcmp(cases[i].what, "another step's table"))
@@ -1370,6 +1373,18 @@ START_TEST(inflight_records)
 	ck_assert_int_eq(commit_tab(m, 41, 2), -ESTALE);
 	id.save_id = TAB_ID(41) + 7;                  /* a new attempt over the aborted one */
 	ck_assert_int_eq(manifest_begin(m, &id), 0);
+	/* The old attempt's late abort leaves the new one's record alone: otherwise
+	 * the new attempt's files would be named by no record. */
+	struct manifest_step late = id;
+	late.save_id = TAB_ID(41);
+	ck_assert_int_eq(manifest_record_abort(m, &late, "late"), -ESTALE);
+	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "step 41"));
+	ck_assert_int_eq(manifest_step_get(m, 41, &r), 0);
+	ck_assert(r.state == CKPT_STATE_INFLIGHT && r.save_id == TAB_ID(41) + 7);
+	late.save_id = 0;                              /* rebuild's verdict: every attempt */
+	ck_assert_int_eq(manifest_record_abort(m, &late, "unproven"), 0);
+	ck_assert_int_eq(manifest_step_get(m, 41, &r), 0);
+	ck_assert(r.state == CKPT_STATE_ABORTED && r.save_id == 0);
 	manifest_close(m);
 
 	/* A format-2 manifest reads, and is upgraded by its first write. */
