@@ -211,6 +211,26 @@ static void w_free(struct io_shard_writer *w)
 	ckpt_free(w);
 }
 
+/* After open(O_CREAT | O_EXCL | O_DIRECT) failed with EINVAL. Some file systems
+ * (tmpfs before Linux 6.6) refuse O_DIRECT only after they created the file: the
+ * file is then this call's own (O_EXCL passed, so it did not exist), empty, and
+ * opened again without O_CREAT; where nothing was created, it is created without
+ * O_DIRECT. Anything else there is not this writer's: EEXIST. */
+static int w_open_created(const char *path, mode_t mode)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return errno == ENOENT ? open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode) : -1;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size != 0 || st.st_nlink != 1 ||
+	    st.st_uid != geteuid()) {
+		close(fd);
+		errno = EEXIST;
+		return -1;
+	}
+	return fd;
+}
+
 int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_writer_opts *o,
                          struct io_shard_writer **out)
 {
@@ -252,9 +272,10 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 	mode_t mode = o->mode ? (mode_t)o->mode : 0600;
 	w->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, mode);
 	if (w->fd < 0 && errno == EINVAL) {
-		/* tmpfs and some FUSE file systems refuse O_DIRECT: same format, page cache. */
+		/* tmpfs (before Linux 6.6) and some FUSE file systems refuse O_DIRECT: same
+		 * format, page cache. */
 		ckpt_log(CKPT_LOG_INFO, "%s: O_DIRECT refused, using buffered I/O", path);
-		w->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+		w->fd = w_open_created(path, mode);
 	}
 	if (w->fd < 0) {
 		int rc = ckpt_err(-errno, "create shard file %s%s", path,

@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,33 @@
 
 #include "io/io_internal.h"
 #include "testutil.h"
+
+/* Every open() of this program and of the library linked into it comes here
+ * (-Wl,--wrap=open, tests/io/CMakeLists.txt). With old_tmpfs set it plays tmpfs
+ * before Linux 6.6: O_CREAT | O_DIRECT creates the file, then fails with EINVAL. */
+int __real_open(const char *path, int flags, ...);
+int __wrap_open(const char *path, int flags, ...);
+static bool old_tmpfs;
+
+int __wrap_open(const char *path, int flags, ...)
+{
+	int mode = 0;
+	if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) {
+		va_list ap;
+		va_start(ap, flags);
+		mode = va_arg(ap, int);
+		va_end(ap);
+	}
+	if (old_tmpfs && (flags & O_CREAT) && (flags & O_DIRECT)) {
+		int fd = __real_open(path, flags & ~O_DIRECT, mode);
+		if (fd < 0)
+			return -1;
+		close(fd);
+		errno = EINVAL;
+		return -1;
+	}
+	return __real_open(path, flags, mode);
+}
 
 #define BUF_BYTES (64u * 1024)
 #define NBUFS     6u
@@ -319,6 +348,32 @@ static void round_trip(int zstd, bool compressible)
 }
 
 START_TEST(round_trip_raw) { round_trip(0, false); }
+END_TEST
+/* A file system that refuses O_DIRECT only after it created the file: the writer
+ * takes the file it created (buffered), and still never one that was there. */
+START_TEST(round_trip_odirect_refused_after_create)
+{
+	old_tmpfs = true;
+	round_trip(0, false);
+	struct fx f;
+	fx_init(&f, "shard-oldtmpfs");
+	struct io_shard_writer *w;
+	ck_assert_int_eq(tu_write_file(f.path, "not yours", 9), 0);
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .rank = 0, .world = 1, .block_bytes = IO_BLOCK_BYTES, .save_id = 7 }, &w), -EEXIST);
+	void *kept;
+	size_t klen;
+	ck_assert_int_eq(tu_read_file(f.path, &kept, &klen), 0);
+	ck_assert(klen == 9 && !memcmp(kept, "not yours", 9));
+	free(kept);
+	ck_assert_int_eq(unlink(f.path), 0);
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .rank = 0, .world = 1, .block_bytes = IO_BLOCK_BYTES, .save_id = 7 }, &w), 0);
+	struct stat ms;
+	ck_assert_int_eq(stat(f.path, &ms), 0);
+	ck_assert_uint_eq(ms.st_mode & 0777, 0600);
+	io_shard_writer_abort(w);
+	old_tmpfs = false;
+	fx_done(&f);
+}
 END_TEST
 START_TEST(round_trip_zstd_compressible) { round_trip(3, true); }
 END_TEST
@@ -885,6 +940,7 @@ int main(void)
 	TCase *tc = tcase_create("shard");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, round_trip_raw);
+	tcase_add_test(tc, round_trip_odirect_refused_after_create);
 	tcase_add_test(tc, round_trip_zstd_compressible);
 	tcase_add_test(tc, round_trip_zstd_incompressible);
 	tcase_add_test(tc, empty_shard);
