@@ -441,9 +441,13 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 fail:
 	ckpt_err_prefix(rc, "open %s", c->cfg.root ? c->cfg.root : "checkpoint root");
 	/* Telling the other ranks takes seconds: the root is free meanwhile, for the
-	 * operator's ckpt-inspect rebuild that the message may ask for. */
-	lock_release(c->lock_fd);
-	c->lock_fd = -1;
+	 * operator's ckpt-inspect rebuild that the message may ask for. Not while a
+	 * coordinator of this context runs: it may still write the manifest until
+	 * ckpt_close stops it (and then nobody is told: the ranks have their links). */
+	if (!c->coord) {
+		lock_release(c->lock_fd);
+		c->lock_fd = -1;
+	}
 	ckpt_refuse_peers(c, rc);
 	ckpt_close(c);
 	return rc;
