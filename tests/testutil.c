@@ -164,3 +164,32 @@ int tu_shard_path(const char *root, uint64_t step, uint32_t rank, char *out, siz
 	closedir(d);
 	return found == 1 ? 0 : found ? -EEXIST : -ENOENT;
 }
+
+unsigned tu_count_lines(const char *s, const char *needle)
+{
+	unsigned n = 0;
+	for (const char *l = s; *l;) {
+		const char *e = strchr(l, '\n');
+		size_t len = e ? (size_t)(e - l) : strlen(l);
+		const char *hit = strstr(l, needle);
+		if (hit && hit + strlen(needle) <= l + len)
+			n++;
+		l += len + (e ? 1 : 0);
+	}
+	return n;
+}
+
+unsigned long long tu_sum_suppressed(const char *s, const char *what)
+{
+	char pat[256];
+	snprintf(pat, sizeof pat, "%s: ", what);
+	size_t pl = strlen(pat);
+	unsigned long long sum = 0;
+	for (const char *p = s; (p = strstr(p, pat)); p += pl) {
+		char *end;
+		unsigned long long n = strtoull(p + pl, &end, 10);
+		if (end != p + pl && !strncmp(end, " similar message", 16))
+			sum += n;
+	}
+	return sum;
+}

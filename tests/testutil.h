@@ -30,5 +30,9 @@ int tu_count_files(const char *path);
  * id, which a test does not know): 0, or -ENOENT when there is none (-EEXIST: more
  * than one). */
 int tu_shard_path(const char *root, uint64_t step, uint32_t rank, char *out, size_t cap);
+/* Lines of s (log text) holding needle. */
+unsigned tu_count_lines(const char *s, const char *needle);
+/* The sum of N over the lines "<what>: N similar messages suppressed" of s. */
+unsigned long long tu_sum_suppressed(const char *s, const char *what);
 
 #endif

@@ -54,36 +54,6 @@ static char *capture_end(struct capture *c)
 	return s;
 }
 
-static unsigned count_lines(const char *s, const char *needle)
-{
-	unsigned n = 0;
-	for (const char *l = s; *l;) {
-		const char *e = strchr(l, '\n');
-		size_t len = e ? (size_t)(e - l) : strlen(l);
-		char line[1300];
-		snprintf(line, sizeof line, "%.*s", (int)len, l);
-		if (strstr(line, needle))
-			n++;
-		l += len + (e ? 1 : 0);
-	}
-	return n;
-}
-
-/* The sum of N over "<what>: N similar messages suppressed" lines. */
-static unsigned long long sum_suppressed(const char *s, const char *what)
-{
-	char pat[256];
-	snprintf(pat, sizeof pat, "%s: ", what);
-	unsigned long long sum = 0;
-	for (const char *p = s; (p = strstr(p, pat)); p += strlen(pat)) {
-		char *end;
-		unsigned long long n = strtoull(p + strlen(pat), &end, 10);
-		if (end != p + strlen(pat) && !strncmp(end, " similar message", 16))
-			sum += n;
-	}
-	return sum;
-}
-
 /* ---------------------------------------------------------------- decisions */
 
 START_TEST(burst_then_held_back)
@@ -168,7 +138,7 @@ START_TEST(lines_written_and_counted)
 	ckpt_ratelimit_destroy(&rl);       /* the count of lines still held back */
 	char *log = capture_end(&c);
 	ck_assert_uint_eq(written, 4);
-	ck_assert_uint_eq(count_lines(log, "acceptor: rejected peer"), 4);
+	ck_assert_uint_eq(tu_count_lines(log, "acceptor: rejected peer"), 4);
 	for (int i = 0; i < 4; i++) {
 		char want[64];
 		snprintf(want, sizeof want, "warn: acceptor: rejected peer %d\n", i);
@@ -176,7 +146,7 @@ START_TEST(lines_written_and_counted)
 	}
 	ck_assert_msg(strstr(log, "warn: acceptor: rejected connections: 6 similar messages "
 	                     "suppressed\n"), "no count in:\n%s", log);
-	ck_assert_uint_eq(count_lines(log, "libckpt["), 5);
+	ck_assert_uint_eq(tu_count_lines(log, "libckpt["), 5);
 	free(log);
 }
 END_TEST
@@ -234,8 +204,8 @@ START_TEST(threads_share_a_limiter)
 	ckpt_ratelimit_destroy(&rl);
 	char *log = capture_end(&c);
 	ck_assert_uint_eq(written, 10);
-	ck_assert_uint_eq(count_lines(log, "shared limiter line"), 10);
-	ck_assert_uint_eq(sum_suppressed(log, "shared"), 7990);
+	ck_assert_uint_eq(tu_count_lines(log, "shared limiter line"), 10);
+	ck_assert_uint_eq(tu_sum_suppressed(log, "shared"), 7990);
 	free(log);
 }
 END_TEST
@@ -262,8 +232,8 @@ START_TEST(real_clock_every_line_accounted)
 	ck_assert_int_eq(again, -1);
 	ck_assert_int_eq(after, -1);
 	ck_assert_uint_ge(written, 2);
-	ck_assert_uint_eq(count_lines(log, "clocked line"), written);
-	ck_assert_uint_eq(written + sum_suppressed(log, "clocked"), 50);
+	ck_assert_uint_eq(tu_count_lines(log, "clocked line"), written);
+	ck_assert_uint_eq(written + tu_sum_suppressed(log, "clocked"), 50);
 	free(log);
 }
 END_TEST

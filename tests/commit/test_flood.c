@@ -104,36 +104,6 @@ static char *capture_end(struct capture *c)
 	return s;
 }
 
-/* Lines of s holding needle. */
-static unsigned count_lines(const char *s, const char *needle)
-{
-	unsigned n = 0;
-	for (const char *l = s; *l;) {
-		const char *e = strchr(l, '\n');
-		size_t len = e ? (size_t)(e - l) : strlen(l);
-		const char *hit = strstr(l, needle);
-		if (hit && hit < l + len)
-			n++;
-		l += len + (e ? 1 : 0);
-	}
-	return n;
-}
-
-/* The sum of N over the lines "<what>: N similar messages suppressed". */
-static unsigned long long sum_suppressed(const char *s, const char *what)
-{
-	char pat[256];
-	snprintf(pat, sizeof pat, "%s: ", what);
-	unsigned long long sum = 0;
-	for (const char *p = s; (p = strstr(p, pat)); p += strlen(pat)) {
-		char *end;
-		unsigned long long n = strtoull(p + strlen(pat), &end, 10);
-		if (end != p + strlen(pat) && !strncmp(end, " similar message", 16))
-			sum += n;
-	}
-	return sum;
-}
-
 /* ---------------------------------------------------------------- descriptors */
 
 /* Samples how many descriptors this process holds, until stopped. */
@@ -365,13 +335,13 @@ START_TEST(flood_of_silent_connections)
 	char *log = capture_end(&cap);
 	manifest_close(e.m);
 
-	unsigned rejected = count_lines(log, "coordinator: rejected tcp");
-	unsigned dropped = count_lines(log, "coordinator: dropped tcp");
-	unsigned summaries = count_lines(log, "similar messages suppressed") +
-	                     count_lines(log, "similar message suppressed");
+	unsigned rejected = tu_count_lines(log, "coordinator: rejected tcp");
+	unsigned dropped = tu_count_lines(log, "coordinator: dropped tcp");
+	unsigned summaries = tu_count_lines(log, "similar messages suppressed") +
+	                     tu_count_lines(log, "similar message suppressed");
 	unsigned long long counted = rejected + dropped +
-	    sum_suppressed(log, "coordinator: rejected connections") +
-	    sum_suppressed(log, "coordinator: connections dropped to make room");
+	    tu_sum_suppressed(log, "coordinator: rejected connections") +
+	    tu_sum_suppressed(log, "coordinator: connections dropped to make room");
 	printf("flood: %d connections held in %.0f ms; 6 steps committed in %.0f ms; at most %d "
 	       "descriptors; %u lines about %llu rejected or dropped connections (%u of them "
 	       "counts)\n", held, flood_ms, honest_ms, fs.max, rejected + dropped + summaries,
@@ -504,7 +474,7 @@ START_TEST(accept_out_of_descriptors)
 	char *log = capture_end(&cap);
 	manifest_close(e.m);
 	printf("out of descriptors: %.0f ms of CPU in 500 ms\n", cpu);
-	unsigned said = count_lines(log, "coordinator: cannot accept a connection");
+	unsigned said = tu_count_lines(log, "coordinator: cannot accept a connection");
 	ck_assert_msg(said >= 1 && strstr(log, "Too many open files"), "accept failing was not "
 	              "logged:\n%s", log);
 	ck_assert_msg(said <= 10, "%u lines about accept failing in half a second", said);
@@ -619,7 +589,7 @@ START_TEST(leader_refuses_other_users)
 	manifest_close(e.m);
 	char want[128];
 	snprintf(want, sizeof want, "refused a local connection of uid %u", OTHER_UID);
-	ck_assert_msg(count_lines(log, want) == 1, "no line '%s' in:\n%s", want, log);
+	ck_assert_msg(tu_count_lines(log, want) == 1, "no line '%s' in:\n%s", want, log);
 	free(log);
 	tu_rmtree(e.root);
 	free(e.root);
