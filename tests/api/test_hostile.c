@@ -303,23 +303,11 @@ START_TEST(garbage_manifest_refused)
 }
 END_TEST
 
-START_TEST(second_coordinator_refused)
+/* A coordinator of the root in a process of its own, open once this returns; gone
+ * with kill(SIGKILL). Tests that fork ranks keep their own process free of
+ * library threads so: ASan's allocator is not fork-safe while other threads run. */
+static pid_t spawn_holder(void)
 {
-	save_step(1);
-	/* A live coordinator holds the root: another one (a stale copy of the job, or
-	 * a new job on the same root) is refused, naming the holder; readers are not. */
-	ckpt_ctx *c = open_as(0, 1, 0);
-	expect_open_fails(0, 1, 0, -EBUSY, "in use by the coordinator of job 'default'");
-	expect_open_fails(0, 1, CKPT_OPEN_NO_GC, -EBUSY, "pid");
-	expect_open_fails(0, 1, CKPT_OPEN_RECOVER, -EBUSY, NULL);
-	ckpt_ctx *r = open_as(0, 1, CKPT_OPEN_READONLY);
-	ckpt_close(r);
-	ckpt_close(c);
-	/* Closed: free again. */
-	c = open_as(0, 1, 0);
-	ckpt_close(c);
-
-	/* A holder killed with SIGKILL leaves no stale lock. */
 	int pipefd[2];
 	ck_assert_int_eq(pipe(pipefd), 0);
 	pid_t pid = fork();
@@ -338,12 +326,34 @@ START_TEST(second_coordinator_refused)
 	}
 	close(pipefd[1]);
 	char b;
-	ck_assert_int_eq(read(pipefd[0], &b, 1), 1);
+	ck_assert_msg(read(pipefd[0], &b, 1) == 1, "the holder could not open the root");
 	close(pipefd[0]);
-	expect_open_fails(0, 1, 0, -EBUSY, NULL);
+	return pid;
+}
+
+static void kill_holder(pid_t pid)
+{
 	kill(pid, SIGKILL);
 	int status;
 	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+}
+
+START_TEST(second_coordinator_refused)
+{
+	save_step(1);
+	/* A live coordinator holds the root: another one (a stale copy of the job, or
+	 * a new job on the same root) is refused, naming the holder; readers are not. */
+	pid_t pid = spawn_holder();
+	expect_open_fails(0, 1, 0, -EBUSY, "in use by the coordinator of job 'default'");
+	expect_open_fails(0, 1, CKPT_OPEN_NO_GC, -EBUSY, "pid");
+	expect_open_fails(0, 1, CKPT_OPEN_RECOVER, -EBUSY, NULL);
+	ckpt_ctx *r = open_as(0, 1, CKPT_OPEN_READONLY);
+	ckpt_close(r);
+	/* A holder killed with SIGKILL leaves no stale lock. */
+	kill_holder(pid);
+	ckpt_ctx *c = open_as(0, 1, 0);
+	ckpt_close(c);
+	/* Closed: free again. */
 	c = open_as(0, 1, 0);
 	ckpt_close(c);
 	check_step(1);
@@ -676,7 +686,7 @@ static unsigned free_port(void)
 START_TEST(ranks_learn_why_rank0_failed)
 {
 	save_step(1);
-	ckpt_ctx *holder = open_as(0, 1, 0);           /* another job's coordinator */
+	pid_t holder = spawn_holder();                 /* another job's coordinator */
 	unsigned port = free_port();
 	pid_t pids[2];
 	for (int r = 0; r < 2; r++) {
@@ -708,7 +718,7 @@ START_TEST(ranks_learn_why_rank0_failed)
 		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d: status 0x%x",
 		              r, status);
 	}
-	ckpt_close(holder);
+	kill_holder(holder);
 	check_step(1);
 }
 END_TEST
