@@ -507,10 +507,12 @@ int io_blocks_decode(const struct io_shard_index *ix, const void *buf, size_t le
 	*hashes = NULL;
 	if (len < IO_BLOCKS_HDR_BYTES || memcmp(p, IO_BLOCKS_MAGIC, IO_MAGIC_BYTES))
 		return BADT("bad magic or %zu bytes (not a block table)", len);
+	/* The table's own layout version, not the file's: a file of version 3 still
+	 * holds a table of version 2, the only one there is. */
 	uint32_t version = ckpt_get_le32(p + IO_BLOCKS_OFF_VERSION);
-	if (version > IO_FORMAT_VERSION)
+	if (version > IO_BLOCKS_VERSION)
 		return ckpt_err(CKPT_EVERSION, "block table: version %u, this build reads <= %u",
-		                version, IO_FORMAT_VERSION);
+		                version, IO_BLOCKS_VERSION);
 	if (version < IO_BLOCKS_VERSION)
 		return BADT("version %u (block tables start at version %u)", version,
 		            IO_BLOCKS_VERSION);

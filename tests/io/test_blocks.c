@@ -369,6 +369,38 @@ START_TEST(damaged_block_table)
 }
 END_TEST
 
+/* The table's version is its layout's: 2, in a file of any version that has one.
+ * Anything else is refused, so that what decodes re-encodes to the same bytes. */
+START_TEST(block_table_versions)
+{
+	struct fx f;
+	fx_init(&f, "blocks-version", BLOCK);
+	const struct io_shard_index *ix = f.res.index;
+	void *file;
+	size_t flen;
+	ck_assert_int_eq(tu_read_file(f.path, &file, &flen), 0);
+	ck_assert_uint_le(ix->blocks_offset + ix->blocks_len, flen);
+	uint8_t *t = (uint8_t *)file + ix->blocks_offset;
+	const uint8_t *hashes;
+	ck_assert_uint_eq(ckpt_get_le32(t + IO_BLOCKS_OFF_VERSION), IO_BLOCKS_VERSION);
+	ck_assert_int_eq(io_blocks_decode(ix, t, ix->blocks_len, &hashes), 0);
+	const struct { uint32_t v; int want; } cases[] = {
+		{ IO_BLOCKS_VERSION + 1, CKPT_EVERSION }, { IO_FORMAT_VERSION, CKPT_EVERSION },
+		{ 1, CKPT_EFORMAT }, { 0, CKPT_EFORMAT },
+	};
+	for (unsigned i = 0; i < CKPT_ARRAY_SIZE(cases); i++) {
+		if (cases[i].v == IO_BLOCKS_VERSION)
+			continue;
+		ckpt_put_le32(t + IO_BLOCKS_OFF_VERSION, cases[i].v);
+		ck_assert_msg(io_blocks_decode(ix, t, ix->blocks_len, &hashes) == cases[i].want,
+		              "table version %u: %s", cases[i].v, ckpt_err_msg());
+		ck_assert_ptr_null(hashes);
+	}
+	free(file);
+	fx_done(&f);
+}
+END_TEST
+
 /* Write ix as the file's footer (same length), with a consistent trailer. */
 static void rewrite_footer(const char *path, uint64_t size, const struct io_shard_index *ix)
 {
@@ -499,6 +531,7 @@ int main(void)
 	tcase_add_test(tc, flipped_bit_in_needed_block);
 	tcase_add_test(tc, flipped_bit_in_unneeded_block_found_by_verify);
 	tcase_add_test(tc, damaged_block_table);
+	tcase_add_test(tc, block_table_versions);
 	tcase_add_test(tc, wrong_table_with_right_hash_found_by_verify);
 	tcase_add_test(tc, v1_shard_reads_whole_chunks);
 	tcase_add_test(tc, compressed_chunks_read_whole);
