@@ -157,10 +157,11 @@ int catalog_list(ckpt_ctx *c, bool all, struct catalog_entry **out, size_t *coun
 	return 0;
 }
 
-static void catalog_fill(struct ckpt_catalog_step *o, const struct catalog_entry *x)
+/* The public form of an entry. */
+static void catalog_fill(struct ckpt_step_info *o, const struct catalog_entry *x)
 {
 	memset(o, 0, sizeof *o);
-	o->info.step = x->step;
+	o->step = x->step;
 	o->has_record = x->has_record;
 	o->has_dir = x->has_dir;
 	o->nfiles = x->nfiles;
@@ -168,35 +169,83 @@ static void catalog_fill(struct ckpt_catalog_step *o, const struct catalog_entry
 	if (x->has_record) {
 		const struct manifest_step *rec = &x->rec;
 		/* An in-flight record whose coordinator is gone is a presumed abort. */
-		o->info.state = rec->state == CKPT_STATE_INFLIGHT && !x->live ? CKPT_STATE_ABORTED
-		                                                              : (int)rec->state;
-		o->info.trust = (int)rec->trust;
-		o->info.world = rec->world;
-		o->info.ntensors = rec->ntensors;
-		o->info.logical_bytes = rec->logical_bytes;
-		o->info.stored_bytes = rec->stored_bytes;
-		o->info.commit_time_ns = rec->commit_time_ns;
+		o->state = rec->state == CKPT_STATE_INFLIGHT && !x->live ? CKPT_STATE_ABORTED
+		                                                         : (int)rec->state;
+		o->trust = (int)rec->trust;
+		o->world = rec->world;
+		o->ntensors = rec->ntensors;
+		o->logical_bytes = rec->logical_bytes;
+		o->stored_bytes = rec->stored_bytes;
+		o->commit_time_ns = rec->commit_time_ns;
 	} else {
-		o->info.state = CKPT_STATE_INFLIGHT;
+		o->state = CKPT_STATE_INFLIGHT;
 	}
 }
 
-int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *out, size_t cap)
+/* struct ckpt_step_info as first published: a caller's element is at least this. */
+#define STEP_INFO_MIN sizeof(struct ckpt_step_info)
+
+int ckpt_steps(ckpt_ctx *c, unsigned flags, struct ckpt_step_info *out, size_t cap,
+               size_t elem_size)
 {
 	if (!c || (cap && !out))
-		return ckpt_err(-EINVAL, "ckpt_catalog_steps: NULL argument");
-	if (flags & ~(unsigned)CKPT_CATALOG_ALL)
-		return ckpt_err(-EINVAL, "ckpt_catalog_steps: unknown flags 0x%x", flags);
+		return ckpt_err(-EINVAL, "ckpt_steps: NULL argument");
+	CKPT_LOG_SCOPE(&c->log, CKPT_LOG_NO_STEP);
+	if (flags & ~(unsigned)CKPT_STEPS_ALL)
+		return ckpt_err(-EINVAL, "ckpt_steps: unknown flags 0x%x", flags);
+	int rc = glue_elem_size_check("ckpt_steps", elem_size, STEP_INFO_MIN);
+	if (rc)
+		return rc;
 	ckpt_err_clear();
 	struct catalog_entry *e;
 	size_t n;
-	int rc = catalog_list(c, flags & CKPT_CATALOG_ALL, &e, &n);
-	if (rc)
+	if ((rc = catalog_list(c, flags & CKPT_STEPS_ALL, &e, &n)))
 		return rc;
-	for (size_t i = 0; i < n && i < cap; i++)
-		catalog_fill(&out[i], &e[i]);
+	for (size_t i = 0; i < n && i < cap; i++) {
+		struct ckpt_step_info v;
+		catalog_fill(&v, &e[i]);
+		glue_elem_put(out, i, elem_size, &v, sizeof v);
+	}
 	ckpt_free(e);
 	if (n > INT_MAX)
 		return ckpt_err(-EOVERFLOW, "%s: %zu steps", c->cfg.root, n);
 	return (int)n;
+}
+
+int ckpt_step_info(ckpt_ctx *c, uint64_t step, struct ckpt_step_info *out, size_t elem_size)
+{
+	if (!c || !out)
+		return ckpt_err(-EINVAL, "ckpt_step_info: NULL argument");
+	CKPT_LOG_SCOPE(&c->log, step == CKPT_LATEST ? CKPT_LOG_NO_STEP : step);
+	int rc = glue_elem_size_check("ckpt_step_info", elem_size, STEP_INFO_MIN);
+	if (rc)
+		return rc;
+	ckpt_err_clear();
+	struct manifest *m;
+	if ((rc = glue_manifest(c, &m)))
+		return rc;
+	if (step == CKPT_LATEST && (rc = manifest_step_latest(m, &step)))
+		return ckpt_err(rc, "%s has no committed step", c->cfg.root);
+	/* The one step's entry, as ckpt_steps would list it with CKPT_STEPS_ALL. */
+	struct catalog_entry x;
+	memset(&x, 0, sizeof x);
+	x.step = step;
+	rc = manifest_step_get(m, step, &x.rec);
+	if (rc && rc != CKPT_ENOTFOUND)
+		return rc;
+	x.has_record = rc == 0;
+	int d = gc_step_dir_usage(c->cfg.root, step, &x.nfiles, &x.dir_bytes);
+	if (d && d != -ENOENT)
+		return d;
+	x.has_dir = d == 0;
+	if (!x.has_record && !x.has_dir)
+		return ckpt_err(CKPT_ENOTFOUND, "step %llu: no record and no directory in %s",
+		                (unsigned long long)step, c->cfg.root);
+	x.live = x.has_record && x.rec.state == CKPT_STATE_INFLIGHT &&
+	         x.rec.incarnation && x.rec.incarnation == catalog_live_incarnation(c);
+	ckpt_err_clear();
+	struct ckpt_step_info v;
+	catalog_fill(&v, &x);
+	glue_elem_put(out, 0, elem_size, &v, sizeof v);
+	return 0;
 }

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 
 #define CKPT_ALIGN      4096u   /* O_DIRECT alignment of offsets, lengths and buffers */
@@ -35,10 +36,39 @@ void ckpt_err_clear(void);
 /* Copy a message into this thread's buffer (carrying a worker's error to the waiter). */
 void ckpt_err_restore(const char *msg);
 
-/* ------------------------------------------------------------------ log */
-enum ckpt_log_level { CKPT_LOG_ERROR = 0, CKPT_LOG_WARN, CKPT_LOG_INFO, CKPT_LOG_DEBUG };
-/* To stderr, prefixed "libckpt[pid]: ", when level <= CKPT_LOG (default WARN). */
+/* ------------------------------------------------------------------ log
+ * Levels are the public enum ckpt_log_level. A line goes to the callback of the
+ * calling thread's log scope, else to that of ckpt_log_set, else to stderr as
+ * "<UTC time> libckpt[pid] rank <r> <level>: <msg>" (the format ckpt.h documents),
+ * when level is at most the scope's threshold (else CKPT_LOG's, default WARN). */
 void ckpt_log(int level, const char *fmt, ...) CKPT_PRINTF(2, 3);
+
+/* A context's log settings: where its lines go and what they carry. Set at open,
+ * read-only afterwards; outlives every thread that has it in scope. */
+struct ckpt_log_sink {
+	ckpt_log_fn fn;             /* NULL: ckpt_log_set's, else stderr */
+	void       *arg;
+	int         level;          /* -1: CKPT_LOG's */
+	const char *job_id;
+	int         rank;
+};
+/* The calling thread's log scope: the sink and the step its lines are about. */
+struct ckpt_log_scope {
+	const struct ckpt_log_sink *sink;    /* NULL: outside a context */
+	uint64_t step;                       /* CKPT_LOG_NO_STEP: none */
+};
+/* Enter a scope (sink may be NULL: keep the current one) and return the one it
+ * replaces, for ckpt_log_leave. CKPT_LOG_SCOPE does both for a C block. */
+struct ckpt_log_scope ckpt_log_enter(const struct ckpt_log_sink *sink, uint64_t step);
+void ckpt_log_leave(struct ckpt_log_scope *prev);
+#define CKPT_LOG_SCOPE(sink, step) \
+	struct ckpt_log_scope ckpt_log_prev_ __attribute__((cleanup(ckpt_log_leave))) = \
+		ckpt_log_enter((sink), (step))
+/* pthread_create whose thread starts in the creator's log sink (step: none), so that
+ * a context's threads log as the context. Returns 0 or a positive errno, as
+ * pthread_create. */
+int ckpt_thread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *),
+                       void *arg);
 
 /* Rate-limited lines, in the spirit of the kernel's printk_ratelimit: a limiter lets
  * at most burst lines through per interval (which starts at the first line after the

@@ -33,6 +33,7 @@ void ckpt_opts_init(struct ckpt_opts *o, size_t size)
 	d.rank = -1;
 	d.world = -1;
 	d.zstd_level = -1;
+	d.log_level = -1;
 	memcpy(o, &d, d.size);
 }
 
@@ -300,6 +301,25 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 
 /* file_secret holds a secret read from CKPT_JOB_SECRET_FILE while the options are
  * resolved; it is scrubbed here, on every path out. */
+int config_log(const struct ckpt_opts *o, struct ckpt_log_sink *sink)
+{
+	memset(sink, 0, sizeof *sink);
+	sink->level = -1;
+	sink->rank = CKPT_LOG_NO_RANK;
+	if (!o || o->size < offsetof(struct ckpt_opts, flags))
+		return 0;                /* config_resolve says what is wrong */
+	sink->fn = OPT(o, log_fn, (ckpt_log_fn)NULL);
+	sink->arg = OPT(o, log_arg, NULL);
+	sink->level = OPT(o, log_level, -1);
+	if (sink->level < -1 || sink->level > CKPT_LOG_DEBUG) {
+		int bad = sink->level;
+		sink->level = -1;
+		return ckpt_err(-EINVAL, "log level %d: expected -1 (CKPT_LOG) or %d (error) to "
+		                "%d (debug)", bad, CKPT_LOG_ERROR, CKPT_LOG_DEBUG);
+	}
+	return 0;
+}
+
 int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 {
 	char file_secret[CONFIG_MAX_SECRET + 1];

@@ -23,8 +23,32 @@ bool glue_is_coordinator(const ckpt_ctx *c)
 	return c->cfg.rank == 0 && !(c->cfg.flags & CKPT_OPEN_READONLY);
 }
 
-int ckpt_rank(const ckpt_ctx *c) { return c ? c->cfg.rank : -1; }
-int ckpt_world(const ckpt_ctx *c) { return c ? c->cfg.world : -1; }
+int ckpt_rank(const ckpt_ctx *c)
+{
+	return c ? c->cfg.rank : ckpt_err(-EINVAL, "ckpt_rank: context is NULL");
+}
+
+int ckpt_world(const ckpt_ctx *c)
+{
+	return c ? c->cfg.world : ckpt_err(-EINVAL, "ckpt_world: context is NULL");
+}
+
+int glue_elem_size_check(const char *fn, size_t elem_size, size_t min)
+{
+	if (elem_size < min)
+		return ckpt_err(-EINVAL, "%s: element size %zu is below %zu, the struct's "
+		                "smallest size", fn, elem_size, min);
+	return 0;
+}
+
+void glue_elem_put(void *out, size_t i, size_t elem_size, const void *v, size_t have)
+{
+	unsigned char *p = (unsigned char *)out + i * elem_size;
+	size_t n = elem_size < have ? elem_size : have;
+	memcpy(p, v, n);
+	if (elem_size > n)
+		memset(p + n, 0, elem_size - n);
+}
 
 /* mkdir -p, one component at a time (the root's parents may not exist yet). */
 static int mkdir_p(const char *path, unsigned mode)
@@ -206,7 +230,11 @@ static void *worker_main(void *arg)
 			c->queue_tail = NULL;
 		s->state = SAVE_RUNNING;
 		pthread_mutex_unlock(&c->lock);
-		save_run(c, s);
+		{
+			/* The save's lines carry its step. */
+			CKPT_LOG_SCOPE(NULL, s->step);
+			save_run(c, s);
+		}
 		pthread_mutex_lock(&c->lock);
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -337,6 +365,7 @@ void ckpt_close(ckpt_ctx *c)
 {
 	if (!c)
 		return;
+	CKPT_LOG_SCOPE(&c->log, CKPT_LOG_NO_STEP);
 	if (c->worker_started) {
 		pthread_mutex_lock(&c->lock);
 		c->stopping = true;
@@ -378,9 +407,15 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	pthread_cond_init(&c->cond, NULL);
 	pthread_mutex_init(&c->load_lock, NULL);
 	pthread_mutex_init(&c->manifest_lock, NULL);
-	int rc = config_resolve(o, &c->cfg);
+	/* From here on this context's lines go where its options say, its threads' too. */
+	CKPT_LOG_SCOPE(&c->log, CKPT_LOG_NO_STEP);
+	int rc = config_log(o, &c->log);
+	if (!rc)
+		rc = config_resolve(o, &c->cfg);
 	if (rc)
 		goto fail;
+	c->log.job_id = c->cfg.job_id;
+	c->log.rank = c->cfg.rank;
 	ckpt_fault_set_rank(c->cfg.rank);
 	bool create;
 	if ((rc = root_prepare(c, &create)))
@@ -430,7 +465,7 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 		goto fail;
 	}
 	if (!ro) {
-		if ((rc = pthread_create(&c->worker, NULL, worker_main, c))) {
+		if ((rc = ckpt_thread_create(&c->worker, NULL, worker_main, c))) {
 			rc = ckpt_err(-rc, "start the save worker");
 			goto fail;
 		}

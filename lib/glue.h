@@ -38,6 +38,9 @@ struct glue_config {
 	bool     tree;                /* the hierarchical commit: relay through the node leader */
 };
 int  config_resolve(const struct ckpt_opts *o, struct glue_config *cfg);
+/* The log settings of o (callback, level) into *sink, the rest of it blank; before
+ * config_resolve, so that its own lines reach the callback. -EINVAL: a bad level. */
+int  config_log(const struct ckpt_opts *o, struct ckpt_log_sink *sink);
 void config_free(struct glue_config *cfg);
 
 /* One item added to a save: a tensor box or a blob. Owned by its save. */
@@ -85,6 +88,7 @@ struct ckpt_save {
 
 struct ckpt_ctx {
 	struct glue_config cfg;
+	struct ckpt_log_sink log;         /* where this context's lines go (ckpt_log_enter) */
 	struct manifest   *manifest;      /* RW on the coordinator; opened RDONLY lazily elsewhere */
 	pthread_mutex_t    manifest_lock; /* lazy open */
 	struct io_pool    *pool;
@@ -141,6 +145,12 @@ struct ckpt_load {
 };
 
 bool glue_is_coordinator(const ckpt_ctx *c);
+/* The element-size rule of ckpt.h for output structs: -EINVAL (naming fn) when
+ * elem_size is below min, the struct's size in the header's first version of it. */
+int  glue_elem_size_check(const char *fn, size_t elem_size, size_t min);
+/* Write element i of an array of elem_size-byte elements from v (have bytes): only
+ * its first elem_size bytes, zeros past have. */
+void glue_elem_put(void *out, size_t i, size_t elem_size, const void *v, size_t have);
 /* At most one coordinator per root (lib/lock.c). lock_take: an exclusive flock on
  * <root>/coordinator.lock, held through *fd until it is closed; -EBUSY naming the
  * holder when another process holds it. lock_probe: 1 if a coordinator holds the

@@ -147,6 +147,7 @@ int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 	*out = NULL;
 	if (!c)
 		return ckpt_err(-EINVAL, "ckpt_load_open: context is NULL");
+	CKPT_LOG_SCOPE(&c->log, step == CKPT_LATEST ? CKPT_LOG_NO_STEP : step);
 	ckpt_err_clear();
 	struct manifest *m;
 	int rc = glue_manifest(c, &m);
@@ -598,6 +599,7 @@ int ckpt_load_tensors(ckpt_load *l, const struct ckpt_load_req *reqs, size_t n, 
 {
 	if (!l || (n && !reqs))
 		return ckpt_err(-EINVAL, "ckpt_load_tensors: NULL argument");
+	CKPT_LOG_SCOPE(&l->ctx->log, l->rec.step);
 	ckpt_err_clear();
 	size_t first_idx = SIZE_MAX;
 	char first_msg[1024] = "";
@@ -755,14 +757,23 @@ int ckpt_load_count(const ckpt_load *l)
 	return l ? (int)l->nentries : ckpt_err(-EINVAL, "load handle is NULL");
 }
 
-int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_info *out)
+/* The structs as first published: a caller's element is at least this. */
+#define TENSOR_INFO_MIN sizeof(struct ckpt_tensor_info)
+#define CHUNK_INFO_MIN  sizeof(struct ckpt_chunk_info)
+
+int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_info *uout,
+                   size_t elem_size)
 {
-	if (!l || !out)
+	if (!l || !uout)
 		return ckpt_err(-EINVAL, "ckpt_load_info: NULL argument");
+	int rc = glue_elem_size_check("ckpt_load_info", elem_size, TENSOR_INFO_MIN);
+	if (rc)
+		return rc;
 	if (i >= l->nentries)
 		return ckpt_err(CKPT_ENOTFOUND, "entry %u of %u", i, l->nentries);
 	const struct load_entry *e = &l->entries[i];
 	const struct io_tensor_entry *t = e->meta;
+	struct ckpt_tensor_info info, *out = &info;
 	memset(out, 0, sizeof *out);
 	out->name = t->name;
 	out->kind = t->kind;
@@ -775,6 +786,7 @@ int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_info *out)
 	for (uint32_t k = 0; k < e->npieces; k++)
 		out->logical_bytes += l->ix[e->pieces[k].rank]->tensors[e->pieces[k].tensor].raw_bytes;
 	out->stored_bytes = e->stored_bytes;
+	glue_elem_put(uout, 0, elem_size, &info, sizeof info);
 	return 0;
 }
 
@@ -796,10 +808,14 @@ const char *ckpt_codec_name(int codec)
 	}
 }
 
-int ckpt_load_chunks(const ckpt_load *l, unsigned i, struct ckpt_chunk_info *out, size_t cap)
+int ckpt_load_chunks(const ckpt_load *l, unsigned i, struct ckpt_chunk_info *out, size_t cap,
+                     size_t elem_size)
 {
 	if (!l || (cap && !out))
 		return ckpt_err(-EINVAL, "ckpt_load_chunks: NULL argument");
+	int rc = glue_elem_size_check("ckpt_load_chunks", elem_size, CHUNK_INFO_MIN);
+	if (rc)
+		return rc;
 	if (i >= l->nentries)
 		return ckpt_err(CKPT_ENOTFOUND, "entry %u of %u", i, l->nentries);
 	const struct load_entry *e = &l->entries[i];
@@ -814,7 +830,7 @@ int ckpt_load_chunks(const ckpt_load *l, unsigned i, struct ckpt_chunk_info *out
 			if (n >= cap)
 				continue;
 			const struct io_chunk_entry *ch = &ix->chunks[t->first_chunk + k];
-			struct ckpt_chunk_info *o = &out[n];
+			struct ckpt_chunk_info v, *o = &v;
 			memset(o, 0, sizeof *o);
 			o->rank = pc->rank;
 			o->chunk = t->first_chunk + k;
@@ -829,43 +845,10 @@ int ckpt_load_chunks(const ckpt_load *l, unsigned i, struct ckpt_chunk_info *out
 				o->box_offset[d] = t->offset[d];
 				o->box_extent[d] = t->extent[d];
 			}
+			glue_elem_put(out, n, elem_size, &v, sizeof v);
 		}
 	}
 	if (n > INT_MAX)
 		return ckpt_err(-EOVERFLOW, "'%s': %zu chunks", e->meta->name, n);
 	return (int)n;
-}
-
-int ckpt_steps(ckpt_ctx *c, uint64_t *steps, size_t cap)
-{
-	if (!c)
-		return ckpt_err(-EINVAL, "ckpt_steps: context is NULL");
-	struct manifest *m;
-	int rc = glue_manifest(c, &m);
-	return rc ? rc : manifest_steps_list(m, false, steps, cap);
-}
-
-int ckpt_step_info(ckpt_ctx *c, uint64_t step, struct ckpt_step_info *out)
-{
-	if (!c || !out)
-		return ckpt_err(-EINVAL, "ckpt_step_info: NULL argument");
-	struct manifest *m;
-	int rc = glue_manifest(c, &m);
-	if (rc)
-		return rc;
-	struct manifest_step rec;
-	if (step == CKPT_LATEST && (rc = manifest_step_latest(m, &step)))
-		return ckpt_err(rc, "%s has no committed step", c->cfg.root);
-	if ((rc = manifest_step_get(m, step, &rec)))
-		return rc;
-	memset(out, 0, sizeof *out);
-	out->step = rec.step;
-	out->state = (int)rec.state;
-	out->trust = (int)rec.trust;
-	out->world = rec.world;
-	out->ntensors = rec.ntensors;
-	out->logical_bytes = rec.logical_bytes;
-	out->stored_bytes = rec.stored_bytes;
-	out->commit_time_ns = rec.commit_time_ns;
-	return 0;
 }

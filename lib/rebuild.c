@@ -283,6 +283,7 @@ int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn rep
 {
 	if (!c)
 		return ckpt_err(-EINVAL, "ckpt_catalog_rebuild: context is NULL");
+	CKPT_LOG_SCOPE(&c->log, CKPT_LOG_NO_STEP);
 	if (flags & ~(unsigned)CKPT_REBUILD_MERGE)
 		return ckpt_err(-EINVAL, "ckpt_catalog_rebuild: unknown flags 0x%x", flags);
 	if (ures && ures->size < sizeof(size_t))
@@ -322,28 +323,28 @@ int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn rep
 				       "checksum did not match)");
 		}
 	}
-	int n = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, NULL, 0);
+	int n = ckpt_steps(c, CKPT_STEPS_ALL, NULL, 0, sizeof(struct ckpt_step_info));
 	if (n < 0)
 		return n;
-	struct ckpt_catalog_step *st = ckpt_calloc((size_t)(n ? n : 1), sizeof *st);
+	struct ckpt_step_info *st = ckpt_calloc((size_t)(n ? n : 1), sizeof *st);
 	if (!st)
 		return ckpt_err(-ENOMEM, "rebuild of %s", c->cfg.root);
-	int got = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, (size_t)n);
+	int got = ckpt_steps(c, CKPT_STEPS_ALL, st, (size_t)n, sizeof *st);
 	int rc = got < 0 ? got : 0;
 	char why[1024];
 	for (int i = 0; !rc && i < got && i < n; i++) {
 		if (!st[i].has_dir)
 			continue;
 		res.steps_seen++;
-		uint64_t step = st[i].info.step;
+		uint64_t step = st[i].step;
 		int outcome = 0;
-		uint32_t world = st[i].info.world;
+		uint32_t world = st[i].world;
 		why[0] = '\0';
 		if (st[i].has_record) {
 			/* The manifest decided this step already (merge): never overturned. */
 			outcome = CKPT_REBUILD_PRESENT;
 			snprintf(why, sizeof why, "already recorded as %s",
-			         st[i].info.state == CKPT_STATE_COMMITTED ? "committed" : "not committed");
+			         st[i].state == CKPT_STATE_COMMITTED ? "committed" : "not committed");
 		} else if ((rc = rebuild_step(c, step, &outcome, &world, why, sizeof why))) {
 			ckpt_err_prefix(rc, "rebuild of step %llu", (unsigned long long)step);
 			break;

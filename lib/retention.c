@@ -125,6 +125,7 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 {
 	if (!c)
 		return ckpt_err(-EINVAL, "ckpt_catalog_gc: context is NULL");
+	CKPT_LOG_SCOPE(&c->log, CKPT_LOG_NO_STEP);
 	struct ckpt_gc_opts o;
 	ckpt_gc_opts_init(&o, sizeof o);
 	if (uo) {
@@ -134,6 +135,9 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 	}
 	if (o.flags & ~(unsigned)(CKPT_GC_DRY_RUN | CKPT_GC_UNRECORDED))
 		return ckpt_err(-EINVAL, "ckpt_catalog_gc: unknown flags 0x%x", o.flags);
+	/* Before anything is removed: a refusal after the work would hide what was done. */
+	if (ures && ures->size < sizeof(size_t))
+		return ckpt_err(-EINVAL, "ckpt_catalog_gc: result size %zu", ures->size);
 	ckpt_err_clear();
 	bool dry = o.flags & CKPT_GC_DRY_RUN;
 	if (!glue_is_coordinator(c))
@@ -195,8 +199,6 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 	}
 	ckpt_free(st);
 	if (ures) {
-		if (ures->size < sizeof(size_t))
-			return rc ? rc : ckpt_err(-EINVAL, "ckpt_catalog_gc: result size %zu", ures->size);
 		size_t sz = ures->size < sizeof res ? ures->size : sizeof res;
 		res.size = ures->size;
 		memcpy(ures, &res, sz);

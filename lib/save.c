@@ -26,6 +26,10 @@
 #include "glue.h"
 #include "snapshot/snapshot.h"
 
+/* The lines of a save's calls carry its context and step (s may be NULL). */
+#define SAVE_LOG_SCOPE(s) \
+	CKPT_LOG_SCOPE((s) ? &(s)->ctx->log : NULL, (s) ? (s)->step : CKPT_LOG_NO_STEP)
+
 /* ------------------------------------------------------------------ item checks */
 
 static int item_name_add(struct ckpt_save *s, const char *name, size_t len)
@@ -106,12 +110,14 @@ static int save_add(ckpt_save *s, const struct ckpt_tensor *t, ckpt_source_fn fn
 
 int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t)
 {
+	SAVE_LOG_SCOPE(s);
 	return save_add(s, t, NULL, NULL);
 }
 
 int ckpt_save_add_tensor_source(ckpt_save *s, const struct ckpt_tensor *t, ckpt_source_fn fn,
                                 void *arg)
 {
+	SAVE_LOG_SCOPE(s);
 	if (!fn)
 		return ckpt_err(-EINVAL, "tensor source: the callback is NULL");
 	if (t && t->mem == CKPT_MEM_DEVICE) {
@@ -197,6 +203,7 @@ static int save_add(ckpt_save *s, const struct ckpt_tensor *t, ckpt_source_fn fn
 int ckpt_save_add_blob(ckpt_save *s, const char *name, int kind, int policy,
                        const void *data, size_t len)
 {
+	SAVE_LOG_SCOPE(s);
 	int rc = save_check_open(s);
 	if (rc)
 		return rc;
@@ -278,6 +285,7 @@ int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
 	*out = NULL;
 	if (!c)
 		return ckpt_err(-EINVAL, "ckpt_save_begin: context is NULL");
+	CKPT_LOG_SCOPE(&c->log, step);
 	if (c->cfg.flags & CKPT_OPEN_READONLY)
 		return ckpt_err(CKPT_ESTATE, "%s was opened read-only", c->cfg.root);
 	if (step == CKPT_LATEST)
@@ -343,6 +351,7 @@ static bool save_has_device(const ckpt_save *s)
 
 int ckpt_save_submit(ckpt_save *s)
 {
+	SAVE_LOG_SCOPE(s);
 	int rc = save_check_open(s);
 	if (rc)
 		return rc;
@@ -376,6 +385,7 @@ int ckpt_save_submit(ckpt_save *s)
 
 static int save_wait_until(ckpt_save *s, bool snapshot, int timeout_ms)
 {
+	SAVE_LOG_SCOPE(s);
 	if (!s)
 		return ckpt_err(-EINVAL, "save handle is NULL");
 	if (!save_submitted(s))
@@ -425,6 +435,7 @@ void ckpt_save_free(ckpt_save *s)
 {
 	if (!s)
 		return;
+	SAVE_LOG_SCOPE(s);
 	ckpt_ctx *c = s->ctx;
 	if (save_submitted(s))
 		save_wait_until(s, false, -1);

@@ -181,6 +181,7 @@ int ckpt_catalog_verify(ckpt_ctx *c, uint64_t step, const struct ckpt_verify_opt
 {
 	if (!c)
 		return ckpt_err(-EINVAL, "ckpt_catalog_verify: context is NULL");
+	CKPT_LOG_SCOPE(&c->log, CKPT_LOG_NO_STEP);
 	struct ckpt_verify_opts o;
 	ckpt_verify_opts_init(&o, sizeof o);
 	if (uo) {

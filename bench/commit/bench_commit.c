@@ -121,7 +121,7 @@ static int run_participants(unsigned port, uint32_t w, uint32_t ns, uint64_t *e2
 			.job_id = "bench", .rank = first, .world = w, .node = k, .first = first,
 			.nranks = w - first < ns ? w - first : ns, .timeout_ms = 30000 };
 		if ((rc = commit_leader_start(&lo, &leaders[k])))
-			fprintf(stderr, "leader of node %u: %s\n", k, ckpt_last_error(NULL));
+			fprintf(stderr, "leader of node %u: %s\n", k, ckpt_last_error());
 	}
 	for (uint32_t r = 0; r < w && !rc; r++) {
 		struct commit_part_opts po = { .transport = NET_TCP, .addr = "127.0.0.1",
@@ -147,7 +147,7 @@ static int run_participants(unsigned port, uint32_t w, uint32_t ns, uint64_t *e2
 			pthread_join(th[r], NULL);
 			if (args[r].rc && !rc) {
 				rc = args[r].rc;
-				fprintf(stderr, "rank %u: %s\n", r, ckpt_last_error(NULL));
+				fprintf(stderr, "rank %u: %s\n", r, ckpt_last_error());
 			}
 			if (args[r].sent_ns > last_sent) last_sent = args[r].sent_ns;
 			if (args[r].decided_ns > last_dec) last_dec = args[r].decided_ns;
@@ -388,7 +388,7 @@ static int bench_world(const char *dir, uint32_t w, uint32_t ns, int where)
 			rc = manifest_open(root, MANIFEST_CREATE, &m);
 	}
 	if (rc) {
-		fprintf(stderr, "manifest %s: %s\n", root, ckpt_last_error(NULL));
+		fprintf(stderr, "manifest %s: %s\n", root, ckpt_last_error());
 		return rc;
 	}
 	struct commit_coord *co;
@@ -396,7 +396,7 @@ static int bench_world(const char *dir, uint32_t w, uint32_t ns, int where)
 	                               .transport = NET_TCP, .addr = "127.0.0.1", .port = 0,
 	                               .timeout_ms = 60000 };
 	if ((rc = commit_coord_start(&o, &co))) {
-		fprintf(stderr, "coordinator: %s\n", ckpt_last_error(NULL));
+		fprintf(stderr, "coordinator: %s\n", ckpt_last_error());
 		return rc;
 	}
 	uint64_t e2e[STEPS], lat[STEPS], last[STEPS], txn[STEPS], bc[STEPS], bare[STEPS], same[STEPS];

@@ -43,7 +43,7 @@
 } while (0)
 #define CKPT_OK(call) do {                                                           \
 	int rc_ = (call);                                                                \
-	if (rc_) FAIL("%s: %s: %s", #call, ckpt_strerror(rc_), ckpt_last_error(NULL));   \
+	if (rc_) FAIL("%s: %s: %s", #call, ckpt_strerror(rc_), ckpt_last_error());   \
 } while (0)
 
 #define FILL_BYTES (64u << 20)
@@ -260,14 +260,14 @@ int main(int argc, char **argv)
 	int brc = ckpt_load_tensors(l, reqs, (size_t)n, NULL);
 	free(reqs);
 	if (brc && brc != CKPT_ENODEV)
-		FAIL("load: %s", ckpt_last_error(c));
+		FAIL("load: %s", ckpt_last_error());
 	for (int i = 0; brc && i < n; i++) {
 		int rc = brc;
 		if (rc == CKPT_ENODEV && i == 0) {
 			/* This libckpt's load does not take device destinations yet. */
 			mode = "staged";
 			fprintf(stderr, "bench_gpu_ckpt: load to device: %s; staging through pinned "
-			        "host memory\n", ckpt_last_error(c));
+			        "host memory\n", ckpt_last_error());
 			CUDA_OK(cudaHostAlloc(&staging, ts[1].bytes > ts[0].bytes ? ts[1].bytes : ts[0].bytes,
 			                      cudaHostAllocDefault));
 		}
@@ -276,7 +276,7 @@ int main(int argc, char **argv)
 			                         CKPT_MEM_HOST));
 			CUDA_OK(cudaMemcpy(ts[i].dst, staging, ts[i].bytes, cudaMemcpyHostToDevice));
 		} else if (rc) {
-			FAIL("load '%s': %s", ts[i].name, ckpt_last_error(c));
+			FAIL("load '%s': %s", ts[i].name, ckpt_last_error());
 		}
 	}
 	CUDA_OK(cudaDeviceSynchronize());

@@ -302,7 +302,7 @@ int main(int argc, char **argv)
 	if (!rc)
 		rc = bench_bulk((size_t)bytes, &mib_s);
 	if (rc) {
-		fprintf(stderr, "bench_rdma %s: %s\n", argv[1], ckpt_last_error(NULL));
+		fprintf(stderr, "bench_rdma %s: %s\n", argv[1], ckpt_last_error());
 		return 1;
 	}
 	printf("| %s | %.0f | %.0f |", argv[1], med, p99);

@@ -1,25 +1,48 @@
 /*
  * ckpt.h — the public API of libckpt, a distributed checkpoint storage engine.
  *
- * This header is the whole promise to users: nothing outside it is stable.
+ * This header, with ckpt/catalog.h (the catalog for tools: chunk placement,
+ * verify, garbage collection, rebuild) and ckpt/cuda.h (CUDA streams and events),
+ * is the whole promise to users: nothing outside them is stable.
  *
- * Conventions
+ * Return values and errors
  *   - Functions return 0 (or a count) on success and a negative code on failure:
  *     either a negated errno (-ENOENT, -ENOSPC, ...) or a CKPT_E* code from the
  *     reserved band below. ckpt_strerror() names every code.
+ *   - Each declaration lists the errors it returns. Two hold everywhere and are not
+ *     repeated: -EINVAL for a NULL handle or a NULL pointer argument that the call
+ *     needs, and -ENOMEM for a failed allocation in any call that allocates.
  *   - A human-readable message naming the object at fault (step, rank, tensor,
  *     file, offset) is kept per thread: ckpt_last_error() after any failing call.
+ *     A save's failure is carried to the thread that waits for it.
+ *
+ * Handles
  *   - Handles are opaque. Every create/open has a matching free/close; freeing
  *     NULL is a no-op; on a failed create the out-pointer is set to NULL and
  *     nothing needs to be freed.
- *   - Option structs carry their size first and are initialised by their
- *     *_opts_init(&o, sizeof o) function; fields are only ever appended.
+ *
+ * Structs and growth (fields are only ever appended to a public struct)
+ *   - Input option structs carry their size first and are initialised by their
+ *     *_opts_init(&o, sizeof o) function; the library reads only the fields that
+ *     lie within the size the caller was compiled with, defaults for the rest.
+ *   - A single result struct (ckpt_save_stats, ckpt_gds_stats and those of
+ *     ckpt/catalog.h) carries its size first too: the caller sets it to sizeof, and
+ *     the library writes only that many bytes.
+ *   - Information structs that callers keep in arrays (struct ckpt_step_info,
+ *     struct ckpt_tensor_info, struct ckpt_chunk_info) carry no size field: the
+ *     function that fills them takes elem_size, sizeof the element as the caller
+ *     was compiled with. Element i is written at byte i * elem_size, and only its
+ *     first elem_size bytes (a newer library never writes past an older caller's
+ *     struct; an older library leaves a newer caller's extra fields zero).
+ *     elem_size below the struct's size in this header is -EINVAL.
  *
  * Threads
  *   - ckpt_ctx: thread-safe; one per process is the intended use.
  *   - ckpt_save: one thread at a time (any thread), from begin to free.
  *   - ckpt_load: reads (ckpt_load_tensor/_blob/_info) may run from many threads
  *     at once; ckpt_load_close only when no read is running.
+ *   - Functions without a handle (ckpt_strerror, the *_name functions,
+ *     ckpt_name_check, ckpt_opts_init, ckpt_log_set): any thread.
  *
  * Caveats
  *   - Do not fork() a process that has an open ckpt_ctx and use it in the child:
@@ -107,6 +130,48 @@ enum ckpt_mem { CKPT_MEM_AUTO = 0, CKPT_MEM_HOST, CKPT_MEM_DEVICE };
 #define CKPT_MAX_NAME   4096     /* bytes, without the terminating NUL */
 #define CKPT_LATEST     UINT64_MAX
 
+
+/* ------------------------------------------------------------------ logging
+ *
+ * Every line the library logs has a level and a place: the job, rank and step it is
+ * about. By default a line goes to stderr, one write(2) per line:
+ *
+ *   2027-01-31T12:34:56.789Z libckpt[<pid>] rank <r> <level>: <message>
+ *
+ * (the time in UTC, ISO 8601 with milliseconds; rank "-" outside a context), when
+ * its level is at most the threshold: ckpt_opts.log_level for the lines of a
+ * context, else CKPT_LOG (error, warn, info, debug or a number), else
+ * CKPT_LOG_WARN. A callback replaces stderr: ckpt_opts.log_fn for the lines of one
+ * context (its calls and the threads it runs), ckpt_log_set for every other line.
+ * Lines a peer can provoke at will (rejected connections) are rate limited: past a
+ * burst, they are counted and the count is logged as one line "<what>: N similar
+ * messages suppressed" when the interval ends; the callback sees those lines too.
+ */
+enum ckpt_log_level { CKPT_LOG_ERROR = 0, CKPT_LOG_WARN, CKPT_LOG_INFO, CKPT_LOG_DEBUG };
+
+#define CKPT_LOG_NO_RANK (-1)           /* ckpt_log_ctx.rank outside a context */
+#define CKPT_LOG_NO_STEP UINT64_MAX     /* ckpt_log_ctx.step of a line about no step */
+
+/* Where a line comes from. Valid only during the callback. Fields are appended only. */
+struct ckpt_log_ctx {
+	const char *job_id;     /* the context's job id; NULL outside a context */
+	int         rank;       /* the context's rank; CKPT_LOG_NO_RANK outside one */
+	uint64_t    step;       /* the step of the save or load the line is about (a
+	                         * save's calls and the save worker's lines for it);
+	                         * CKPT_LOG_NO_STEP for the rest (open, close, the
+	                         * coordinator's connections, the catalog) */
+};
+/* A log callback: msg is one line without its newline, valid during the call. It is
+ * called from whichever thread logs (callers' threads and the library's own), possibly
+ * from several at once, sometimes with library locks held: it must be thread-safe,
+ * return soon, and call no libckpt function. */
+typedef void (*ckpt_log_fn)(void *arg, int level, const struct ckpt_log_ctx *where,
+                            const char *msg);
+/* Send every line that comes from no context with a callback of its own to fn (NULL:
+ * back to stderr). Process-wide; any thread; lines already being written may still
+ * reach the previous callback, so keep its arg valid until the library is quiet. */
+CKPT_API void ckpt_log_set(ckpt_log_fn fn, void *arg);
+
 /* ------------------------------------------------------------------ context */
 
 typedef struct ckpt_ctx  ckpt_ctx;
@@ -156,6 +221,13 @@ struct ckpt_opts {
 	unsigned    gds;           /* enum ckpt_gds bits; 0: CKPT_GDS ("load", "save", "load,save",
 	                            * "0"), then off. Falls back to the pinned path when cuFile is
 	                            * unavailable (ckpt/cuda.h) */
+	ckpt_log_fn log_fn;        /* this context's lines go to log_fn(log_arg, ...) instead of
+	                            * stderr (see "logging" above); NULL: stderr, or the
+	                            * callback of ckpt_log_set. log_arg must stay valid until
+	                            * ckpt_close returns */
+	void       *log_arg;
+	int         log_level;     /* enum ckpt_log_level: this context's threshold; -1 (the
+	                            * default): CKPT_LOG, then CKPT_LOG_WARN */
 	/* append only */
 };
 
@@ -190,7 +262,8 @@ struct ckpt_gds_stats {
 	uint64_t chunks_written, bytes_written;
 	uint64_t files_refused;     /* files cuFile would not register: the pinned path served */
 };
-/* Errors: -EINVAL (NULL, or size too small). Any thread. */
+/* Fill *st (st->size set by the caller). Errors: -EINVAL (st->size smaller than this
+ * struct). Any thread. */
 CKPT_API int ckpt_gds_stats(const ckpt_ctx *c, struct ckpt_gds_stats *st);
 
 /*
@@ -204,18 +277,41 @@ CKPT_API int ckpt_gds_stats(const ckpt_ctx *c, struct ckpt_gds_stats *st);
  * CKPT_OPEN_RECOVER opens it for ckpt_catalog_rebuild (a damaged manifest is moved
  * aside to manifest.damaged-<time> first). A job of several ranks needs a job secret
  * (CKPT_EAUTH otherwise) unless CKPT_OPEN_NO_AUTH or CKPT_AUTH=off says to run
- * without one. Errors: -ENOENT (readonly and missing), -EACCES, -EBUSY,
- * CKPT_ENOTROOT (a non-empty directory that is not a checkpoint root),
- * CKPT_ENOMANIFEST, CKPT_EAUTH, CKPT_EVERSION, CKPT_EFORMAT, -EINVAL (bad options).
+ * without one; with several ranks every rank connects to the coordinator before
+ * ckpt_open returns.
+ * Errors:
+ *   -EINVAL            bad options: size not set, no root, unknown flag bits, rank
+ *                      outside the world, chunk or pool size, zstd level, queue
+ *                      depth, gds bits, job id too long, log_level above
+ *                      CKPT_LOG_DEBUG, or a malformed environment variable
+ *   -ENOENT            CKPT_OPEN_READONLY and the root (or its manifest) is missing
+ *   -EACCES, -EROFS    the root cannot be read, or created or written where needed
+ *   -ENAMETOOLONG      the root path
+ *   -EBUSY             another coordinator holds the root (the message names it)
+ *   CKPT_ENOTROOT      a non-empty directory, or not a directory, without a manifest
+ *   CKPT_ENOMANIFEST   step directories but no usable manifest (see above)
+ *   CKPT_EVERSION      the manifest is of a newer format
+ *   CKPT_EFORMAT, CKPT_ECORRUPT  the manifest is not one, or is damaged
+ *   CKPT_EAUTH         no secret for a job of several ranks, a bad secret file, or a
+ *                      peer that failed the handshake
+ *   CKPT_EPEER, CKPT_EPROTO  the coordinator refused this rank (wrong world,
+ *                      duplicate rank, its own open failed: the message says why) or
+ *                      spoke garbage
+ *   CKPT_ENODEV        the transport asked for (rdma) is not available
+ *   -ETIMEDOUT, -ECONNREFUSED, -EADDRINUSE and other -errno of the network: the
+ *                      coordinator was not reachable within timeout_ms, or could not
+ *                      listen
  * On failure *out is NULL; the message names the root.
  */
 CKPT_API int  ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out);
 /* Waits for every save in flight to finish, then frees. NULL: no-op. */
 CKPT_API void ckpt_close(ckpt_ctx *c);
-/* This thread's last error message from any libckpt call ("" if none). The pointer is
- * valid until this thread's next libckpt call. c may be NULL. */
-CKPT_API const char *ckpt_last_error(const ckpt_ctx *c);
+/* The calling thread's last error message from any libckpt call ("" if none): the
+ * message is per thread, not per handle. The pointer is valid until this thread's
+ * next libckpt call. Any thread. */
+CKPT_API const char *ckpt_last_error(void);
 
+/* The context's rank and world size, as resolved at open; -EINVAL if c is NULL. */
 CKPT_API int ckpt_rank(const ckpt_ctx *c);
 CKPT_API int ckpt_world(const ckpt_ctx *c);
 
@@ -236,16 +332,32 @@ struct ckpt_tensor {
 
 /*
  * Begin a save of step on this rank; with max_inflight saves in flight it first waits
- * for one to finish. Errors: -EEXIST (step already committed), -EBUSY (a save of the
- * same step, begun in this context, has not finished: one attempt at a time),
- * CKPT_ESTATE (read-only context), and the coordinator's or the manifest's errors.
+ * for one to finish. A step has at most one attempt at a time in a context.
+ * Errors:
+ *   CKPT_ESTATE   the context was opened CKPT_OPEN_READONLY
+ *   -EINVAL       step is CKPT_LATEST (reserved)
+ *   -EBUSY        a save of the same step, begun in this context, is live and not yet
+ *                 finished (not submitted, or submitted and not done); once it has
+ *                 finished, even before ckpt_save_free, the step may be begun again
+ *   -EEXIST       the step is already committed
+ *   the manifest's errors (-EIO, -ENOSPC, CKPT_ECORRUPT) when the attempt is recorded,
+ *   and with several ranks the coordinator's answer: CKPT_EABORTED, CKPT_EPEER,
+ *   CKPT_EPROTO, -ETIMEDOUT, -ECONNRESET (the message names the rank)
+ * On failure *out is NULL.
  */
 CKPT_API int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out);
 /* Add this rank's box of a tensor. The data must stay unchanged until the snapshot
- * point (ckpt_save_wait_snapshot). Errors: CKPT_ENAME (t->name breaks a rule of
- * ckpt_name_check; the message quotes it, bytes that are not UTF-8 as \xNN),
- * CKPT_ESHAPE, -EINVAL (kind, dtype, policy), -EEXIST (name already added to this
- * save), CKPT_ESTATE (submitted). */
+ * point (ckpt_save_wait_snapshot).
+ * Errors:
+ *   CKPT_ENAME   t->name breaks a rule of ckpt_name_check (the message quotes it,
+ *                bytes that are not UTF-8 as \xNN)
+ *   -EINVAL      t or t->name NULL, unknown kind, dtype or policy, data NULL for a box
+ *                of more than zero bytes
+ *   CKPT_ESHAPE  ndim above CKPT_MAX_NDIM, global_shape NULL, a box outside the
+ *                global shape, a replicated tensor not saved whole, a size that
+ *                overflows 64 bits
+ *   -EEXIST      the name was already added to this save
+ *   CKPT_ESTATE  the save was submitted */
 CKPT_API int ckpt_save_add_tensor(ckpt_save *s, const struct ckpt_tensor *t);
 /* A tensor's bytes pulled on demand: fill dst with the len bytes of this rank's box
  * (row-major) that start at byte off; return 0, or a negative code that fails the
@@ -257,24 +369,37 @@ typedef int (*ckpt_source_fn)(void *arg, uint64_t off, void *dst, size_t len);
  * streamed from another checkpoint, a file or a socket, with host memory bounded by
  * the pool whatever its size. t->mem must be CKPT_MEM_AUTO or CKPT_MEM_HOST. fn and
  * arg must stay valid until the snapshot point. Errors: as ckpt_save_add_tensor;
- * -EINVAL (fn NULL, or device memory). */
+ * -EINVAL also for fn NULL or t->mem CKPT_MEM_DEVICE. */
 CKPT_API int ckpt_save_add_tensor_source(ckpt_save *s, const struct ckpt_tensor *t,
                                          ckpt_source_fn fn, void *arg);
 /* Add opaque bytes (RNG state, scheduler, dataloader position). policy is
- * CKPT_REPLICATED or CKPT_RANK_BOUND. Same errors as ckpt_save_add_tensor. */
+ * CKPT_REPLICATED or CKPT_RANK_BOUND. Errors: CKPT_ENAME, -EINVAL (name NULL, unknown
+ * kind, another policy, data NULL with len > 0), -EEXIST, CKPT_ESTATE, as
+ * ckpt_save_add_tensor. */
 CKPT_API int ckpt_save_add_blob(ckpt_save *s, const char *name, int kind, int policy,
                                 const void *data, size_t len);
 /* Queue the save. Returns at once. 0: ckpt_save_wait reports the outcome exactly
- * once; negative: nothing was queued and the handle may only be freed. */
+ * once; negative: nothing was queued and the handle may only be freed.
+ * Errors: CKPT_ESTATE (already submitted), and for a save of device tensors the CUDA
+ * error of recording its ordering event, converted (ckpt/cuda.h). */
 CKPT_API int ckpt_save_submit(ckpt_save *s);
 /* Block until every byte of the caller's data has been copied out (the snapshot
  * point): the caller may modify its tensors after 0. timeout_ms < 0: forever.
- * Errors: -ETIMEDOUT, or the save's own failure. */
+ * Errors: CKPT_ESTATE (not submitted), -ETIMEDOUT (the save goes on), or the save's
+ * own failure when it failed before its snapshot point (as ckpt_save_wait). */
 CKPT_API int ckpt_save_wait_snapshot(ckpt_save *s, int timeout_ms);
-/* Block until the step is durable and committed (0) or failed: CKPT_EABORTED,
- * CKPT_EINDOUBT, -ENOSPC, -EIO, ... with the cause in ckpt_last_error(). */
+/* Block until the step is durable and committed (0) or failed; may be called again
+ * and reports the same outcome. timeout_ms < 0: forever.
+ * Errors: CKPT_ESTATE (not submitted), -ETIMEDOUT (the save goes on), and the save's
+ * outcome: CKPT_EABORTED (nothing visible; the message says which rank failed and
+ * why), CKPT_EINDOUBT (this rank voted and lost the coordinator: the manifest
+ * decides), CKPT_EINVALID (the gathered index failed validation: gaps, overlaps,
+ * replicas that differ), or a local failure that also aborts the step on every rank
+ * (-ENOSPC, -EIO, -EDQUOT, the code a ckpt_source_fn returned, ...), with the cause
+ * in ckpt_last_error(). */
 CKPT_API int ckpt_save_wait(ckpt_save *s, int timeout_ms);
-/* Frees the handle. A submitted save still in flight is waited for first. */
+/* Frees the handle. A submitted save still in flight is waited for first; a save
+ * begun and never submitted is aborted (on every rank). NULL: no-op. */
 CKPT_API void ckpt_save_free(ckpt_save *s);
 
 struct ckpt_save_stats {
@@ -285,53 +410,93 @@ struct ckpt_save_stats {
 	double   durable_seconds;  /* submit -> shard durable on this rank */
 	double   commit_seconds;   /* submit -> committed */
 };
+/* Fill *st (st->size set by the caller; the fields of what has not happened yet are
+ * 0). Errors: -EINVAL (st->size smaller than its size field). */
 CKPT_API int ckpt_save_stats(const ckpt_save *s, struct ckpt_save_stats *st);
 
 /* ------------------------------------------------------------------ load */
 
-/* Open a committed step (or CKPT_LATEST). Errors: CKPT_ENOTFOUND (no such committed
- * step, or none at all), CKPT_ECORRUPT/CKPT_EFORMAT (manifest records). */
+/* Open a committed step (or CKPT_LATEST).
+ * Errors: CKPT_ENOTFOUND (no such committed step, or none at all), CKPT_ENOTROOT (no
+ * manifest), CKPT_ECORRUPT / CKPT_EFORMAT / CKPT_EVERSION (a manifest record),
+ * -EIO. On failure *out is NULL. */
 CKPT_API int  ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out);
+/* NULL: no-op. */
 CKPT_API void ckpt_load_close(ckpt_load *l);
+/* The opened step; CKPT_LATEST if l is NULL. */
 CKPT_API uint64_t ckpt_load_step(const ckpt_load *l);
 
 /*
  * Read the box [offset, offset+extent) of tensor name into dst (contiguous,
  * row-major, host memory unless mem says device), whatever sharding it was saved
- * with. offset NULL: zeros; extent NULL: the global shape.
+ * with. offset NULL: zeros; extent NULL: the global shape. A batch of one of
+ * ckpt_load_tensors.
  * Errors: CKPT_ENOTFOUND, CKPT_EDTYPE, CKPT_ESHAPE (ndim or box outside the shape),
- * CKPT_ECORRUPT (a chunk fails its hash: the message names tensor, chunk, file, offset),
- * CKPT_ERANKBOUND, -EIO.
+ * CKPT_ERANKBOUND, CKPT_ECORRUPT (a chunk fails its hash or a shard file its
+ * structure check: the message names tensor, chunk, file, offset), CKPT_EFORMAT /
+ * CKPT_EVERSION (a shard file), -ENOENT (a shard file is missing), -EIO, and CUDA
+ * errors converted for device destinations.
  */
 CKPT_API int ckpt_load_tensor(ckpt_load *l, const char *name, int dtype, unsigned ndim,
                               const uint64_t *offset, const uint64_t *extent,
                               void *dst, int mem);
 
 /* Read a blob (replicated, or this rank's rank-bound one). *len gets its size.
- * Errors: -ENOSPC (cap too small; *len still set), CKPT_ENOTFOUND, CKPT_ERANKBOUND. */
+ * Errors: -ENOSPC (cap too small; *len still set), CKPT_ENOTFOUND, CKPT_EDTYPE (name
+ * is a tensor), CKPT_ERANKBOUND, -EINVAL (dst NULL with cap > 0), and the read
+ * errors of ckpt_load_tensor. */
 CKPT_API int ckpt_load_blob(ckpt_load *l, const char *name, void *dst, size_t cap,
                             size_t *len);
 
-/* ------------------------------------------------------------------ catalog */
+/* ------------------------------------------------------------------ steps */
 
 enum ckpt_step_state { CKPT_STATE_COMMITTED = 1, CKPT_STATE_ABORTED, CKPT_STATE_INFLIGHT };
 enum ckpt_trust { CKPT_TRUST_COMMITTED = 1, CKPT_TRUST_VERIFIED };
 
+/* One step of a root. Filled by ckpt_steps and ckpt_step_info (elem_size rule above). */
 struct ckpt_step_info {
 	uint64_t step;
-	int      state;            /* enum ckpt_step_state */
-	int      trust;            /* enum ckpt_trust */
-	uint32_t world;
+	int      state;            /* enum ckpt_step_state; an in-flight record whose
+	                              coordinator is gone reads CKPT_STATE_ABORTED (presumed
+	                              abort); a directory without a record reads
+	                              CKPT_STATE_INFLIGHT */
+	int      trust;            /* enum ckpt_trust; 0 without a record */
+	uint32_t world;            /* 0 without a record, as the sizes and time below */
 	uint32_t ntensors;         /* distinct tensors and blobs */
 	uint64_t logical_bytes;
 	uint64_t stored_bytes;
 	uint64_t commit_time_ns;   /* CLOCK_REALTIME */
+	int      has_record;       /* 1: the manifest holds a record of this step */
+	int      has_dir;          /* 1: the step directory exists in the root */
+	uint32_t nfiles;           /* regular files in the step directory */
+	uint64_t dir_bytes;        /* their sizes summed (what removing them frees) */
+	/* append only */
 };
 
-/* Committed steps in ascending order: fills up to cap, returns how many exist. */
-CKPT_API int ckpt_steps(ckpt_ctx *c, uint64_t *steps, size_t cap);
-CKPT_API int ckpt_step_info(ckpt_ctx *c, uint64_t step, struct ckpt_step_info *out);
+enum ckpt_steps_flags {
+	CKPT_STEPS_ALL = 1u << 0,  /* also aborted and in-flight records, and step directories
+	                              without one (an in-flight save, or a crashed one's orphan) */
+};
 
+/*
+ * The steps of the root in ascending order: the committed ones, and with
+ * CKPT_STEPS_ALL every record and every step directory. Fills up to cap elements of
+ * elem_size bytes (out may be NULL when cap is 0) and returns how many exist.
+ * Errors: -EINVAL (unknown flags, elem_size too small), CKPT_ENOTROOT (no manifest),
+ * -EACCES and other -errno of reading the root, CKPT_ECORRUPT / CKPT_EFORMAT (a
+ * damaged record: the message names it), -EOVERFLOW (more than INT_MAX steps).
+ */
+CKPT_API int ckpt_steps(ckpt_ctx *c, unsigned flags, struct ckpt_step_info *out, size_t cap,
+                        size_t elem_size);
+/* One step, whatever its state (CKPT_LATEST: the latest committed one): its record,
+ * its directory, or both. Errors: CKPT_ENOTFOUND (neither exists; or no committed
+ * step for CKPT_LATEST), -EINVAL (elem_size too small), and those of ckpt_steps. */
+CKPT_API int ckpt_step_info(ckpt_ctx *c, uint64_t step, struct ckpt_step_info *out,
+                            size_t elem_size);
+
+/* ------------------------------------------------------------------ contents of a step */
+
+/* One tensor or blob of an opened step (elem_size rule above). */
 struct ckpt_tensor_info {
 	const char     *name;          /* valid until ckpt_load_close */
 	int             kind, dtype, policy;
@@ -341,22 +506,29 @@ struct ckpt_tensor_info {
 	uint32_t        nchunks;
 	uint64_t        logical_bytes; /* summed over pieces */
 	uint64_t        stored_bytes;
+	/* append only */
 };
 /* Number of distinct tensors and blobs in the opened step. */
 CKPT_API int ckpt_load_count(const ckpt_load *l);
-/* i in [0, count): sorted by name. */
-CKPT_API int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_info *out);
+/* Entry i in [0, count), sorted by name, into *out of elem_size bytes.
+ * Errors: CKPT_ENOTFOUND (i out of range), -EINVAL (elem_size too small). */
+CKPT_API int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_info *out,
+                            size_t elem_size);
+/* 1 if entry i (as ckpt_load_info) is a blob (ckpt_save_add_blob), 0 if a tensor.
+ * Errors: CKPT_ENOTFOUND (i out of range). */
+CKPT_API int ckpt_load_is_blob(const ckpt_load *l, unsigned i);
 
 /* Validate a name: non-empty, <= CKPT_MAX_NAME bytes, well-formed UTF-8 (RFC 3629:
  * no overlong forms, no surrogates U+D800..U+DFFF, nothing above U+10FFFF, no
  * truncated sequence), no NUL or other control byte (< 0x20), no empty, "." or ".."
- * component, no leading '/'. 0 or CKPT_ENAME. The save functions apply it to every
- * name. A step saved before names had to be UTF-8 may hold names that break only
- * that rule: it still loads, and its items load by those names. */
+ * component, no leading '/'. 0 or CKPT_ENAME (name NULL included). The save
+ * functions apply it to every name. A step saved before names had to be UTF-8 may
+ * hold names that break only that rule: it still loads, and its items load by those
+ * names. */
 CKPT_API int ckpt_name_check(const char *name, size_t len);
 
 /* ------------------------------------------------------------------ batch load, rank map
- * (issue 4). Threads: as ckpt_load_tensor. */
+ * Threads: as ckpt_load_tensor. */
 
 /*
  * One request of ckpt_load_tensors: the box [offset, offset+extent) of tensor name,
@@ -399,213 +571,9 @@ CKPT_API int ckpt_load_tensors(ckpt_load *l, const struct ckpt_load_req *reqs, s
 /* ckpt_load_blob for the blob saved by saved_rank (>= 0), whatever this job's world
  * size and rank: the explicit rank map for rank-bound state. For a replicated blob,
  * that rank's copy. Errors: as ckpt_load_blob; CKPT_ENOTFOUND when saved_rank holds
- * no such blob (or is not a rank of the saved world). */
+ * no such blob (or is not a rank of the saved world); -EINVAL (saved_rank < 0). */
 CKPT_API int ckpt_load_blob_rank(ckpt_load *l, const char *name, int saved_rank, void *dst,
                                  size_t cap, size_t *len);
-
-/* 1 if entry i (as ckpt_load_info) is a blob (ckpt_save_add_blob), 0 if a tensor;
- * CKPT_ENOTFOUND for i out of range, -EINVAL. */
-CKPT_API int ckpt_load_is_blob(const ckpt_load *l, unsigned i);
-
-/* ------------------------------------------------------------------ catalog for tools
- * (issue 4; ckpt-inspect, ckpt-reshard). Tools open the root with rank 0, world 1 and
- * CKPT_OPEN_NO_GC: marking a verified step, garbage collection and rebuild write the
- * manifest and need that (non-READONLY) context; listing and verifying also work on a
- * CKPT_OPEN_READONLY one. Threads: any thread; one catalog call at a time per context
- * for gc and rebuild. */
-
-enum ckpt_catalog_flags {
-	CKPT_CATALOG_ALL = 1u << 0,   /* also aborted records and step directories without one */
-};
-
-struct ckpt_catalog_step {
-	struct ckpt_step_info info;   /* a directory without a record: state CKPT_STATE_INFLIGHT,
-	                                 trust 0, world and sizes 0 */
-	int      has_record;          /* 1: the manifest holds a record of this step */
-	int      has_dir;             /* 1: the step directory exists in the root */
-	uint32_t nfiles;              /* regular files in the step directory */
-	uint64_t dir_bytes;           /* their sizes summed (what removing them frees) */
-};
-
-/*
- * Steps of the root in ascending order: committed ones, and with CKPT_CATALOG_ALL every
- * record (aborted, in flight) and every step directory on disk with no record (an
- * in-flight save, or the orphan of a crashed one). Fills up to cap, returns how many
- * exist. Errors: CKPT_ENOTROOT, -EACCES, CKPT_EFORMAT (a damaged record: names it).
- */
-CKPT_API int ckpt_catalog_steps(ckpt_ctx *c, unsigned flags, struct ckpt_catalog_step *out,
-                                size_t cap);
-
-enum ckpt_codec { CKPT_CODEC_RAW = 0, CKPT_CODEC_ZSTD = 1 };
-/* "raw", "zstd", or "?". */
-CKPT_API const char *ckpt_codec_name(int codec);
-
-/* Placement of one stored chunk. */
-struct ckpt_chunk_info {
-	uint32_t    rank;             /* the saving rank, whose shard file holds it */
-	uint32_t    chunk;            /* index in that shard file's chunk table */
-	const char *file;             /* shard file relative to the root; valid until close */
-	uint64_t    file_offset;      /* where its stored bytes start */
-	uint64_t    stored_len;       /* bytes on disk (compressed or raw) */
-	uint64_t    raw_offset;       /* byte offset inside the saved box (row-major) */
-	uint64_t    raw_len;          /* bytes after decompression */
-	int         codec;            /* enum ckpt_codec */
-	uint8_t     hash[16];         /* XXH3-128 of the raw bytes (canonical, big-endian) */
-	uint64_t    box_offset[CKPT_MAX_NDIM];   /* the saved box (piece) holding the chunk */
-	uint64_t    box_extent[CKPT_MAX_NDIM];
-};
-/* Chunks of entry i (as ckpt_load_info) in (rank, raw_offset) order: fills up to cap,
- * returns how many exist. Errors: CKPT_ENOTFOUND (i out of range), -EINVAL. */
-CKPT_API int ckpt_load_chunks(const ckpt_load *l, unsigned i, struct ckpt_chunk_info *out,
-                              size_t cap);
-
-/* Progress of a long catalog operation: called from the calling thread, after each
- * chunk. A non-zero return cancels the operation, which then returns -ECANCELED. */
-typedef int (*ckpt_progress_fn)(void *arg, uint64_t done_bytes, uint64_t total_bytes);
-
-enum ckpt_verify_flags {
-	CKPT_VERIFY_NO_MARK = 1u << 0,  /* do not record the verified trust level */
-};
-struct ckpt_verify_opts {
-	size_t           size;        /* first; set by ckpt_verify_opts_init(&o, sizeof o) */
-	unsigned         flags;       /* enum ckpt_verify_flags */
-	ckpt_progress_fn progress;    /* NULL: none */
-	void            *arg;
-	/* append only */
-};
-CKPT_API void ckpt_verify_opts_init(struct ckpt_verify_opts *o, size_t size);
-
-struct ckpt_verify_result {
-	size_t   size;                /* first; the caller sets sizeof */
-	uint64_t step;
-	uint64_t chunks, raw_bytes, stored_bytes;
-	double   seconds;
-	int      marked;              /* 1: trust is now CKPT_TRUST_VERIFIED in the manifest */
-	/* When the verify failed on a chunk (CKPT_ECORRUPT, -EIO): that chunk. */
-	int      bad;                 /* 1: the fields below name the bad chunk */
-	uint32_t bad_rank, bad_chunk;
-	uint64_t bad_offset;          /* file offset of the chunk */
-	char     bad_tensor[CKPT_MAX_NAME + 1];
-	char     bad_file[4096];      /* relative to the root */
-	/* append only */
-};
-
-/*
- * Verify a committed step (or CKPT_LATEST): each shard file's footer must be the one
- * committed (same hash as its manifest record), and every chunk of every rank is read
- * (one batch, many reads in flight), decompressed and checked against its hash, and
- * each of its blocks against the shard's block table (docs/format.md §3a). On
- * success, and unless CKPT_VERIFY_NO_MARK or the context is read-only, the step's
- * trust becomes CKPT_TRUST_VERIFIED (*res->marked = 1). o may be NULL (defaults); res
- * may be NULL. Errors: CKPT_ENOTFOUND, CKPT_ECORRUPT (the message and res name step,
- * tensor, chunk, file and offset), -EIO, -ECANCELED.
- */
-CKPT_API int ckpt_catalog_verify(ckpt_ctx *c, uint64_t step, const struct ckpt_verify_opts *o,
-                                 struct ckpt_verify_result *res);
-
-enum ckpt_gc_flags {
-	CKPT_GC_DRY_RUN    = 1u << 0, /* report what would go; remove nothing */
-	CKPT_GC_UNRECORDED = 1u << 1, /* also remove step directories the manifest has no
-	                                 record of (see ckpt_catalog_gc) */
-};
-enum ckpt_gc_reason {
-	CKPT_GC_ORPHAN = 1,           /* a step directory with no record (CKPT_GC_UNRECORDED) */
-	CKPT_GC_ABORTED,              /* an aborted attempt (or one whose coordinator is gone),
-	                                 and its files */
-	CKPT_GC_RETENTION,            /* a committed step outside the retention rule */
-};
-CKPT_API const char *ckpt_gc_reason_name(int reason);
-
-/* One step that gc removes (or, in a dry run, would remove). */
-struct ckpt_gc_item {
-	uint64_t step;
-	int      reason;              /* enum ckpt_gc_reason */
-	uint64_t bytes;               /* bytes of its files */
-	uint32_t nfiles;
-};
-typedef void (*ckpt_gc_report_fn)(void *arg, const struct ckpt_gc_item *item);
-
-struct ckpt_gc_opts {
-	size_t   size;                /* first; set by ckpt_gc_opts_init(&o, sizeof o) */
-	unsigned flags;               /* enum ckpt_gc_flags */
-	uint64_t keep_last;           /* keep the newest N committed steps; 0: no such rule */
-	uint64_t keep_every;          /* keep committed steps that are multiples of K; 0: no rule */
-	uint64_t min_age_s;           /* spare directories without a record modified more
-	                                 recently than this (a save may be writing them); 0 */
-	ckpt_gc_report_fn report;     /* called for each step, before it is removed (one
-	                                 that the job saves again meanwhile is spared, and
-	                                 not counted); NULL */
-	void    *arg;
-	/* append only */
-};
-CKPT_API void ckpt_gc_opts_init(struct ckpt_gc_opts *o, size_t size);
-
-struct ckpt_gc_result {
-	size_t   size;                /* first; the caller sets sizeof */
-	uint64_t steps_removed;       /* (dry run: that would be removed) */
-	uint64_t bytes_freed;
-	uint64_t steps_kept;          /* committed steps left */
-	uint64_t steps_unrecorded;    /* step directories without a record, left alone */
-	/* append only */
-};
-
-/*
- * Garbage collection with retention. Removes what the manifest names as removable:
- * the files of aborted attempts (and of attempts whose coordinator is gone: presumed
- * abort), and committed steps kept by neither rule (when keep_last or keep_every is
- * set, a committed step stays if either rule keeps it). Never removed: the latest
- * committed step; a save in flight (an in-flight record of the coordinator that
- * holds the root now — the calling context itself when a job runs gc); a step whose
- * record is damaged; and a step directory the manifest has no record of — the sign
- * of a lost or damaged manifest, whose files `rebuild` may recover — unless
- * CKPT_GC_UNRECORDED asks for it (result: steps_unrecorded counts those left). A
- * committed step is made invisible first (its record turned aborted, still naming
- * its files), then its files go, then its record: a crash in between leaves an
- * aborted record that the next gc finishes, never a visible step without data.
- * Needs a context that owns the manifest (rank 0, not READONLY).
- * Errors: CKPT_ESTATE (read-only context), -EROFS / -EACCES (the root cannot be
- * written: nothing removed), CKPT_ECORRUPT (a damaged record: named; nothing
- * removed), -errno of a removal (message names the file).
- */
-CKPT_API int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *o,
-                             struct ckpt_gc_result *res);
-
-enum ckpt_rebuild_flags {
-	CKPT_REBUILD_MERGE = 1u << 0, /* the manifest already holds records: add to it */
-};
-enum ckpt_rebuild_outcome {
-	CKPT_REBUILD_COMMITTED = 1,   /* every rank's shard decodes and the set validates */
-	CKPT_REBUILD_PRESENT,         /* the manifest already had a record; left as it was */
-	CKPT_REBUILD_UNPROVEN,        /* recorded as aborted: why says what is missing */
-	CKPT_REBUILD_DAMAGED,         /* (merge) a damaged record, removed; its step, if it
-	                                 has a directory, is then rebuilt like any other */
-};
-typedef void (*ckpt_rebuild_report_fn)(void *arg, uint64_t step, int outcome, uint32_t world,
-                                       const char *why);
-struct ckpt_rebuild_result {
-	size_t   size;                /* first; the caller sets sizeof */
-	uint64_t steps_seen, steps_committed, steps_present, steps_unproven;
-	uint64_t steps_damaged;       /* damaged records removed (merge) */
-	/* append only */
-};
-
-/*
- * Recreate a lost manifest from the self-describing shard files (docs/format.md): for
- * each step directory without a record, the shard files are grouped by the attempt
- * their names carry, and every file's trailer, footer hash and index are checked; the
- * step is recorded COMMITTED only when exactly one attempt proves complete — ranks
- * 0..world-1 all decode, agree on step, world and attempt, and the set passes the
- * commit validation (tiling, replicas identical by hash). Anything it cannot prove
- * (two complete attempts included) is recorded as aborted with the reason (so gc
- * removes its files) and reported. Without CKPT_REBUILD_MERGE the manifest must hold
- * no record (-EEXIST otherwise): open the root with CKPT_OPEN_RECOVER, which starts a
- * new manifest when it is missing or sets a damaged one aside. With
- * CKPT_REBUILD_MERGE, records already there stand, damaged records are removed
- * first (CKPT_REBUILD_DAMAGED), and directories without a record are rebuilt.
- * Needs a context that owns the manifest. report may be NULL; res may be NULL.
- */
-CKPT_API int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn report,
-                                  void *arg, struct ckpt_rebuild_result *res);
 
 #ifdef __cplusplus
 }

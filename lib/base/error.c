@@ -92,8 +92,7 @@ void ckpt_err_restore(const char *msg)
 		snprintf(err_msg, sizeof err_msg, "%s", msg ? msg : "");
 }
 
-const char *ckpt_last_error(const ckpt_ctx *c)
+const char *ckpt_last_error()
 {
-	(void)c;
 	return err_msg;
 }

@@ -382,7 +382,7 @@ static void handshake_start(struct commit_acceptor *a, struct net_conn *conn)
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	int rc = pthread_create(&t, &attr, handshake_main, h);
+	int rc = ckpt_thread_create(&t, &attr, handshake_main, h);
 	pthread_attr_destroy(&attr);
 	if (!rc)
 		return;

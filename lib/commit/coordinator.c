@@ -821,7 +821,7 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 	};
 	if ((rc = commit_acceptor_create(&ao, &c->acc)))
 		goto fail;
-	if ((rc = pthread_create(&c->thread, NULL, coord_main, c))) {
+	if ((rc = ckpt_thread_create(&c->thread, NULL, coord_main, c))) {
 		rc = ckpt_err(-rc, "coordinator thread");
 		goto fail;
 	}

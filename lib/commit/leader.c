@@ -434,7 +434,7 @@ int commit_leader_start(const struct commit_leader_opts *o, struct commit_leader
 	};
 	if ((rc = commit_acceptor_create(&ao, &l->acc)))
 		goto fail;
-	if ((rc = pthread_create(&l->thread, NULL, leader_main, l))) {
+	if ((rc = ckpt_thread_create(&l->thread, NULL, leader_main, l))) {
 		rc = ckpt_err(-rc, "%s: thread", l->name);
 		goto fail;
 	}

@@ -174,7 +174,7 @@ int commit_part_connect(const struct commit_part_opts *o, struct commit_part **o
 		ckpt_err_prefix(rc, "rank %u: join job '%s' at the %s", o->rank, o->job_id, p->name);
 		goto fail;
 	}
-	if ((rc = pthread_create(&p->rx, NULL, rx_main, p))) {
+	if ((rc = ckpt_thread_create(&p->rx, NULL, rx_main, p))) {
 		rc = ckpt_err(-rc, "participant receiver thread");
 		goto fail;
 	}

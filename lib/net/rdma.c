@@ -493,7 +493,7 @@ static int rdma_accept_op(struct net_listener *l, int timeout_ms, struct net_con
 			/* That client's trouble (it went away, a device mismatch) is not
 			 * the listener's: like tcp, wait for the next one. */
 			if (rc == -ECONNABORTED || rc == -ETIMEDOUT) {
-				ckpt_log(CKPT_LOG_INFO, "%s", ckpt_last_error(NULL));
+				ckpt_log(CKPT_LOG_INFO, "%s", ckpt_last_error());
 				continue;
 			}
 			return rc;
@@ -621,7 +621,7 @@ static int rdma_connect_op(struct net_conn *c, const char *addr, unsigned port, 
 				freeaddrinfo(ai);
 				return 0;
 			}
-			snprintf(why, sizeof why, "%s", ckpt_last_error(NULL));
+			snprintf(why, sizeof why, "%s", ckpt_last_error());
 		}
 		/* Refused (the coordinator is not listening yet) or no answer: try
 		 * again until the deadline. A missing device or route will not get

@@ -400,7 +400,7 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 			                   b.staged_max);
 			break;
 		}
-		if ((rc = -pthread_create(&w[k].th, NULL, worker_main, &w[k])))
+		if ((rc = -ckpt_thread_create(&w[k].th, NULL, worker_main, &w[k])))
 			rc = ckpt_err(rc, "GPUDirect Storage: start a reader thread");
 		else
 			started++;
@@ -572,7 +572,7 @@ int snapshot_gds_file_open(struct snapshot *sn, const char *path, void **out)
 	pthread_mutex_init(&wf->lock, NULL);
 	pthread_cond_init(&wf->cond, NULL);
 	for (unsigned k = 0; k < GDS_WORKERS; k++) {
-		if ((rc = pthread_create(&wf->th[k], NULL, wfile_main, wf))) {
+		if ((rc = ckpt_thread_create(&wf->th[k], NULL, wfile_main, wf))) {
 			rc = ckpt_err(-rc, "GPUDirect Storage: start a writer thread");
 			break;
 		}

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 #include "io/io_internal.h"
 #include "legacy_root.h"
@@ -72,7 +73,7 @@ static int save_placeholders(const char *root, uint64_t step)
 	if (!rc)
 		rc = ckpt_save_wait(s, -1);
 	if (rc)
-		fprintf(stderr, "legacy root: save: %s\n", ckpt_last_error(c));
+		fprintf(stderr, "legacy root: save: %s\n", ckpt_last_error());
 	ckpt_save_free(s);
 	ckpt_close(c);
 	free(data);
@@ -147,7 +148,7 @@ int legacy_root_make(const char *root, uint64_t step)
 	if (!rc && r.steps_committed != 1)
 		rc = CKPT_EINVALID;
 	if (rc)
-		fprintf(stderr, "legacy root: rebuild: %s (%llu committed)\n", ckpt_last_error(c),
+		fprintf(stderr, "legacy root: rebuild: %s (%llu committed)\n", ckpt_last_error(),
 		        (unsigned long long)r.steps_committed);
 	ckpt_close(c);
 	return rc;

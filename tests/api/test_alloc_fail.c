@@ -223,7 +223,7 @@ static int ctx_try_open(uint32_t rank, uint32_t world, unsigned flags, int zstd,
 	o.secret_len = strlen(o.secret);
 	o.timeout_ms = TMO_MS;
 	int rc = ckpt_open(&o, out);
-	snprintf(msg, cap, "%s", rc ? ckpt_last_error(NULL) : "");
+	snprintf(msg, cap, "%s", rc ? ckpt_last_error() : "");
 	expect_clean(rc, msg, "ckpt_open");
 	ck_assert_msg(!rc == !!*out, "%s: ckpt_open returned %d and %s handle", where, rc,
 	              *out ? "a" : "no");
@@ -300,9 +300,9 @@ static void rank_save(ckpt_ctx *c, const struct step_data *d, uint32_t rank,
 		rc = ckpt_save_wait(s, 60000);
 		call = "ckpt_save_wait";
 		ck_assert_msg(rc != -ETIMEDOUT, "%s: rank %u: the save of step %" PRIu64 " hangs: %s",
-		              where, rank, d->step, ckpt_last_error(NULL));
+		              where, rank, d->step, ckpt_last_error());
 	}
-	const char *err = rc ? ckpt_last_error(NULL) : "";
+	const char *err = rc ? ckpt_last_error() : "";
 	expect_clean_wait(rc, err, call, d->world > 1);
 	out->rc = rc;
 	snprintf(out->msg, sizeof out->msg, "%s: %s", call, rc ? err : "0");
@@ -315,10 +315,10 @@ static bool step_visible(ckpt_ctx *c, uint64_t step)
 	ckpt_load *l = NULL;
 	int rc = ckpt_load_open(c, step, &l);
 	ck_assert_msg(rc == 0 || rc == CKPT_ENOTFOUND, "%s: open step %" PRIu64 ": %d %s", where,
-	              step, rc, ckpt_last_error(c));
+	              step, rc, ckpt_last_error());
 	ckpt_load_close(l);
 	struct ckpt_step_info info;
-	int irc = ckpt_step_info(c, step, &info);
+	int irc = ckpt_step_info(c, step, &info, sizeof info);
 	ck_assert_msg(rc ? irc == CKPT_ENOTFOUND || (irc == 0 && info.state != CKPT_STATE_COMMITTED)
 	                 : irc == 0 && info.state == CKPT_STATE_COMMITTED,
 	              "%s: step %" PRIu64 ": load_open %d, step_info %d (state %d)", where, step,
@@ -331,16 +331,16 @@ static void step_check(ckpt_ctx *c, const struct step_data *d)
 {
 	ckpt_load *l = NULL;
 	ck_assert_msg(ckpt_load_open(c, d->step, &l) == 0, "%s: step %" PRIu64 ": %s", where,
-	              d->step, ckpt_last_error(c));
+	              d->step, ckpt_last_error());
 	size_t wb = (size_t)d->world * ROWS * COLS * 4;
 	uint8_t *got = malloc(wb);
 	ck_assert_ptr_nonnull(got);
 	ck_assert_msg(ckpt_load_tensor(l, "w", CKPT_F32, 2, NULL, NULL, got, CKPT_MEM_HOST) == 0,
-	              "%s: step %" PRIu64 " w: %s", where, d->step, ckpt_last_error(c));
+	              "%s: step %" PRIu64 " w: %s", where, d->step, ckpt_last_error());
 	ck_assert_msg(!memcmp(got, d->w, wb), "%s: step %" PRIu64 ": w differs", where, d->step);
 	uint8_t v[sizeof d->v];
 	ck_assert_msg(ckpt_load_tensor(l, "opt/v", CKPT_I64, 1, NULL, NULL, v, CKPT_MEM_HOST) == 0,
-	              "%s: step %" PRIu64 " opt/v: %s", where, d->step, ckpt_last_error(c));
+	              "%s: step %" PRIu64 " opt/v: %s", where, d->step, ckpt_last_error());
 	ck_assert_msg(!memcmp(v, d->v, sizeof v), "%s: step %" PRIu64 ": opt/v differs", where,
 	              d->step);
 	uint8_t b[RNG + 1];
@@ -572,7 +572,7 @@ static void load_all(ckpt_ctx *c, const struct step_data *d, struct tally *t)
 	ckpt_load *l = NULL;
 	int rc = ckpt_load_open(c, d->step, &l);
 	tally_add(t, rc);
-	expect_clean(rc, ckpt_last_error(c), "ckpt_load_open");
+	expect_clean(rc, ckpt_last_error(), "ckpt_load_open");
 	if (rc) {
 		ck_assert_ptr_null(l);
 		return;
@@ -584,7 +584,7 @@ static void load_all(ckpt_ctx *c, const struct step_data *d, struct tally *t)
 	memset(got, 0x5A, wb);
 	rc = ckpt_load_tensor(l, "w", CKPT_F32, 2, NULL, NULL, got, CKPT_MEM_HOST);
 	tally_add(t, rc);
-	expect_clean(rc, ckpt_last_error(c), "ckpt_load_tensor");
+	expect_clean(rc, ckpt_last_error(), "ckpt_load_tensor");
 	ck_assert_msg(rc || !memcmp(got, d->w, wb), "%s: w differs", where);
 	/* A batch: a slice of w across its chunks (and, saved by several ranks, across
 	 * two ranks' pieces), and a slice of opt/v. */
@@ -600,7 +600,7 @@ static void load_all(ckpt_ctx *c, const struct step_data *d, struct tally *t)
 	int res[2] = { 1, 1 };
 	rc = ckpt_load_tensors(l, q, 2, res);
 	tally_add(t, rc);
-	expect_clean(rc, ckpt_last_error(c), "ckpt_load_tensors");
+	expect_clean(rc, ckpt_last_error(), "ckpt_load_tensors");
 	for (int i = 0; i < 2; i++)
 		ck_assert_msg(res[i] <= 0 && (rc || !res[i]), "%s: request %d: %d (call %d)", where,
 		              i, res[i], rc);
@@ -614,11 +614,11 @@ static void load_all(ckpt_ctx *c, const struct step_data *d, struct tally *t)
 	rc = d->world == 1 ? ckpt_load_blob(l, "rng", b, sizeof b, &len)
 	                   : ckpt_load_blob_rank(l, "rng", (int)rr, b, sizeof b, &len);
 	tally_add(t, rc);
-	expect_clean(rc, ckpt_last_error(c), "ckpt_load_blob");
+	expect_clean(rc, ckpt_last_error(), "ckpt_load_blob");
 	ck_assert_msg(rc || (len == RNG && !memcmp(b, d->rng[rr], RNG)), "%s: rng differs", where);
 	rc = ckpt_load_blob(l, "sched", b, sizeof b, &len);
 	tally_add(t, rc);
-	expect_clean(rc, ckpt_last_error(c), "ckpt_load_blob");
+	expect_clean(rc, ckpt_last_error(), "ckpt_load_blob");
 	ck_assert_msg(rc || (len == SCHED && !memcmp(b, d->sched, SCHED)), "%s: sched differs",
 	              where);
 	ckpt_load_close(l);

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 #include "testutil.h"
 
@@ -57,7 +58,7 @@ static ckpt_ctx *open_root(const char *r, unsigned flags, size_t chunk, size_t p
 	o.zstd_level = zstd;
 	ckpt_ctx *c = NULL;
 	int rc = ckpt_open(&o, &c);
-	ck_assert_msg(rc == 0, "open %s: %s", r, ckpt_last_error(NULL));
+	ck_assert_msg(rc == 0, "open %s: %s", r, ckpt_last_error());
 	return c;
 }
 
@@ -112,14 +113,14 @@ static int save_step(ckpt_ctx *c, uint64_t step, struct tt *ts, size_t n)
 static void check_step(ckpt_ctx *c, uint64_t step, struct tt *ts, size_t n)
 {
 	ckpt_load *l;
-	ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "%s", ckpt_last_error());
 	ck_assert_int_eq(ckpt_load_count(l), (int)n);
 	for (size_t i = 0; i < n; i++) {
 		uint8_t *got = malloc(ts[i].bytes + 1);
 		memset(got, 0x5A, ts[i].bytes + 1);
 		int rc = ckpt_load_tensor(l, ts[i].name, ts[i].dtype, ts[i].ndim, NULL, NULL, got,
 		                          CKPT_MEM_HOST);
-		ck_assert_msg(rc == 0, "%s: %s", ts[i].name, ckpt_last_error(c));
+		ck_assert_msg(rc == 0, "%s: %s", ts[i].name, ckpt_last_error());
 		ck_assert_msg(!memcmp(got, ts[i].data, ts[i].bytes), "%s differs", ts[i].name);
 		ck_assert_uint_eq(got[ts[i].bytes], 0x5A);   /* nothing written past the box */
 		free(got);
@@ -145,11 +146,11 @@ START_TEST(every_dtype)
 	}
 	ck_assert_int_eq(save_step(c, 1, ts, CKPT_DTYPE_MAX_), 0);
 	check_step(c, 1, ts, CKPT_DTYPE_MAX_);
-	uint64_t steps[4];
-	ck_assert_int_eq(ckpt_steps(c, steps, 4), 1);
-	ck_assert_uint_eq(steps[0], 1);
+	struct ckpt_step_info steps[4];
+	ck_assert_int_eq(ckpt_steps(c, 0, steps, 4, sizeof *steps), 1);
+	ck_assert_uint_eq(steps[0].step, 1);
 	struct ckpt_step_info info;
-	ck_assert_int_eq(ckpt_step_info(c, CKPT_LATEST, &info), 0);
+	ck_assert_int_eq(ckpt_step_info(c, CKPT_LATEST, &info, sizeof info), 0);
 	ck_assert_uint_eq(info.step, 1);
 	ck_assert_uint_eq(info.world, 1);
 	ck_assert_uint_eq(info.ntensors, CKPT_DTYPE_MAX_);
@@ -218,7 +219,7 @@ START_TEST(larger_than_pool_and_zstd)
 	ck_assert_int_eq(save_step(c, 11, ts, 2), 0);
 	check_step(c, 11, ts, 2);
 	struct ckpt_step_info info;
-	ck_assert_int_eq(ckpt_step_info(c, 11, &info), 0);
+	ck_assert_int_eq(ckpt_step_info(c, 11, &info, sizeof info), 0);
 	ck_assert_uint_lt(info.stored_bytes, info.logical_bytes);
 	ck_assert_uint_eq(info.logical_bytes, ts[0].bytes + ts[1].bytes);
 	ckpt_close(c);
@@ -270,7 +271,7 @@ START_TEST(slices_of_every_shape)
 		uint8_t *got = malloc(n), *want = malloc(n);
 		box_expect(t, o, e, want);
 		int rc = ckpt_load_tensor(l, t->name, t->dtype, t->ndim, o, e, got, CKPT_MEM_HOST);
-		ck_assert_msg(rc == 0, "%s: %s", t->name, ckpt_last_error(c));
+		ck_assert_msg(rc == 0, "%s: %s", t->name, ckpt_last_error());
 		ck_assert_msg(!memcmp(got, want, n), "slice %d of %s differs", iter, t->name);
 		free(got);
 		free(want);
@@ -324,7 +325,7 @@ START_TEST(bad_inputs)
 	ckpt_save *s;
 	ck_assert_int_eq(ckpt_save_begin(c, 7, &s), -EEXIST);
 	ck_assert_ptr_null(s);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(c), "step 7"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "step 7"));
 	ck_assert_int_eq(ckpt_save_begin(c, 8, &s), 0);
 	struct ckpt_tensor ct = { .name = "a/../b", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
 	                          .policy = CKPT_SHARDED, .ndim = 2, .global_shape = shape,
@@ -362,12 +363,12 @@ START_TEST(bad_inputs)
 	ckpt_load *l;
 	ck_assert_int_eq(ckpt_load_open(c, 999, &l), CKPT_ENOTFOUND);
 	ck_assert_ptr_null(l);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(c), "999"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "999"));
 	ck_assert_int_eq(ckpt_load_open(c, 7, &l), 0);
 	float buf[33 * 65];
 	ck_assert_int_eq(ckpt_load_tensor(l, "nope", CKPT_F32, 2, NULL, NULL, buf, 0), CKPT_ENOTFOUND);
 	ck_assert_int_eq(ckpt_load_tensor(l, "good", CKPT_BF16, 2, NULL, NULL, buf, 0), CKPT_EDTYPE);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(c), "good"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "good"));
 	ck_assert_int_eq(ckpt_load_tensor(l, "good", CKPT_F32, 1, NULL, NULL, buf, 0), CKPT_ESHAPE);
 	uint64_t o2[2] = { 0, 60 }, e2[2] = { 1, 6 };
 	ck_assert_int_eq(ckpt_load_tensor(l, "good", CKPT_F32, 2, o2, e2, buf, 0), CKPT_ESHAPE);
@@ -394,7 +395,7 @@ START_TEST(bad_roots)
 	o.flags = CKPT_OPEN_READONLY;
 	ck_assert_int_eq(ckpt_open(&o, &c), -ENOENT);
 	ck_assert_ptr_null(c);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "missing"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "missing"));
 	/* A directory with someone else's files. */
 	snprintf(path, sizeof path, "%s/other", root);
 	mkdir(path, 0755);
@@ -414,11 +415,11 @@ START_TEST(bad_roots)
 	snprintf(path, sizeof path, "%s/sub", f);
 	o.root = path;
 	int rc = ckpt_open(&o, &c);
-	ck_assert_msg(rc == -ENOTDIR, "rc %d: %s", rc, ckpt_last_error(NULL));
+	ck_assert_msg(rc == -ENOTDIR, "rc %d: %s", rc, ckpt_last_error());
 	o.root = "/proc/ckpt-root";
 	rc = ckpt_open(&o, &c);
 	ck_assert_msg(rc < 0 && c == NULL, "rc %d", rc);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "/proc/ckpt-root"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "/proc/ckpt-root"));
 	/* Bad options. */
 	o.root = root;
 	o.chunk_bytes = 1000;
@@ -458,7 +459,7 @@ START_TEST(gds_fallback)
 	c = NULL;
 	setenv("CKPT_GDS", "load,sav", 1);
 	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "CKPT_GDS=load,sav"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "CKPT_GDS=load,sav"));
 	unsetenv("CKPT_GDS");
 	o.gds = 1u << 5;
 	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
@@ -489,8 +490,8 @@ START_TEST(queue_depth_env)
 		setenv("CKPT_QUEUE_DEPTH", bad[i], 1);
 		ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
 		ck_assert_ptr_null(c);
-		ck_assert_msg(strstr(ckpt_last_error(NULL), "CKPT_QUEUE_DEPTH"), "%s: %s", bad[i],
-		              ckpt_last_error(NULL));
+		ck_assert_msg(strstr(ckpt_last_error(), "CKPT_QUEUE_DEPTH"), "%s: %s", bad[i],
+		              ckpt_last_error());
 	}
 	/* The option wins over the environment. */
 	o.queue_depth = 4;
@@ -517,9 +518,9 @@ static void fail_midway(const char *fault, bool crash)
 		ckpt_fault_reload();
 		ckpt_ctx *cc = open_root(root, 0, 64 << 10, 256 << 10, 0);
 		int rc = save_step(cc, 2, &t, 1);
-		int ok = (rc == -ENOSPC || rc == -EIO) && strstr(ckpt_last_error(cc), "step 2");
+		int ok = (rc == -ENOSPC || rc == -EIO) && strstr(ckpt_last_error(), "step 2");
 		if (!ok)
-			fprintf(stderr, "rc %d: %s\n", rc, ckpt_last_error(cc));
+			fprintf(stderr, "rc %d: %s\n", rc, ckpt_last_error());
 		ckpt_close(cc);
 		_exit(ok ? 0 : 1);
 	}
@@ -602,7 +603,7 @@ START_TEST(corruption_found)
 	ck_assert_int_eq(ckpt_load_tensor(l, "a", CKPT_U8, 1, NULL, NULL, buf, 0), 0);
 	int rc = ckpt_load_tensor(l, "b", CKPT_U8, 1, NULL, NULL, buf, 0);
 	ck_assert_int_eq(rc, CKPT_ECORRUPT);
-	const char *msg = ckpt_last_error(c);
+	const char *msg = ckpt_last_error();
 	ck_assert_msg(strstr(msg, "'b'") && strstr(msg, "chunk") && strstr(msg, "rank-000000-"),
 	              "message does not name tensor, chunk and file: %s", msg);
 	ckpt_load_close(l);
@@ -616,7 +617,7 @@ START_TEST(corruption_found)
 		ckpt_load_close(l);
 	}
 	ck_assert_msg(rc == CKPT_ECORRUPT || rc == CKPT_EFORMAT, "rc %d", rc);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(c), "rank-000000-"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "rank-000000-"));
 	/* A shard file replaced by another step's file: caught by the committed hash. */
 	char other[4200];
 	ck_assert_int_eq(tu_shard_path(root, 1, 0, other, sizeof other), 0);
@@ -626,7 +627,7 @@ START_TEST(corruption_found)
 	ck_assert_int_eq(tu_write_file(path, bytes, blen), 0);
 	free(bytes);
 	ck_assert_int_eq(ckpt_load_open(c, 2, &l), CKPT_ECORRUPT);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(c), "not the index committed"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "not the index committed"));
 	free(buf);
 	ckpt_close(c);
 	tt_free(ts, 2);
@@ -672,8 +673,8 @@ START_TEST(many_steps_in_flight)
 	}
 	for (int i = 0; i < 10; i++)
 		check_step(c, 100 + (uint64_t)i, &ts[i], 1);
-	uint64_t steps[16];
-	ck_assert_int_eq(ckpt_steps(c, steps, 16), 10);
+	struct ckpt_step_info steps[16];
+	ck_assert_int_eq(ckpt_steps(c, 0, steps, 16, sizeof *steps), 10);
 	ckpt_close(c);
 	tt_free(ts, 10);
 }
@@ -719,7 +720,7 @@ START_TEST(resharded_rows_read_blocks)
 				int rc = ckpt_load_tensor(l, ts[i].name, ts[i].dtype, 2, o, e, got,
 				                          CKPT_MEM_HOST);
 				ck_assert_msg(rc == 0, "%s as rank %u of %u: %s", ts[i].name, r, worlds[wi],
-				              ckpt_last_error(c));
+				              ckpt_last_error());
 				ck_assert_msg(!memcmp(got, want, n), "%s as rank %u of %u differs",
 				              ts[i].name, r, worlds[wi]);
 				ck_assert_uint_eq(got[n], 0x5A);
@@ -747,13 +748,13 @@ START_TEST(resharded_rows_read_blocks)
 		bool needs = o[0] * row < 11 * block && (o[0] + e[0]) * row > 10 * block;
 		if (needs) {
 			ck_assert_int_eq(rc, CKPT_ECORRUPT);
-			const char *msg = ckpt_last_error(c);
+			const char *msg = ckpt_last_error();
 			ck_assert_msg(strstr(msg, "tensor 'w' chunk 0 block 10") &&
 			              strstr(msg, "rank-000000-") && strstr(msg, "step 1"),
 			              "message does not name step, tensor, chunk, block and file: %s", msg);
 			bad++;
 		} else {
-			ck_assert_msg(rc == 0, "rank %u of 7: %s", r, ckpt_last_error(c));
+			ck_assert_msg(rc == 0, "rank %u of 7: %s", r, ckpt_last_error());
 			ck_assert(!memcmp(got, want, n));
 			good++;
 		}
@@ -828,7 +829,7 @@ START_TEST(source_tensors)
 	ck_assert_int_eq(ckpt_save_add_tensor_source(s, &ct, src_fill, &bad), 0);
 	ck_assert_int_eq(ckpt_save_submit(s), 0);
 	ck_assert_int_eq(ckpt_save_wait(s, -1), -EIO);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(c), "pulled"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "pulled"));
 	ckpt_save_free(s);
 	ckpt_load *l;
 	ck_assert_int_eq(ckpt_load_open(c, 2, &l), CKPT_ENOTFOUND);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 #include "testutil.h"
 
@@ -43,7 +44,7 @@ static ckpt_ctx *open_as(int rank, int world, unsigned flags)
 	o.chunk_bytes = 8192;     /* several chunks per tensor */
 	o.pool_bytes = 16 * 8192;
 	ckpt_ctx *c = NULL;
-	ck_assert_msg(ckpt_open(&o, &c) == 0, "open: %s", ckpt_last_error(NULL));
+	ck_assert_msg(ckpt_open(&o, &c) == 0, "open: %s", ckpt_last_error());
 	return c;
 }
 
@@ -67,7 +68,7 @@ static void save_step(uint64_t step, float *w, int64_t *v, uint8_t *rb, size_t r
 	ck_assert_int_eq(ckpt_save_add_blob(s, "sched", CKPT_KIND_SCHEDULER, CKPT_REPLICATED, "abc", 3), 0);
 	ck_assert_int_eq(ckpt_save_add_blob(s, "rng", CKPT_KIND_RNG, CKPT_RANK_BOUND, rb, rblen), 0);
 	ck_assert_int_eq(ckpt_save_submit(s), 0);
-	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
 	ckpt_save_free(s);
 	ckpt_close(c);
 }
@@ -108,7 +109,7 @@ START_TEST(batch_load_and_rank_map)
 	int res[NQ];
 	int rc = ckpt_load_tensors(l, q, NQ, res);
 	ck_assert_int_eq(rc, CKPT_ENOTFOUND);            /* the first failed request, in order */
-	ck_assert_msg(strstr(ckpt_last_error(c), "no/such"), "%s", ckpt_last_error(c));
+	ck_assert_msg(strstr(ckpt_last_error(), "no/such"), "%s", ckpt_last_error());
 	ck_assert_int_eq(res[0], 0);
 	ck_assert_int_eq(res[1], 0);
 	ck_assert_int_eq(res[2], 0);
@@ -127,7 +128,7 @@ START_TEST(batch_load_and_rank_map)
 	size_t len = 0;
 	rc = ckpt_load_blob(l, "rng", got, sizeof got, &len);
 	ck_assert_int_eq(rc, CKPT_ERANKBOUND);
-	ck_assert_msg(strstr(ckpt_last_error(c), "saved rank"), "%s", ckpt_last_error(c));
+	ck_assert_msg(strstr(ckpt_last_error(), "saved rank"), "%s", ckpt_last_error());
 	/* ...and loaded when the caller names the saved rank. */
 	ck_assert_int_eq(ckpt_load_blob_rank(l, "rng", 0, got, sizeof got, &len), 0);
 	ck_assert_uint_eq(len, sizeof rb);
@@ -152,9 +153,9 @@ START_TEST(batch_load_and_rank_map)
 	int count = ckpt_load_count(l);
 	for (int i = 0; i < count; i++) {
 		struct ckpt_tensor_info ti;
-		ck_assert_int_eq(ckpt_load_info(l, (unsigned)i, &ti), 0);
+		ck_assert_int_eq(ckpt_load_info(l, (unsigned)i, &ti, sizeof ti), 0);
 		struct ckpt_chunk_info ch[8];
-		int nch = ckpt_load_chunks(l, (unsigned)i, ch, 8);
+		int nch = ckpt_load_chunks(l, (unsigned)i, ch, 8, sizeof(struct ckpt_chunk_info));
 		ck_assert_int_eq(nch, (int)ti.nchunks);
 		ck_assert_int_eq(ckpt_load_is_blob(l, (unsigned)i),
 		                 !strcmp(ti.name, "rng") || !strcmp(ti.name, "sched"));
@@ -173,7 +174,7 @@ START_TEST(batch_load_and_rank_map)
 			ck_assert_uint_eq(at, sizeof w);
 		}
 	}
-	ck_assert_int_eq(ckpt_load_chunks(l, (unsigned)count, NULL, 0), CKPT_ENOTFOUND);
+	ck_assert_int_eq(ckpt_load_chunks(l, (unsigned)count, NULL, 0, sizeof(struct ckpt_chunk_info)), CKPT_ENOTFOUND);
 	ckpt_load_close(l);
 	ckpt_close(c);
 }
@@ -202,10 +203,10 @@ START_TEST(verify_gc_rebuild)
 	ckpt_verify_opts_init(&o, sizeof o);
 	o.progress = count_progress;
 	struct ckpt_verify_result r = { .size = sizeof r };
-	ck_assert_msg(ckpt_catalog_verify(c, 2, &o, &r) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_catalog_verify(c, 2, &o, &r) == 0, "%s", ckpt_last_error());
 	ck_assert(r.marked && !r.bad && r.chunks >= 5 && progress_calls == (int)r.chunks);
 	struct ckpt_step_info si;
-	ck_assert_int_eq(ckpt_step_info(c, 2, &si), 0);
+	ck_assert_int_eq(ckpt_step_info(c, 2, &si, sizeof si), 0);
 	ck_assert_int_eq(si.trust, CKPT_TRUST_VERIFIED);
 
 	/* Flip a bit in the second chunk of "w" of step 3. */
@@ -215,11 +216,11 @@ START_TEST(verify_gc_rebuild)
 	int wi = -1;
 	for (int i = 0; i < ckpt_load_count(l); i++) {
 		struct ckpt_tensor_info ti;
-		ckpt_load_info(l, (unsigned)i, &ti);
+		ckpt_load_info(l, (unsigned)i, &ti, sizeof ti);
 		if (!strcmp(ti.name, "w"))
 			wi = i;
 	}
-	ck_assert_int_eq(ckpt_load_chunks(l, (unsigned)wi, ch, 8), 3);
+	ck_assert_int_eq(ckpt_load_chunks(l, (unsigned)wi, ch, 8, sizeof(struct ckpt_chunk_info)), 3);
 	char path[4096], file[256];
 	snprintf(path, sizeof path, "%s/%s", root, ch[1].file);
 	snprintf(file, sizeof file, "%s", ch[1].file);    /* ch[].file lives until close */
@@ -234,8 +235,8 @@ START_TEST(verify_gc_rebuild)
 	ck_assert_uint_eq(r.bad_chunk, ch[1].chunk);
 	ck_assert_uint_eq(r.bad_offset, ch[1].file_offset);
 	ck_assert_str_eq(r.bad_file, file);
-	ck_assert_msg(strstr(ckpt_last_error(c), "step 3") && strstr(ckpt_last_error(c), "'w'"),
-	              "%s", ckpt_last_error(c));
+	ck_assert_msg(strstr(ckpt_last_error(), "step 3") && strstr(ckpt_last_error(), "'w'"),
+	              "%s", ckpt_last_error());
 
 	/* Retention: keep the last 2 (3 and 4); step 4 stays whatever the rule says. */
 	struct ckpt_gc_opts g;
@@ -245,13 +246,13 @@ START_TEST(verify_gc_rebuild)
 	struct ckpt_gc_result gr = { .size = sizeof gr };
 	ck_assert_int_eq(ckpt_catalog_gc(c, &g, &gr), 0);
 	ck_assert_uint_eq(gr.steps_removed, 2);
-	ck_assert_int_eq(ckpt_steps(c, NULL, 0), 4);      /* a dry run removes nothing */
+	ck_assert_int_eq(ckpt_steps(c, 0, NULL, 0, sizeof(struct ckpt_step_info)), 4);      /* a dry run removes nothing */
 	g.flags = 0;
 	ck_assert_int_eq(ckpt_catalog_gc(c, &g, &gr), 0);
 	ck_assert(gr.steps_removed == 2 && gr.bytes_freed > 0 && gr.steps_kept == 2);
-	uint64_t steps[4];
-	ck_assert_int_eq(ckpt_steps(c, steps, 4), 2);
-	ck_assert(steps[0] == 3 && steps[1] == 4);
+	struct ckpt_step_info steps[4];
+	ck_assert_int_eq(ckpt_steps(c, 0, steps, 4, sizeof *steps), 2);
+	ck_assert(steps[0].step == 3 && steps[1].step == 4);
 	ckpt_close(c);
 
 	/* Rebuild: lose the manifest; both steps come back committed, data intact. */
@@ -267,10 +268,10 @@ START_TEST(verify_gc_rebuild)
 	ro.world = 1;
 	ck_assert_int_eq(ckpt_open(&ro, &refused), CKPT_ENOMANIFEST);
 	ck_assert_ptr_null(refused);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "rebuild"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "rebuild"));
 	c = open_as(0, 1, CKPT_OPEN_RECOVER);
 	struct ckpt_rebuild_result rr = { .size = sizeof rr };
-	ck_assert_msg(ckpt_catalog_rebuild(c, 0, NULL, NULL, &rr) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_catalog_rebuild(c, 0, NULL, NULL, &rr) == 0, "%s", ckpt_last_error());
 	ck_assert(rr.steps_committed == 2 && rr.steps_unproven == 0);
 	ck_assert_int_eq(ckpt_catalog_rebuild(c, 0, NULL, NULL, NULL), -EEXIST);
 	ck_assert_int_eq(ckpt_load_open(c, 4, &l), 0);

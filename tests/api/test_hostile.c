@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 #include "testutil.h"
 
@@ -67,7 +68,7 @@ static ckpt_ctx *open_as(int rank, int world, unsigned flags)
 	struct ckpt_opts o;
 	opts_for(&o, rank, world, flags);
 	ckpt_ctx *c = NULL;
-	ck_assert_msg(ckpt_open(&o, &c) == 0, "open: %s", ckpt_last_error(NULL));
+	ck_assert_msg(ckpt_open(&o, &c) == 0, "open: %s", ckpt_last_error());
 	return c;
 }
 
@@ -86,11 +87,11 @@ static void expect_open_fails(int rank, int world, unsigned flags, int want, con
 		int rc = ckpt_open(&o, &c);
 		if (rc != want || c != NULL) {
 			fprintf(stderr, "rank %d flags 0x%x: open returned %d (want %d): %s\n", rank,
-			        flags, rc, want, ckpt_last_error(NULL));
+			        flags, rc, want, ckpt_last_error());
 			_exit(1);
 		}
-		if (needle && !strstr(ckpt_last_error(NULL), needle)) {
-			fprintf(stderr, "message lacks '%s': %s\n", needle, ckpt_last_error(NULL));
+		if (needle && !strstr(ckpt_last_error(), needle)) {
+			fprintf(stderr, "message lacks '%s': %s\n", needle, ckpt_last_error());
 			_exit(2);
 		}
 		_exit(0);
@@ -116,13 +117,13 @@ static void save_step(uint64_t step)
 	data_of(step, w);
 	ckpt_ctx *c = open_as(0, 1, 0);
 	ckpt_save *s;
-	ck_assert_msg(ckpt_save_begin(c, step, &s) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_save_begin(c, step, &s) == 0, "%s", ckpt_last_error());
 	uint64_t shape[1] = { N };
 	struct ckpt_tensor t = { .name = "w", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
 		.policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape, .data = w };
 	ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
 	ck_assert_int_eq(ckpt_save_submit(s), 0);
-	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
 	ckpt_save_free(s);
 	ckpt_close(c);
 }
@@ -135,9 +136,9 @@ static void check_step(uint64_t step)
 	ckpt_ctx *c = open_as(0, 1, CKPT_OPEN_READONLY);
 	ckpt_load *l;
 	ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "step %llu: %s",
-	              (unsigned long long)step, ckpt_last_error(c));
+	              (unsigned long long)step, ckpt_last_error());
 	ck_assert_msg(ckpt_load_tensor(l, "w", CKPT_F32, 1, NULL, NULL, got, CKPT_MEM_HOST) == 0,
-	              "%s", ckpt_last_error(c));
+	              "%s", ckpt_last_error());
 	ck_assert(!memcmp(w, got, sizeof w));
 	ckpt_load_close(l);
 	ckpt_close(c);
@@ -173,7 +174,7 @@ static void rebuild_and_check(uint64_t last)
 {
 	ckpt_ctx *c = open_as(0, 1, CKPT_OPEN_RECOVER);
 	struct ckpt_rebuild_result rr = { .size = sizeof rr };
-	ck_assert_msg(ckpt_catalog_rebuild(c, 0, NULL, NULL, &rr) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_catalog_rebuild(c, 0, NULL, NULL, &rr) == 0, "%s", ckpt_last_error());
 	ck_assert_uint_eq(rr.steps_committed, last);
 	ckpt_close(c);
 	for (uint64_t s = 1; s <= last; s++)
@@ -283,7 +284,7 @@ START_TEST(replaced_manifest_refused)
 	ck_assert_int_eq(count_step_dirs(), 2);
 	c = open_as(0, 1, CKPT_OPEN_RECOVER);
 	struct ckpt_rebuild_result rr = { .size = sizeof rr };
-	ck_assert_msg(ckpt_catalog_rebuild(c, 0, NULL, NULL, &rr) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_catalog_rebuild(c, 0, NULL, NULL, &rr) == 0, "%s", ckpt_last_error());
 	ckpt_close(c);
 	check_step(1);
 	check_step(2);
@@ -397,16 +398,16 @@ START_TEST(gc_spares_the_save_in_flight)
 	char b;
 	ck_assert_int_eq(read(g.entered[0], &b, 1), 1);     /* the worker is in the source */
 
-	struct ckpt_catalog_step st[8];
-	int n = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, 8);
+	struct ckpt_step_info st[8];
+	int n = ckpt_steps(c, CKPT_STEPS_ALL, st, 8, sizeof(struct ckpt_step_info));
 	ck_assert_int_eq(n, 3);
-	ck_assert(st[2].info.step == 3 && st[2].has_record && st[2].info.state == CKPT_STATE_INFLIGHT);
+	ck_assert(st[2].step == 3 && st[2].has_record && st[2].state == CKPT_STATE_INFLIGHT);
 	struct ckpt_gc_opts o;
 	ckpt_gc_opts_init(&o, sizeof o);
 	o.keep_last = 1;
 	o.flags = CKPT_GC_UNRECORDED;              /* even so */
 	struct ckpt_gc_result r = { .size = sizeof r };
-	ck_assert_msg(ckpt_catalog_gc(c, &o, &r) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_catalog_gc(c, &o, &r) == 0, "%s", ckpt_last_error());
 	ck_assert_uint_eq(r.steps_removed, 1);       /* step 1 only */
 	/* Another process sees it in flight too, from the coordinator's lock. */
 	pid_t pid = fork();
@@ -415,33 +416,33 @@ START_TEST(gc_spares_the_save_in_flight)
 		struct ckpt_opts ro;
 		opts_for(&ro, 0, 1, CKPT_OPEN_READONLY);
 		ckpt_ctx *rc;
-		struct ckpt_catalog_step x[8];
+		struct ckpt_step_info x[8];
 		if (ckpt_open(&ro, &rc))
 			_exit(1);
-		int k = ckpt_catalog_steps(rc, CKPT_CATALOG_ALL, x, 8);
-		_exit(k == 2 && x[1].info.step == 3 && x[1].info.state == CKPT_STATE_INFLIGHT ? 0 : 2);
+		int k = ckpt_steps(rc, CKPT_STEPS_ALL, x, 8, sizeof(struct ckpt_step_info));
+		_exit(k == 2 && x[1].step == 3 && x[1].state == CKPT_STATE_INFLIGHT ? 0 : 2);
 	}
 	int status;
 	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
 	ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 
 	ck_assert_int_eq(write(g.fd[1], "go", 1), 1);
-	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
 	ckpt_save_free(s);
 	ckpt_close(c);
 	check_step(2);
 	c = open_as(0, 1, CKPT_OPEN_READONLY);
-	uint64_t steps[4];
-	ck_assert_int_eq(ckpt_steps(c, steps, 4), 2);
-	ck_assert(steps[0] == 2 && steps[1] == 3);
+	struct ckpt_step_info steps[4];
+	ck_assert_int_eq(ckpt_steps(c, 0, steps, 4, sizeof *steps), 2);
+	ck_assert(steps[0].step == 2 && steps[1].step == 3);
 	ckpt_close(c);
 	/* A save begun, never submitted, and the context closed: presumed aborted,
 	 * collected by the next coordinator's GC. */
 	c = open_as(0, 1, 0);
 	ck_assert_int_eq(ckpt_save_begin(c, 4, &s), 0);
 	ckpt_save_free(s);
-	n = ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, 8);
-	ck_assert(n == 3 && st[2].info.step == 4 && st[2].info.state == CKPT_STATE_ABORTED);
+	n = ckpt_steps(c, CKPT_STEPS_ALL, st, 8, sizeof(struct ckpt_step_info));
+	ck_assert(n == 3 && st[2].step == 4 && st[2].state == CKPT_STATE_ABORTED);
 	ckpt_close(c);
 	for (int i = 0; i < 2; i++) {
 		close(g.fd[i]);
@@ -464,10 +465,10 @@ static void add_w(ckpt_save *s, uint64_t step)
 static void save_on(ckpt_ctx *c, uint64_t step)
 {
 	ckpt_save *s;
-	ck_assert_msg(ckpt_save_begin(c, step, &s) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_save_begin(c, step, &s) == 0, "%s", ckpt_last_error());
 	add_w(s, step);
 	ck_assert_int_eq(ckpt_save_submit(s), 0);
-	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
 	ckpt_save_free(s);
 }
 
@@ -493,16 +494,16 @@ START_TEST(gc_spares_a_step_saved_again)
 	ckpt_save *s;
 	ck_assert_int_eq(ckpt_save_begin(c, 2, &s), 0);
 	ckpt_save_free(s);                          /* never submitted: aborted */
-	struct ckpt_catalog_step st[4];
-	ck_assert_int_eq(ckpt_catalog_steps(c, CKPT_CATALOG_ALL, st, 4), 2);
-	ck_assert(st[1].info.step == 2 && st[1].info.state == CKPT_STATE_ABORTED);
+	struct ckpt_step_info st[4];
+	ck_assert_int_eq(ckpt_steps(c, CKPT_STEPS_ALL, st, 4, sizeof(struct ckpt_step_info)), 2);
+	ck_assert(st[1].step == 2 && st[1].state == CKPT_STATE_ABORTED);
 	struct resave r = { c, 2, 0 };
 	struct ckpt_gc_opts o;
 	ckpt_gc_opts_init(&o, sizeof o);
 	o.report = resave_on_report;
 	o.arg = &r;
 	struct ckpt_gc_result res = { .size = sizeof res };
-	ck_assert_msg(ckpt_catalog_gc(c, &o, &res) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_catalog_gc(c, &o, &res) == 0, "%s", ckpt_last_error());
 	ck_assert_int_eq(r.reports, 1);
 	ckpt_close(c);
 	check_step(1);
@@ -520,11 +521,11 @@ START_TEST(one_save_of_a_step_at_a_time)
 	ck_assert_int_eq(ckpt_save_begin(c, 5, &s), 0);
 	ck_assert_int_eq(ckpt_save_begin(c, 5, &s2), -EBUSY);
 	ck_assert_ptr_null(s2);
-	ck_assert_msg(strstr(ckpt_last_error(c), "step 5") && strstr(ckpt_last_error(c), root),
-	              "%s", ckpt_last_error(c));
+	ck_assert_msg(strstr(ckpt_last_error(), "step 5") && strstr(ckpt_last_error(), root),
+	              "%s", ckpt_last_error());
 	add_w(s, 5);
 	ck_assert_int_eq(ckpt_save_submit(s), 0);
-	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
 	/* Finished (not yet freed): the step is committed, and says so. */
 	ck_assert_int_eq(ckpt_save_begin(c, 5, &s2), -EEXIST);
 	ckpt_save_free(s);
@@ -555,7 +556,7 @@ START_TEST(forked_child_does_not_hold_the_root)
 	int rc = ckpt_open(&o, &c);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
-	ck_assert_msg(rc == 0, "reopen with a forked child alive: %s", ckpt_last_error(NULL));
+	ck_assert_msg(rc == 0, "reopen with a forked child alive: %s", ckpt_last_error());
 	save_on(c, 2);
 	ckpt_close(c);
 	check_step(1);
@@ -640,7 +641,7 @@ START_TEST(secret_required)
 {
 	for (int r = 0; r < 3; r++) {
 		ck_assert_int_eq(open_nosecret(r, 3, 0), CKPT_EAUTH);
-		ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "CKPT_JOB_SECRET"));
+		ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "CKPT_JOB_SECRET"));
 	}
 	/* One rank, or a reader, has no peers. */
 	ck_assert_int_eq(open_nosecret(0, 1, 0), 0);
@@ -659,7 +660,7 @@ START_TEST(secret_required)
 	ck_assert_int_eq(chmod(f, 0644), 0);
 	setenv("CKPT_JOB_SECRET_FILE", f, 1);
 	ck_assert_int_eq(open_nosecret(1, 3, 0), CKPT_EAUTH);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "chmod 600"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "chmod 600"));
 	ck_assert_int_eq(chmod(f, 0600), 0);
 	ck_assert_int_ne(open_nosecret(1, 3, 0), CKPT_EAUTH);
 	ck_assert_int_eq(tu_write_file(f, "\n", 1), 0);
@@ -704,7 +705,7 @@ START_TEST(ranks_learn_why_rank0_failed)
 			int rc = ckpt_open(&o, &c);
 			clock_gettime(CLOCK_MONOTONIC, &ts1);
 			double s = (double)(ts1.tv_sec - ts0.tv_sec) + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e9;
-			const char *m = ckpt_last_error(NULL);
+			const char *m = ckpt_last_error();
 			fprintf(stderr, "rank %d: %d after %.2f s: %s\n", r, rc, s, m);
 			if (r == 0)
 				_exit(rc == -EBUSY ? 0 : 1);

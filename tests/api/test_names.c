@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 #include "legacy_root.h"
 #include "testutil.h"
@@ -44,7 +45,7 @@ static ckpt_ctx *open_rw(const char *r, unsigned flags)
 	o.flags = flags;
 	o.zstd_level = 0;
 	ckpt_ctx *c = NULL;
-	ck_assert_msg(ckpt_open(&o, &c) == 0, "open %s: %s", r, ckpt_last_error(NULL));
+	ck_assert_msg(ckpt_open(&o, &c) == 0, "open %s: %s", r, ckpt_last_error());
 	return c;
 }
 
@@ -93,7 +94,7 @@ static int no_source(void *arg, uint64_t off, void *dst, size_t len)
  * valid prefix as it is, and no byte that is not UTF-8. */
 static void check_refused(int rc, const char *what, size_t i, const char *prefix)
 {
-	const char *msg = ckpt_last_error(NULL);
+	const char *msg = ckpt_last_error();
 	ck_assert_msg(rc == CKPT_ENAME, "%s bad[%zu]: rc %d", what, i, rc);
 	ck_assert_msg(utf8_ok((const unsigned char *)msg, strlen(msg)), "%s bad[%zu]: message "
 	              "holds bytes that are not UTF-8", what, i);
@@ -177,10 +178,10 @@ START_TEST(multibyte_names_round_trip)
 		                                         data[i], sizeof data[i]) :
 		         i == 2 ? ckpt_save_add_tensor_source(s, &t, from_array, data[i]) :
 		         ckpt_save_add_tensor(s, &t);
-		ck_assert_msg(rc == 0, "%zu: %s", i, ckpt_last_error(c));
+		ck_assert_msg(rc == 0, "%zu: %s", i, ckpt_last_error());
 	}
 	ck_assert_int_eq(ckpt_save_submit(s), 0);
-	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
 	ckpt_save_free(s);
 	ckpt_close(c);
 
@@ -192,7 +193,7 @@ START_TEST(multibyte_names_round_trip)
 		bool found = false;
 		for (int k = 0; k < ckpt_load_count(l); k++) {
 			struct ckpt_tensor_info ti;
-			ck_assert_int_eq(ckpt_load_info(l, (unsigned)k, &ti), 0);
+			ck_assert_int_eq(ckpt_load_info(l, (unsigned)k, &ti, sizeof ti), 0);
 			found |= !strcmp(ti.name, names[i]);
 		}
 		ck_assert_msg(found, "name %zu not listed", i);
@@ -204,7 +205,7 @@ START_TEST(multibyte_names_round_trip)
 			ck_assert_uint_eq(len, sizeof got);
 		} else {
 			ck_assert_msg(ckpt_load_tensor(l, names[i], CKPT_F32, 1, NULL, NULL, got,
-			                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error(c));
+			                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
 		}
 		ck_assert(!memcmp(got, data[i], sizeof got));
 	}
@@ -220,7 +221,7 @@ START_TEST(legacy_names_load)
 	ck_assert_int_eq(legacy_root_make(root, 5), 0);
 	ckpt_ctx *c = open_rw(root, CKPT_OPEN_READONLY);
 	ckpt_load *l;
-	ck_assert_msg(ckpt_load_open(c, 5, &l) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_load_open(c, 5, &l) == 0, "%s", ckpt_last_error());
 	ck_assert_int_eq(ckpt_load_count(l), (int)legacy_nbad + 2);
 	float want[LEGACY_ELEMS], got[LEGACY_ELEMS];
 	for (size_t i = 0; i < legacy_nbad + 2; i++) {
@@ -229,14 +230,14 @@ START_TEST(legacy_names_load)
 		bool found = false;
 		for (int k = 0; k < ckpt_load_count(l); k++) {
 			struct ckpt_tensor_info ti;
-			ck_assert_int_eq(ckpt_load_info(l, (unsigned)k, &ti), 0);
+			ck_assert_int_eq(ckpt_load_info(l, (unsigned)k, &ti, sizeof ti), 0);
 			found |= !strcmp(ti.name, name);
 		}
 		ck_assert_msg(found, "name %zu not listed with its stored bytes", i);
 		legacy_fill(want, i);
 		memset(got, 0, sizeof got);
 		ck_assert_msg(ckpt_load_tensor(l, name, CKPT_F32, 1, NULL, NULL, got,
-		                               CKPT_MEM_HOST) == 0, "%zu: %s", i, ckpt_last_error(c));
+		                               CKPT_MEM_HOST) == 0, "%zu: %s", i, ckpt_last_error());
 		ck_assert(!memcmp(got, want, sizeof got));
 	}
 	ckpt_load_close(l);
@@ -245,7 +246,7 @@ START_TEST(legacy_names_load)
 	c = open_rw(root, CKPT_OPEN_NO_GC);
 	struct ckpt_verify_result *r = calloc(1, sizeof *r);
 	r->size = sizeof *r;
-	ck_assert_msg(ckpt_catalog_verify(c, 5, NULL, r) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_catalog_verify(c, 5, NULL, r) == 0, "%s", ckpt_last_error());
 	ck_assert_int_eq(r->marked, 1);
 	free(r);
 	/* A new save may not write such a name, even into this root. */

@@ -192,9 +192,9 @@ START_TEST(errors)
 	ck_assert_str_eq(ckpt_strerror(12345), "unknown error");
 	int rc = ckpt_err(CKPT_ENOTFOUND, "step %d", 7);
 	ck_assert_int_eq(rc, CKPT_ENOTFOUND);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "step 7"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "step 7"));
 	ckpt_err_prefix(CKPT_ENOTFOUND, "load of root /x");
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "load of root /x: step 7"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "load of root /x: step 7"));
 	for (int d = 1; d <= CKPT_DTYPE_MAX_; d++) {
 		ck_assert_uint_gt(ckpt_dtype_size(d), 0);
 		ck_assert_str_ne(ckpt_dtype_name(d), "?");
@@ -214,7 +214,7 @@ START_TEST(fault_table)
 	ck_assert_int_eq(ckpt_fault(CKPT_FP_AFTER_CHUNK_WRITE), 0);
 	ck_assert_int_eq(ckpt_fault(CKPT_FP_BEFORE_FDATASYNC), 0);   /* first hit */
 	ck_assert_int_eq(ckpt_fault(CKPT_FP_BEFORE_FDATASYNC), -EIO); /* second */
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "before_fdatasync"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "before_fdatasync"));
 	ck_assert_int_eq(ckpt_fault(CKPT_FP_BEFORE_FDATASYNC), 0);
 	setenv("CKPT_FAULT", "after_prepare_sent:drop", 1);
 	setenv("CKPT_FAULT_RANK", "3", 1);

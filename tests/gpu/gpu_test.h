@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 #include "ckpt/cuda.h"
 #include "testutil.h"
@@ -36,8 +37,9 @@
 } while (0)
 
 #define CKPT_OK(c, call) do {                                                        \
+	(void)(c);          /* the message is per thread (ckpt_last_error) */             \
 	int rc_ = (call);                                                                \
-	CHECK(rc_ == 0, "%s: %s", ckpt_strerror(rc_), ckpt_last_error(c));              \
+	CHECK(rc_ == 0, "%s: %s", ckpt_strerror(rc_), ckpt_last_error());              \
 } while (0)
 
 /* Exit 77 unless a CUDA device is usable; print which one otherwise. */
@@ -68,7 +70,7 @@ static inline ckpt_ctx *gt_open(const char *root, size_t chunk, size_t pool)
 	o.pool_bytes = pool;
 	ckpt_ctx *c = NULL;
 	int rc = ckpt_open(&o, &c);
-	CHECK(rc == 0, "open %s: %s", root, ckpt_last_error(NULL));
+	CHECK(rc == 0, "open %s: %s", root, ckpt_last_error());
 	CHECK(ckpt_cuda_available(c) == 1, "a device is present but libckpt works on host memory");
 	return c;
 }

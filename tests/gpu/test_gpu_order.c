@@ -123,7 +123,7 @@ static struct outcome run_case(const char *what, ckpt_ctx *c, uint64_t step, cud
 	}
 	struct outcome o = { false, 0, 0, 0 };
 	int rc = ckpt_save_wait_snapshot(s, HOLD_MS);
-	CHECK(rc == 0 || rc == -ETIMEDOUT, "%s: wait_snapshot: %s", what, ckpt_last_error(c));
+	CHECK(rc == 0 || rc == -ETIMEDOUT, "%s: wait_snapshot: %s", what, ckpt_last_error());
 	o.held = rc == -ETIMEDOUT;
 	open_gate();
 	CKPT_OK(c, ckpt_save_wait(s, -1));
@@ -195,7 +195,7 @@ static void check_option_errors(ckpt_ctx *c, uint64_t step)
 	CKPT_OK(c, ckpt_save_set_stream(s, NULL));
 	CKPT_OK(c, ckpt_save_submit(s));
 	int rc = ckpt_save_set_stream(s, NULL);
-	CHECK(rc == CKPT_ESTATE, "set_stream after submit: %d (%s)", rc, ckpt_last_error(c));
+	CHECK(rc == CKPT_ESTATE, "set_stream after submit: %d (%s)", rc, ckpt_last_error());
 	CKPT_OK(c, ckpt_save_wait(s, -1));
 	ckpt_save_free(s);
 }

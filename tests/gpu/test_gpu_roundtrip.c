@@ -174,10 +174,10 @@ int main(int argc, char **argv)
 			if (rc == CKPT_ENODEV && i == 0) {
 				printf("SKIP %s: ckpt_load_tensor does not route device destinations to "
 				       "lib/snapshot yet (lib/load.c; docs/gpu.md \"Load to device\"): %s\n",
-				       me, ckpt_last_error(c));
+				       me, ckpt_last_error());
 				return GT_SKIP;
 			}
-			CHECK(rc == 0, "load '%s' to the device: %s", ts[i].name, ckpt_last_error(c));
+			CHECK(rc == 0, "load '%s' to the device: %s", ts[i].name, ckpt_last_error());
 			CHECK(gt_device_equals(d, ts[i].host, ts[i].bytes), "'%s' differs on the device",
 			      ts[i].name);
 			CUDA_OK(cudaFree(d));
@@ -200,13 +200,13 @@ int main(int argc, char **argv)
 		int bi = -1;
 		for (int i = 0; i < ckpt_load_count(l); i++) {
 			struct ckpt_tensor_info ti;
-			CKPT_OK(c, ckpt_load_info(l, (unsigned)i, &ti));
+			CKPT_OK(c, ckpt_load_info(l, (unsigned)i, &ti, sizeof ti));
 			if (!strcmp(ti.name, big->name))
 				bi = i;
 		}
 		CHECK(bi >= 0, "'%s' not in the catalog", big->name);
 		struct ckpt_chunk_info ci[64];
-		int nc = ckpt_load_chunks(l, (unsigned)bi, ci, 64);
+		int nc = ckpt_load_chunks(l, (unsigned)bi, ci, 64, sizeof(struct ckpt_chunk_info));
 		CHECK(nc >= 2 && ci[1].codec == CKPT_CODEC_RAW, "'%s': %d chunks", big->name, nc);
 		char path[4096];
 		snprintf(path, sizeof path, "%s/%s", root, ci[1].file);
@@ -222,7 +222,7 @@ int main(int argc, char **argv)
 		void *d;
 		CUDA_OK(cudaMalloc(&d, big->bytes));
 		int rc = ckpt_load_tensor(l, big->name, big->dtype, 2, NULL, NULL, d, CKPT_MEM_DEVICE);
-		const char *msg = ckpt_last_error(c);
+		const char *msg = ckpt_last_error();
 		CHECK(rc == CKPT_ECORRUPT && strstr(msg, "hash mismatch") && strstr(msg, ci[1].file) &&
 		      strstr(msg, big->name), "flipped byte: rc %d, '%s'", rc, msg);
 		CKPT_OK(c, ckpt_gds_stats(c, &gs));

@@ -155,32 +155,32 @@ static int rank_save(unsigned rank)
 	struct ckpt_opts o;
 	opts_for(&o, rank, 0);
 	if ((rc = ckpt_open(&o, &c)))
-		FAIL("open: %s", ckpt_last_error(NULL));
+		FAIL("open: %s", ckpt_last_error());
 	unsigned overlapped = 0;
 	for (unsigned i = 1; i <= nsteps; i++) {
 		/* The buffers of step i-2 are free again: its save was waited for and freed. */
 		struct state *s = &st[i % 2];
 		state_fill(s, i, rank);
 		if ((rc = ckpt_save_begin(c, i, &cur)))
-			FAIL("begin step %u: %s", i, ckpt_last_error(c));
+			FAIL("begin step %u: %s", i, ckpt_last_error());
 		if ((rc = add_state(cur, s, rank)))
-			FAIL("add to step %u: %s", i, ckpt_last_error(c));
+			FAIL("add to step %u: %s", i, ckpt_last_error());
 		if ((rc = ckpt_save_submit(cur)))
-			FAIL("submit step %u: %s", i, ckpt_last_error(c));
+			FAIL("submit step %u: %s", i, ckpt_last_error());
 		if (prev) {
 			/* Still in flight when its successor was submitted? (Not required: it
 			 * shows whether the overlap actually happened on this run.) */
 			if (ckpt_save_wait(prev, 0) == -ETIMEDOUT)
 				overlapped++;
 			if ((rc = ckpt_save_wait(prev, -1)))
-				FAIL("step %u: %s (%s)", i - 1, ckpt_strerror(rc), ckpt_last_error(c));
+				FAIL("step %u: %s (%s)", i - 1, ckpt_strerror(rc), ckpt_last_error());
 			ckpt_save_free(prev);
 		}
 		prev = cur;
 		cur = NULL;
 	}
 	if (prev && (rc = ckpt_save_wait(prev, -1)))
-		FAIL("step %u: %s (%s)", nsteps, ckpt_strerror(rc), ckpt_last_error(c));
+		FAIL("step %u: %s (%s)", nsteps, ckpt_strerror(rc), ckpt_last_error());
 	printf("rank %u: %u steps committed; step i-1 still in flight at submit of i: %u of %u\n",
 	       rank, nsteps, overlapped, nsteps - 1);
 	ret = 0;
@@ -229,19 +229,19 @@ static int rank_verify(unsigned rank)
 	struct ckpt_opts o;
 	opts_for(&o, rank, CKPT_OPEN_READONLY);
 	if ((rc = ckpt_open(&o, &c)))
-		FAIL("open read-only: %s", ckpt_last_error(NULL));
+		FAIL("open read-only: %s", ckpt_last_error());
 	if (rank == 0) {
-		uint64_t steps[MAX_STEPS + 1];
-		int n = ckpt_steps(c, steps, MAX_STEPS + 1);
+		struct ckpt_step_info steps[MAX_STEPS + 1];
+		int n = ckpt_steps(c, 0, steps, MAX_STEPS + 1, sizeof *steps);
 		if (n != (int)nsteps)
 			FAIL("%d committed steps listed, want %u", n, nsteps);
 		for (unsigned i = 0; i < nsteps; i++)
-			if (steps[i] != i + 1)
-				FAIL("committed step #%u is %" PRIu64 ", want %u", i, steps[i], i + 1);
+			if (steps[i].step != i + 1)
+				FAIL("committed step #%u is %" PRIu64 ", want %u", i, steps[i].step, i + 1);
 	}
 	for (unsigned i = 1; i <= nsteps; i++) {
 		if ((rc = ckpt_load_open(c, i, &l)))
-			FAIL("load step %u: %s", i, ckpt_last_error(c));
+			FAIL("load step %u: %s", i, ckpt_last_error());
 		if (ckpt_load_step(l) != i)
 			FAIL("load of step %u opened step %" PRIu64, i, ckpt_load_step(l));
 		if (ckpt_load_count(l) != 5) {
@@ -253,29 +253,29 @@ static int rank_verify(unsigned rank)
 		uint64_t woff[2] = { (uint64_t)rank * ROWS_PER_RANK, 0 }, wext[2] = { ROWS_PER_RANK, WCOLS };
 		uint64_t moff[2] = { 0, (uint64_t)rank * MCOLS_PER_RANK }, mext[2] = { MROWS, MCOLS_PER_RANK };
 		if ((rc = ckpt_load_tensor(l, "model/w", CKPT_F32, 2, woff, wext, got, CKPT_MEM_HOST)))
-			FAIL("step %u: load model/w: %s", i, ckpt_last_error(c));
+			FAIL("step %u: load model/w: %s", i, ckpt_last_error());
 		bad += (unsigned)cmp("model/w (own box)", i, rank, got, st.w, (size_t)ROWS_PER_RANK * WCOLS * 4);
 		if ((rc = ckpt_load_tensor(l, "optim/m", CKPT_BF16, 2, moff, mext, got, CKPT_MEM_HOST)))
-			FAIL("step %u: load optim/m: %s", i, ckpt_last_error(c));
+			FAIL("step %u: load optim/m: %s", i, ckpt_last_error());
 		bad += (unsigned)cmp("optim/m (own box)", i, rank, got, st.m, (size_t)MROWS * MCOLS_PER_RANK * 2);
 		if ((rc = ckpt_load_tensor(l, "model/bias", CKPT_F64, 1, NULL, NULL, got, CKPT_MEM_HOST)))
-			FAIL("step %u: load model/bias: %s", i, ckpt_last_error(c));
+			FAIL("step %u: load model/bias: %s", i, ckpt_last_error());
 		bad += (unsigned)cmp("model/bias", i, rank, got, st.bias, (size_t)BIAS * 8);
 		size_t len = 0;
 		if ((rc = ckpt_load_blob(l, "scheduler", got, 4096, &len)))
-			FAIL("step %u: load scheduler: %s", i, ckpt_last_error(c));
+			FAIL("step %u: load scheduler: %s", i, ckpt_last_error());
 		bad += len != sizeof st.sched || cmp("scheduler", i, rank, got, st.sched, sizeof st.sched);
 		if ((rc = ckpt_load_blob(l, "rng", got, 4096, &len)))
-			FAIL("step %u: load rng: %s", i, ckpt_last_error(c));
+			FAIL("step %u: load rng: %s", i, ckpt_last_error());
 		bad += len != sizeof st.rng || cmp("rng", i, rank, got, st.rng, sizeof st.rng);
 		if (rank == 0) {
 			/* Whole tensors, across every rank's shard. */
 			if ((rc = ckpt_load_tensor(l, "model/w", CKPT_F32, 2, NULL, NULL, got, CKPT_MEM_HOST)))
-				FAIL("step %u: load model/w whole: %s", i, ckpt_last_error(c));
+				FAIL("step %u: load model/w whole: %s", i, ckpt_last_error());
 			fill_box(want, i, 1, 4, WCOLS, 0, (uint64_t)world * ROWS_PER_RANK, 0, WCOLS);
 			bad += (unsigned)cmp("model/w (whole)", i, rank, got, want, wbytes);
 			if ((rc = ckpt_load_tensor(l, "optim/m", CKPT_BF16, 2, NULL, NULL, got, CKPT_MEM_HOST)))
-				FAIL("step %u: load optim/m whole: %s", i, ckpt_last_error(c));
+				FAIL("step %u: load optim/m whole: %s", i, ckpt_last_error());
 			fill_box(want, i, 2, 2, (uint64_t)world * MCOLS_PER_RANK, 0, MROWS, 0,
 			         (uint64_t)world * MCOLS_PER_RANK);
 			bad += (unsigned)cmp("optim/m (whole)", i, rank, got, want, mbytes);

@@ -80,7 +80,7 @@ static void *connect_thread(void *p)
 {
 	struct connect_job *j = p;
 	j->rc = net_connect(T->transport, T->addr, j->port, j->timeout_ms, &j->c);
-	snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error(NULL));
+	snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error());
 	return NULL;
 }
 
@@ -96,7 +96,7 @@ static void pair_open(struct pair *p)
 	ck_assert_int_eq(pthread_create(&th, NULL, connect_thread, &j), 0);
 	int rc = net_accept(p->l, TMO, &p->srv);
 	pthread_join(th, NULL);
-	ck_assert_msg(rc == 0, "accept: %s", ckpt_last_error(NULL));
+	ck_assert_msg(rc == 0, "accept: %s", ckpt_last_error());
 	ck_assert_msg(j.rc == 0, "connect: %s", j.msg);
 	p->cli = j.c;
 }
@@ -160,7 +160,7 @@ static void *send_thread(void *p)
 		                 60000);
 	}
 	if (j->rc)
-		snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error(NULL));
+		snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error());
 	free(buf);
 	return NULL;
 }
@@ -175,7 +175,7 @@ static void exchange(struct net_conn *from, struct net_conn *to, const size_t *s
 	for (size_t i = 0; i < n; i++) {
 		struct net_msg m;
 		int rc = net_recv(to, &m, 60000);
-		ck_assert_msg(rc == 0, "message %zu (%zu bytes): %s", i, sizes[i], ckpt_last_error(NULL));
+		ck_assert_msg(rc == 0, "message %zu (%zu bytes): %s", i, sizes[i], ckpt_last_error());
 		ck_assert_uint_eq(m.type, NET_MSG_USER_FIRST + i % 1000);
 		ck_assert_uint_eq(m.flags, 0);
 		ck_assert_msg(check_msg(&m, sizes[i], j.seed, i), "message %zu: payload differs", i);
@@ -305,7 +305,7 @@ START_TEST(over_limit_via_api)
 	struct net_msg m;
 	ck_assert_int_eq(net_recv(p.srv, &m, TMO), CKPT_EPROTO);
 	ck_assert_ptr_null(m.payload);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "exceeds the limit"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "exceeds the limit"));
 	net_close(p.srv);
 	p.srv = NULL;
 	pthread_join(th, NULL);
@@ -340,7 +340,7 @@ START_TEST(timeouts)
 	ck_assert_int_eq(net_recv(p.srv, &m, 150), -ETIMEDOUT);
 	double ms = ms_since(t0);
 	ck_assert_msg(ms >= 140 && ms < 5000, "timed out after %.1f ms", ms);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), net_conn_name(p.srv)));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), net_conn_name(p.srv)));
 	/* A timeout does not spoil the connection. */
 	ck_assert_int_eq(net_send(p.cli, 40, "abc", 3, TMO), 0);
 	ck_assert_int_eq(net_recv(p.srv, &m, TMO), 0);
@@ -385,7 +385,7 @@ START_TEST(peer_close)
 	for (int i = 0; i < 200 && rc == 0; i++)
 		rc = net_send(p.cli, 42, chunk, sizeof chunk, TMO);
 	ck_assert_msg(rc == -EPIPE || rc == -ECONNRESET, "send to a closed peer: %d %s", rc,
-	              ckpt_last_error(NULL));
+	              ckpt_last_error());
 	pair_close(&p);
 }
 END_TEST
@@ -402,7 +402,7 @@ START_TEST(connect_refused_then_retry)
 	int rc = net_connect(T->transport, T->addr, port, 400, &c);
 	double ms = ms_since(t0);
 	ck_assert_msg(rc == -ECONNREFUSED || rc == -ETIMEDOUT, "rc %d: %s", rc,
-	              ckpt_last_error(NULL));
+	              ckpt_last_error());
 	ck_assert_ptr_null(c);
 	ck_assert_msg(ms >= 300 && ms < 5000, "gave up after %.1f ms (timeout 400)", ms);
 
@@ -474,7 +474,7 @@ START_TEST(names_and_ipv6)
 	int rc = net_listen(T->transport, T->addr6, 0, &l);
 	if (rc == -EADDRNOTAVAIL || rc == -EAFNOSUPPORT) {
 		fprintf(stderr, "names_and_ipv6: no IPv6 loopback here (%s), IPv6 part NOT RUN\n",
-		        ckpt_last_error(NULL));
+		        ckpt_last_error());
 		return;
 	}
 	ck_assert_int_eq(rc, 0);
@@ -516,7 +516,7 @@ START_TEST(fault_msg_send)
 	setenv("CKPT_FAULT", "msg_send:1:eio", 1);
 	ckpt_fault_reload();
 	ck_assert_int_eq(net_send(p.cli, 63, "D", 1, TMO), -EIO);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "msg_send"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "msg_send"));
 	ck_assert_int_eq(net_send(p.cli, 64, "E", 1, TMO), 0);
 	ck_assert_int_eq(net_recv(p.srv, &m, TMO), 0);
 	ck_assert_uint_eq(m.type, 64);
@@ -559,7 +559,7 @@ static void *hs_server_thread(void *p)
 			}
 		}
 	}
-	snprintf(s->msg, sizeof s->msg, "%s", ckpt_last_error(NULL));
+	snprintf(s->msg, sizeof s->msg, "%s", ckpt_last_error());
 	net_close(c);
 	return NULL;
 }
@@ -579,9 +579,9 @@ static void hs_run(struct net_listener *l, const struct net_auth *srv, net_rank_
 	ck_assert_int_eq(pthread_create(&th, NULL, hs_server_thread, &s), 0);
 	struct net_conn *c;
 	int rc = net_connect(T->transport, T->addr, net_listener_port(l), TMO, &c);
-	ck_assert_msg(rc == 0, "connect: %s", ckpt_last_error(NULL));
+	ck_assert_msg(rc == 0, "connect: %s", ckpt_last_error());
 	r->cli_rc = net_handshake_client(c, cli, TMO);
-	snprintf(r->cli_msg, sizeof r->cli_msg, "%s", ckpt_last_error(NULL));
+	snprintf(r->cli_msg, sizeof r->cli_msg, "%s", ckpt_last_error());
 	snprintf(r->cli_name, sizeof r->cli_name, "%s", net_conn_name(c));
 	if (r->cli_rc == 0) {
 		struct net_msg m;
@@ -903,7 +903,7 @@ START_TEST(handshake_fake_servers)
 		ck_assert_int_eq(net_connect(T->transport, T->addr, net_listener_port(f.l), TMO, &c), 0);
 		struct net_auth a = auth("job", 1, 2, "k3y");
 		int rc = net_handshake_client(c, &a, TMO);
-		ck_assert_msg(rc == want[mode], "mode %d: %d %s", mode, rc, ckpt_last_error(NULL));
+		ck_assert_msg(rc == want[mode], "mode %d: %d %s", mode, rc, ckpt_last_error());
 		net_close(c);
 		pthread_join(th, NULL);
 		net_listener_close(f.l);
@@ -951,7 +951,7 @@ START_TEST(handshake_timeout_and_fault_exemption)
 	uint64_t t0 = ckpt_now_ns();
 	ck_assert_int_eq(net_handshake_client(c, &cli, 200), -ETIMEDOUT);
 	ck_assert_double_ge(ms_since(t0), 190);
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "CHALLENGE"));
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "CHALLENGE"));
 	net_close(c);
 	net_close(s);
 	net_listener_close(l);
@@ -992,7 +992,7 @@ static void *echo_client_thread(void *p)
 		}
 	}
 	if (e->rc)
-		snprintf(e->msg, sizeof e->msg, "%s", ckpt_last_error(NULL));
+		snprintf(e->msg, sizeof e->msg, "%s", ckpt_last_error());
 	net_close(c);   /* NULL after a failed connect */
 	return NULL;
 }
@@ -1052,7 +1052,7 @@ START_TEST(poll_loop_with_a_stalled_peer)
 			}
 			if (rc == -EAGAIN)
 				continue;
-			ck_assert_msg(rc == -ECONNRESET, "conn %zu: %s", i, ckpt_last_error(NULL));
+			ck_assert_msg(rc == -ECONNRESET, "conn %zu: %s", i, ckpt_last_error());
 			ck_assert_uint_eq(echoed[i], ROUNDS);
 			net_close(conns[i]);
 			conns[i] = NULL;
@@ -1165,12 +1165,12 @@ START_TEST(bad_frames_rejected)
 	struct net_msg m;
 	uint64_t t0 = ckpt_now_ns();
 	int rc = net_recv(p.srv, &m, TMO);
-	ck_assert_msg(rc == b->want, "%s: %d %s", b->what, rc, ckpt_last_error(NULL));
+	ck_assert_msg(rc == b->want, "%s: %d %s", b->what, rc, ckpt_last_error());
 	ck_assert_double_lt(ms_since(t0), 2000);
 	ck_assert_ptr_null(m.payload);
-	ck_assert_msg(strstr(ckpt_last_error(NULL), b->reason), "%s: message '%s'", b->what,
-	              ckpt_last_error(NULL));
-	ck_assert_ptr_nonnull(strstr(ckpt_last_error(NULL), "tcp 127.0.0.1:"));
+	ck_assert_msg(strstr(ckpt_last_error(), b->reason), "%s: message '%s'", b->what,
+	              ckpt_last_error());
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "tcp 127.0.0.1:"));
 	/* The connection is finished: later calls fail at once with the same code. */
 	ck_assert_int_eq(net_recv(p.srv, &m, TMO), b->want);
 	ck_assert_int_eq(net_send(p.srv, 40, "x", 1, TMO), b->want);
@@ -1278,12 +1278,12 @@ int main(void)
 		struct net_listener *probe;
 		int rc = net_listen(T->transport, T->addr, 0, &probe);
 		if (rc == CKPT_ENODEV) {
-			printf("SKIP: transport %s not available: %s\n", T->name, ckpt_last_error(NULL));
+			printf("SKIP: transport %s not available: %s\n", T->name, ckpt_last_error());
 			fflush(stdout);
 			_exit(77);
 		}
 		if (rc)
-			fprintf(stderr, "probe listen on %s: %s\n", T->addr, ckpt_last_error(NULL));
+			fprintf(stderr, "probe listen on %s: %s\n", T->addr, ckpt_last_error());
 		net_listener_close(probe);
 		_exit(rc ? 1 : 0);
 	}

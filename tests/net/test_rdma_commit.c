@@ -67,7 +67,7 @@ static void *rank_main(void *arg)
 	if (!j->rc)
 		j->rc = commit_part_wait(j->p, j->step, TMO);
 	if (j->rc)
-		snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error(NULL));
+		snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error());
 	free(ix);
 	return NULL;
 }
@@ -81,7 +81,7 @@ static void commit_world(uint32_t w)
 	struct commit_coord_opts o = { .manifest = m, .job_id = "rdma-job", .world = w,
 	                               .secret = "s3cret", .secret_len = 6, .transport = NET_RDMA,
 	                               .addr = addr, .port = 0, .timeout_ms = TMO };
-	ck_assert_msg(commit_coord_start(&o, &co) == 0, "coordinator: %s", ckpt_last_error(NULL));
+	ck_assert_msg(commit_coord_start(&o, &co) == 0, "coordinator: %s", ckpt_last_error());
 	struct commit_part **parts = calloc(w, sizeof *parts);
 	for (uint32_t r = 0; r < w; r++) {
 		struct commit_part_opts po = { .transport = NET_RDMA, .addr = addr,
@@ -89,7 +89,7 @@ static void commit_world(uint32_t w)
 		                               .rank = r, .world = w, .secret = "s3cret",
 		                               .secret_len = 6, .timeout_ms = TMO };
 		ck_assert_msg(commit_part_connect(&po, &parts[r]) == 0, "rank %u: %s", r,
-		              ckpt_last_error(NULL));
+		              ckpt_last_error());
 	}
 	struct rank_job *jobs = calloc(w, sizeof *jobs);
 	pthread_t *th = calloc(w, sizeof *th);
@@ -146,20 +146,20 @@ static void *connect_thread(void *p)
 {
 	struct connect_job *j = p;
 	j->rc = net_connect(NET_RDMA, addr, j->port, TMO, &j->c);
-	snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error(NULL));
+	snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error());
 	return NULL;
 }
 
 static void pair_open(struct pair *p)
 {
 	memset(p, 0, sizeof *p);
-	ck_assert_msg(net_listen(NET_RDMA, addr, 0, &p->l) == 0, "listen: %s", ckpt_last_error(NULL));
+	ck_assert_msg(net_listen(NET_RDMA, addr, 0, &p->l) == 0, "listen: %s", ckpt_last_error());
 	struct connect_job j = { .port = net_listener_port(p->l) };
 	pthread_t th;
 	ck_assert_int_eq(pthread_create(&th, NULL, connect_thread, &j), 0);
 	int rc = net_accept(p->l, TMO, &p->srv);
 	pthread_join(th, NULL);
-	ck_assert_msg(rc == 0, "accept: %s", ckpt_last_error(NULL));
+	ck_assert_msg(rc == 0, "accept: %s", ckpt_last_error());
 	ck_assert_msg(j.rc == 0, "connect: %s", j.msg);
 	p->cli = j.c;
 }
@@ -191,7 +191,7 @@ static void *send_thread(void *p)
 		free(buf);
 	}
 	if (j->rc)
-		snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error(NULL));
+		snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error());
 	return NULL;
 }
 
@@ -203,7 +203,7 @@ static void exchange(struct net_conn *from, struct net_conn *to, const size_t *s
 	for (size_t i = 0; i < n; i++) {
 		struct net_msg m;
 		int rc = net_recv(to, &m, TMO);
-		ck_assert_msg(rc == 0, "message %zu (%zu bytes): %s", i, sizes[i], ckpt_last_error(NULL));
+		ck_assert_msg(rc == 0, "message %zu (%zu bytes): %s", i, sizes[i], ckpt_last_error());
 		ck_assert_uint_eq(m.type, NET_MSG_USER_FIRST + i);
 		ck_assert_uint_eq(m.len, sizes[i]);
 		uint8_t *want = malloc(sizes[i] ? sizes[i] : 1);
@@ -251,8 +251,8 @@ START_TEST(both_directions_at_once)
 	ck_assert_int_eq(pthread_create(&tb, NULL, send_thread, &b), 0);
 	for (size_t i = 0; i < CKPT_ARRAY_SIZE(sizes); i++) {
 		struct net_msg ms, mc;
-		ck_assert_msg(net_recv(p.srv, &ms, TMO) == 0, "srv %zu: %s", i, ckpt_last_error(NULL));
-		ck_assert_msg(net_recv(p.cli, &mc, TMO) == 0, "cli %zu: %s", i, ckpt_last_error(NULL));
+		ck_assert_msg(net_recv(p.srv, &ms, TMO) == 0, "srv %zu: %s", i, ckpt_last_error());
+		ck_assert_msg(net_recv(p.cli, &mc, TMO) == 0, "cli %zu: %s", i, ckpt_last_error());
 		ck_assert_uint_eq(ms.len, sizes[i]);
 		ck_assert_uint_eq(mc.len, sizes[i]);
 		uint8_t *want = malloc(sizes[i]);
@@ -359,10 +359,10 @@ START_TEST(sender_dies_mid_transfer)
 	ck_assert_int_eq(write(port_pipe[1], &port, sizeof port), (ssize_t)sizeof port);
 	close(port_pipe[1]);
 	struct net_conn *s;
-	ck_assert_msg(net_accept(l, TMO, &s) == 0, "accept: %s", ckpt_last_error(NULL));
+	ck_assert_msg(net_accept(l, TMO, &s) == 0, "accept: %s", ckpt_last_error());
 	net_conn_set_max_msg(s, 128u << 20);
 	struct net_msg m;
-	ck_assert_msg(net_recv(s, &m, TMO) == 0, "first message: %s", ckpt_last_error(NULL));
+	ck_assert_msg(net_recv(s, &m, TMO) == 0, "first message: %s", ckpt_last_error());
 	ck_assert_uint_eq(m.len, 1000);
 	net_msg_free(&m);
 	/* 64 MiB take far longer than this under emulation, and on hardware the
@@ -373,13 +373,13 @@ START_TEST(sender_dies_mid_transfer)
 	uint64_t t0 = ckpt_now_ns();
 	int rc = net_recv(s, &m, 60000);
 	double ms = ms_since(t0);
-	ck_assert_msg(rc == -ECONNRESET, "recv: %d %s", rc, ckpt_last_error(NULL));
+	ck_assert_msg(rc == -ECONNRESET, "recv: %d %s", rc, ckpt_last_error());
 	ck_assert_ptr_null(m.payload);
-	ck_assert_msg(strstr(ckpt_last_error(NULL), "inside a message"), "message: %s",
-	              ckpt_last_error(NULL));
+	ck_assert_msg(strstr(ckpt_last_error(), "inside a message"), "message: %s",
+	              ckpt_last_error());
 	ck_assert_msg(ms < 30000, "the receiver took %.0f ms to notice", ms);
 	printf("sender_dies_mid_transfer: the receiver saw after %.0f ms: %s\n", ms,
-	       ckpt_last_error(NULL));
+	       ckpt_last_error());
 	ck_assert_int_eq(net_recv(s, &m, TMO), -ECONNRESET);   /* fails fast from now on */
 	int st;
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
@@ -404,12 +404,12 @@ int main(void)
 		struct net_listener *l;
 		int rc = net_listen(NET_RDMA, addr, 0, &l);
 		if (rc == CKPT_ENODEV) {
-			printf("SKIP: rdma not available here: %s\n", ckpt_last_error(NULL));
+			printf("SKIP: rdma not available here: %s\n", ckpt_last_error());
 			fflush(stdout);
 			_exit(77);
 		}
 		if (rc)
-			fprintf(stderr, "rdma listen on %s: %s\n", addr, ckpt_last_error(NULL));
+			fprintf(stderr, "rdma listen on %s: %s\n", addr, ckpt_last_error());
 		net_listener_close(l);
 		_exit(rc ? 1 : 0);
 	}

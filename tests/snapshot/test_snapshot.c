@@ -215,7 +215,7 @@ static ckpt_ctx *open_ctx(size_t chunk, size_t pool)
 	o.pool_bytes = pool;
 	o.queue_depth = 2;
 	ckpt_ctx *c = NULL;
-	ck_assert_msg(ckpt_open(&o, &c) == 0, "open %s: %s", root, ckpt_last_error(NULL));
+	ck_assert_msg(ckpt_open(&o, &c) == 0, "open %s: %s", root, ckpt_last_error());
 	return c;
 }
 
@@ -283,7 +283,7 @@ static int save_items(ckpt_ctx *c, uint64_t step, struct item *its, size_t n)
 static void check_items(ckpt_ctx *c, uint64_t step, struct item *its, size_t n, size_t chunk)
 {
 	ckpt_load *l;
-	ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "%s", ckpt_last_error());
 	ck_assert_int_eq(ckpt_load_count(l), (int)n);
 	for (size_t i = 0; i < n; i++) {
 		uint8_t *got = malloc(its[i].bytes + 1);
@@ -297,7 +297,7 @@ static void check_items(ckpt_ctx *c, uint64_t step, struct item *its, size_t n, 
 			rc = ckpt_load_tensor(l, its[i].name, its[i].dtype, its[i].ndim, NULL, NULL, got,
 			                      CKPT_MEM_AUTO);
 		}
-		ck_assert_msg(rc == 0, "%s: %s", its[i].name, ckpt_last_error(c));
+		ck_assert_msg(rc == 0, "%s: %s", its[i].name, ckpt_last_error());
 		ck_assert_msg(!memcmp(got, its[i].data, its[i].bytes), "%s differs (seed %llu)",
 		              its[i].name, (unsigned long long)tu_seed());
 		ck_assert_uint_eq(got[its[i].bytes], 0x5A);
@@ -340,7 +340,7 @@ START_TEST(pool_smaller_than_one_tensor)
 	item_make(&its[0], "big", CKPT_F32, 2, 333, 1031, 1);        /* ~21 chunks */
 	item_make(&its[1], "small", CKPT_BF16, 1, 7, 0, 2);
 	item_make(&its[2], "exact", CKPT_U8, 1, 2 * BUF, 0, 3);      /* two full chunks */
-	ck_assert_msg(save_items(c, 1, its, 3) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(save_items(c, 1, its, 3) == 0, "%s", ckpt_last_error());
 	ck_assert_uint_eq(io_pool_nfree(c->pool), io_pool_nbufs(c->pool));
 	check_items(c, 1, its, 3, BUF);
 	ckpt_close(c);
@@ -371,7 +371,7 @@ START_TEST(order_of_many_items)
 			its[i].dtype = CKPT_U8;
 		}
 	}
-	ck_assert_msg(save_items(c, 5, its, N) == 0, "%s", ckpt_last_error(c));
+	ck_assert_msg(save_items(c, 5, its, N) == 0, "%s", ckpt_last_error());
 	ck_assert_uint_eq(io_pool_nfree(c->pool), io_pool_nbufs(c->pool));
 	check_items(c, 5, its, N, BUF);
 	ckpt_close(c);
@@ -391,14 +391,14 @@ START_TEST(write_fails_mid_pipeline)
 	setenv("CKPT_FAULT", "after_chunk_write:3:eio", 1);
 	ckpt_fault_reload();
 	int rc = save_items(c, 2, big, 2);
-	ck_assert_msg(rc == -EIO, "rc %d (%s)", rc, ckpt_last_error(c));
+	ck_assert_msg(rc == -EIO, "rc %d (%s)", rc, ckpt_last_error());
 	unsetenv("CKPT_FAULT");
 	ckpt_fault_reload();
 	/* Every buffer is back: the pipe's, the writer's, the compressor's. */
 	ck_assert_uint_eq(io_pool_nfree(c->pool), io_pool_nbufs(c->pool));
-	uint64_t steps[4];
-	ck_assert_int_eq(ckpt_steps(c, steps, 4), 1);
-	ck_assert_uint_eq(steps[0], 1);
+	struct ckpt_step_info steps[4];
+	ck_assert_int_eq(ckpt_steps(c, 0, steps, 4, sizeof *steps), 1);
+	ck_assert_uint_eq(steps[0].step, 1);
 	check_items(c, 1, good, 1, BUF);
 	/* And the context still saves. */
 	ck_assert_int_eq(save_items(c, 3, big, 2), 0);
@@ -429,7 +429,7 @@ START_TEST(cuda_entry_points_without_device)
 	};
 	/* Refused when added, with the tensor's name, not half-way through the save. */
 	ck_assert_int_eq(ckpt_save_add_tensor(s, &t), CKPT_ENODEV);
-	ck_assert_msg(strstr(ckpt_last_error(c), "'d'"), "%s", ckpt_last_error(c));
+	ck_assert_msg(strstr(ckpt_last_error(), "'d'"), "%s", ckpt_last_error());
 	t.mem = CKPT_MEM_AUTO;
 	ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
 	struct CUevent_st *ev = (struct CUevent_st *)1;

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 #include "toolutil.h"
 
@@ -97,7 +98,7 @@ static int exit_for(int rc)
 static int fail(int rc, const char *what)
 {
 	/* The library's message already ends with the code's description. */
-	return tool_fail(exit_for(rc), rc, "%s: %s", what, ckpt_last_error(NULL));
+	return tool_fail(exit_for(rc), rc, "%s: %s", what, ckpt_last_error());
 }
 
 /* Where list, show and diff write their document: under --json a buffer, printed
@@ -215,11 +216,11 @@ static int parse_step(const char *s, uint64_t *step)
 	return 0;
 }
 
-static const char *state_name(const struct ckpt_catalog_step *s)
+static const char *state_name(const struct ckpt_step_info *s)
 {
 	if (!s->has_record)
 		return "unrecorded";
-	switch (s->info.state) {
+	switch (s->state) {
 	case CKPT_STATE_COMMITTED: return "committed";
 	case CKPT_STATE_ABORTED:   return "aborted";
 	case CKPT_STATE_INFLIGHT:  return "in-flight";
@@ -245,15 +246,15 @@ static int cmd_list(const struct args *a)
 	int rc = open_for(a, false, false, &c, &unwritable);
 	if (rc)
 		return -rc;
-	unsigned flags = a->all ? CKPT_CATALOG_ALL : 0;
-	struct ckpt_catalog_step *st = NULL;
-	int n = ckpt_catalog_steps(c, flags, NULL, 0);
+	unsigned flags = a->all ? CKPT_STEPS_ALL : 0;
+	struct ckpt_step_info *st = NULL;
+	int n = ckpt_steps(c, flags, NULL, 0, sizeof(struct ckpt_step_info));
 	if (n >= 0) {
 		/* Both calls return the count: a job that commits in between makes the
 		 * second larger than what was filled. */
 		int cap = n;
 		st = calloc((size_t)cap + 1, sizeof *st);
-		n = st ? ckpt_catalog_steps(c, flags, st, (size_t)cap) : -ENOMEM;
+		n = st ? ckpt_steps(c, flags, st, (size_t)cap, sizeof *st) : -ENOMEM;
 		if (n > cap)
 			n = cap;
 	}
@@ -276,17 +277,17 @@ static int cmd_list(const struct args *a)
 		tool_json_str(f, a->root);
 		fprintf(f, ",\"steps\":[");
 		for (int i = 0; i < n; i++) {
-			const struct ckpt_catalog_step *s = &st[i];
-			double ratio = s->info.stored_bytes ?
-				(double)s->info.logical_bytes / (double)s->info.stored_bytes : 0.0;
+			const struct ckpt_step_info *s = &st[i];
+			double ratio = s->stored_bytes ?
+				(double)s->logical_bytes / (double)s->stored_bytes : 0.0;
 			fprintf(f, "%s{\"step\":%" PRIu64 ",\"state\":\"%s\",\"trust\":\"%s\",\"world\":%u,"
 			        "\"tensors\":%u,\"logical_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64
 			        ",\"compression_ratio\":%.4f,\"commit_time\":\"%s\",\"commit_time_ns\":%" PRIu64
 			        ",\"has_record\":%s,\"has_dir\":%s,\"files\":%u,\"dir_bytes\":%" PRIu64 "}",
-			        i ? "," : "", s->info.step, state_name(s), trust_name(s->info.trust),
-			        s->info.world, s->info.ntensors, s->info.logical_bytes,
-			        s->info.stored_bytes, ratio, tool_time(s->info.commit_time_ns, t),
-			        s->info.commit_time_ns, s->has_record ? "true" : "false",
+			        i ? "," : "", s->step, state_name(s), trust_name(s->trust),
+			        s->world, s->ntensors, s->logical_bytes,
+			        s->stored_bytes, ratio, tool_time(s->commit_time_ns, t),
+			        s->commit_time_ns, s->has_record ? "true" : "false",
 			        s->has_dir ? "true" : "false", s->nfiles, s->dir_bytes);
 		}
 		fprintf(f, "]}\n");
@@ -294,24 +295,24 @@ static int cmd_list(const struct args *a)
 		fprintf(f, "%-20s %-9s %-9s %5s %7s %11s %11s %6s  %s\n", "STEP", "STATE", "TRUST",
 		        "WORLD", "TENSORS", "LOGICAL", "STORED", "RATIO", "COMMITTED (UTC)");
 		for (int i = 0; i < n; i++) {
-			const struct ckpt_catalog_step *s = &st[i];
-			bool committed = s->has_record && s->info.state == CKPT_STATE_COMMITTED;
+			const struct ckpt_step_info *s = &st[i];
+			bool committed = s->has_record && s->state == CKPT_STATE_COMMITTED;
 			if (committed)
 				fprintf(f, "%-20" PRIu64 " %-9s %-9s %5u %7u %11s %11s %6.3f  %s\n",
-				        s->info.step, state_name(s), trust_name(s->info.trust), s->info.world,
-				        s->info.ntensors, tool_bytes(s->info.logical_bytes, b1),
-				        tool_bytes(s->info.stored_bytes, b2),
-				        s->info.stored_bytes ? (double)s->info.logical_bytes /
-				        (double)s->info.stored_bytes : 0.0, tool_time(s->info.commit_time_ns, t));
+				        s->step, state_name(s), trust_name(s->trust), s->world,
+				        s->ntensors, tool_bytes(s->logical_bytes, b1),
+				        tool_bytes(s->stored_bytes, b2),
+				        s->stored_bytes ? (double)s->logical_bytes /
+				        (double)s->stored_bytes : 0.0, tool_time(s->commit_time_ns, t));
 			else {
 				char world[16];
-				snprintf(world, sizeof world, s->info.world ? "%u" : "-", s->info.world);
+				snprintf(world, sizeof world, s->world ? "%u" : "-", s->world);
 				fprintf(f, "%-20" PRIu64 " %-9s %-9s %5s %7s %11s %11s %6s  %s (%u file(s) on "
-				        "disk)\n", s->info.step, state_name(s), "-", world, "-", "-",
+				        "disk)\n", s->step, state_name(s), "-", world, "-", "-",
 				        tool_bytes(s->dir_bytes, b2), "-",
 				        !s->has_record ? "no record in the manifest: kept (rebuild --merge "
 				        "recovers it, gc --unrecorded removes it)" :
-				        s->info.state == CKPT_STATE_INFLIGHT ? "being saved now" : "not visible",
+				        s->state == CKPT_STATE_INFLIGHT ? "being saved now" : "not visible",
 				        s->nfiles);
 			}
 		}
@@ -344,13 +345,13 @@ static void hash_hex(const uint8_t h[16], char out[33])
 static int get_chunks(ckpt_load *l, unsigned i, struct ckpt_chunk_info **out, int *n)
 {
 	*out = NULL;
-	*n = ckpt_load_chunks(l, i, NULL, 0);
+	*n = ckpt_load_chunks(l, i, NULL, 0, sizeof(struct ckpt_chunk_info));
 	if (*n < 0)
 		return *n;
 	*out = calloc((size_t)*n + 1, sizeof **out);
 	if (!*out)
 		return -ENOMEM;
-	int got = ckpt_load_chunks(l, i, *out, (size_t)*n);
+	int got = ckpt_load_chunks(l, i, *out, (size_t)*n, sizeof(struct ckpt_chunk_info));
 	return got < 0 ? got : 0;
 }
 
@@ -395,7 +396,7 @@ static int cmd_show(const struct args *a)
 	}
 	FILE *f = d.f;
 	struct ckpt_step_info si;
-	ckpt_step_info(c, ckpt_load_step(l), &si);
+	ckpt_step_info(c, ckpt_load_step(l), &si, sizeof si);
 	int n = ckpt_load_count(l);
 	char b1[32], b2[32], t[32];
 	if (a->json) {
@@ -413,7 +414,7 @@ static int cmd_show(const struct args *a)
 	}
 	for (int i = 0; i < n && !rc; i++) {
 		struct ckpt_tensor_info ti;
-		if ((rc = ckpt_load_info(l, (unsigned)i, &ti)))
+		if ((rc = ckpt_load_info(l, (unsigned)i, &ti, sizeof ti)))
 			break;
 		struct ckpt_chunk_info *ch = NULL;
 		int nch = 0;
@@ -531,7 +532,7 @@ static void verify_one(const struct args *a, ckpt_ctx *c, uint64_t step, bool kn
 	}
 	tool_progress_end(&p);
 	out->rc = rc;
-	snprintf(out->msg, sizeof out->msg, "%s", rc ? (r ? ckpt_last_error(NULL) :
+	snprintf(out->msg, sizeof out->msg, "%s", rc ? (r ? ckpt_last_error() :
 	         "out of memory") : "");
 	const char *msg = out->msg;
 	char b[32];
@@ -604,14 +605,14 @@ static int cmd_verify(const struct args *a)
 		return -rc;
 	/* The steps to verify, by number: all committed ones, or the newest for latest,
 	 * so that the report names the step it verified even when the verify fails. */
-	uint64_t *steps = NULL;
+	struct ckpt_step_info *steps = NULL;
 	int n = 1;
 	bool known = step != CKPT_LATEST;
 	if (all || !known) {
-		n = ckpt_steps(c, NULL, 0);
+		n = ckpt_steps(c, 0, NULL, 0, sizeof *steps);
 		int cap = n;
 		steps = n >= 0 ? calloc((size_t)n + 1, sizeof *steps) : NULL;
-		if (n < 0 || !steps || (n = ckpt_steps(c, steps, (size_t)cap)) < 0) {
+		if (n < 0 || !steps || (n = ckpt_steps(c, 0, steps, (size_t)cap, sizeof *steps)) < 0) {
 			int x = fail(n < 0 ? n : -ENOMEM, "verify");
 			free(steps);
 			ckpt_close(c);
@@ -620,7 +621,7 @@ static int cmd_verify(const struct args *a)
 		if (n > cap)        /* the job committed more since the count */
 			n = cap;
 		if (!all && n > 0) {
-			step = steps[n - 1];
+			step = steps[n - 1].step;
 			known = true;
 		}
 		if (!all)
@@ -634,7 +635,7 @@ static int cmd_verify(const struct args *a)
 	char first_msg[1024] = "";
 	for (int i = 0; i < n; i++) {
 		struct verify_out out;
-		verify_one(a, c, all ? steps[i] : step, all || known, unwritable, i == 0, &out);
+		verify_one(a, c, all ? steps[i].step : step, all || known, unwritable, i == 0, &out);
 		if (out.rc) {
 			if (!nbad++)
 				snprintf(first_msg, sizeof first_msg, "%s", out.msg);
@@ -673,9 +674,9 @@ struct diff_side {
 static int diff_same(ckpt_load *l1, unsigned i1, ckpt_load *l2, unsigned i2, bool *same)
 {
 	struct ckpt_tensor_info a, b;
-	int rc = ckpt_load_info(l1, i1, &a);
+	int rc = ckpt_load_info(l1, i1, &a, sizeof a);
 	if (!rc)
-		rc = ckpt_load_info(l2, i2, &b);
+		rc = ckpt_load_info(l2, i2, &b, sizeof b);
 	if (rc)
 		return rc;
 	*same = a.kind == b.kind && a.dtype == b.dtype && a.policy == b.policy && a.ndim == b.ndim &&
@@ -734,9 +735,9 @@ static int cmd_diff(const struct args *a)
 	while (!rc && (i < n1 || j < n2)) {
 		struct ckpt_tensor_info x, y;
 		int cmp;
-		if (i < n1 && (rc = ckpt_load_info(l1, (unsigned)i, &x)))
+		if (i < n1 && (rc = ckpt_load_info(l1, (unsigned)i, &x, sizeof x)))
 			break;
-		if (j < n2 && (rc = ckpt_load_info(l2, (unsigned)j, &y)))
+		if (j < n2 && (rc = ckpt_load_info(l2, (unsigned)j, &y, sizeof y)))
 			break;
 		cmp = i >= n1 ? 1 : j >= n2 ? -1 : strcmp(x.name, y.name);
 		if (cmp < 0) {
@@ -847,7 +848,7 @@ static int cmd_gc(const struct args *a)
 		       r.steps_removed, r.bytes_freed, r.steps_kept, r.steps_unrecorded);
 		if (rc) {
 			char msg[1024];
-			snprintf(msg, sizeof msg, "gc: %s", ckpt_last_error(NULL));
+			snprintf(msg, sizeof msg, "gc: %s", ckpt_last_error());
 			tool_json_fail_fields(stdout, msg, rc, exit_for(rc));
 		}
 		printf("}\n");
@@ -920,7 +921,7 @@ static int cmd_rebuild(const struct args *a)
 		       r.steps_present, r.steps_unproven);
 		if (rc) {
 			char msg[1024];
-			snprintf(msg, sizeof msg, "rebuild: %s", ckpt_last_error(NULL));
+			snprintf(msg, sizeof msg, "rebuild: %s", ckpt_last_error());
 			tool_json_fail_fields(stdout, msg, rc, exit_for(rc));
 		}
 		printf("}\n");

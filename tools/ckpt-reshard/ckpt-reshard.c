@@ -42,6 +42,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ckpt/catalog.h"
 #include "reshard.h"
 #include "toolutil.h"
 
@@ -130,7 +131,7 @@ int reshard_open_source(const struct reshard_args *a, ckpt_ctx **c)
 	}
 	int rc = open_ctx(a->root, 0, 1, CKPT_OPEN_READONLY, a, c);
 	if (rc)
-		return tool_fail(reshard_exit_for(rc), rc, "%s", ckpt_last_error(NULL));
+		return tool_fail(reshard_exit_for(rc), rc, "%s", ckpt_last_error());
 	return 0;
 }
 
@@ -186,7 +187,7 @@ static int plan_build(ckpt_load *l, struct plan *p, uint32_t src_world)
 	p->src_step = ckpt_load_step(l);
 	for (int i = 0; i < n; i++) {
 		struct item *it = &p->items[p->n];
-		int rc = ckpt_load_info(l, (unsigned)i, &it->ti);
+		int rc = ckpt_load_info(l, (unsigned)i, &it->ti, sizeof it->ti);
 		if (rc)
 			return rc;
 		if (!(it->name = strdup(it->ti.name)))
@@ -194,13 +195,13 @@ static int plan_build(ckpt_load *l, struct plan *p, uint32_t src_world)
 		it->ti.name = it->name;
 		p->n++;
 		it->blob = ckpt_load_is_blob(l, (unsigned)i) == 1;
-		int nch = ckpt_load_chunks(l, (unsigned)i, NULL, 0);
+		int nch = ckpt_load_chunks(l, (unsigned)i, NULL, 0, sizeof(struct ckpt_chunk_info));
 		if (nch < 0)
 			return nch;
 		struct ckpt_chunk_info *ch = calloc((size_t)nch + 1, sizeof *ch);
 		if (!ch)
 			return -ENOMEM;
-		ckpt_load_chunks(l, (unsigned)i, ch, (size_t)nch);
+		ckpt_load_chunks(l, (unsigned)i, ch, (size_t)nch, sizeof(struct ckpt_chunk_info));
 		for (int k = 0; k < nch; k++)
 			if (ch[k].raw_len > p->max_chunk)
 				p->max_chunk = ch[k].raw_len;
@@ -451,7 +452,7 @@ static void *prefetch_main(void *arg)
 		if (sl->rc && !f->err[0])
 			snprintf(f->err, sizeof f->err, "read the source: %s",
 			         sl->rc == -ENOMEM ? "out of memory for the read-ahead" :
-			         ckpt_last_error(NULL));
+			         ckpt_last_error());
 		f->made++;
 		pthread_cond_broadcast(&f->cv);
 		pthread_mutex_unlock(&f->lock);
@@ -684,7 +685,7 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 	prefetch_stop(&shared);
 	if (rc)
 		snprintf(rep->msg, sizeof rep->msg, "rank %u: %s: %s", r, stage,
-		         shared.err[0] ? shared.err : ckpt_last_error(NULL));
+		         shared.err[0] ? shared.err : ckpt_last_error());
 	ckpt_save_free(s);
 	free(shared.scratch);
 	free(fs);
@@ -785,11 +786,11 @@ static int preflight(const struct reshard_args *a, const struct plan *p)
 				return x;
 		} else if (rc) {
 			return tool_fail(reshard_exit_for(rc), rc, "--out %s: %s", a->out,
-			                 ckpt_last_error(NULL));
+			                 ckpt_last_error());
 		} else {
 			struct ckpt_step_info si;
 			uint64_t s2 = a->have_out_step ? a->out_step : p->src_step;
-			rc = ckpt_step_info(c, s2, &si);
+			rc = ckpt_step_info(c, s2, &si, sizeof si);
 			ckpt_close(c);
 			if (rc == 0 && si.state == CKPT_STATE_COMMITTED)
 				return tool_fail(RX_EXISTS, -EEXIST, "%s already holds step %" PRIu64 "; choose "
@@ -811,12 +812,12 @@ static int run_reshard(struct reshard_args *a)
 	int rc = ckpt_load_open(c, a->latest ? CKPT_LATEST : a->step, &l);
 	struct ckpt_step_info si;
 	if (!rc)
-		rc = ckpt_step_info(c, ckpt_load_step(l), &si);
+		rc = ckpt_step_info(c, ckpt_load_step(l), &si, sizeof si);
 	if (!rc)
 		rc = plan_build(l, &p, si.world);
 	char msg[1024];
 	snprintf(msg, sizeof msg, "%s", rc == -ENOMEM ? "out of memory for the plan" :
-	         ckpt_last_error(NULL));
+	         ckpt_last_error());
 	/* No context may be open across fork (the manifest and io_uring do not survive it). */
 	ckpt_load_close(l);
 	ckpt_close(c);

@@ -93,7 +93,7 @@ static int st_stream(ckpt_load *l, const struct st_item *it, FILE *f, const char
 		}
 		int rc = ckpt_load_tensor(l, t->name, t->dtype, t->ndim, off, ext, *buf, CKPT_MEM_HOST);
 		if (rc)
-			return tool_fail(reshard_exit_for(rc), rc, "export: %s", ckpt_last_error(NULL));
+			return tool_fail(reshard_exit_for(rc), rc, "export: %s", ckpt_last_error());
 		if (st_write_all(f, *buf, (size_t)(k * row), path))
 			return -1;
 		*done += k * row;
@@ -121,14 +121,14 @@ int reshard_export_safetensors(const struct reshard_args *a)
 		goto out;
 	int rc = ckpt_load_open(c, a->latest ? CKPT_LATEST : a->step, &l);
 	if (rc) {
-		x = tool_fail(reshard_exit_for(rc), rc, "%s", ckpt_last_error(NULL));
+		x = tool_fail(reshard_exit_for(rc), rc, "%s", ckpt_last_error());
 		goto out;
 	}
 	int n = ckpt_load_count(l);
 	items = n >= 0 ? calloc((size_t)n + 1, sizeof *items) : NULL;
 	if (!items) {
 		x = tool_fail(RX_FAIL, n < 0 ? n : -ENOMEM, "export: the step's catalog: %s",
-		              n < 0 ? ckpt_last_error(NULL) : "out of memory");
+		              n < 0 ? ckpt_last_error() : "out of memory");
 		goto out;
 	}
 	size_t ni = 0, nskip = 0;
@@ -137,8 +137,8 @@ int reshard_export_safetensors(const struct reshard_args *a)
 	 * is a tensor of the exported model; both are reported as skipped. */
 	for (int i = 0; i < n; i++) {
 		struct st_item *it = &items[ni];
-		if ((rc = ckpt_load_info(l, (unsigned)i, &it->ti))) {
-			x = tool_fail(RX_FAIL, rc, "export: %s", ckpt_last_error(NULL));
+		if ((rc = ckpt_load_info(l, (unsigned)i, &it->ti, sizeof it->ti))) {
+			x = tool_fail(RX_FAIL, rc, "export: %s", ckpt_last_error());
 			goto out;
 		}
 		bool skip = ckpt_load_is_blob(l, (unsigned)i) != 0 || it->ti.policy == CKPT_RANK_BOUND ||

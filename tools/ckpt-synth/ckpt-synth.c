@@ -226,7 +226,7 @@ static int save_rank(const struct args *a, int rank, int world, struct rank_resu
 	res->tensors = m.n + 2;
 out_free:
 	if (rc && !res->msg[0])
-		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error(c));
+		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error());
 	ckpt_save_free(s);
 	for (size_t i = 0; bufs && i < m.n; i++)
 		free(bufs[i]);
@@ -354,7 +354,7 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 	res->tensors++;
 	res->verified_bytes += len;
 	struct ckpt_step_info info;
-	if ((rc = ckpt_step_info(c, res->step, &info)))
+	if ((rc = ckpt_step_info(c, res->step, &info, sizeof info)))
 		goto out;
 	wlen = synth_blob_rng(&m, (unsigned)rank, want, sizeof want);
 	rc = ckpt_load_blob(l, "rng", got, sizeof got, &len);
@@ -388,7 +388,7 @@ out:
 	while (passes < 2)
 		load_barrier(a, &passes);
 	if (rc && !res->msg[0])
-		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error(c));
+		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error());
 	if (rc && !res->msg[0])
 		snprintf(res->msg, sizeof res->msg, "%s", ckpt_strerror(rc));
 	ckpt_load_close(l);
