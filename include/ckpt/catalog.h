@@ -68,6 +68,7 @@ struct ckpt_verify_opts {
 	void            *arg;
 	/* append only */
 };
+/* Fill *o with defaults. size must be sizeof *o as the caller knows it. */
 CKPT_API void ckpt_verify_opts_init(struct ckpt_verify_opts *o, size_t size);
 
 struct ckpt_verify_result {
@@ -116,6 +117,7 @@ enum ckpt_gc_reason {
 	                                 and its files */
 	CKPT_GC_RETENTION,            /* a committed step outside the retention rule */
 };
+/* "orphan", "aborted", "retention", or "?". */
 CKPT_API const char *ckpt_gc_reason_name(int reason);
 
 /* One step that gc removes (or, in a dry run, would remove). */
@@ -140,6 +142,7 @@ struct ckpt_gc_opts {
 	void    *arg;
 	/* append only */
 };
+/* Fill *o with defaults. size must be sizeof *o as the caller knows it. */
 CKPT_API void ckpt_gc_opts_init(struct ckpt_gc_opts *o, size_t size);
 
 struct ckpt_gc_result {

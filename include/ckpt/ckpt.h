@@ -114,6 +114,7 @@ enum ckpt_kind {
 	CKPT_KIND_MODEL = 1, CKPT_KIND_OPTIMIZER, CKPT_KIND_RNG, CKPT_KIND_SCHEDULER,
 	CKPT_KIND_EXTRA, CKPT_KIND_MAX_ = CKPT_KIND_EXTRA
 };
+/* "model", "optimizer", "rng", "scheduler", "extra", or "?" for an unknown kind. */
 CKPT_API const char *ckpt_kind_name(int kind);
 
 enum ckpt_policy {
@@ -122,6 +123,7 @@ enum ckpt_policy {
 	CKPT_RANK_BOUND,     /* each rank its own value; loads only for the same rank and world */
 	CKPT_POLICY_MAX_ = CKPT_RANK_BOUND
 };
+/* "sharded", "replicated", "rank-bound", or "?" for an unknown policy. */
 CKPT_API const char *ckpt_policy_name(int policy);
 
 enum ckpt_mem { CKPT_MEM_AUTO = 0, CKPT_MEM_HOST, CKPT_MEM_DEVICE };

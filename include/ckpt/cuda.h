@@ -70,8 +70,8 @@ extern "C" {
 #endif
 
 /* 1 if c copies device memory (built with CUDA, and a device was found at
- * ckpt_open), 0 if it works on host memory only, -EINVAL if c is NULL.
- * Any thread. */
+ * ckpt_open), 0 if it works on host memory only. No error but the -EINVAL rule of
+ * ckpt.h. Any thread. */
 CKPT_API int ckpt_cuda_available(const ckpt_ctx *c);
 
 /*
@@ -87,7 +87,7 @@ CKPT_API int ckpt_cuda_available(const ckpt_ctx *c);
  * submit has returned). A save without device tensors records nothing; in a context
  * without a CUDA device, or a libckpt built without CUDA, the call is accepted and
  * has no effect.
- * Errors: -EINVAL (s NULL), CKPT_ESTATE (already submitted).
+ * Errors: CKPT_ESTATE (already submitted).
  * Thread: the save's thread (ckpt_save rules); the record at submit happens in the
  * thread that calls ckpt_save_submit.
  */
@@ -100,9 +100,10 @@ CKPT_API int ckpt_save_set_stream(ckpt_save *s, cudaStream_t stream);
  * when the state fits in the pool). The event belongs to s (valid until
  * ckpt_save_free). For a save of host memory only, the event is recorded after the
  * host copies and is already complete.
- * Errors: -EINVAL (NULL argument), CKPT_ESTATE (not submitted), CKPT_ENODEV (no
- * CUDA device in this context, or libckpt built without CUDA), or the save's own
- * failure if it failed before every copy was issued. *ev is NULL on error.
+ * Errors: CKPT_ESTATE (not submitted; or the save ended without issuing its copies
+ * and without a failure of its own), CKPT_ENODEV (no CUDA device in this context, or
+ * libckpt built without CUDA), or the save's own failure (as ckpt_save_wait) if it
+ * failed before every copy was issued. *ev is NULL on error.
  * Thread: the save's thread (ckpt_save rules).
  */
 CKPT_API int ckpt_save_snapshot_event(ckpt_save *s, cudaEvent_t *ev);
