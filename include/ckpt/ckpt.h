@@ -192,8 +192,9 @@ enum ckpt_gds {
 enum ckpt_open_flags {
 	CKPT_OPEN_READONLY = 1u << 0, /* tools: no saves, manifest opened read-only, no coordinator */
 	CKPT_OPEN_NO_GC    = 1u << 1, /* the coordinator skips garbage collection at open */
-	CKPT_OPEN_RECOVER  = 1u << 2, /* for ckpt_catalog_rebuild: open a root whose manifest is
-	                               * missing or damaged (see ckpt_open); implies NO_GC */
+	CKPT_OPEN_RECOVER  = 1u << 2, /* for ckpt_catalog_rebuild (ckpt/catalog.h): open a
+	                               * root whose manifest is missing or damaged (see
+	                               * ckpt_open); implies NO_GC */
 	CKPT_OPEN_GROUP_ACCESS = 1u << 3, /* create files 0640 and directories 0750, so that
 	                               * the group can read checkpoints (default: 0600 and
 	                               * 0700, or CKPT_GROUP_ACCESS=1) */
