@@ -737,6 +737,7 @@ int ckpt_load_blob(ckpt_load *l, const char *name, void *dst, size_t cap, size_t
 {
 	if (!l || !name)
 		return ckpt_err(-EINVAL, "ckpt_load_blob: NULL argument");
+	CKPT_LOG_SCOPE(&l->ctx->log, l->rec.step);
 	return load_blob(l, name, -1, dst, cap, len);
 }
 
@@ -747,6 +748,7 @@ int ckpt_load_blob_rank(ckpt_load *l, const char *name, int saved_rank, void *ds
 		return ckpt_err(-EINVAL, "ckpt_load_blob_rank: NULL argument");
 	if (saved_rank < 0)
 		return ckpt_err(-EINVAL, "blob '%s': saved rank %d is not a rank", name, saved_rank);
+	CKPT_LOG_SCOPE(&l->ctx->log, l->rec.step);
 	return load_blob(l, name, saved_rank, dst, cap, len);
 }
 
