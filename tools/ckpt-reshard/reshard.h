@@ -1,6 +1,11 @@
 /*
- * reshard.h — the parts of ckpt-reshard shared between its two jobs: the parsed
- * command line and the safetensors export (safetensors.c).
+ * reshard.h — what the parts of ckpt-reshard share: the parsed command line, the
+ * exit codes, opening a root (source.c), and the entry point of each job, called by
+ * main (ckpt-reshard.c) only: the reshard (ranks.c, with plan.c and readahead.c),
+ * the safetensors export and import (st_export.c, st_import.c).
+ *
+ * The dependencies run one way: main -> the jobs -> source.c and toolutil; no job
+ * calls into main or into another job.
  */
 #ifndef CKPT_RESHARD_H
 #define CKPT_RESHARD_H
@@ -30,9 +35,16 @@ struct reshard_args {
 
 /* Exit code for a library error code. */
 int reshard_exit_for(int rc);
-/* Open root read-only as rank 0 of 1 (tools' context). */
+/* ckpt_open root as rank of world with flags, with the output options of a (chunk,
+ * compression, coordinator, job id; --pool for both): a library error code. */
+int reshard_open_ctx(const char *root, int rank, int world, unsigned flags,
+                     const struct reshard_args *a, ckpt_ctx **c);
+/* Open a->root read-only as rank 0 of 1; reports its failure (tool_fail) and returns
+ * the exit code, 0 on success. */
 int reshard_open_source(const struct reshard_args *a, ckpt_ctx **c);
-/* --export-safetensors: returns an exit code. */
-int reshard_export_safetensors(const struct reshard_args *a);
+
+/* The jobs; each returns an exit code, having reported any failure. */
+int reshard_run(struct reshard_args *a);                         /* --world N --out */
+int reshard_export_safetensors(const struct reshard_args *a);   /* --export-safetensors */
 
 #endif
