@@ -5,8 +5,11 @@
  *   ckpt-reshard ROOT STEP|latest --world N --out ROOT2 [--step S2] [--chunk SIZE]
  *                [--compress none|zstd[:L]] [--pool SIZE] [--rank-map LIST |
  *                --drop-rank-bound] [--port P] [--quiet] [--json]
- *   ckpt-reshard ROOT STEP|latest --export-safetensors FILE [--kind KIND]
+ *   ckpt-reshard ROOT STEP|latest --export-safetensors DIR [--max-shard-size SIZE]
+ *                [--kind LIST] [--name-map FILE] [--dtype bf16|fp16|fp32]
  *                [--buffer SIZE] [--quiet] [--json]
+ *   ckpt-reshard ROOT --import-safetensors PATH --step S [--name-map FILE]
+ *                [--chunk SIZE] [--compress C] [--pool SIZE] [--quiet] [--json]
  *
  * Writing N shard files means N ranks saving: the tool forks N rank processes (rank
  * r of world N, the environment a launcher would give), each of which loads its new
@@ -34,6 +37,7 @@
 #include <string.h>
 
 #include "reshard.h"
+#include "st.h"
 #include "toolutil.h"
 
 static void usage(FILE *f)
@@ -42,13 +46,17 @@ static void usage(FILE *f)
 	"usage: ckpt-reshard ROOT STEP|latest --world N --out ROOT2 [--step S2] [--chunk SIZE]\n"
 	"                    [--compress none|zstd[:L]] [--pool SIZE]\n"
 	"                    [--rank-map LIST | --drop-rank-bound] [--port P] [--quiet] [--json]\n"
-	"       ckpt-reshard ROOT STEP|latest --export-safetensors FILE [--kind KIND]\n"
+	"       ckpt-reshard ROOT STEP|latest --export-safetensors DIR [--max-shard-size SIZE]\n"
+	"                    [--kind LIST] [--name-map FILE] [--dtype bf16|fp16|fp32]\n"
 	"                    [--buffer SIZE] [--quiet] [--json]\n"
+	"       ckpt-reshard ROOT --import-safetensors PATH --step S [--name-map FILE]\n"
+	"                    [--chunk SIZE] [--compress C] [--pool SIZE] [--quiet] [--json]\n"
 	"\n"
 	"  --world N              new number of ranks; every sharded tensor is split evenly\n"
 	"                         along its first dimension (one shard file per new rank)\n"
 	"  --out ROOT2            output checkpoint root (another root than ROOT)\n"
-	"  --step S2              step number in ROOT2 (default: the source step)\n"
+	"  --step S2              step number in ROOT2 (default: the source step); the step\n"
+	"                         to create with --import-safetensors (required there)\n"
 	"  --chunk SIZE           chunk size of the output (default: the source's largest chunk,\n"
 	"                         so that the same bytes keep the same chunk hashes)\n"
 	"  --compress C           none (default) or zstd[:LEVEL]\n"
@@ -60,9 +68,20 @@ static void usage(FILE *f)
 	"  --drop-rank-bound      leave rank-bound items out of the output\n"
 	"  --port P               commit coordinator port for the N rank processes (default: a\n"
 	"                         free one)\n"
-	"  --export-safetensors FILE  write the consolidated tensors to one safetensors file\n"
-	"  --kind KIND            export only tensors of one kind: model, optimizer, rng,\n"
-	"                         scheduler, extra (default: all)\n"
+	"  --export-safetensors DIR  write the consolidated tensors as Hugging Face does:\n"
+	"                         model.safetensors or model-0000i-of-0000N.safetensors, and\n"
+	"                         model.safetensors.index.json\n"
+	"  --max-shard-size SIZE  data per file, Hugging Face units: 5GB (default), 500MB,\n"
+	"                         10KiB, or bytes; a larger tensor gets a file of its own\n"
+	"  --kind LIST            kinds to export, comma-separated: model (default), optimizer,\n"
+	"                         rng, scheduler, extra, or all\n"
+	"  --name-map FILE        JSON object {checkpoint name: Hugging Face name}; wins over\n"
+	"                         the rule (drop a model tensor's \"model/\", then '/' -> '.');\n"
+	"                         read backwards by --import-safetensors\n"
+	"  --dtype T              cast floating tensors to bf16, fp16 or fp32 (nearest, ties\n"
+	"                         to even); others are written as they are\n"
+	"  --import-safetensors PATH  create step --step in ROOT from a safetensors file or a\n"
+	"                         Hugging Face model directory (tensors become model/NAME)\n"
 	"  --buffer SIZE          export read buffer (default 64M; at least one row of a tensor)\n"
 	"  --quiet                no progress display\n"
 	"  --json                 one JSON document on stdout, also on failure\n"
@@ -72,7 +91,8 @@ static void usage(FILE *f)
 	"exit status: 0 ok; 1 failure; 2 usage; 3 no such step; 4 not a checkpoint root;\n"
 	"5 the output root already holds the step; 6 N does not fit a tensor's first\n"
 	"dimension; 7 rank-bound items without --rank-map or --drop-rank-bound; 8 saving with\n"
-	"N ranks is not available in this build. See docs/ckpt-reshard.md.\n");
+	"N ranks is not available in this build; safetensors: 9 header, 10 tensor entry,\n"
+	"11 offsets, 12 index, 13 names. See docs/ckpt-reshard.md.\n");
 }
 
 static int parse_rank_map(struct reshard_args *a, const char *s)
@@ -101,6 +121,32 @@ static int parse_rank_map(struct reshard_args *a, const char *s)
 	return i == n ? (int)n : -1;
 }
 
+/* --kind LIST: comma-separated kind names, or "all". 0 or -1. */
+static int parse_kinds(struct reshard_args *a, const char *s)
+{
+	static const char *kinds[] = { "model", "optimizer", "rng", "scheduler", "extra" };
+	a->kinds = 0;
+	if (!strcmp(s, "all")) {
+		for (int k = 0; k < 5; k++)
+			a->kinds |= 1u << (k + 1);
+		return 0;
+	}
+	const char *p = s;
+	for (;;) {
+		size_t len = strcspn(p, ",");
+		int found = 0;
+		for (int k = 0; k < 5; k++)
+			if (strlen(kinds[k]) == len && !strncmp(p, kinds[k], len))
+				found = k + 1;
+		if (!found)
+			return -1;
+		a->kinds |= 1u << found;
+		if (!p[len])
+			return 0;
+		p += len + 1;
+	}
+}
+
 int main(int argc, char **argv)
 {
 	tool_init("ckpt-reshard", NULL);
@@ -120,13 +166,17 @@ int main(int argc, char **argv)
 		{ "port", required_argument, 0, 'p' },
 		{ "export-safetensors", required_argument, 0, 'e' }, { "kind", required_argument, 0, 'k' },
 		{ "buffer", required_argument, 0, 'b' }, { "quiet", no_argument, 0, 'q' },
+		{ "import-safetensors", required_argument, 0, 'I' },
+		{ "max-shard-size", required_argument, 0, 'M' },
+		{ "name-map", required_argument, 0, 'n' }, { "dtype", required_argument, 0, 't' },
 		{ "json", no_argument, 0, 'j' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	/* --json anywhere: every error, usage errors included, is then a JSON object, whose
 	 * op says which job was asked for. */
 	a.json = tool_scan_has(argc, argv, 1, opts, 'j');
 	tool_set_json(a.json);
-	tool_set_op(tool_scan_has(argc, argv, 1, opts, 'e') ? "export" : "reshard");
+	tool_set_op(tool_scan_has(argc, argv, 1, opts, 'e') ? "export" :
+	            tool_scan_has(argc, argv, 1, opts, 'I') ? "import" : "reshard");
 	const char *pos[2];
 	int npos = 0, ch;
 	bool have_world = false, have_pool = false, compress = false;
@@ -177,18 +227,25 @@ int main(int argc, char **argv)
 				return tool_usage("--port '%s': a port from 1 to 65535", optarg);
 			a.port = (unsigned)v;
 			break;
-		case 'e': a.export_file = optarg; break;
-		case 'k': {
-			static const char *kinds[] = { "model", "optimizer", "rng", "scheduler", "extra" };
-			a.kind = 0;
-			for (int k = 0; k < 5; k++)
-				if (!strcmp(optarg, kinds[k]))
-					a.kind = k + 1;
-			if (!a.kind)
-				return tool_usage("--kind '%s': model, optimizer, rng, scheduler or extra",
-				                  optarg);
+		case 'e': a.export_dir = optarg; break;
+		case 'I': a.import_path = optarg; break;
+		case 'n': a.name_map = optarg; break;
+		case 'M':
+			if (st_parse_shard_size(optarg, &a.max_shard))
+				return tool_usage("--max-shard-size '%s': bytes, or a number with KB, MB, GB, "
+				                  "TB (powers of 1000) or KiB, MiB, GiB, TiB", optarg);
 			break;
-		}
+		case 't':
+			a.cast = !strcmp(optarg, "bf16") ? CKPT_BF16 : !strcmp(optarg, "fp16") ? CKPT_F16 :
+			         !strcmp(optarg, "fp32") ? CKPT_F32 : 0;
+			if (!a.cast)
+				return tool_usage("--dtype '%s': bf16, fp16 or fp32", optarg);
+			break;
+		case 'k':
+			if (parse_kinds(&a, optarg))
+				return tool_usage("--kind '%s': comma-separated model, optimizer, rng, "
+				                  "scheduler, extra, or all", optarg);
+			break;
 		case 'q': a.quiet = true; break;
 		case 'j': a.json = true; break;
 		case '?':
@@ -204,6 +261,22 @@ int main(int argc, char **argv)
 		}
 		pos[npos++] = argv[optind];
 	}
+	if (a.import_path) {
+		if (a.export_dir || have_world || a.out || map || a.drop_rank_bound || a.port ||
+		    a.kinds || a.buffer || a.max_shard || a.cast)
+			return tool_usage("--import-safetensors does not combine with --export-safetensors, "
+			                  "--world, --out, --rank-map, --drop-rank-bound, --port, --kind, "
+			                  "--buffer, --max-shard-size or --dtype");
+		if (npos != 1)
+			return tool_usage("--import-safetensors takes ROOT only (the step is --step S)");
+		if (!a.have_out_step)
+			return tool_usage("--import-safetensors needs --step S, the step to create");
+		if (a.chunk && have_pool && a.pool < 2 * a.chunk)
+			return tool_usage("--pool %" PRIu64 " is smaller than two chunks of --chunk %" PRIu64,
+			                  a.pool, a.chunk);
+		a.root = pos[0];
+		return reshard_import_safetensors(&a);
+	}
 	if (npos != 2) {
 		usage(stderr);
 		return tool_usage("ROOT and STEP are required");
@@ -216,7 +289,7 @@ int main(int argc, char **argv)
 		return tool_usage("'%s' is not a step (a number from 0 to %" PRIu64 ", or latest)",
 		                  tool_quote(pos[1], q, sizeof q), (uint64_t)CKPT_LATEST - 1);
 	}
-	if (a.export_file) {
+	if (a.export_dir) {
 		/* Options of the reshard job would be ignored here: refused instead. */
 		if (have_world || a.out || map || a.drop_rank_bound || a.have_out_step || a.chunk ||
 		    a.port || compress)
@@ -228,10 +301,13 @@ int main(int argc, char **argv)
 	if (!have_world || !a.out)
 		return tool_usage("--world N and --out ROOT2 are required (or --export-safetensors "
 		                  "FILE)");
-	if (a.kind)
+	if (a.kinds)
 		return tool_usage("--kind applies to --export-safetensors only");
 	if (a.buffer)
 		return tool_usage("--buffer applies to --export-safetensors only");
+	if (a.max_shard || a.cast || a.name_map)
+		return tool_usage("--max-shard-size, --dtype and --name-map apply to "
+		                  "--export-safetensors and --import-safetensors only");
 	if (map && a.drop_rank_bound)
 		return tool_usage("--rank-map and --drop-rank-bound exclude each other");
 	if (a.chunk && have_pool && a.pool < 2 * a.chunk)

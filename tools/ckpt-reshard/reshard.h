@@ -18,14 +18,23 @@
 enum reshard_exit {
 	RX_OK = 0, RX_FAIL = 1, RX_USAGE = 2, RX_NOSTEP = 3, RX_NOTROOT = 4, RX_EXISTS = 5,
 	RX_WORLD = 6, RX_RANKBOUND = 7, RX_NODEV = 8,
+	/* safetensors input (import) and names (both directions) */
+	RX_HEADER = 9,      /* header length, JSON, UTF-8, duplicate keys, __metadata__ */
+	RX_TENSOR = 10,     /* a tensor's entry: dtype, shape, size against its offsets */
+	RX_OFFSETS = 11,    /* offsets outside the data, overlapping, or leaving a gap */
+	RX_INDEX = 12,      /* the index json: malformed, a file outside the directory or
+	                     * missing, a tensor not where it says */
+	RX_NAME = 13,       /* a name that is not valid, or two sources for one name */
 };
 
 struct reshard_args {
-	const char *root, *out, *export_file;
+	const char *root, *out, *export_dir, *import_path, *name_map;
 	uint64_t    step, out_step;
 	bool        latest, have_out_step, json, quiet, drop_rank_bound;
 	unsigned    world;
-	int         kind;              /* 0: all kinds */
+	unsigned    kinds;             /* export: bit (1 << kind) per kind; 0: model only */
+	int         cast;              /* export --dtype: 0, CKPT_BF16, CKPT_F16, CKPT_F32 */
+	uint64_t    max_shard;         /* export --max-shard-size (0: 5 GB) */
 	int        *rank_map;          /* world entries, -1: none; NULL: no map */
 	uint64_t    chunk, pool, buffer;
 	int         zstd_level;
@@ -46,5 +55,6 @@ int reshard_open_source(const struct reshard_args *a, ckpt_ctx **c);
 /* The jobs; each returns an exit code, having reported any failure. */
 int reshard_run(struct reshard_args *a);                         /* --world N --out */
 int reshard_export_safetensors(const struct reshard_args *a);   /* --export-safetensors */
+int reshard_import_safetensors(const struct reshard_args *a);   /* --import-safetensors */
 
 #endif
