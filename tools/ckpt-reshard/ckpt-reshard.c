@@ -86,6 +86,7 @@ static void usage(FILE *f)
 	"  --quiet                no progress display\n"
 	"  --json                 one JSON document on stdout, also on failure\n"
 	"  --help                 this text\n"
+	"  --version              print the version and exit\n"
 	"SIZE takes K, M, G, T suffixes.\n"
 	"\n"
 	"exit status: 0 ok; 1 failure; 2 usage; 3 no such step; 4 not a checkpoint root;\n"
@@ -150,6 +151,7 @@ static int parse_kinds(struct reshard_args *a, const char *s)
 int main(int argc, char **argv)
 {
 	tool_init("ckpt-reshard", NULL);
+	tool_version(argc, argv);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);
