@@ -118,8 +118,24 @@ def validate(d, limit=None):
                 x = sf.get_tensor(k)
                 raw = x.contiguous().view(torch.uint8).numpy().tobytes() if x.numel() else b""
                 assert raw == t[k][2] and list(x.shape) == t[k][1], k
-    print(f"{d}: {len(files)} file(s), {len(t)} tensors valid (own validator and the "
-          "safetensors library)")
+    # As transformers loads a sharded checkpoint: the index names the files, each file
+    # is read whole with safetensors.torch.load_file, the union is the state dict.
+    from safetensors.torch import load_file
+    state = {}
+    for f in sorted(set(wm.values())):
+        part = load_file(os.path.join(d, f))
+        assert not set(part) & set(state), f
+        state.update(part)
+    assert set(state) == set(wm), set(state) ^ set(wm)
+    try:
+        from transformers.modeling_utils import load_state_dict
+        for f in files:
+            assert set(load_state_dict(os.path.join(d, f))) == {k for k in wm if wm[k] == f}, f
+        how = "transformers' load_state_dict"
+    except ImportError:
+        how = "transformers is not importable"
+    print(f"{d}: {len(files)} file(s), {len(t)} tensors valid (own validator, the "
+          f"safetensors library, the index loaded shard by shard; {how})")
 
 
 def same(d1, d2):

@@ -10,7 +10,8 @@
 set -u
 synth=$1 inspect=$2 reshard=$3
 here=$(cd "$(dirname "$0")" && pwd)
-py=/usr/bin/python3 chk=$here/st_check.py
+# CKPT_PYTHON: an interpreter with numpy (and, where installed, torch and safetensors).
+py=${CKPT_PYTHON:-/usr/bin/python3} chk=$here/st_check.py
 "$py" -c 'import numpy' 2>/dev/null || { echo "SKIP: numpy is missing for $py (scripts/deps.sh installs python3-numpy)"; exit 77; }
 seed=${CKPT_TEST_SEED:-$RANDOM}
 echo "CKPT_TEST_SEED=$seed"
