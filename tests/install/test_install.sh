@@ -4,7 +4,7 @@
 # of one rank) built against that prefix four ways and run: pkg-config (shared),
 # pkg-config --static (libckpt.a and what ckpt.pc says it needs), find_package(ckpt)
 # with ckpt::ckpt, and with ckpt::ckpt_static. The installed tools must then run from
-# the prefix with no LD_LIBRARY_PATH (their RPATH finds the library beside them) and
+# the prefix with no LD_LIBRARY_PATH to it (their RPATH finds the library beside them) and
 # answer --version and --help; the man pages must be there.
 # Usage: test_install.sh BUILD_DIR CONSUMER_DIR CC [EXTRA_FLAGS]
 #   EXTRA_FLAGS: compile and link flags the library was built with that a program
@@ -16,7 +16,16 @@ for t in cmake pkg-config readelf ldd; do
 done
 seed=${CKPT_TEST_SEED:-$(date +%s)}
 echo "CKPT_TEST_SEED=$seed"
-unset LD_LIBRARY_PATH PKG_CONFIG_PATH CMAKE_PREFIX_PATH
+# Search paths the caller set for the dependencies (a machine with them in a private
+# prefix) stay; only directories that hold a libckpt are taken out of the library
+# path, so that what runs below can find libckpt only where the prefix put it.
+deps_pc=${PKG_CONFIG_PATH:-}
+ld=
+IFS=: read -ra dirs <<<"${LD_LIBRARY_PATH:-}"
+for d in "${dirs[@]}"; do
+  [ -n "$d" ] && ! compgen -G "$d/libckpt.so*" >/dev/null && ld=${ld:+$ld:}$d
+done
+if [ -n "$ld" ]; then export LD_LIBRARY_PATH=$ld; else unset LD_LIBRARY_PATH; fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
@@ -27,7 +36,7 @@ cmake --install "$build" --prefix "$prefix" > "$tmp/install.log" ||
 pc=$(find "$prefix" -name ckpt.pc -path '*/pkgconfig/*' | head -n1)
 [ -n "$pc" ] || fail "no ckpt.pc installed"
 libdir=$(dirname "$(dirname "$pc")")
-version=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --modversion ckpt)
+version=$(PKG_CONFIG_PATH=$(dirname "$pc")${deps_pc:+:$deps_pc} pkg-config --modversion ckpt)
 echo "installed libckpt $version into $prefix (libdir ${libdir#"$prefix"/})"
 for f in "$libdir/libckpt.so" "$libdir/libckpt.a" "$libdir/cmake/ckpt/ckptConfig.cmake" \
          "$prefix/include/ckpt/ckpt.h"; do
@@ -59,7 +68,7 @@ run() {
   echo "ok: $name"
 }
 
-export PKG_CONFIG_PATH=$(dirname "$pc")
+export PKG_CONFIG_PATH=$(dirname "$pc")${deps_pc:+:$deps_pc}
 # shellcheck disable=SC2046,SC2086
 $cc $extra -o "$tmp/pc-shared" "$consumer/consumer.c" $(pkg-config --cflags --libs ckpt) \
     -Wl,-rpath,"$(pkg-config --variable=libdir ckpt)" || fail "pkg-config: link failed"
@@ -71,7 +80,7 @@ echo "pkg-config --static --libs ckpt: $static_libs"
 $cc $extra -o "$tmp/pc-static" "$consumer/consumer.c" $(pkg-config --cflags ckpt) \
     $(sed 's/-lckpt\b/-l:libckpt.a/' <<<"$static_libs") || fail "pkg-config --static: link failed"
 run pkg-config-static "$tmp/pc-static" no
-unset PKG_CONFIG_PATH
+export PKG_CONFIG_PATH=$deps_pc
 
 for target in ckpt::ckpt ckpt::ckpt_static; do
   name=cmake-${target#ckpt::}
@@ -84,7 +93,7 @@ for target in ckpt::ckpt ckpt::ckpt_static; do
   run "$name" "$b/consumer" $shared
 done
 
-# The tools, from the prefix, as a user runs them: no LD_LIBRARY_PATH.
+# The tools, from the prefix, as a user runs them: no LD_LIBRARY_PATH to libckpt.
 for tool in ckpt-inspect ckpt-reshard ckpt-synth; do
   exe=$prefix/bin/$tool
   [ -x "$exe" ] || fail "$tool is not installed in bin/"
