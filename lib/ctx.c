@@ -375,7 +375,7 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 		return ckpt_err(-ENOMEM, "ckpt_open");
 	c->lock_fd = -1;
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
+	ckpt_cond_init(&c->cond);
 	pthread_mutex_init(&c->load_lock, NULL);
 	pthread_mutex_init(&c->manifest_lock, NULL);
 	int rc = config_resolve(o, &c->cfg);

@@ -147,24 +147,4 @@ int net_conn_break(struct net_conn *c, int code);
  * only before the connection is shared between threads. */
 void net_conn_name_suffix(struct net_conn *c, const char *suffix);
 
-/* ---------------------------------------------------------------- deadlines */
-#define NET_FOREVER UINT64_MAX
-/* Absolute CLOCK_MONOTONIC deadline for a timeout (< 0: none). */
-static inline uint64_t net_deadline(int timeout_ms)
-{
-	return timeout_ms < 0 ? NET_FOREVER : ckpt_now_ns() + (uint64_t)timeout_ms * 1000000u;
-}
-/* Milliseconds left for poll(): -1 without deadline, 0 when it has passed, else
- * rounded up so that a sub-millisecond remainder still waits rather than spins. */
-static inline int net_ms_left(uint64_t deadline)
-{
-	if (deadline == NET_FOREVER)
-		return -1;
-	uint64_t now = ckpt_now_ns();
-	if (now >= deadline)
-		return 0;
-	uint64_t ms = (deadline - now + 999999u) / 1000000u;
-	return ms > INT32_MAX ? INT32_MAX : (int)ms;
-}
-
 #endif /* CKPT_NET_INTERNAL_H */

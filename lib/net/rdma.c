@@ -172,7 +172,7 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t cap)
 
 static int ms_for_step(uint64_t deadline)
 {
-	int left = net_ms_left(deadline);
+	int left = ckpt_deadline_left_ms(deadline);
 	return left < 0 || left > RDMA_SETUP_MIN_MS ? (left < 0 ? RDMA_SETUP_MIN_MS : left)
 	                                            : RDMA_SETUP_MIN_MS;
 }
@@ -186,7 +186,7 @@ static int cm_next(struct rdma_event_channel *ch, uint64_t deadline, struct rdma
 			return 0;
 		if (errno != EAGAIN && errno != EINTR)
 			return errno_code();
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0)
 			return -ETIMEDOUT;
 		struct pollfd p = { .fd = ch->fd, .events = POLLIN };
@@ -453,7 +453,7 @@ static int accept_one(struct net_listener *l, struct rdma_cm_id *id, uint64_t de
 	}
 	enum rdma_cm_event_type got;
 	int status;
-	uint64_t step = net_deadline(ms_for_step(deadline));
+	uint64_t step = ckpt_deadline_ms(ms_for_step(deadline));
 	rc = cm_expect(r->ch, step, RDMA_CM_EVENT_ESTABLISHED, &got, &status);
 	if (rc) {
 		if (rc == -EPROTO)
@@ -478,7 +478,7 @@ static int accept_one(struct net_listener *l, struct rdma_cm_id *id, uint64_t de
 static int rdma_accept_op(struct net_listener *l, int timeout_ms, struct net_conn *c)
 {
 	struct rdma_listener *rl = l->priv;
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	for (;;) {
 		struct rdma_cm_event *ev;
 		if (rdma_get_cm_event(rl->ch, &ev) == 0) {
@@ -500,7 +500,7 @@ static int rdma_accept_op(struct net_listener *l, int timeout_ms, struct net_con
 		}
 		if (errno != EAGAIN && errno != EINTR)
 			return ckpt_err(errno_code(), "rdma: rdma_get_cm_event on port %u", l->port);
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0) {
 			if (timeout_ms == 0)
 				return -EAGAIN;
@@ -537,7 +537,7 @@ static int connect_once(struct net_conn *c, const struct addrinfo *a, uint64_t d
 		rc = ckpt_err(errno_code(), "rdma: rdma_resolve_addr %s", c->peer);
 		goto fail;
 	}
-	if ((rc = cm_expect(r->ch, net_deadline(ms_for_step(deadline) + 1000),
+	if ((rc = cm_expect(r->ch, ckpt_deadline_ms(ms_for_step(deadline) + 1000),
 	                    RDMA_CM_EVENT_ADDR_RESOLVED, &got, &status))) {
 		rc = ckpt_err(rc == -EPROTO ? -EHOSTUNREACH : rc, "rdma: cannot resolve %s to an "
 		              "RDMA device: %s (%s)", c->peer, rc == -EPROTO ? rdma_event_str(got) :
@@ -552,7 +552,7 @@ static int connect_once(struct net_conn *c, const struct addrinfo *a, uint64_t d
 		rc = ckpt_err(errno_code(), "rdma: rdma_resolve_route %s", c->peer);
 		goto fail;
 	}
-	if ((rc = cm_expect(r->ch, net_deadline(ms_for_step(deadline) + 1000),
+	if ((rc = cm_expect(r->ch, ckpt_deadline_ms(ms_for_step(deadline) + 1000),
 	                    RDMA_CM_EVENT_ROUTE_RESOLVED, &got, &status))) {
 		rc = ckpt_err(rc == -EPROTO ? -EHOSTUNREACH : rc, "rdma: no route to %s: %s",
 		              c->peer, rc == -EPROTO ? rdma_event_str(got) : "timeout");
@@ -566,7 +566,7 @@ static int connect_once(struct net_conn *c, const struct addrinfo *a, uint64_t d
 		rc = ckpt_err(errno_code(), "rdma: rdma_connect %s", c->peer);
 		goto fail;
 	}
-	rc = cm_expect(r->ch, net_deadline(ms_for_step(deadline)), RDMA_CM_EVENT_ESTABLISHED,
+	rc = cm_expect(r->ch, ckpt_deadline_ms(ms_for_step(deadline)), RDMA_CM_EVENT_ESTABLISHED,
 	               &got, &status);
 	if (rc == -EPROTO) {
 		/* REJECTED with the cm's own status: no listener on that port. */
@@ -604,7 +604,7 @@ static void sleep_ms(int ms)
 
 static int rdma_connect_op(struct net_conn *c, const char *addr, unsigned port, int timeout_ms)
 {
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	int rc = port > 65535 ? ckpt_err(-EINVAL, "rdma: port %u out of range", port) : 0;
 	if (rc || (rc = devices_check()))
 		return rc;
@@ -628,7 +628,7 @@ static int rdma_connect_op(struct net_conn *c, const char *addr, unsigned port, 
 		 * better by waiting. */
 		if (last != -ECONNREFUSED && last != -ETIMEDOUT && last != -ECONNRESET)
 			break;
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0)
 			break;
 		sleep_ms(left < 0 || left > backoff ? backoff : left);
