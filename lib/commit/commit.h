@@ -21,6 +21,8 @@
 #include "io/io.h"
 #include "manifest/manifest.h"
 
+struct net_rdma_opts;   /* net/net.h */
+
 struct commit_vote {
 	uint32_t    rank;
 	uint64_t    step;
@@ -126,6 +128,7 @@ struct commit_coord_opts {
 	const void *secret;
 	size_t      secret_len;
 	int         transport;       /* enum net_transport */
+	const struct net_rdma_opts *rdma;   /* NULL: defaults (net.h) */
 	const char *addr;
 	unsigned    port;            /* 0: ephemeral (tests) */
 	unsigned    timeout_ms;
@@ -165,6 +168,7 @@ void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */
  */
 struct commit_leader_opts {
 	int         transport;       /* to the coordinator (enum net_transport) */
+	const struct net_rdma_opts *rdma;   /* NULL: defaults (net.h) */
 	const char *addr;            /* the coordinator's */
 	unsigned    port;
 	const char *local_addr;      /* where the node's ranks connect (commit_leader_addr) */
@@ -198,6 +202,7 @@ void commit_leader_addr(char *out, size_t cap, const char *job_id, unsigned port
  * Best effort: an address another process holds is logged and skipped. */
 struct commit_refuse_opts {
 	int         transport;       /* enum net_transport */
+	const struct net_rdma_opts *rdma;   /* NULL: defaults (net.h) */
 	const char *addr;
 	unsigned    port;
 	const char *job_id;
@@ -217,6 +222,7 @@ void commit_refuse(const struct commit_refuse_opts *o);
  * files replies and decisions by step. Any thread may call these. */
 struct commit_part_opts {
 	int         transport;
+	const struct net_rdma_opts *rdma;   /* NULL: defaults (net.h) */
 	const char *addr;
 	unsigned    port;
 	const char *job_id;

@@ -810,7 +810,7 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 		rc = ckpt_err(-errno, "coordinator wake pipe");
 		goto fail;
 	}
-	if ((rc = net_listen(o->transport, o->addr, o->port, &c->lis))) {
+	if ((rc = net_listen(o->transport, o->rdma, o->addr, o->port, &c->lis))) {
 		ckpt_err_prefix(rc, "coordinator of job '%s' on %s:%u", o->job_id, o->addr, o->port);
 		goto fail;
 	}

@@ -162,7 +162,7 @@ int commit_part_connect(const struct commit_part_opts *o, struct commit_part **o
 		snprintf(p->name, sizeof p->name, "%s", o->peer_name);
 	else
 		snprintf(p->name, sizeof p->name, "coordinator %s:%u", o->addr, o->port);
-	int rc = net_connect(o->transport, o->addr, o->port, (int)o->timeout_ms, &p->conn);
+	int rc = net_connect(o->transport, o->rdma, o->addr, o->port, (int)o->timeout_ms, &p->conn);
 	if (rc) {
 		ckpt_err_prefix(rc, "rank %u: connect to the %s", o->rank, p->name);
 		goto fail;

@@ -60,7 +60,7 @@ void commit_refuse(const struct commit_refuse_opts *o)
 	r.told = ckpt_calloc(o->world, sizeof *r.told);
 	if (!r.told || pipe2(wake, O_NONBLOCK | O_CLOEXEC) < 0)
 		goto out;
-	if (net_listen(o->transport, o->addr, o->port, &lis)) {
+	if (net_listen(o->transport, o->rdma, o->addr, o->port, &lis)) {
 		/* Another process has the address (a port in use is often the cause): it
 		 * cannot be told through it. */
 		ckpt_log(CKPT_LOG_INFO, "%s: cannot tell the ranks why: %s", o->who, ckpt_err_msg());

@@ -111,6 +111,7 @@ struct net_listener {
 	const struct net_transport_ops *ops;
 	void     *priv;                        /* the transport's state */
 	unsigned  port;                        /* bound port (port 0 resolved) */
+	struct net_rdma_opts rdma;             /* for the connections it accepts */
 };
 
 /* Receive progress of one message, kept across net_recv calls (net.h: timeout 0
@@ -131,6 +132,7 @@ struct net_conn {
 	size_t      max_msg;                   /* payload limit for net_recv */
 	atomic_int  broken;                    /* 0, or the error that made the connection unusable */
 	struct net_rx rx;                      /* receiving thread only */
+	struct net_rdma_opts rdma;             /* set before the transport's connect */
 };
 
 /* ---------------------------------------------------------------- msg.c */
