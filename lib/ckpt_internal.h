@@ -226,7 +226,7 @@ const char *ckpt_name_problem(const char *name, size_t len, bool utf8);
 const char *ckpt_name_quote(const char *name, size_t len, char *out, size_t cap);
 
 /* ------------------------------------------------------------------ environment
- * The only place that reads the environment (STYLE rule 3). */
+ * The only place that reads the environment (CONTRIBUTING.md, "Style"). */
 const char *ckpt_env(const char *name);                     /* NULL if unset or empty */
 /* Parse a size with optional K/M/G/T suffix (binary). -EINVAL if malformed. */
 int ckpt_parse_size(const char *s, uint64_t *out);

@@ -416,8 +416,9 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	size_t nbufs = c->cfg.pool_bytes / c->cfg.chunk_bytes;
 	if (ro && nbufs > 2u * c->cfg.queue_depth)
 		nbufs = 2u * c->cfg.queue_depth;
-	/* With a CUDA device the pool is pinned (DESIGN §8), so that device-to-host
-	 * copies land in it by DMA; otherwise it is lib/io's pre-faulted memory. */
+	/* With a CUDA device the pool is pinned (docs/gpu.md, "Design (lib/snapshot)"), so
+	 * that device-to-host copies land in it by DMA; otherwise it is lib/io's pre-faulted
+	 * memory. */
 	if ((rc = snapshot_create(&c->snap)))
 		goto fail;
 	/* GPUDirect Storage is optional: without it the pinned path serves. */

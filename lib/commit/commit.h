@@ -4,7 +4,7 @@
  * A vote is one rank's PREPARE: its encoded shard index and shard file facts, sent
  * only after that rank's data and directory entry are durable. commit_decide() is
  * the coordinator's whole decision once every vote is in: validate the gathered
- * index, then ONE durable manifest transaction (DESIGN §6). The distributed state
+ * index, then ONE durable manifest transaction (docs/protocol.md §2). The distributed state
  * machines (gathering votes over lib/net, timeouts, broadcasting the decision) are
  * built on it.
  *
@@ -159,7 +159,7 @@ uint64_t commit_coord_ranks_left(struct commit_coord *c);
 void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */
 
 /* ------------------------------------------------------------------ node leader
- * The hierarchical commit (DESIGN §12, docs/protocol.md §2.8): the process of a
+ * The hierarchical commit (docs/protocol.md §2.8): the process of a
  * node's local rank 0 relays between the node's ranks and the coordinator, which
  * then exchanges messages with one connection per node. Votes are forwarded as
  * they arrive (the coordinator checks each), decisions come once per node and go

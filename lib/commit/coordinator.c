@@ -1,5 +1,5 @@
 /*
- * coordinator.c — the commit coordinator (DESIGN §6): gathers each step's W votes
+ * coordinator.c — the commit coordinator (docs/protocol.md §2): gathers each step's W votes
  * over lib/net, checking each as it arrives (gather.c), decides in step order, and
  * broadcasts the decision.
  *

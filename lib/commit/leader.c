@@ -1,5 +1,5 @@
 /*
- * leader.c — a node leader of the hierarchical commit (DESIGN §12, docs/protocol.md
+ * leader.c — a node leader of the hierarchical commit (docs/protocol.md
  * §2.8): one process per node (local rank 0) stands between the node's ranks and
  * the coordinator, so that the coordinator exchanges messages with one connection
  * per node instead of one per rank.

@@ -1,5 +1,5 @@
 /*
- * participant.c — a rank's side of the two-phase commit (DESIGN §6): BEGIN before
+ * participant.c — a rank's side of the two-phase commit (docs/protocol.md §2): BEGIN before
  * any file of a step is written (the coordinator refuses committed steps), PREPARE
  * once the shard is durable, then the decision.
  *

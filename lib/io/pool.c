@@ -1,7 +1,7 @@
 /*
  * pool.c — the staging buffer pool: nbufs buffers of buf_bytes in ONE mapping, so
  * that io_uring can register them as fixed buffers and a CUDA allocator can pin
- * them with one call (DESIGN §8).
+ * them with one call (docs/gpu.md, "Design (lib/snapshot)").
  *
  * A buffer has exactly one owner at a time (snapshot copy, writer, engine, reader);
  * ownership passes with the index. The free list is a stack under a mutex, and a

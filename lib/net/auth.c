@@ -1,5 +1,5 @@
 /*
- * auth.c — the connection handshake (net.h, docs/protocol-net.md): job id,
+ * auth.c — the connection handshake (net.h, docs/protocol.md §1.2): job id,
  * rank and world size, and a mutual challenge-response over the job secret
  * with HMAC-SHA256 from OpenSSL libcrypto. Transport-independent: it speaks
  * only framed messages through msg.c.

@@ -2,7 +2,7 @@
  * msg.c — message framing over any transport: the 16-byte header, the receive
  * limit, partial progress across calls, timeouts, and the msg_send fault point.
  *
- * Header (little-endian, docs/protocol-net.md):
+ * Header (little-endian, docs/protocol.md §1.1):
  *     0  u32 magic "CKNM"    4  u16 version    6  u16 type
  *     8  u16 flags          10  u16 reserved (0)  12  u32 payload length
  * The receiver checks the whole header before it allocates the payload, so a

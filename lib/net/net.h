@@ -35,7 +35,7 @@
  * is "@name" (an abstract socket) or a path, the port is not used (unix.c). */
 enum net_transport { NET_TCP = 1, NET_RDMA = 2, NET_UNIX = 3 };
 
-/* Message types 1..31 are lib/net's own (the handshake; docs/protocol-net.md);
+/* Message types 1..31 are lib/net's own (the handshake; docs/protocol.md §1.2);
  * lib/commit numbers its messages from NET_MSG_USER_FIRST (32) up. */
 enum net_msg_type {
 	NET_MSG_HELLO      = 1,

@@ -232,7 +232,7 @@ static int peer_ring_set(struct rdma_conn *r, const uint8_t *b)
 }
 
 /* One received message in slot s: check every field against what contains it
- * before using it (STYLE 10), then file it. Locked. */
+ * before using it (CONTRIBUTING.md, "Style"), then file it. Locked. */
 static int on_recv(struct rdma_conn *r, uint32_t s, uint32_t byte_len)
 {
 	const uint8_t *h = r->rbuf + (size_t)s * RDMA_SLOT_BYTES;

@@ -1,6 +1,6 @@
 /*
  * gds.c — GPUDirect Storage (cuFile) for loads into device memory and for
- * synchronous saves of device memory (DESIGN §8; docs/gpu.md "GPUDirect Storage").
+ * synchronous saves of device memory (docs/gpu.md "GPUDirect Storage").
  *
  * Optional and never the only path: snapshot_gds_enable loads libcufile at run time
  * (dlopen: a libckpt built here runs where cuFile is not installed, and CI compiles

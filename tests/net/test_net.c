@@ -709,7 +709,7 @@ START_TEST(handshake_rejects)
 }
 END_TEST
 
-/* The test's own implementation of the documented wire format (docs/protocol-net.md),
+/* The test's own implementation of the documented wire format (docs/protocol.md §1),
  * for peers that misbehave on purpose. */
 static size_t hello_payload(uint8_t *b, const char *job, uint32_t rank, uint32_t world,
                             const uint8_t nonce[32])
