@@ -1,6 +1,6 @@
 /*
  * gds.c — GPUDirect Storage (cuFile) for loads into device memory and for
- * synchronous saves of device memory (DESIGN §8; docs/gpu.md "GPUDirect Storage").
+ * synchronous saves of device memory (docs/gpu.md "GPUDirect Storage").
  *
  * Optional and never the only path: snapshot_gds_enable loads libcufile at run time
  * (dlopen: a libckpt built here runs where cuFile is not installed, and CI compiles
@@ -387,7 +387,7 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 		return rc;
 	}
 	pthread_mutex_init(&b.lock, NULL);
-	pthread_cond_init(&b.cond, NULL);
+	ckpt_cond_init(&b.cond);
 	unsigned started = 0;
 	for (unsigned k = 0; k < nw && !rc; k++) {
 		w[k].b = &b;
@@ -570,7 +570,7 @@ int snapshot_gds_file_open(struct snapshot *sn, const char *path, void **out)
 		return rc;
 	}
 	pthread_mutex_init(&wf->lock, NULL);
-	pthread_cond_init(&wf->cond, NULL);
+	ckpt_cond_init(&wf->cond);
 	for (unsigned k = 0; k < GDS_WORKERS; k++) {
 		if ((rc = pthread_create(&wf->th[k], NULL, wfile_main, wf))) {
 			rc = ckpt_err(-rc, "GPUDirect Storage: start a writer thread");
