@@ -2,7 +2,7 @@
  * catalog.c — what a checkpoint root holds, for tools (ckpt-inspect list) and for
  * retention: the manifest's records merged with the step directories found on disk.
  *
- * The manifest alone decides visibility (DESIGN §3); the directory scan is here
+ * The manifest alone decides visibility (docs/format.md §8.6); the directory scan is here
  * because operators must also see what is NOT visible — aborted saves, saves in
  * flight, and directories the manifest has no record of — and because retention
  * must never take a save in flight for garbage. An INFLIGHT record is a save in

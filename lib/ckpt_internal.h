@@ -256,14 +256,37 @@ const char *ckpt_name_problem(const char *name, size_t len, bool utf8);
 const char *ckpt_name_quote(const char *name, size_t len, char *out, size_t cap);
 
 /* ------------------------------------------------------------------ environment
- * The only place that reads the environment (STYLE rule 3). */
+ * The only place that reads the environment (CONTRIBUTING.md, "Style"). */
 const char *ckpt_env(const char *name);                     /* NULL if unset or empty */
 /* Parse a size with optional K/M/G/T suffix (binary). -EINVAL if malformed. */
 int ckpt_parse_size(const char *s, uint64_t *out);
 
-/* ------------------------------------------------------------------ clocks */
+/* ------------------------------------------------------------------ clocks
+ * Time is monotonic: every timed wait of the library (poll, condition variables)
+ * runs to a deadline on CLOCK_MONOTONIC, so that a wall clock set back or forward
+ * (NTP, an operator) neither stretches nor cuts a timeout. Implemented in clock.c. */
 uint64_t ckpt_now_ns(void);        /* CLOCK_MONOTONIC */
-uint64_t ckpt_wall_ns(void);       /* CLOCK_REALTIME */
+uint64_t ckpt_wall_ns(void);       /* CLOCK_REALTIME: timestamps for people, never waits */
+
+/* A deadline is an absolute ckpt_now_ns() value; CKPT_FOREVER never passes. */
+#define CKPT_FOREVER UINT64_MAX
+/* The deadline timeout_ms from now; a negative timeout is CKPT_FOREVER. */
+uint64_t ckpt_deadline_ms(int64_t timeout_ms);
+/* The deadline `ns` nanoseconds after `from` (saturating at CKPT_FOREVER). */
+uint64_t ckpt_deadline_after(uint64_t from, uint64_t ns);
+/* Milliseconds left until the deadline, for poll(): -1 for CKPT_FOREVER, 0 once it
+ * has passed, else rounded up (a sub-millisecond remainder waits rather than spins)
+ * and capped at INT32_MAX. */
+int ckpt_deadline_left_ms(uint64_t deadline);
+bool ckpt_deadline_passed(uint64_t deadline);
+
+/* A condition variable whose timed waits run on CLOCK_MONOTONIC. Every condition
+ * variable of the library is made with it, waited on with the call below. */
+int ckpt_cond_init(pthread_cond_t *cond);
+/* pthread_cond_wait until the deadline: 0 when woken (the caller checks its
+ * predicate again), ETIMEDOUT once the deadline has passed. CKPT_FOREVER waits
+ * without a timeout. The cond must come from ckpt_cond_init. */
+int ckpt_cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *lock, uint64_t deadline);
 /* A random, non-zero 64-bit id (getrandom): incarnations and save ids. */
 uint64_t ckpt_random_id(void);
 

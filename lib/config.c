@@ -91,6 +91,28 @@ static int env_size(const char *name, uint64_t *out)
 	return 1;
 }
 
+/* CKPT_RDMA_DEVICE and CKPT_RDMA_GID, for the rdma transport only: a device name
+ * that fits, and a GID index (whether the port has it is known only once rdma_cm
+ * picked the port: lib/net/rdma.c checks that). */
+static int env_rdma(struct net_rdma_opts *out)
+{
+	memset(out, 0, sizeof *out);
+	const char *dev = ckpt_env("CKPT_RDMA_DEVICE");
+	if (dev) {
+		if (strlen(dev) >= sizeof out->device)
+			return ckpt_err(-EINVAL, "CKPT_RDMA_DEVICE='%.64s...': not a device name (at "
+			                "most %zu bytes)", dev, sizeof out->device - 1);
+		snprintf(out->device, sizeof out->device, "%s", dev);
+	}
+	long gid = 0;
+	int rc = env_int("CKPT_RDMA_GID", 0, 65535, &gid);
+	if (rc < 0)
+		return rc;
+	out->gid_set = rc == 1;
+	out->gid_index = (unsigned)gid;
+	return 0;
+}
+
 static int resolve_rank_world(const struct ckpt_opts *o, struct glue_config *cfg)
 {
 	long rank = OPT(o, rank, -1), world = OPT(o, world, -1), v = 0;
@@ -388,6 +410,8 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 		else if (!strcmp(t, "rdma")) cfg->transport = CKPT_TRANSPORT_RDMA;
 		else return ckpt_err(-EINVAL, "CKPT_TRANSPORT='%s': expected tcp or rdma", t);
 	}
+	if (cfg->transport == CKPT_TRANSPORT_RDMA && (rc = env_rdma(&cfg->rdma)))
+		return rc;
 	const char *job = OPT(o, job_id, NULL);
 	if (!job) job = ckpt_env("CKPT_JOB_ID");
 	const void *secret = OPT(o, secret, NULL);

@@ -277,8 +277,8 @@ static void ckpt_refuse_peers(ckpt_ctx *c, int rc)
 	int transport = cfg->transport == CKPT_TRANSPORT_RDMA ? NET_RDMA : NET_TCP;
 	unsigned grace = cfg->timeout_ms < REFUSE_GRACE_MS ? cfg->timeout_ms : REFUSE_GRACE_MS;
 	struct commit_refuse_opts ro = {
-		.transport = transport, .addr = cfg->coord_addr, .port = cfg->coord_port,
-		.job_id = cfg->job_id, .world = (uint32_t)cfg->world, .secret = cfg->secret,
+		.transport = transport, .rdma = &cfg->rdma, .addr = cfg->coord_addr,
+		.port = cfg->coord_port, .job_id = cfg->job_id, .world = (uint32_t)cfg->world, .secret = cfg->secret,
 		.secret_len = cfg->secret_len, .grace_ms = grace, .code = rc, .why = why,
 	};
 	if (cfg->rank == 0 && !c->coord) {
@@ -323,13 +323,13 @@ static int glue_commit_start(ckpt_ctx *c)
 			.manifest = c->manifest, .root = c->cfg.root, .incarnation = c->incarnation,
 			.job_id = c->cfg.job_id, .world = (uint32_t)c->cfg.world,
 			.secret = c->cfg.secret, .secret_len = c->cfg.secret_len, .transport = transport,
-			.addr = c->cfg.coord_addr, .port = c->cfg.coord_port, .timeout_ms = c->cfg.timeout_ms,
+			.rdma = &c->cfg.rdma, .addr = c->cfg.coord_addr, .port = c->cfg.coord_port, .timeout_ms = c->cfg.timeout_ms,
 		};
 		if ((rc = commit_coord_start(&co, &c->coord)))
 			return rc;
 	}
 	struct commit_part_opts po = {
-		.transport = transport, .addr = c->cfg.coord_addr,
+		.transport = transport, .rdma = &c->cfg.rdma, .addr = c->cfg.coord_addr,
 		.port = c->coord ? commit_coord_port(c->coord) : c->cfg.coord_port,
 		.job_id = c->cfg.job_id, .rank = (uint32_t)c->cfg.rank, .world = (uint32_t)c->cfg.world,
 		.secret = c->cfg.secret, .secret_len = c->cfg.secret_len, .timeout_ms = c->cfg.timeout_ms,
@@ -341,7 +341,8 @@ static int glue_commit_start(ckpt_ctx *c)
 		                   (uint32_t)c->cfg.node_first);
 		if (c->cfg.rank == c->cfg.node_first) {
 			struct commit_leader_opts lo = {
-				.transport = transport, .addr = po.addr, .port = po.port, .local_addr = local,
+				.transport = transport, .rdma = po.rdma, .addr = po.addr, .port = po.port,
+				.local_addr = local,
 				.job_id = c->cfg.job_id, .rank = (uint32_t)c->cfg.rank,
 				.world = (uint32_t)c->cfg.world, .node = (uint32_t)c->cfg.node_id,
 				.first = (uint32_t)c->cfg.node_first, .nranks = (uint32_t)c->cfg.node_size,
@@ -404,7 +405,7 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 		return ckpt_err(-ENOMEM, "ckpt_open");
 	c->lock_fd = -1;
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
+	ckpt_cond_init(&c->cond);
 	pthread_mutex_init(&c->load_lock, NULL);
 	pthread_mutex_init(&c->manifest_lock, NULL);
 	/* From here on this context's lines go where its options say, its threads' too. */
@@ -450,8 +451,9 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	size_t nbufs = c->cfg.pool_bytes / c->cfg.chunk_bytes;
 	if (ro && nbufs > 2u * c->cfg.queue_depth)
 		nbufs = 2u * c->cfg.queue_depth;
-	/* With a CUDA device the pool is pinned (DESIGN §8), so that device-to-host
-	 * copies land in it by DMA; otherwise it is lib/io's pre-faulted memory. */
+	/* With a CUDA device the pool is pinned (docs/gpu.md, "Design (lib/snapshot)"), so
+	 * that device-to-host copies land in it by DMA; otherwise it is lib/io's pre-faulted
+	 * memory. */
 	if ((rc = snapshot_create(&c->snap)))
 		goto fail;
 	/* GPUDirect Storage is optional: without it the pinned path serves. */

@@ -14,6 +14,7 @@
 #include "commit/commit.h"
 #include "io/io.h"
 #include "manifest/manifest.h"
+#include "net/net.h"
 
 struct snapshot;   /* lib/snapshot/snapshot.h */
 
@@ -26,6 +27,7 @@ struct glue_config {
 	char    *coord_addr;
 	unsigned coord_port;
 	int      transport;
+	struct net_rdma_opts rdma;  /* CKPT_RDMA_DEVICE, CKPT_RDMA_GID (transport rdma) */
 	char    *job_id;
 	uint8_t *secret;
 	size_t   secret_len;

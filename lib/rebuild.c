@@ -1,6 +1,6 @@
 /*
  * rebuild.c — recreating a lost manifest from the self-describing shard files
- * (ckpt-inspect rebuild, DESIGN §5).
+ * (ckpt-inspect rebuild, docs/format.md).
  *
  * A step is recorded COMMITTED only on proof: every rank 0..world-1 has a shard
  * file whose trailer, footer hash and index check out (io_shard_reader_open with

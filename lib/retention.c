@@ -4,13 +4,14 @@
  * and applies retention (keep the newest N committed steps, keep every K-th),
  * never the latest committed step.
  *
- * Order matters for DESIGN §3. A committed step is first retired — its record made
- * ABORTED, still naming its attempt, in one transaction — then its files go, then
- * its record: a crash in between leaves an aborted record that the next gc finishes,
- * never a visible step whose data is gone, nor files no record names. An aborted
- * attempt's files go before its record, for the same reason. What gc removes is
- * what the manifest names (gc.c); a save in flight is never a candidate, and a step
- * directory without a record only when the caller asks (CKPT_GC_UNRECORDED).
+ * Order matters for the invariant (CONTRIBUTING.md, "Tests"). A committed step is
+ * first retired — its record made ABORTED, still naming its attempt, in one
+ * transaction — then its files go, then its record: a crash in between leaves an
+ * aborted record that the next gc finishes, never a visible step whose data is gone,
+ * nor files no record names. An aborted attempt's files go before its record, for
+ * the same reason. What gc removes is what the manifest names (gc.c); a save in
+ * flight is never a candidate, and a step directory without a record only when the
+ * caller asks (CKPT_GC_UNRECORDED).
  */
 #include <errno.h>
 #include <stdio.h>

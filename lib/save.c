@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <xxhash.h>
@@ -392,22 +391,11 @@ static int save_wait_until(ckpt_save *s, bool snapshot, int timeout_ms)
 		return ckpt_err(CKPT_ESTATE, "save of step %llu was not submitted",
 		                (unsigned long long)s->step);
 	ckpt_ctx *c = s->ctx;
-	struct timespec dl;
-	if (timeout_ms >= 0) {
-		clock_gettime(CLOCK_REALTIME, &dl);
-		dl.tv_sec += timeout_ms / 1000;
-		dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-		if (dl.tv_nsec >= 1000000000L) {
-			dl.tv_sec++;
-			dl.tv_nsec -= 1000000000L;
-		}
-	}
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	int rc = 0;
 	pthread_mutex_lock(&c->lock);
 	while (s->state != SAVE_DONE && !(snapshot && s->snapshot_done)) {
-		if (timeout_ms < 0) {
-			pthread_cond_wait(&c->cond, &c->lock);
-		} else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) == ETIMEDOUT) {
+		if (ckpt_cond_wait_until(&c->cond, &c->lock, deadline) == ETIMEDOUT) {
 			rc = ckpt_err(-ETIMEDOUT, "save of step %llu: still in flight after %d ms",
 			              (unsigned long long)s->step, timeout_ms);
 			break;

@@ -3,8 +3,10 @@
 # Idempotent: does nothing when every package is already installed.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config liburing-dev liblmdb-dev lmdb-utils libxxhash-dev
-      libzstd-dev check libsubunit-dev libssl-dev libibverbs-dev librdmacm-dev
-      fio clang libclang-rt-14-dev python3 util-linux
+      libzstd-dev libjansson-dev check libsubunit-dev libssl-dev libibverbs-dev librdmacm-dev
+      fio clang libclang-rt-14-dev python3 python3-numpy util-linux
+      # the manual pages (tests/man renders them) and the ABI test (nm: binutils)
+      groff-base man-db binutils
       # the power-cut campaign (tests/crash): ext4 on a loop device (losetup, mount)
       e2fsprogs mount
       # the rdma guest (tests/rdma/run-rdma-tests.sh, tests/rdma/vm): qemu, soft-RoCE tools

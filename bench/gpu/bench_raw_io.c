@@ -9,7 +9,7 @@
  *   bench_raw_io PATH [MiB total (7168)]
  *
  * PATH is created and removed. Configurations: 16 MiB x 8 (libckpt's defaults) and
- * 4 MiB x 4 (the reference figures of shared/device/README.md).
+ * 4 MiB x 4 (DCP's best configuration in docs/perf.md §3).
  */
 #include <errno.h>
 #include <fcntl.h>

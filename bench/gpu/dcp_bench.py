@@ -2,7 +2,7 @@
 """dcp_bench.py — torch.distributed.checkpoint (DCP) on the same GPU state as
 bench_gpu_ckpt (L layers x [bf16 R x C + three fp32 R x C], 7 GiB by default),
 single process, no process group (no_dist=True), so that libckpt is compared
-against DCP measured in the same run (shared/device/README.md).
+against DCP measured in the same run (docs/perf.md §3).
 
 Phases (each timed on its own, its checkpoint removed afterwards; a phase that
 fails or would overrun --budget is recorded as such and the others still run):
@@ -158,7 +158,7 @@ def main():
 
     def p_best(path):
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-        # Exactly the configuration of the reference figures (shared/device/README.md):
+        # Exactly DCP's best configuration of docs/perf.md §3:
         # use_shared_memory keeps its default. A fresh stager for every save: torch
         # 2.11's DefaultStager fails on its second save (KeyError: <class 'type'> in
         # the state-dict stager's deep copy; seen on the H200), so reusing one for the

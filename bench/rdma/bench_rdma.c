@@ -49,13 +49,13 @@ struct conn_job {
 static void *connect_thread(void *p)
 {
 	struct conn_job *j = p;
-	j->rc = net_connect(transport, addr, j->port, TMO, &j->c);
+	j->rc = net_connect(transport, NULL, addr, j->port, TMO, &j->c);
 	return NULL;
 }
 
 static int pair_open(struct net_listener **l, struct net_conn **srv, struct net_conn **cli)
 {
-	int rc = net_listen(transport, addr, 0, l);
+	int rc = net_listen(transport, NULL, addr, 0, l);
 	if (rc)
 		return rc;
 	struct conn_job j = { .port = net_listener_port(*l) };

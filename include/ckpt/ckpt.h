@@ -66,9 +66,22 @@ extern "C" {
 #define CKPT_API
 #endif
 
+/* ------------------------------------------------------------------ version
+ * The version of the headers compiled against; ckpt_version() is the version of
+ * the library running, which may be a later release of the same major version
+ * (CONTRIBUTING.md, "ABI and versions"). The build refuses these numbers unless
+ * they are the project's version. */
+
 #define CKPT_VERSION_MAJOR 0
 #define CKPT_VERSION_MINOR 1
 #define CKPT_VERSION_PATCH 0
+/* One number that compares in order: MAJOR * 10000 + MINOR * 100 + PATCH. */
+#define CKPT_VERSION_NUMBER \
+	(CKPT_VERSION_MAJOR * 10000 + CKPT_VERSION_MINOR * 100 + CKPT_VERSION_PATCH)
+
+/* The library's version, "MAJOR.MINOR.PATCH" ("0.1.0"). A static string: never
+ * NULL, never to be freed. Any thread, at any time. */
+CKPT_API const char *ckpt_version(void);
 
 /* ------------------------------------------------------------------ errors */
 

@@ -1,27 +1,12 @@
 /*
- * util.c — clocks, shapes, names and dtypes: small facts every module shares.
+ * util.c — random ids, shapes, names and dtypes: small facts every module shares.
  */
 #include <errno.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ckpt_internal.h"
-
-uint64_t ckpt_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t ckpt_wall_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 uint64_t ckpt_random_id(void)
 {

@@ -141,12 +141,6 @@ static void wake(const struct commit_acceptor *a)
 
 static uint64_t ms_to_ns(unsigned ms) { return (uint64_t)ms * 1000000u; }
 
-/* Rounded up, so that a wait until then never wakes early. */
-static int ns_to_ms(uint64_t ns)
-{
-	uint64_t ms = (ns + 999999u) / 1000000u;
-	return ms > INT32_MAX ? INT32_MAX : (int)ms;
-}
 
 /* poll's timeout *t (< 0: none) lowered to ms (< 0: no change). */
 static void lower(int *t, int ms)
@@ -225,14 +219,14 @@ static bool room_locked(struct commit_acceptor *a, uint64_t now)
  * readable). */
 static int first_bytes(const struct pending *h)
 {
-	uint64_t deadline = h->since_ns + ms_to_ns(FIRST_MSG_TIMEOUT_MS);
+	uint64_t deadline = ckpt_deadline_after(h->since_ns, ms_to_ns(FIRST_MSG_TIMEOUT_MS));
 	struct pollfd pf = { .fd = net_conn_fd(h->conn), .events = POLLIN };
 	for (;;) {
-		uint64_t now = ckpt_now_ns();
-		if (now >= deadline)
+		int left = ckpt_deadline_left_ms(deadline);
+		if (left == 0)
 			return ckpt_err(-ETIMEDOUT, "%s: nothing received within %d ms of connecting",
 			                net_conn_name(h->conn), FIRST_MSG_TIMEOUT_MS);
-		int r = poll(&pf, 1, ns_to_ms(deadline - now));
+		int r = poll(&pf, 1, left);
 		if (r > 0)
 			return 0;
 		if (r < 0 && errno != EINTR)
@@ -253,8 +247,10 @@ static void *handshake_main(void *p)
 		pthread_mutex_lock(a->o.lock);
 		h->spoke = true;
 		pthread_mutex_unlock(a->o.lock);
-		uint64_t deadline = h->since_ns + ms_to_ns(HANDSHAKE_TIMEOUT_MS), now = ckpt_now_ns();
-		int left = now < deadline ? ns_to_ms(deadline - now) : 1;
+		uint64_t deadline = ckpt_deadline_after(h->since_ns, ms_to_ns(HANDSHAKE_TIMEOUT_MS));
+		int left = ckpt_deadline_left_ms(deadline);
+		if (left == 0)
+			left = 1;   /* the handshake still gets its one look */
 		rc = net_handshake_server(h->conn, &auth, admit, h, &rank, left);
 	}
 	bool handed = false;
@@ -428,7 +424,7 @@ int commit_acceptor_create(const struct commit_acceptor_opts *o, struct commit_a
 	ckpt_ratelimit_init(&a->log_broken, a->what[1], CKPT_LOG_WARN, LOG_INTERVAL_MS, LOG_BURST);
 	ckpt_ratelimit_init(&a->log_accept, a->what[2], CKPT_LOG_ERROR, LOG_INTERVAL_MS, LOG_BURST);
 	ckpt_ratelimit_init(&a->log_peer, a->what[3], CKPT_LOG_WARN, LOG_INTERVAL_MS, LOG_BURST);
-	pthread_cond_init(&a->cond, NULL);
+	ckpt_cond_init(&a->cond);
 	*out = a;
 	return 0;
 }
@@ -443,7 +439,7 @@ bool commit_acceptor_listening(struct commit_acceptor *a, int *timeout_ms)
 	lower(timeout_ms, ckpt_ratelimit_flush(&a->log_peer));
 	uint64_t now = ckpt_now_ns();
 	if (now < a->paused_until_ns) {
-		lower(timeout_ms, ns_to_ms(a->paused_until_ns - now));
+		lower(timeout_ms, ckpt_deadline_left_ms(a->paused_until_ns));
 		return false;
 	}
 	pthread_mutex_lock(a->o.lock);
@@ -457,9 +453,10 @@ bool commit_acceptor_listening(struct commit_acceptor *a, int *timeout_ms)
 		for (struct pending *h = a->pending; fds && h; h = h->next) {
 			if (h->broken || h->reserved)
 				continue;
-			uint64_t at = h->since_ns + ms_to_ns(h->spoke ? HANDSHAKE_STALE_MS
-			                                              : SILENT_GRACE_MS);
-			lower(timeout_ms, at > now ? ns_to_ms(at - now) : 0);
+			uint64_t at = ckpt_deadline_after(h->since_ns,
+			                                  ms_to_ns(h->spoke ? HANDSHAKE_STALE_MS
+			                                                    : SILENT_GRACE_MS));
+			lower(timeout_ms, ckpt_deadline_left_ms(at));
 		}
 	}
 	pthread_mutex_unlock(a->o.lock);

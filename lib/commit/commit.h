@@ -4,7 +4,7 @@
  * A vote is one rank's PREPARE: its encoded shard index and shard file facts, sent
  * only after that rank's data and directory entry are durable. commit_decide() is
  * the coordinator's whole decision once every vote is in: validate the gathered
- * index, then ONE durable manifest transaction (DESIGN §6). The distributed state
+ * index, then ONE durable manifest transaction (docs/protocol.md §2). The distributed state
  * machines (gathering votes over lib/net, timeouts, broadcasting the decision) are
  * built on it.
  *
@@ -20,6 +20,8 @@
 #include "ckpt_internal.h"
 #include "io/io.h"
 #include "manifest/manifest.h"
+
+struct net_rdma_opts;   /* net/net.h */
 
 struct commit_vote {
 	uint32_t    rank;
@@ -126,6 +128,7 @@ struct commit_coord_opts {
 	const void *secret;
 	size_t      secret_len;
 	int         transport;       /* enum net_transport */
+	const struct net_rdma_opts *rdma;   /* NULL: defaults (net.h) */
 	const char *addr;
 	unsigned    port;            /* 0: ephemeral (tests) */
 	unsigned    timeout_ms;
@@ -156,7 +159,7 @@ uint64_t commit_coord_ranks_left(struct commit_coord *c);
 void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */
 
 /* ------------------------------------------------------------------ node leader
- * The hierarchical commit (DESIGN §12, docs/protocol.md §2.8): the process of a
+ * The hierarchical commit (docs/protocol.md §2.8): the process of a
  * node's local rank 0 relays between the node's ranks and the coordinator, which
  * then exchanges messages with one connection per node. Votes are forwarded as
  * they arrive (the coordinator checks each), decisions come once per node and go
@@ -165,6 +168,7 @@ void commit_coord_stop(struct commit_coord *c);      /* NULL: no-op */
  */
 struct commit_leader_opts {
 	int         transport;       /* to the coordinator (enum net_transport) */
+	const struct net_rdma_opts *rdma;   /* NULL: defaults (net.h) */
 	const char *addr;            /* the coordinator's */
 	unsigned    port;
 	const char *local_addr;      /* where the node's ranks connect (commit_leader_addr) */
@@ -198,6 +202,7 @@ void commit_leader_addr(char *out, size_t cap, const char *job_id, unsigned port
  * Best effort: an address another process holds is logged and skipped. */
 struct commit_refuse_opts {
 	int         transport;       /* enum net_transport */
+	const struct net_rdma_opts *rdma;   /* NULL: defaults (net.h) */
 	const char *addr;
 	unsigned    port;
 	const char *job_id;
@@ -217,6 +222,7 @@ void commit_refuse(const struct commit_refuse_opts *o);
  * files replies and decisions by step. Any thread may call these. */
 struct commit_part_opts {
 	int         transport;
+	const struct net_rdma_opts *rdma;   /* NULL: defaults (net.h) */
 	const char *addr;
 	unsigned    port;
 	const char *job_id;

@@ -1,5 +1,5 @@
 /*
- * coordinator.c — the commit coordinator (DESIGN §6): gathers each step's W votes
+ * coordinator.c — the commit coordinator (docs/protocol.md §2): gathers each step's W votes
  * over lib/net, checking each as it arrives (gather.c), decides in step order, and
  * broadcasts the decision.
  *
@@ -405,7 +405,7 @@ static void on_prepare(struct commit_coord *c, uint32_t l, uint32_t rank, struct
 	/* Stragglers get timeout_ms from the first vote: the save's own duration is
 	 * not bounded here, only the wait for the last rank once one is done. */
 	if (!s->nvotes++)
-		s->deadline_ns = ckpt_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+		s->deadline_ns = ckpt_deadline_ms(c->timeout_ms);
 }
 
 static void on_abort(struct commit_coord *c, uint32_t l, uint32_t rank, const void *p, size_t n)
@@ -678,13 +678,13 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 /* Decide what can be decided; returns ms until the next deadline (or -1). */
 static int steps_process(struct commit_coord *c)
 {
-	uint64_t now = ckpt_now_ns(), next = 0;
+	uint64_t next = 0;
 	bool lower_pending = false;
 	struct coord_step **pp = &c->steps;
 	while (*pp) {
 		struct coord_step *s = *pp;
 		bool all_in = s->nvotes == c->world;
-		if (!s->abort_code && !all_in && s->deadline_ns && now >= s->deadline_ns) {
+		if (!s->abort_code && !all_in && s->deadline_ns && ckpt_deadline_passed(s->deadline_ns)) {
 			char missing[256] = "";
 			size_t n = 0;
 			for (uint32_t r = 0; r < c->world && n + 12 < sizeof missing; r++)
@@ -706,8 +706,8 @@ static int steps_process(struct commit_coord *c)
 	}
 	if (!next)
 		return -1;
-	uint64_t ms = next > now ? (next - now) / 1000000ull + 1 : 0;
-	return ms > 1000 ? 1000 : (int)ms;
+	int ms = ckpt_deadline_left_ms(next);
+	return ms > 1000 ? 1000 : ms;
 }
 
 /* ------------------------------------------------------------------ the loop */
@@ -810,7 +810,7 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 		rc = ckpt_err(-errno, "coordinator wake pipe");
 		goto fail;
 	}
-	if ((rc = net_listen(o->transport, o->addr, o->port, &c->lis))) {
+	if ((rc = net_listen(o->transport, o->rdma, o->addr, o->port, &c->lis))) {
 		ckpt_err_prefix(rc, "coordinator of job '%s' on %s:%u", o->job_id, o->addr, o->port);
 		goto fail;
 	}

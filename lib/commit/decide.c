@@ -80,7 +80,7 @@ static int commit_txn(struct manifest *m, const struct manifest_step *id,
 	rec.logical_bytes = sum->logical_bytes;
 	rec.stored_bytes = sum->stored_bytes;
 	int rc = ckpt_fault(CKPT_FP_COORD_BEFORE_COMMIT_TXN);
-	/* The commit point of the whole checkpoint (DESIGN §3). */
+	/* The commit point of the whole checkpoint (docs/format.md §8.6). */
 	if (rc >= 0)
 		rc = manifest_commit(m, &rec, shards, id->world);
 	if (!rc)

@@ -1,6 +1,7 @@
 /*
- * gather.c — validation of a step's votes as they arrive (DESIGN §6), so that when
- * the last vote comes in only O(tensors) work is left before the commit.
+ * gather.c — validation of a step's votes as they arrive (docs/protocol.md §2.3),
+ * so that when the last vote comes in only O(tensors) work is left before the
+ * commit.
  *
  * Every name's pieces are grouped in a hash table. Each new piece is checked at
  * once against its group: same kind, dtype, policy, flags, rank and global shape;

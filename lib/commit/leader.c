@@ -1,5 +1,5 @@
 /*
- * leader.c — a node leader of the hierarchical commit (DESIGN §12, docs/protocol.md
+ * leader.c — a node leader of the hierarchical commit (docs/protocol.md
  * §2.8): one process per node (local rank 0) stands between the node's ranks and
  * the coordinator, so that the coordinator exchanges messages with one connection
  * per node instead of one per rank.
@@ -338,7 +338,7 @@ static void *leader_main(void *arg)
  * coordinator's answer (it refuses a set that overlaps another link's). */
 static int leader_join(struct commit_leader *l, const struct commit_leader_opts *o)
 {
-	int rc = net_connect(o->transport, o->addr, o->port, (int)o->timeout_ms, &l->up);
+	int rc = net_connect(o->transport, o->rdma, o->addr, o->port, (int)o->timeout_ms, &l->up);
 	if (rc)
 		return ckpt_err_prefix(rc, "%s: connect to the coordinator %s:%u", l->name, o->addr,
 		                       o->port);
@@ -418,7 +418,7 @@ int commit_leader_start(const struct commit_leader_opts *o, struct commit_leader
 	}
 	/* Listen before joining: a second leader for this node on this machine fails
 	 * here (the name is taken), before it could claim the node's ranks. */
-	if ((rc = net_listen(NET_UNIX, o->local_addr, 0, &l->lis))) {
+	if ((rc = net_listen(NET_UNIX, NULL, o->local_addr, 0, &l->lis))) {
 		ckpt_err_prefix(rc, "%s: listen on %s%s", l->name, o->local_addr,
 		                rc == -EADDRINUSE ? " (another leader of this node runs here)" : "");
 		goto fail;

@@ -1,5 +1,5 @@
 /*
- * participant.c — a rank's side of the two-phase commit (DESIGN §6): BEGIN before
+ * participant.c — a rank's side of the two-phase commit (docs/protocol.md §2): BEGIN before
  * any file of a step is written (the coordinator refuses committed steps), PREPARE
  * once the shard is durable, then the decision.
  *
@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "commit/commit_internal.h"
 
@@ -157,13 +156,13 @@ int commit_part_connect(const struct commit_part_opts *o, struct commit_part **o
 		return ckpt_err(-ENOMEM, "participant");
 	pthread_mutex_init(&p->send_lock, NULL);
 	pthread_mutex_init(&p->lock, NULL);
-	pthread_cond_init(&p->cond, NULL);
+	ckpt_cond_init(&p->cond);
 	p->timeout_ms = o->timeout_ms;
 	if (o->peer_name)
 		snprintf(p->name, sizeof p->name, "%s", o->peer_name);
 	else
 		snprintf(p->name, sizeof p->name, "coordinator %s:%u", o->addr, o->port);
-	int rc = net_connect(o->transport, o->addr, o->port, (int)o->timeout_ms, &p->conn);
+	int rc = net_connect(o->transport, o->rdma, o->addr, o->port, (int)o->timeout_ms, &p->conn);
 	if (rc) {
 		ckpt_err_prefix(rc, "rank %u: connect to the %s", o->rank, p->name);
 		goto fail;
@@ -234,17 +233,6 @@ static int part_send_abort(struct commit_part *p, uint64_t step, uint64_t save_i
 	return rc;
 }
 
-static void deadline_at(struct timespec *ts, int timeout_ms)
-{
-	clock_gettime(CLOCK_REALTIME, ts);
-	ts->tv_sec += timeout_ms / 1000;
-	ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (ts->tv_nsec >= 1000000000L) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000L;
-	}
-}
-
 int commit_part_begin(struct commit_part *p, uint64_t step, uint64_t *save_id)
 {
 	*save_id = 0;
@@ -263,12 +251,11 @@ int commit_part_begin(struct commit_part *p, uint64_t step, uint64_t *save_id)
 	if (!rc)
 		rc = part_send(p, COMMIT_MSG_BEGIN, &b);
 	ckpt_buf_free(&b);
-	struct timespec dl;
-	deadline_at(&dl, (int)p->timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(p->timeout_ms);
 	bool stale = false, unanswered = false;
 	pthread_mutex_lock(&p->lock);
 	while (!rc && !e->begin_done && !p->lost)
-		if (pthread_cond_timedwait(&p->cond, &p->lock, &dl) == ETIMEDOUT) {
+		if (ckpt_cond_wait_until(&p->cond, &p->lock, deadline) == ETIMEDOUT) {
 			rc = ckpt_err(-ETIMEDOUT, "step %llu: no answer to BEGIN from the %s in %u ms",
 			              (unsigned long long)step, p->name, p->timeout_ms);
 			unanswered = true;
@@ -363,8 +350,7 @@ int commit_part_abort(struct commit_part *p, uint64_t step, int code, const char
 
 int commit_part_wait(struct commit_part *p, uint64_t step, int timeout_ms)
 {
-	struct timespec dl;
-	deadline_at(&dl, timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	int rc = 0;
 	pthread_mutex_lock(&p->lock);
 	struct part_entry *e = entry_get(p, step, false);
@@ -374,7 +360,7 @@ int commit_part_wait(struct commit_part *p, uint64_t step, int timeout_ms)
 	}
 	bool timed_out = false;
 	while (!e->decided && !p->lost && !timed_out)
-		timed_out = pthread_cond_timedwait(&p->cond, &p->lock, &dl) == ETIMEDOUT;
+		timed_out = ckpt_cond_wait_until(&p->cond, &p->lock, deadline) == ETIMEDOUT;
 	if (e->decided) {
 		if (e->decision)
 			rc = ckpt_err(e->decision == -EEXIST ? -EEXIST : CKPT_EABORTED,

@@ -60,7 +60,7 @@ void commit_refuse(const struct commit_refuse_opts *o)
 	r.told = ckpt_calloc(o->world, sizeof *r.told);
 	if (!r.told || pipe2(wake, O_NONBLOCK | O_CLOEXEC) < 0)
 		goto out;
-	if (net_listen(o->transport, o->addr, o->port, &lis)) {
+	if (net_listen(o->transport, o->rdma, o->addr, o->port, &lis)) {
 		/* Another process has the address (a port in use is often the cause): it
 		 * cannot be told through it. */
 		ckpt_log(CKPT_LOG_INFO, "%s: cannot tell the ranks why: %s", o->who, ckpt_err_msg());
@@ -75,19 +75,21 @@ void commit_refuse(const struct commit_refuse_opts *o)
 		goto out;
 	ckpt_log(CKPT_LOG_WARN, "%s: telling the %u rank(s) that connect within %u ms: %s",
 	         o->who, o->expect, o->grace_ms, r.why);
-	uint64_t t0 = ckpt_now_ns(), deadline = t0 + (uint64_t)o->grace_ms * 1000000ull;
+	uint64_t deadline = ckpt_deadline_ms(o->grace_ms);
 	for (;;) {
 		uint64_t now = ckpt_now_ns();
 		pthread_mutex_lock(&r.lock);
 		uint32_t told = r.ntold;
 		uint64_t last = r.last_ns;
 		pthread_mutex_unlock(&r.lock);
-		if (told >= o->expect || now >= deadline ||
+		if (told >= o->expect || ckpt_deadline_passed(deadline) ||
 		    (told && now - last > (uint64_t)REFUSE_QUIET_MS * 1000000ull))
 			break;
 		struct pollfd pf[2] = { { .fd = net_listener_fd(lis), .events = POLLIN },
 		                        { .fd = wake[0], .events = POLLIN } };
-		if (poll(pf, 2, 100) > 0) {
+		/* A tick at most, so that the quiet period above is noticed. */
+		int left = ckpt_deadline_left_ms(deadline);
+		if (poll(pf, 2, left < 0 || left > 100 ? 100 : left) > 0) {
 			if (pf[0].revents)
 				commit_acceptor_accept(acc);
 			if (pf[1].revents) {

@@ -1,10 +1,10 @@
 /*
- * validate.c — the coordinator's check of a whole gathered index at once (DESIGN
- * §6), for callers that hold every vote already (one rank, rebuild, tools). It is
- * the incremental validation of gather.c run over all ranks, so that there is one
- * implementation of the rules: every rank once; every name consistent across
- * ranks; sharded tensors tile their global shape exactly; replicated items whole and
- * identical by hash; rank-bound items once per rank.
+ * validate.c — the coordinator's check of a whole gathered index at once
+ * (docs/protocol.md §2), for callers that hold every vote already (one rank,
+ * rebuild, tools). It is the incremental validation of gather.c run over all ranks,
+ * so that there is one implementation of the rules: every rank once; every name
+ * consistent across ranks; sharded tensors tile their global shape exactly;
+ * replicated items whole and identical by hash; rank-bound items once per rank.
  */
 #include <errno.h>
 

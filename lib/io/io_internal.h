@@ -2,7 +2,7 @@
  * io_internal.h — private to lib/io: the engine's request interface used by the
  * shard writer and reader, the pool's address lookup, and the on-disk constants of
  * the shard header and trailer (docs/format.md §2, §4). Other modules include io.h
- * only (STYLE rule 5).
+ * only (CONTRIBUTING.md, "The module graph").
  */
 #ifndef CKPT_IO_INTERNAL_H
 #define CKPT_IO_INTERNAL_H

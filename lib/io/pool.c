@@ -1,7 +1,7 @@
 /*
  * pool.c — the staging buffer pool: nbufs buffers of buf_bytes in ONE mapping, so
  * that io_uring can register them as fixed buffers and a CUDA allocator can pin
- * them with one call (DESIGN §8).
+ * them with one call (docs/gpu.md, "Design (lib/snapshot)").
  *
  * A buffer has exactly one owner at a time (snapshot copy, writer, engine, reader);
  * ownership passes with the index. The free list is a stack under a mutex, and a
@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "io/io_internal.h"
 
@@ -70,11 +69,7 @@ int io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_alloc 
 	for (unsigned i = 0; i < nbufs; i++)
 		p->free_stack[i] = nbufs - 1 - i;
 	pthread_mutex_init(&p->lock, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&p->freed, &ca);
-	pthread_condattr_destroy(&ca);
+	ckpt_cond_init(&p->freed);
 	*out = p;
 	return 0;
 nomem:
@@ -104,26 +99,11 @@ void io_pool_destroy(struct io_pool *p)
 
 int io_pool_get(struct io_pool *p, int timeout_ms)
 {
-	struct timespec until;
-	if (timeout_ms > 0) {
-		clock_gettime(CLOCK_MONOTONIC, &until);
-		until.tv_sec += timeout_ms / 1000;
-		until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
-	}
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	pthread_mutex_lock(&p->lock);
 	while (p->nfree == 0) {
-		int rc = 0;
-		if (timeout_ms == 0)
-			rc = ETIMEDOUT;
-		else if (timeout_ms < 0)
-			pthread_cond_wait(&p->freed, &p->lock);
-		else
-			rc = pthread_cond_timedwait(&p->freed, &p->lock, &until);
-		if (rc == ETIMEDOUT && p->nfree == 0) {
+		if (ckpt_cond_wait_until(&p->freed, &p->lock, deadline) == ETIMEDOUT &&
+		    p->nfree == 0) {
 			pthread_mutex_unlock(&p->lock);
 			return -ETIMEDOUT;
 		}

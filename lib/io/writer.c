@@ -22,7 +22,7 @@
  * with its message and returned by the next append or by finish; buffers still
  * return on every path.
  *
- * Durability order (DESIGN §3, the vote depends on it): at open, the file is
+ * Durability order (docs/format.md §8.6; the vote depends on it): at open, the file is
  * created and its directory fsync()ed, so that its entry is durable before any
  * chunk is written; in finish, every chunk write completed -> footer and trailer
  * written -> file truncated to its size -> fdatasync(file). Only then does finish

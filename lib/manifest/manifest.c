@@ -2,7 +2,7 @@
  * manifest.c — the operations of manifest.h: the commit, aborted steps, trust,
  * deletion and the readers.
  *
- * The manifest decides visibility (DESIGN §3): a step is visible iff its COMMITTED
+ * The manifest decides visibility (docs/format.md §8.6): a step is visible iff its COMMITTED
  * step record is here, and manifest_commit writes that record together with every
  * rank's shard record in one synced LMDB write transaction. Each function runs in
  * exactly one transaction (manifest_env.c), so a reader sees a step either whole
@@ -101,7 +101,7 @@ static int commit_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	uint64_t step = a->rec->step;
 	unsigned long long s = (unsigned long long)step;
 
-	/* Saving a committed step again is an error, never an overwrite (DESIGN §6).
+	/* Saving a committed step again is an error, never an overwrite (docs/protocol.md §2).
 	 * Checked inside the write transaction, so no other writer can slip in. */
 	struct manifest_step old;
 	int rc = step_read(m, txn, step, &old);

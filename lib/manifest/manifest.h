@@ -1,7 +1,7 @@
 /*
  * manifest.h — lib/manifest's interface: the LMDB manifest of a checkpoint root.
  *
- * The manifest is the single source of truth for visibility (DESIGN §3): a step
+ * The manifest is the single source of truth for visibility (docs/format.md §8.6): a step
  * exists for readers if and only if its COMMITTED step record is here, and that
  * record is written together with every rank's shard record in ONE durable write
  * transaction (manifest_commit). A shard record names where the rank's shard index
@@ -107,7 +107,7 @@ int manifest_commit(struct manifest *m, const struct manifest_step *rec,
  * here) in place of an ABORTED or INFLIGHT one, before any file of the attempt is
  * written. So every step directory that a save creates has a record that says whose
  * files are in it, and GC removes only files that a record positively names as an
- * attempt that cannot commit (DESIGN §3). -EEXIST: the step is committed (nothing
+ * attempt that cannot commit (docs/format.md §8.6). -EEXIST: the step is committed (nothing
  * changed). */
 int manifest_begin(struct manifest *m, const struct manifest_step *rec);
 /* Record an aborted attempt (rec: step, world, save_id, incarnation, job_id); the

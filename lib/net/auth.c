@@ -1,5 +1,5 @@
 /*
- * auth.c — the connection handshake (net.h, docs/protocol-net.md): job id,
+ * auth.c — the connection handshake (net.h, docs/protocol.md §1.2): job id,
  * rank and world size, and a mutual challenge-response over the job secret
  * with HMAC-SHA256 from OpenSSL libcrypto. Transport-independent: it speaks
  * only framed messages through msg.c.
@@ -127,7 +127,7 @@ static int hs_timed_out(const struct net_conn *c, const char *waiting_for)
 static int hs_send(struct net_conn *c, uint16_t type, const void *p, size_t len,
                    uint64_t deadline, const char *what)
 {
-	int left = net_ms_left(deadline);
+	int left = ckpt_deadline_left_ms(deadline);
 	if (left == 0)
 		return hs_timed_out(c, what);
 	int rc = net_msg_send(c, type, p, len, left);
@@ -139,7 +139,7 @@ static int hs_send(struct net_conn *c, uint16_t type, const void *p, size_t len,
 static int hs_recv(struct net_conn *c, struct net_msg *m, uint64_t deadline,
                    const char *waiting_for)
 {
-	int left = net_ms_left(deadline);
+	int left = ckpt_deadline_left_ms(deadline);
 	if (left == 0)
 		return hs_timed_out(c, waiting_for);
 	int rc = net_msg_recv(c, m, NET_HANDSHAKE_MAX_MSG, left);
@@ -160,7 +160,7 @@ static int hs_reject(struct net_conn *c, int code, const char *reason, uint64_t 
 	ckpt_put_le32(buf, (uint32_t)code);
 	ckpt_put_le16(buf + 4, (uint16_t)rlen);
 	memcpy(buf + 6, reason, rlen);
-	int left = net_ms_left(deadline);
+	int left = ckpt_deadline_left_ms(deadline);
 	if (left <= 0 || left > HS_REJECT_TIMEOUT_MS)
 		left = HS_REJECT_TIMEOUT_MS;
 	(void)net_msg_send(c, NET_MSG_REJECT, buf, 6 + rlen, left);
@@ -208,7 +208,7 @@ int net_handshake_client(struct net_conn *c, const struct net_auth *a, int timeo
 	int rc = hs_check_args(a);
 	if (rc)
 		return rc;
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	struct hs_hello me = {
 		.job = (const uint8_t *)a->job_id, .job_len = strlen(a->job_id),
 		.rank = a->rank, .world = a->world,
@@ -313,7 +313,7 @@ int net_handshake_server(struct net_conn *c, const struct net_auth *a,
 	int rc = hs_check_args(a);
 	if (rc)
 		return rc;
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	char why[NET_REASON_MAX];
 
 	/* 1. HELLO. Job, world and rank are checked before any proof is exchanged:

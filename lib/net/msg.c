@@ -2,7 +2,7 @@
  * msg.c — message framing over any transport: the 16-byte header, the receive
  * limit, partial progress across calls, timeouts, and the msg_send fault point.
  *
- * Header (little-endian, docs/protocol-net.md):
+ * Header (little-endian, docs/protocol.md §1.1):
  *     0  u32 magic "CKNM"    4  u16 version    6  u16 type
  *     8  u16 flags          10  u16 reserved (0)  12  u32 payload length
  * The receiver checks the whole header before it allocates the payload, so a
@@ -101,7 +101,7 @@ int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_
 	if (atomic_load(&c->broken))
 		return fail_fast(c);
 	struct net_rx *rx = &c->rx;
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 
 	for (;;) {
 		uint8_t *dst;
@@ -147,7 +147,7 @@ int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_
 			continue;
 		if (n != -EAGAIN)
 			return transport_fail(c, (int)n, "receive failed");
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0) {
 			/* -EAGAIN is the normal answer of a poll loop: no message text. */
 			if (timeout_ms == 0)
@@ -197,7 +197,7 @@ int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t 
 	struct iovec *cur = iov;
 	int cnt = len ? 2 : 1;
 	size_t total = sizeof hdr + len, sent = 0;
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 
 	while (sent < total) {
 		ssize_t n = c->ops->send(c, cur, cnt);
@@ -222,7 +222,7 @@ int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t 
 			snprintf(what, sizeof what, "send of a %zu-byte message (type %u) failed", len, type);
 			return transport_fail(c, (int)n, what);
 		}
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0) {
 			if (sent == 0 && timeout_ms == 0)
 				return -EAGAIN;

@@ -35,7 +35,7 @@
  * is "@name" (an abstract socket) or a path, the port is not used (unix.c). */
 enum net_transport { NET_TCP = 1, NET_RDMA = 2, NET_UNIX = 3 };
 
-/* Message types 1..31 are lib/net's own (the handshake; docs/protocol-net.md);
+/* Message types 1..31 are lib/net's own (the handshake; docs/protocol.md §1.2);
  * lib/commit numbers its messages from NET_MSG_USER_FIRST (32) up. */
 enum net_msg_type {
 	NET_MSG_HELLO      = 1,
@@ -49,9 +49,22 @@ enum net_msg_type {
 struct net_listener;
 struct net_conn;
 
-/* Listen on addr:port (port 0: an ephemeral port, see net_listener_port).
- * Errors: -EADDRINUSE, -EADDRNOTAVAIL, CKPT_ENODEV (transport not built/no device). */
-int  net_listen(int transport, const char *addr, unsigned port, struct net_listener **out);
+/* The rdma transport's settings, resolved by lib/config.c from CKPT_RDMA_DEVICE and
+ * CKPT_RDMA_GID (docs/operations.md, docs/protocol-rdma.md §1); other transports
+ * ignore them. All zero (or a NULL pointer where one is taken): any device, the GID
+ * rdma_cm picks. */
+#define NET_RDMA_DEVICE_MAX 64
+struct net_rdma_opts {
+	char     device[NET_RDMA_DEVICE_MAX];   /* "": any device */
+	bool     gid_set;                       /* check the GID against gid_index */
+	unsigned gid_index;
+};
+
+/* Listen on addr:port (port 0: an ephemeral port, see net_listener_port); rdma may be
+ * NULL. Errors: -EADDRINUSE, -EADDRNOTAVAIL, CKPT_ENODEV (transport not built/no
+ * device). */
+int  net_listen(int transport, const struct net_rdma_opts *rdma, const char *addr,
+                unsigned port, struct net_listener **out);
 unsigned net_listener_port(const struct net_listener *l);
 /* An fd that polls readable when accept may succeed. */
 int  net_listener_fd(const struct net_listener *l);
@@ -60,9 +73,10 @@ int  net_accept(struct net_listener *l, int timeout_ms, struct net_conn **out);
 void net_listener_close(struct net_listener *l);        /* NULL: no-op */
 
 /* Connect, retrying refused connections until timeout_ms (the coordinator may not be
- * up yet). Errors: -ETIMEDOUT, -ECONNREFUSED, -EHOSTUNREACH, CKPT_ENODEV. */
-int  net_connect(int transport, const char *addr, unsigned port, int timeout_ms,
-                 struct net_conn **out);
+ * up yet); rdma may be NULL. Errors: -ETIMEDOUT, -ECONNREFUSED, -EHOSTUNREACH,
+ * CKPT_ENODEV. */
+int  net_connect(int transport, const struct net_rdma_opts *rdma, const char *addr,
+                 unsigned port, int timeout_ms, struct net_conn **out);
 void net_close(struct net_conn *c);                     /* NULL: no-op */
 /* Break c from any thread: every call blocked on it returns at once with an error,
  * and every later call fails. c stays valid until net_close (by its owner). Used to

@@ -111,6 +111,7 @@ struct net_listener {
 	const struct net_transport_ops *ops;
 	void     *priv;                        /* the transport's state */
 	unsigned  port;                        /* bound port (port 0 resolved) */
+	struct net_rdma_opts rdma;             /* for the connections it accepts */
 };
 
 /* Receive progress of one message, kept across net_recv calls (net.h: timeout 0
@@ -131,6 +132,7 @@ struct net_conn {
 	size_t      max_msg;                   /* payload limit for net_recv */
 	atomic_int  broken;                    /* 0, or the error that made the connection unusable */
 	struct net_rx rx;                      /* receiving thread only */
+	struct net_rdma_opts rdma;             /* set before the transport's connect */
 };
 
 /* ---------------------------------------------------------------- msg.c */
@@ -146,25 +148,5 @@ int net_conn_break(struct net_conn *c, int code);
 /* Append " <suffix>" to the name (after the handshake: "rank 3"). Not thread-safe:
  * only before the connection is shared between threads. */
 void net_conn_name_suffix(struct net_conn *c, const char *suffix);
-
-/* ---------------------------------------------------------------- deadlines */
-#define NET_FOREVER UINT64_MAX
-/* Absolute CLOCK_MONOTONIC deadline for a timeout (< 0: none). */
-static inline uint64_t net_deadline(int timeout_ms)
-{
-	return timeout_ms < 0 ? NET_FOREVER : ckpt_now_ns() + (uint64_t)timeout_ms * 1000000u;
-}
-/* Milliseconds left for poll(): -1 without deadline, 0 when it has passed, else
- * rounded up so that a sub-millisecond remainder still waits rather than spins. */
-static inline int net_ms_left(uint64_t deadline)
-{
-	if (deadline == NET_FOREVER)
-		return -1;
-	uint64_t now = ckpt_now_ns();
-	if (now >= deadline)
-		return 0;
-	uint64_t ms = (deadline - now + 999999u) / 1000000u;
-	return ms > INT32_MAX ? INT32_MAX : (int)ms;
-}
 
 #endif /* CKPT_NET_INTERNAL_H */

@@ -53,16 +53,16 @@ static int set_nonblock(int fd)
 
 /* ---------------------------------------------------------------- devices */
 
-/* Is there a device at all, and the one CKPT_RDMA_DEVICE names? Asked before
- * anything else, so that "no device" says exactly that. */
-static int devices_check(void)
+/* Is there a device at all, and the one CKPT_RDMA_DEVICE names (o->device)? Asked
+ * before anything else, so that "no device" says exactly that. */
+static int devices_check(const struct net_rdma_opts *o)
 {
 	int n = 0;
 	struct ibv_device **list = ibv_get_device_list(&n);
 	if (!list)   /* ENOSYS: no RDMA support in the kernel at all */
 		return ckpt_err(CKPT_ENODEV, "no RDMA device (ibv_get_device_list found none: %s)",
 		                ckpt_strerror(errno_code()));
-	const char *want = ckpt_env("CKPT_RDMA_DEVICE");
+	const char *want = o->device[0] ? o->device : NULL;
 	int rc = 0;
 	if (n == 0) {
 		rc = ckpt_err(CKPT_ENODEV, "no RDMA device (ibv_get_device_list found none)");
@@ -89,16 +89,17 @@ static void gid_format(const union ibv_gid *g, char *out, size_t cap)
 		snprintf(out, cap, "?");
 }
 
-/* The device, port and GID rdma_cm chose for id: allowed, active, and at the
- * GID index CKPT_RDMA_GID names (if it does). */
-static int device_check(struct rdma_cm_id *id, const char *what, char *dev, size_t cap)
+/* The device, port and GID rdma_cm chose for id: allowed (o->device), active, and
+ * at the GID index CKPT_RDMA_GID names (o->gid_index, if set). */
+static int device_check(const struct net_rdma_opts *o, struct rdma_cm_id *id,
+                        const char *what, char *dev, size_t cap)
 {
 	if (!id->verbs)
 		return ckpt_err(CKPT_ENODEV, "rdma: %s is not on an RDMA device", what);
 	const char *name = ibv_get_device_name(id->verbs->device);
 	snprintf(dev, cap, "%s", name);
-	const char *want = ckpt_env("CKPT_RDMA_DEVICE");
-	if (want && strcmp(want, name))
+	const char *want = o->device;
+	if (want[0] && strcmp(want, name))
 		return ckpt_err(CKPT_ENODEV, "rdma: %s is on RDMA device %s, but CKPT_RDMA_DEVICE=%s",
 		                what, name, want);
 	struct ibv_port_attr pa;
@@ -108,22 +109,21 @@ static int device_check(struct rdma_cm_id *id, const char *what, char *dev, size
 	if (pa.state != IBV_PORT_ACTIVE)
 		return ckpt_err(CKPT_ENODEV, "rdma: %s port %u is %s, not active", name, id->port_num,
 		                ibv_port_state_str(pa.state));
-	const char *gid_env = ckpt_env("CKPT_RDMA_GID");
-	if (gid_env) {
-		char *end;
-		long idx = strtol(gid_env, &end, 10);
-		if (*end || idx < 0 || idx >= pa.gid_tbl_len)
-			return ckpt_err(-EINVAL, "CKPT_RDMA_GID=%s: not a GID index of %s port %u (0..%d)",
-			                gid_env, name, id->port_num, pa.gid_tbl_len - 1);
+	if (o->gid_set) {
+		/* config.c checked the form; the range is the port's. */
+		if (o->gid_index >= (unsigned)pa.gid_tbl_len)
+			return ckpt_err(-EINVAL, "CKPT_RDMA_GID=%u: not a GID index of %s port %u (0..%d)",
+			                o->gid_index, name, id->port_num, pa.gid_tbl_len - 1);
+		int idx = (int)o->gid_index;
 		union ibv_gid g;
-		if ((e = ibv_query_gid(id->verbs, id->port_num, (int)idx, &g)))
-			return ckpt_err(-e, "rdma: ibv_query_gid %s/%u index %ld", name, id->port_num, idx);
+		if ((e = ibv_query_gid(id->verbs, id->port_num, idx, &g)))
+			return ckpt_err(-e, "rdma: ibv_query_gid %s/%u index %d", name, id->port_num, idx);
 		const union ibv_gid *used = &id->route.addr.addr.ibaddr.sgid;
 		if (memcmp(g.raw, used->raw, sizeof g.raw)) {
 			char a[64], b[64];
 			gid_format(&g, a, sizeof a);
 			gid_format(used, b, sizeof b);
-			return ckpt_err(-EINVAL, "CKPT_RDMA_GID=%ld: GID %ld of %s port %u is %s, but %s "
+			return ckpt_err(-EINVAL, "CKPT_RDMA_GID=%d: GID %d of %s port %u is %s, but %s "
 			                "uses GID %s (rdma_cm takes the GID from the IP address; unset "
 			                "CKPT_RDMA_GID or name the index of that GID)", idx, idx, name,
 			                id->port_num, a, what, b);
@@ -172,7 +172,7 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t cap)
 
 static int ms_for_step(uint64_t deadline)
 {
-	int left = net_ms_left(deadline);
+	int left = ckpt_deadline_left_ms(deadline);
 	return left < 0 || left > RDMA_SETUP_MIN_MS ? (left < 0 ? RDMA_SETUP_MIN_MS : left)
 	                                            : RDMA_SETUP_MIN_MS;
 }
@@ -186,7 +186,7 @@ static int cm_next(struct rdma_event_channel *ch, uint64_t deadline, struct rdma
 			return 0;
 		if (errno != EAGAIN && errno != EINTR)
 			return errno_code();
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0)
 			return -ETIMEDOUT;
 		struct pollfd p = { .fd = ch->fd, .events = POLLIN };
@@ -345,7 +345,7 @@ static int new_channel(struct rdma_event_channel **out)
 static int rdma_listen_op(struct net_listener *l, const char *addr, unsigned port)
 {
 	int rc = port > 65535 ? ckpt_err(-EINVAL, "rdma: port %u out of range", port) : 0;
-	if (rc || (rc = devices_check()))
+	if (rc || (rc = devices_check(&l->rdma)))
 		return rc;
 	struct addrinfo *ai;
 	if ((rc = resolve(addr, port, true, -EADDRNOTAVAIL, &ai)))
@@ -439,7 +439,8 @@ static int accept_one(struct net_listener *l, struct rdma_cm_id *id, uint64_t de
 	snprintf(r->peer, sizeof r->peer, "%s", c->peer);
 	char what[NET_PEER_NAME_MAX + 32];
 	snprintf(what, sizeof what, "connection from %s", c->peer);
-	if ((rc = device_check(id, what, r->dev, sizeof r->dev)) || (rc = conn_resources(r))) {
+	if ((rc = device_check(&l->rdma, id, what, r->dev, sizeof r->dev)) ||
+	    (rc = conn_resources(r))) {
 		rdma_reject(id, NULL, 0);
 		conn_free(r);
 		return rc;
@@ -453,7 +454,7 @@ static int accept_one(struct net_listener *l, struct rdma_cm_id *id, uint64_t de
 	}
 	enum rdma_cm_event_type got;
 	int status;
-	uint64_t step = net_deadline(ms_for_step(deadline));
+	uint64_t step = ckpt_deadline_ms(ms_for_step(deadline));
 	rc = cm_expect(r->ch, step, RDMA_CM_EVENT_ESTABLISHED, &got, &status);
 	if (rc) {
 		if (rc == -EPROTO)
@@ -478,7 +479,7 @@ static int accept_one(struct net_listener *l, struct rdma_cm_id *id, uint64_t de
 static int rdma_accept_op(struct net_listener *l, int timeout_ms, struct net_conn *c)
 {
 	struct rdma_listener *rl = l->priv;
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	for (;;) {
 		struct rdma_cm_event *ev;
 		if (rdma_get_cm_event(rl->ch, &ev) == 0) {
@@ -500,7 +501,7 @@ static int rdma_accept_op(struct net_listener *l, int timeout_ms, struct net_con
 		}
 		if (errno != EAGAIN && errno != EINTR)
 			return ckpt_err(errno_code(), "rdma: rdma_get_cm_event on port %u", l->port);
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0) {
 			if (timeout_ms == 0)
 				return -EAGAIN;
@@ -537,7 +538,7 @@ static int connect_once(struct net_conn *c, const struct addrinfo *a, uint64_t d
 		rc = ckpt_err(errno_code(), "rdma: rdma_resolve_addr %s", c->peer);
 		goto fail;
 	}
-	if ((rc = cm_expect(r->ch, net_deadline(ms_for_step(deadline) + 1000),
+	if ((rc = cm_expect(r->ch, ckpt_deadline_ms(ms_for_step(deadline) + 1000),
 	                    RDMA_CM_EVENT_ADDR_RESOLVED, &got, &status))) {
 		rc = ckpt_err(rc == -EPROTO ? -EHOSTUNREACH : rc, "rdma: cannot resolve %s to an "
 		              "RDMA device: %s (%s)", c->peer, rc == -EPROTO ? rdma_event_str(got) :
@@ -546,13 +547,13 @@ static int connect_once(struct net_conn *c, const struct addrinfo *a, uint64_t d
 	}
 	char what[NET_PEER_NAME_MAX + 32];
 	snprintf(what, sizeof what, "the route to %s", c->peer);
-	if ((rc = device_check(r->id, what, r->dev, sizeof r->dev)))
+	if ((rc = device_check(&c->rdma, r->id, what, r->dev, sizeof r->dev)))
 		goto fail;
 	if (rdma_resolve_route(r->id, ms_for_step(deadline))) {
 		rc = ckpt_err(errno_code(), "rdma: rdma_resolve_route %s", c->peer);
 		goto fail;
 	}
-	if ((rc = cm_expect(r->ch, net_deadline(ms_for_step(deadline) + 1000),
+	if ((rc = cm_expect(r->ch, ckpt_deadline_ms(ms_for_step(deadline) + 1000),
 	                    RDMA_CM_EVENT_ROUTE_RESOLVED, &got, &status))) {
 		rc = ckpt_err(rc == -EPROTO ? -EHOSTUNREACH : rc, "rdma: no route to %s: %s",
 		              c->peer, rc == -EPROTO ? rdma_event_str(got) : "timeout");
@@ -566,7 +567,7 @@ static int connect_once(struct net_conn *c, const struct addrinfo *a, uint64_t d
 		rc = ckpt_err(errno_code(), "rdma: rdma_connect %s", c->peer);
 		goto fail;
 	}
-	rc = cm_expect(r->ch, net_deadline(ms_for_step(deadline)), RDMA_CM_EVENT_ESTABLISHED,
+	rc = cm_expect(r->ch, ckpt_deadline_ms(ms_for_step(deadline)), RDMA_CM_EVENT_ESTABLISHED,
 	               &got, &status);
 	if (rc == -EPROTO) {
 		/* REJECTED with the cm's own status: no listener on that port. */
@@ -604,9 +605,9 @@ static void sleep_ms(int ms)
 
 static int rdma_connect_op(struct net_conn *c, const char *addr, unsigned port, int timeout_ms)
 {
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	int rc = port > 65535 ? ckpt_err(-EINVAL, "rdma: port %u out of range", port) : 0;
-	if (rc || (rc = devices_check()))
+	if (rc || (rc = devices_check(&c->rdma)))
 		return rc;
 	struct addrinfo *ai;
 	if ((rc = resolve(addr, port, false, -EHOSTUNREACH, &ai)))
@@ -628,7 +629,7 @@ static int rdma_connect_op(struct net_conn *c, const char *addr, unsigned port, 
 		 * better by waiting. */
 		if (last != -ECONNREFUSED && last != -ETIMEDOUT && last != -ECONNRESET)
 			break;
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0)
 			break;
 		sleep_ms(left < 0 || left > backoff ? backoff : left);

@@ -232,7 +232,7 @@ static int peer_ring_set(struct rdma_conn *r, const uint8_t *b)
 }
 
 /* One received message in slot s: check every field against what contains it
- * before using it (STYLE 10), then file it. Locked. */
+ * before using it (CONTRIBUTING.md, "Style"), then file it. Locked. */
 static int on_recv(struct rdma_conn *r, uint32_t s, uint32_t byte_len)
 {
 	const uint8_t *h = r->rbuf + (size_t)s * RDMA_SLOT_BYTES;
@@ -568,13 +568,13 @@ void rdma_shutdown(struct net_conn *c)
  * it acknowledged them), so that a message sent just before net_close arrives. */
 void rdma_conn_linger(struct rdma_conn *r)
 {
-	uint64_t deadline = net_deadline(RDMA_LINGER_MS);
+	uint64_t deadline = ckpt_deadline_ms(RDMA_LINGER_MS);
 	pthread_mutex_lock(&r->lock);
 	for (;;) {
 		progress(r);
 		if (!r->established || r->sq_busy == 0 || r->err || r->shut || r->peer_gone)
 			break;
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0)
 			break;
 		pthread_mutex_unlock(&r->lock);

@@ -124,7 +124,7 @@ int net_sock_poll(int fd, short events, uint64_t deadline)
 {
 	for (;;) {
 		struct pollfd p = { .fd = fd, .events = events };
-		int r = poll(&p, 1, net_ms_left(deadline));
+		int r = poll(&p, 1, ckpt_deadline_left_ms(deadline));
 		if (r >= 0)
 			return r;
 		if (errno != EINTR)
@@ -188,7 +188,7 @@ void net_sock_listener_close(struct net_listener *l)
 static int tcp_accept(struct net_listener *l, int timeout_ms, struct net_conn *c)
 {
 	int lfd = net_sock_fd_of(l->priv);
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	for (;;) {
 		struct sockaddr_storage ss;
 		socklen_t len = sizeof ss;
@@ -211,7 +211,7 @@ static int tcp_accept(struct net_listener *l, int timeout_ms, struct net_conn *c
 		}
 		if (errno == EINTR)
 			continue;
-		if (net_ms_left(deadline) == 0) {
+		if (ckpt_deadline_left_ms(deadline) == 0) {
 			if (timeout_ms == 0)
 				return -EAGAIN;
 			return ckpt_err(-ETIMEDOUT, "tcp: no connection on port %u within %d ms",
@@ -266,7 +266,7 @@ void net_sock_sleep_ms(int ms)
 
 static int tcp_connect(struct net_conn *c, const char *addr, unsigned port, int timeout_ms)
 {
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	struct addrinfo *ai;
 	int rc = tcp_resolve(addr, port, false, -EHOSTUNREACH, &ai);
 	if (rc)
@@ -290,7 +290,7 @@ static int tcp_connect(struct net_conn *c, const char *addr, unsigned port, int 
 		if (last != -ECONNREFUSED && last != -ECONNRESET && last != -ETIMEDOUT &&
 		    last != -EAGAIN && last != -EINTR)
 			break;
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0)
 			break;
 		net_sock_sleep_ms(left < 0 || left > backoff ? backoff : left);

@@ -35,7 +35,8 @@ int net_transport_ops_get(int transport, const struct net_transport_ops **out)
 	}
 }
 
-int net_listen(int transport, const char *addr, unsigned port, struct net_listener **out)
+int net_listen(int transport, const struct net_rdma_opts *rdma, const char *addr,
+               unsigned port, struct net_listener **out)
 {
 	*out = NULL;
 	const struct net_transport_ops *ops;
@@ -46,6 +47,8 @@ int net_listen(int transport, const char *addr, unsigned port, struct net_listen
 	if (!l)
 		return ckpt_err(-ENOMEM, "%s: listener", ops->name);
 	l->ops = ops;
+	if (rdma)
+		l->rdma = *rdma;
 	rc = ops->listen(l, addr, port);
 	if (rc) {
 		ckpt_free(l);
@@ -66,12 +69,15 @@ void net_listener_close(struct net_listener *l)
 	ckpt_free(l);
 }
 
-static struct net_conn *conn_new(const struct net_transport_ops *ops)
+static struct net_conn *conn_new(const struct net_transport_ops *ops,
+                                 const struct net_rdma_opts *rdma)
 {
 	struct net_conn *c = ckpt_calloc(1, sizeof *c);
 	if (!c)
 		return NULL;
 	c->ops = ops;
+	if (rdma)
+		c->rdma = *rdma;
 	c->max_msg = NET_DEFAULT_MAX_MSG;
 	atomic_init(&c->broken, 0);
 	return c;
@@ -85,7 +91,7 @@ static void conn_name_init(struct net_conn *c)
 int net_accept(struct net_listener *l, int timeout_ms, struct net_conn **out)
 {
 	*out = NULL;
-	struct net_conn *c = conn_new(l->ops);
+	struct net_conn *c = conn_new(l->ops, &l->rdma);
 	if (!c)
 		return ckpt_err(-ENOMEM, "%s: accept", l->ops->name);
 	int rc = l->ops->accept(l, timeout_ms, c);
@@ -98,15 +104,15 @@ int net_accept(struct net_listener *l, int timeout_ms, struct net_conn **out)
 	return 0;
 }
 
-int net_connect(int transport, const char *addr, unsigned port, int timeout_ms,
-                struct net_conn **out)
+int net_connect(int transport, const struct net_rdma_opts *rdma, const char *addr,
+                unsigned port, int timeout_ms, struct net_conn **out)
 {
 	*out = NULL;
 	const struct net_transport_ops *ops;
 	int rc = net_transport_ops_get(transport, &ops);
 	if (rc)
 		return rc;
-	struct net_conn *c = conn_new(ops);
+	struct net_conn *c = conn_new(ops, rdma);
 	if (!c)
 		return ckpt_err(-ENOMEM, "%s: connect", ops->name);
 	rc = ops->connect(c, addr, port, timeout_ms);

@@ -63,7 +63,7 @@ static int unix_listen(struct net_listener *l, const char *addr, unsigned port)
 static int unix_accept(struct net_listener *l, int timeout_ms, struct net_conn *c)
 {
 	int lfd = net_sock_fd_of(l->priv);
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	for (;;) {
 		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd >= 0) {
@@ -75,7 +75,7 @@ static int unix_accept(struct net_listener *l, int timeout_ms, struct net_conn *
 			return ckpt_err(-errno, "unix: accept");
 		if (errno == EINTR)
 			continue;
-		if (net_ms_left(deadline) == 0) {
+		if (ckpt_deadline_left_ms(deadline) == 0) {
 			if (timeout_ms == 0)
 				return -EAGAIN;
 			return ckpt_err(-ETIMEDOUT, "unix: no connection within %d ms", timeout_ms);
@@ -94,7 +94,7 @@ static int unix_connect(struct net_conn *c, const char *addr, unsigned port, int
 	int rc = unix_addr(addr, &sa, &len);
 	if (rc)
 		return rc;
-	uint64_t deadline = net_deadline(timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	int backoff = UNIX_BACKOFF_MIN_MS, err = ECONNREFUSED, attempts = 0;
 	for (;;) {
 		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -112,7 +112,7 @@ static int unix_connect(struct net_conn *c, const char *addr, unsigned port, int
 		/* Nobody listens yet (the leader may still be starting). */
 		if (err != ECONNREFUSED && err != ENOENT && err != EAGAIN && err != EINTR)
 			break;
-		int left = net_ms_left(deadline);
+		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0)
 			break;
 		net_sock_sleep_ms(left < 0 || left > backoff ? backoff : left);

@@ -3,9 +3,10 @@
  * detection, the pinned pool allocator, pointer classification, the copy streams
  * and per-slot events of the save pipeline, and host-to-device copies for loads.
  *
- * Every cudaError_t is converted here, at the module boundary, to our codes, with
- * CUDA's own name and words in the message (snap_cuda_err). A machine without a driver
- * or a device puts the object in host mode at create: nothing else changes.
+ * The runtime is loaded at the first create (cudart.c), not linked; every cudaError_t
+ * is converted at the module boundary to our codes, with CUDA's own name and words in
+ * the message (snap_cuda_err). A machine without the runtime, a driver or a device
+ * puts the object in host mode at create: nothing else changes.
  *
  * The pinned pool is anonymous memory pinned with cudaHostRegister rather than
  * cudaHostAlloc: cudaHostAlloc memory is a mapping of the NVIDIA device file, which
@@ -33,27 +34,6 @@
 
 #include "snapshot/snapshot_internal.h"
 
-int snap_cuda_err(cudaError_t e, const char *fmt_what, ...)
-{
-	char what[512];
-	va_list ap;
-	va_start(ap, fmt_what);
-	vsnprintf(what, sizeof what, fmt_what, ap);
-	va_end(ap);
-	(void)cudaGetLastError();
-	int code;
-	switch (e) {
-	case cudaErrorMemoryAllocation:   code = -ENOMEM; break;
-	case cudaErrorInvalidValue:       code = -EINVAL; break;
-	case cudaErrorNoDevice:
-	case cudaErrorInsufficientDriver:
-	case cudaErrorInvalidDevice:
-	case cudaErrorDevicesUnavailable: code = CKPT_ENODEV; break;
-	default:                          code = -EIO; break;
-	}
-	return ckpt_err(code, "%s: CUDA %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-}
-
 /* ------------------------------------------------------------------ pinned pool memory */
 
 static void *pinned_alloc(size_t bytes, void *arg)
@@ -64,14 +44,14 @@ static void *pinned_alloc(size_t bytes, void *arg)
 	void *m = io_map_buffers(bytes);
 	if (!m)
 		return NULL;
-	cudaError_t e = cudaHostRegister(m, bytes, cudaHostRegisterPortable);
+	cudaError_t e = cudart.HostRegister(m, bytes, cudaHostRegisterPortable);
 	sn->pool_pinned = e == cudaSuccess;
 	if (e != cudaSuccess) {
 		/* Still correct: copies from device memory into pageable memory are staged
 		 * by the driver, slower and synchronous with the host. */
-		(void)cudaGetLastError();
+		(void)cudart.GetLastError();
 		ckpt_log(CKPT_LOG_WARN, "buffer pool of %zu bytes not pinned (cudaHostRegister: %s); "
-		         "device copies will be slower", bytes, cudaGetErrorString(e));
+		         "device copies will be slower", bytes, cudart.GetErrorString(e));
 	}
 	return m;
 }
@@ -80,12 +60,13 @@ static void pinned_free(void *p, size_t bytes, void *arg)
 {
 	struct snapshot *sn = arg;
 	if (sn->pool_pinned) {
-		cudaError_t e = cudaHostUnregister(p);
+		cudaError_t e = cudart.HostUnregister(p);
 		/* At process exit the runtime may already be gone: the unmap below is what
 		 * matters, and the kernel drops the pin with the mapping. */
 		if (e != cudaSuccess && e != cudaErrorCudartUnloading)
-			ckpt_log(CKPT_LOG_WARN, "buffer pool: cudaHostUnregister: %s", cudaGetErrorString(e));
-		(void)cudaGetLastError();
+			ckpt_log(CKPT_LOG_WARN, "buffer pool: cudaHostUnregister: %s",
+			         cudart.GetErrorString(e));
+		(void)cudart.GetLastError();
 		sn->pool_pinned = false;
 	}
 	io_unmap_buffers(p, bytes);
@@ -103,15 +84,18 @@ int snapshot_create(struct snapshot **out)
 	sn->bound = -1;
 	sn->home = -1;
 	int n = 0;
-	cudaError_t e = cudaGetDeviceCount(&n);
-	if (e != cudaSuccess || n <= 0) {
-		(void)cudaGetLastError();
+	cudaError_t e = cudaSuccess;
+	if (cudart_load() != 0) {
+		/* Logged by cudart_load: this context runs host memory only. */
+		ckpt_err_clear();
+	} else if ((e = cudart.GetDeviceCount(&n)) != cudaSuccess || n <= 0) {
+		(void)cudart.GetLastError();
 		ckpt_log(CKPT_LOG_INFO, "no CUDA device (%s): host memory only",
-		         e != cudaSuccess ? cudaGetErrorString(e) : "none found");
-	} else if ((e = cudaGetDevice(&sn->home)) != cudaSuccess) {
-		(void)cudaGetLastError();
+		         e != cudaSuccess ? cudart.GetErrorString(e) : "none found");
+	} else if ((e = cudart.GetDevice(&sn->home)) != cudaSuccess) {
+		(void)cudart.GetLastError();
 		ckpt_log(CKPT_LOG_INFO, "CUDA: cudaGetDevice: %s: host memory only",
-		         cudaGetErrorString(e));
+		         cudart.GetErrorString(e));
 	} else {
 		sn->device = true;
 		sn->alloc.alloc = pinned_alloc;
@@ -129,17 +113,20 @@ void snapshot_destroy(struct snapshot *sn)
 	/* Errors are ignored: this runs at close, maybe at process exit after the
 	 * runtime has unloaded, and there is nobody left to tell. */
 	snap_gds_destroy(sn);
+	if (!sn->device)
+		goto out;          /* the runtime may not even be loaded */
 	if (sn->save_stream) {
-		cudaStreamSynchronize(sn->save_stream);
-		cudaStreamDestroy(sn->save_stream);
+		cudart.StreamSynchronize(sn->save_stream);
+		cudart.StreamDestroy(sn->save_stream);
 	}
 	if (sn->load_stream) {
-		cudaStreamSynchronize(sn->load_stream);
-		cudaStreamDestroy(sn->load_stream);
+		cudart.StreamSynchronize(sn->load_stream);
+		cudart.StreamDestroy(sn->load_stream);
 	}
 	for (unsigned i = 0; i < sn->nevents; i++)
-		cudaEventDestroy(sn->events[i]);
-	(void)cudaGetLastError();
+		cudart.EventDestroy(sn->events[i]);
+	(void)cudart.GetLastError();
+out:
 	ckpt_free(sn->events);
 	pthread_mutex_destroy(&sn->lock);
 	ckpt_free(sn);
@@ -159,11 +146,11 @@ int snapshot_mem_kind(struct snapshot *sn, const void *p, int mem, int *device)
 	}
 	struct cudaPointerAttributes a;
 	memset(&a, 0, sizeof a);
-	cudaError_t e = cudaPointerGetAttributes(&a, p);
+	cudaError_t e = cudart.PointerGetAttributes(&a, p);
 	if (e != cudaSuccess) {
 		/* Old runtimes fail for memory CUDA never saw: that is host memory. */
 		if (mem == CKPT_MEM_AUTO) {
-			(void)cudaGetLastError();
+			(void)cudart.GetLastError();
 			return CKPT_MEM_HOST;
 		}
 		return snap_cuda_err(e, "classify pointer %p", p);
@@ -203,9 +190,9 @@ int snapshot_bind(struct snapshot *sn, int device)
 static int with_device_begin(struct snapshot *sn, int *prev)
 {
 	int dev = sn->bound >= 0 ? sn->bound : sn->home;
-	cudaError_t e = cudaGetDevice(prev);
+	cudaError_t e = cudart.GetDevice(prev);
 	if (e == cudaSuccess && *prev != dev)
-		e = cudaSetDevice(dev);
+		e = cudart.SetDevice(dev);
 	return e == cudaSuccess ? 0 : snap_cuda_err(e, "select CUDA device %d", dev);
 }
 
@@ -214,8 +201,8 @@ static void with_device_end(int prev, bool restore)
 	if (!restore)
 		return;
 	int cur;
-	if (cudaGetDevice(&cur) == cudaSuccess && cur != prev)
-		cudaSetDevice(prev);
+	if (cudart.GetDevice(&cur) == cudaSuccess && cur != prev)
+		cudart.SetDevice(prev);
 }
 
 static int stream_create(struct snapshot *sn, cudaStream_t *s, const char *what, bool restore)
@@ -225,7 +212,7 @@ static int stream_create(struct snapshot *sn, cudaStream_t *s, const char *what,
 	int prev, rc = with_device_begin(sn, &prev);
 	if (rc)
 		return rc;
-	cudaError_t e = cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+	cudaError_t e = cudart.StreamCreateWithFlags(s, cudaStreamNonBlocking);
 	with_device_end(prev, restore);
 	if (e != cudaSuccess) {
 		*s = NULL;
@@ -251,30 +238,30 @@ int snapshot_fence(struct snapshot *sn, void *stream, void **fence)
 	 * tensors' device, which may not be the caller's current one. The caller's
 	 * thread gets its own device back. */
 	int prev;
-	cudaError_t e = cudaGetDevice(&prev);
+	cudaError_t e = cudart.GetDevice(&prev);
 	if (e == cudaSuccess && prev != dev)
-		e = cudaSetDevice(dev);
+		e = cudart.SetDevice(dev);
 	if (e != cudaSuccess)
 		return snap_cuda_err(e, "select CUDA device %d", dev);
 	cudaEvent_t ev = NULL;
 	int rc = 0;
 	/* No timing, no blocking sync: it exists for cudaStreamWaitEvent. */
-	e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+	e = cudart.EventCreateWithFlags(&ev, cudaEventDisableTiming);
 	if (e != cudaSuccess) {
 		ev = NULL;
 		rc = snap_cuda_err(e, "create the fence event on CUDA device %d", dev);
-	} else if ((e = cudaEventRecord(ev, stream ? (cudaStream_t)stream : cudaStreamLegacy)) !=
+	} else if ((e = cudart.EventRecord(ev, stream ? (cudaStream_t)stream : cudaStreamLegacy)) !=
 	           cudaSuccess) {
 		rc = stream
 			? snap_cuda_err(e, "record the fence on stream %p (it must be a stream of "
 			                "CUDA device %d, the device of the save's tensors)", stream, dev)
 			: snap_cuda_err(e, "record the fence on the default stream of CUDA device %d",
 			                dev);
-		cudaEventDestroy(ev);
+		cudart.EventDestroy(ev);
 		ev = NULL;
 	}
 	if (prev != dev)
-		cudaSetDevice(prev);
+		cudart.SetDevice(prev);
 	*fence = ev;
 	return rc;
 }
@@ -283,7 +270,7 @@ int snap_dev_after(struct snapshot *sn, void *fence)
 {
 	/* Resolved by the GPU: the worker does not wait, and the copies queued after
 	 * this start as soon as the caller's writes are done. */
-	cudaError_t e = cudaStreamWaitEvent(sn->save_stream, (cudaEvent_t)fence, 0);
+	cudaError_t e = cudart.StreamWaitEvent(sn->save_stream, (cudaEvent_t)fence, 0);
 	return e == cudaSuccess ? 0 : snap_cuda_err(e, "make the snapshot copies wait for the "
 	                                            "caller's writes (the fence)");
 }
@@ -309,7 +296,7 @@ int snap_dev_prepare(struct snapshot *sn, unsigned n)
 					 * made issuing the copies wait for them (448 x 16 MiB: 120 ms
 					 * on an H200 instead of 1.3 ms), which is the caller's stall.
 					 * Waiting on one chunk's event spins for ~0.3 ms at most. */
-					cudaError_t e = cudaEventCreateWithFlags(&ev[sn->nevents],
+					cudaError_t e = cudart.EventCreateWithFlags(&ev[sn->nevents],
 					        cudaEventDisableTiming);
 					if (e != cudaSuccess) {
 						rc = snap_cuda_err(e, "create snapshot event %u", sn->nevents);
@@ -329,10 +316,10 @@ int snap_dev_copy(struct snapshot *sn, void *dst, const void *src, size_t n, uns
 {
 	/* cudaMemcpyDefault: with unified addressing the runtime knows both sides, and
 	 * a managed or host source is still copied correctly. */
-	cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, sn->save_stream);
+	cudaError_t e = cudart.MemcpyAsync(dst, src, n, cudaMemcpyDefault, sn->save_stream);
 	if (e != cudaSuccess)
 		return snap_cuda_err(e, "copy %zu bytes from device memory %p", n, src);
-	e = cudaEventRecord(sn->events[slot], sn->save_stream);
+	e = cudart.EventRecord(sn->events[slot], sn->save_stream);
 	if (e != cudaSuccess)
 		return snap_cuda_err(e, "record the event of snapshot slot %u", slot);
 	return 0;
@@ -340,7 +327,7 @@ int snap_dev_copy(struct snapshot *sn, void *dst, const void *src, size_t n, uns
 
 int snap_dev_wait(struct snapshot *sn, unsigned slot)
 {
-	cudaError_t e = cudaEventSynchronize(sn->events[slot]);
+	cudaError_t e = cudart.EventSynchronize(sn->events[slot]);
 	return e == cudaSuccess ? 0 : snap_cuda_err(e, "wait for the copy of snapshot slot %u", slot);
 }
 
@@ -356,7 +343,7 @@ int snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), voi
 	if (!(rc = with_device_begin(sn, &prev))) {
 		/* No timing, no blocking sync: it exists for cudaStreamWaitEvent, which the
 		 * GPU resolves without the host. */
-		cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+		cudaError_t e = cudart.EventCreateWithFlags(&ev, cudaEventDisableTiming);
 		with_device_end(prev, false);
 		if (e != cudaSuccess)
 			rc = snap_cuda_err(e, "create the snapshot event");
@@ -364,12 +351,12 @@ int snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), voi
 	pthread_mutex_unlock(&sn->lock);
 	if (rc)
 		return rc;
-	cudaError_t e = cudaEventRecord(ev, sn->save_stream);
+	cudaError_t e = cudart.EventRecord(ev, sn->save_stream);
 	if (e == cudaSuccess && landed)
-		e = cudaLaunchHostFunc(sn->save_stream, landed, arg);
+		e = cudart.LaunchHostFunc(sn->save_stream, landed, arg);
 	if (e != cudaSuccess) {
 		rc = snap_cuda_err(e, "record the snapshot event");
-		cudaEventDestroy(ev);
+		cudart.EventDestroy(ev);
 		return rc;
 	}
 	*event = ev;
@@ -380,10 +367,10 @@ void snap_dev_quiesce(struct snapshot *sn)
 {
 	if (!sn->save_stream)
 		return;
-	cudaError_t e = cudaStreamSynchronize(sn->save_stream);
+	cudaError_t e = cudart.StreamSynchronize(sn->save_stream);
 	if (e != cudaSuccess) {
-		ckpt_log(CKPT_LOG_ERROR, "snapshot copy stream: %s", cudaGetErrorString(e));
-		(void)cudaGetLastError();
+		ckpt_log(CKPT_LOG_ERROR, "snapshot copy stream: %s", cudart.GetErrorString(e));
+		(void)cudart.GetLastError();
 	}
 }
 
@@ -392,7 +379,7 @@ void snapshot_event_destroy(struct snapshot *sn, void *event)
 	CKPT_UNUSED(sn);
 	/* A stream that still waits on it keeps it alive until then (CUDA's rule). */
 	if (event)
-		cudaEventDestroy((cudaEvent_t)event);
+		cudart.EventDestroy((cudaEvent_t)event);
 }
 
 /* ------------------------------------------------------------------ load */
@@ -418,7 +405,7 @@ int snapshot_copy_out(struct snapshot *sn, void *dst, const void *src, size_t n,
 	if (sn->mirror_len && s8 >= sn->mirror_host && n <= sn->mirror_len &&
 	    (size_t)(s8 - sn->mirror_host) <= sn->mirror_len - n)
 		src = sn->mirror_dev + (s8 - sn->mirror_host);
-	cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, sn->load_stream);
+	cudaError_t e = cudart.MemcpyAsync(dst, src, n, cudaMemcpyDefault, sn->load_stream);
 	if (e != cudaSuccess)
 		return snap_cuda_err(e, "copy %zu bytes to device memory %p", n, dst);
 	sn->load_queued = true;
@@ -430,6 +417,6 @@ int snapshot_copy_out_wait(struct snapshot *sn)
 	if (!sn->load_queued)
 		return 0;
 	sn->load_queued = false;
-	cudaError_t e = cudaStreamSynchronize(sn->load_stream);
+	cudaError_t e = cudart.StreamSynchronize(sn->load_stream);
 	return e == cudaSuccess ? 0 : snap_cuda_err(e, "wait for copies to device memory");
 }

@@ -1,6 +1,6 @@
 /*
  * gds.c — GPUDirect Storage (cuFile) for loads into device memory and for
- * synchronous saves of device memory (DESIGN §8; docs/gpu.md "GPUDirect Storage").
+ * synchronous saves of device memory (docs/gpu.md "GPUDirect Storage").
  *
  * Optional and never the only path: snapshot_gds_enable loads libcufile at run time
  * (dlopen: a libckpt built here runs where cuFile is not installed, and CI compiles
@@ -279,9 +279,9 @@ static int read_one(struct gds_worker *w, size_t i, struct gds_item *it)
 	if (buf < 0)
 		return ckpt_err(buf, "GPUDirect Storage: pool buffer for chunk %u", q->chunk);
 	uint8_t *host = io_pool_addr(b->pool, (unsigned)buf);
-	cudaError_t e = cudaMemcpyAsync(host, w->stage, len, cudaMemcpyDeviceToHost, w->stream);
+	cudaError_t e = cudart.MemcpyAsync(host, w->stage, len, cudaMemcpyDeviceToHost, w->stream);
 	if (e == cudaSuccess)
-		e = cudaStreamSynchronize(w->stream);
+		e = cudart.StreamSynchronize(w->stream);
 	if (e != cudaSuccess) {
 		io_pool_put(b->pool, (unsigned)buf);
 		return snap_cuda_err(e, "tensor '%s' chunk %u: copy for verification", tname,
@@ -306,7 +306,7 @@ static void *worker_main(void *arg)
 	struct gds_worker *w = arg;
 	struct gds_batch *b = w->b;
 	int dev = b->sn->home;
-	cudaError_t e = cudaSetDevice(dev);
+	cudaError_t e = cudart.SetDevice(dev);
 	if (e != cudaSuccess) {
 		batch_fail(b, snap_cuda_err(e, "GPUDirect Storage: select device %d", dev));
 		return NULL;
@@ -387,14 +387,14 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 		return rc;
 	}
 	pthread_mutex_init(&b.lock, NULL);
-	pthread_cond_init(&b.cond, NULL);
+	ckpt_cond_init(&b.cond);
 	unsigned started = 0;
 	for (unsigned k = 0; k < nw && !rc; k++) {
 		w[k].b = &b;
 		w[k].id = k;
-		cudaError_t e = cudaMalloc((void **)&w[k].stage, b.staged_max);
+		cudaError_t e = cudart.Malloc((void **)&w[k].stage, b.staged_max);
 		if (e == cudaSuccess)
-			e = cudaStreamCreateWithFlags(&w[k].stream, cudaStreamNonBlocking);
+			e = cudart.StreamCreateWithFlags(&w[k].stream, cudaStreamNonBlocking);
 		if (e != cudaSuccess) {
 			rc = snap_cuda_err(e, "GPUDirect Storage: staging buffer of %zu bytes",
 			                   b.staged_max);
@@ -464,9 +464,9 @@ int snapshot_gds_read_batch(struct snapshot *sn, struct io_pool *pool,
 			io_pool_put(pool, b.done[k].buf);
 	for (unsigned k = 0; k < nw; k++) {
 		if (w[k].stream)
-			cudaStreamDestroy(w[k].stream);
+			cudart.StreamDestroy(w[k].stream);
 		if (w[k].stage)
-			cudaFree(w[k].stage);
+			cudart.Free(w[k].stage);
 	}
 	for (size_t i = 0; i < b.nfiles; i++)
 		gds_file_close(sn->gds, &b.files[i]);
@@ -521,7 +521,7 @@ static int wfile_one(struct gds_wfile *wf, const struct gds_wjob *j)
 static void *wfile_main(void *arg)
 {
 	struct gds_wfile *wf = arg;
-	cudaError_t e = cudaSetDevice(wf->sn->home);
+	cudaError_t e = cudart.SetDevice(wf->sn->home);
 	pthread_mutex_lock(&wf->lock);
 	if (e != cudaSuccess && !wf->rc) {
 		wf->rc = snap_cuda_err(e, "GPUDirect Storage: select device %d", wf->sn->home);
@@ -570,7 +570,7 @@ int snapshot_gds_file_open(struct snapshot *sn, const char *path, void **out)
 		return rc;
 	}
 	pthread_mutex_init(&wf->lock, NULL);
-	pthread_cond_init(&wf->cond, NULL);
+	ckpt_cond_init(&wf->cond);
 	for (unsigned k = 0; k < GDS_WORKERS; k++) {
 		if ((rc = ckpt_thread_create(&wf->th[k], NULL, wfile_main, wf))) {
 			rc = ckpt_err(-rc, "GPUDirect Storage: start a writer thread");

@@ -1,7 +1,7 @@
 /*
  * snapshot.h — lib/snapshot's interface: copying the caller's state into pool
  * buffers (the snapshot) and, on load, copying verified bytes out to the caller,
- * from and to host or CUDA device memory (DESIGN §8).
+ * from and to host or CUDA device memory (docs/gpu.md, "Design (lib/snapshot)").
  *
  * One struct snapshot per context. It decides once, at create, whether device
  * memory can be used (a CUDA build, a driver, at least one device); without that

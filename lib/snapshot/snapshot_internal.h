@@ -1,8 +1,9 @@
 /*
  * snapshot_internal.h — private to lib/snapshot: the snapshot object and the small
  * device backend under the pipeline. cuda.c implements the backend with the CUDA
- * runtime; host.c implements it for builds without CUDA (every device call then
- * fails with CKPT_ENODEV). pipe.c, the window logic, is the same in both builds.
+ * runtime, which cudart.c loads on demand; host.c implements it for builds without
+ * CUDA (every device call then fails with CKPT_ENODEV). pipe.c, the window logic, is
+ * the same in both builds.
  */
 #ifndef CKPT_SNAPSHOT_INTERNAL_H
 #define CKPT_SNAPSHOT_INTERNAL_H
@@ -12,7 +13,7 @@
 #include "snapshot/snapshot.h"
 
 #ifdef CKPT_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "snapshot/cudart.h"
 #endif
 
 /* Fields after create are written under lock only (lazy creation, binding). */
@@ -38,10 +39,6 @@ struct snapshot {
 };
 
 #ifdef CKPT_HAVE_CUDA
-/* Convert e (not cudaSuccess) to our code and record the message with CUDA's own
- * name and words. Clears CUDA's last error so that a non-sticky failure does not
- * resurface in an unrelated later call. */
-int  snap_cuda_err(cudaError_t e, const char *fmt_what, ...) CKPT_PRINTF(2, 3);
 /* Release GPUDirect Storage (gds.c); no-op when it was never enabled. */
 void snap_gds_destroy(struct snapshot *sn);
 #endif

@@ -839,6 +839,45 @@ START_TEST(source_tensors)
 }
 END_TEST
 
+/* CKPT_RDMA_DEVICE and CKPT_RDMA_GID are resolved with the rest of the configuration:
+ * with transport rdma, a malformed one is refused by ckpt_open, naming the variable;
+ * well-formed ones open (one rank: no connection is made); tcp ignores them. */
+START_TEST(rdma_env)
+{
+	struct ckpt_opts o;
+	opts_one(&o, root);
+	o.transport = CKPT_TRANSPORT_RDMA;
+	ckpt_ctx *c = NULL;
+	char longname[80];
+	memset(longname, 'd', sizeof longname - 1);
+	longname[sizeof longname - 1] = '\0';
+	const struct { const char *var, *val; } bad[] = {
+		{ "CKPT_RDMA_GID", "x" }, { "CKPT_RDMA_GID", "-1" }, { "CKPT_RDMA_GID", "65536" },
+		{ "CKPT_RDMA_GID", "3 " }, { "CKPT_RDMA_DEVICE", longname },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		setenv(bad[i].var, bad[i].val, 1);
+		c = NULL;
+		ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+		ck_assert_ptr_null(c);
+		ck_assert_msg(strstr(ckpt_last_error(), bad[i].var), "%s=%s: %s", bad[i].var,
+		              bad[i].val, ckpt_last_error());
+		/* The tcp transport does not read them. */
+		o.transport = CKPT_TRANSPORT_TCP;
+		ck_assert_int_eq(ckpt_open(&o, &c), 0);
+		ckpt_close(c);
+		o.transport = CKPT_TRANSPORT_RDMA;
+		unsetenv(bad[i].var);
+	}
+	setenv("CKPT_RDMA_DEVICE", "rxe0", 1);
+	setenv("CKPT_RDMA_GID", "1", 1);
+	ck_assert_int_eq(ckpt_open(&o, &c), 0);
+	ckpt_close(c);
+	unsetenv("CKPT_RDMA_DEVICE");
+	unsetenv("CKPT_RDMA_GID");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("api");
@@ -863,6 +902,7 @@ int main(void)
 	tcase_add_test(tc, resharded_rows_read_blocks);
 	tcase_add_test(tc, gds_fallback);
 	tcase_add_test(tc, queue_depth_env);
+	tcase_add_test(tc, rdma_env);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

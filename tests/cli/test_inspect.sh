@@ -130,13 +130,20 @@ expect_rc 0 "removed 1 step" "gc removes what rebuild could not prove" "$inspect
 
 # ---- a root held by a running job's coordinator (its lock, held here by flock(1))
 if command -v flock >/dev/null; then
-  flock -x "$r/coordinator.lock" -c 'sleep 4' & holder=$!
-  sleep 0.5
+  # Held until this test is done with it, however slow the machine: a fixed
+  # sleep let the lock go before the checks ran under load.
+  # The subshell becomes the sleep that holds the lock: killing it frees the lock.
+  ( exec 9<>"$r/coordinator.lock"; flock -x 9; exec sleep 600 >/dev/null 2>&1 ) & holder=$!
+  for _ in $(seq 200); do
+    flock -n "$r/coordinator.lock" -c true 2>/dev/null || break
+    sleep 0.05
+  done
+  flock -n "$r/coordinator.lock" -c true 2>/dev/null && bad "the holder never took the lock"
   expect_rc 7 "in use by the coordinator" "gc on a root a job holds is refused" "$inspect" "$r" gc
   expect_rc 0 "in use by a running job" "verify on a root a job holds reads, without marking" \
     "$inspect" "$r" verify latest --quiet
   expect_rc 0 "committed" "list on a root a job holds" "$inspect" "$r" list
-  wait $holder
+  kill $holder 2>/dev/null; wait $holder 2>/dev/null
 else
   echo "note: flock(1) missing: the running-job checks were not run"
 fi

@@ -3,7 +3,7 @@
 # UTF-8 (overlong, surrogate, above U+10FFFF, truncated, lone continuation): every
 # --json output of the tools is valid JSON (such bytes become U+FFFD; show adds
 # name_hex, the stored bytes), a damaged chunk of such a tensor is named in valid
-# JSON, the safetensors export refuses the name (exit 1, nothing written), and a
+# JSON, the safetensors export refuses the name (exit 13, nothing written), and a
 # reshard cannot write it into a new checkpoint (the save API refuses it).
 set -u
 mklegacy=$1 synth=$2 inspect=$3 reshard=$4
@@ -68,17 +68,16 @@ printf '%s' "$out" | valid_json "verify --json names the damaged tensor (U+FFFD)
 flip
 
 # The safetensors export refuses the name, writes nothing, and says which tensor.
-out=$("$reshard" "$r" 5 --export-safetensors "$root/m.safetensors" --quiet 2>&1); rc=$?
-if [ $rc = 1 ] && grep -q 'legacy/' <<<"$out" && grep -q 'UTF-8' <<<"$out" && [ ! -e "$root/m.safetensors" ] \
-   && ! ls "$root"/m.safetensors.tmp-* >/dev/null 2>&1; then
-  ok "export refuses a name that is not UTF-8 (exit 1, named, nothing written)"
+out=$("$reshard" "$r" 5 --export-safetensors "$root/m" --kind all --quiet 2>&1); rc=$?
+if [ $rc = 13 ] && grep -q 'legacy/' <<<"$out" && grep -q 'UTF-8' <<<"$out" && [ ! -e "$root/m" ]; then
+  ok "export refuses a name that is not UTF-8 (exit 13, named, nothing written)"
 else bad "export of legacy names (rc $rc)" "$out"; fi
 grep -q 'legacy/[a-z]*-\\x' <<<"$out" && ok "the refusal quotes the bad bytes as \\xNN" || bad "refusal quoting" "$out"
-"$reshard" "$r" 5 --export-safetensors "$root/m.safetensors" --json 2>/dev/null | valid_json \
-  "export --json: one error object" "d['op']=='export' and d['ok'] is False and d['exit']==1 and 'UTF-8' in d['error']"
-out=$("$reshard" "$r" 5 --export-safetensors "$root/m.safetensors" --kind optimizer --json 2>/dev/null)
+"$reshard" "$r" 5 --export-safetensors "$root/m" --kind all --json 2>/dev/null | valid_json \
+  "export --json: one error object" "d['op']=='export' and d['ok'] is False and d['exit']==13 and d['code']==-1007 and 'UTF-8' in d['error']"
+out=$("$reshard" "$r" 5 --export-safetensors "$root/m" --kind optimizer --json 2>/dev/null)
 printf '%s' "$out" | valid_json "export --kind that leaves the names out succeeds" "d['ok'] and d['tensors']==0"
-"$py" - "$root/m.safetensors" <<'PY' && ok "its header is valid UTF-8 JSON" || bad "export header"
+"$py" - "$root/m/model.safetensors" <<'PY' && ok "its header is valid UTF-8 JSON" || bad "export header"
 import json, struct, sys
 b = open(sys.argv[1], 'rb').read(); n = struct.unpack('<Q', b[:8])[0]
 json.loads(b[8:8 + n].decode('utf-8'))

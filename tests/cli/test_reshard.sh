@@ -56,15 +56,19 @@ elif [ $rc = 0 ]; then
     "$synth" verify --root "$root/o3" --step 5 --bytes 3M --seed 9 --world 2
 else bad "1 -> 3 (rc $rc)" "$out"; fi
 
-# ---- safetensors export
+# ---- safetensors export (the Hugging Face side: test_safetensors.sh); here with
+# the checkpoint's own names kept through --name-map, every kind
+"$inspect" "$src" show 5 --json | /usr/bin/python3 -c '
+import json, sys
+json.dump({t["name"]: t["name"] for t in json.load(sys.stdin)["tensors"]}, open(sys.argv[1], "w"))' "$root/ident.json"
 expect_rc 0 "exported step 5" "export to safetensors (streamed in 4 KiB slabs)" \
-  "$reshard" "$src" latest --export-safetensors "$root/m.safetensors" --buffer 4K
+  "$reshard" "$src" latest --export-safetensors "$root/m" --buffer 4K --kind all --name-map "$root/ident.json"
 expect_rc 0 "exported" "export --kind model" \
-  "$reshard" "$src" 5 --export-safetensors "$root/model.safetensors" --kind model --quiet
-mode=$(stat -c %a "$root/m.safetensors")
+  "$reshard" "$src" 5 --export-safetensors "$root/mm" --kind model --name-map "$root/ident.json" --quiet
+mode=$(stat -c %a "$root/m/model.safetensors")
 [ "$mode" = 600 ] && ok "the exported weights are private (0600)" || bad "exported file mode $mode, want 600"
 "$inspect" "$src" show 5 --chunks --json > "$root/show.json"
-/usr/bin/python3 - "$root/m.safetensors" "$root/model.safetensors" "$root/show.json" "$src" <<'PY' \
+/usr/bin/python3 - "$root/m/model.safetensors" "$root/mm/model.safetensors" "$root/show.json" "$src" <<'PY' \
   && ok "safetensors header parses, offsets tile the data, bytes equal the stored chunks" \
   || bad "safetensors content"
 import json, struct, sys, os

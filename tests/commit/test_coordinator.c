@@ -422,7 +422,7 @@ static void frame_header(uint8_t h[NET_HEADER_BYTES], uint16_t type, uint32_t le
 static struct net_conn *bad_rank_connect(const struct env *e, uint32_t rank)
 {
 	struct net_conn *c;
-	ck_assert_int_eq(net_connect(NET_TCP, "127.0.0.1", e->port, 10000, &c), 0);
+	ck_assert_int_eq(net_connect(NET_TCP, NULL, "127.0.0.1", e->port, 10000, &c), 0);
 	struct net_auth a = { .job_id = JOB, .rank = rank, .world = e->world, .secret = SECRET,
 	                      .secret_len = strlen(SECRET) };
 	int rc = net_handshake_client(c, &a, 10000);

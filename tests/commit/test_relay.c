@@ -177,7 +177,7 @@ static struct net_conn *fake_leader(const struct tenv *e, uint32_t rank, const u
                                     uint32_t n, int *code, char reason[COMMIT_MAX_REASON + 1])
 {
 	struct net_conn *c;
-	ck_assert_int_eq(net_connect(NET_TCP, "127.0.0.1", e->port, 10000, &c), 0);
+	ck_assert_int_eq(net_connect(NET_TCP, NULL, "127.0.0.1", e->port, 10000, &c), 0);
 	struct net_auth a = { .job_id = JOB, .rank = rank, .world = e->world, .secret = SECRET,
 	                      .secret_len = strlen(SECRET) };
 	int rc = net_handshake_client(c, &a, 10000);

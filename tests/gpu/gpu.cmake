@@ -79,3 +79,7 @@ else()
   ckpt_gpu_test(test_gpu_order SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_order.c)
 endif()
 ckpt_gpu_add(test_gpu_order test_gpu_order)
+# The CUDA runtime is loaded on demand, not linked (lib/snapshot/cudart.c).
+add_test(NAME test_cudart_on_demand COMMAND bash ${CKPT_GPU_TEST_DIR}/test_cudart_on_demand.sh
+         $<TARGET_FILE:ckpt> $<TARGET_FILE:ckpt-synth>)
+set_tests_properties(test_cudart_on_demand PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "gpu")

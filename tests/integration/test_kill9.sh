@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_kill9.sh — an external kill -9 (not the fault hook) of one random rank
-# process at a random moment of a W = 4 save, then the invariant of DESIGN §3:
+# process at a random moment of a W = 4 save, then the invariant (CONTRIBUTING.md, "Tests"):
 #   (a) the previous committed step verifies bit-exact;
 #   (b) the killed step is committed and verifies, or invisible - never half;
 #   (c) after GC (rank 0's open of the next clean save) nothing of it remains

@@ -148,7 +148,7 @@ static struct commit_part *start_tmo(struct script *s, pthread_t *t, int scenari
 {
 	memset(s, 0, sizeof *s);
 	s->scenario = scenario;
-	ck_assert_int_eq(net_listen(NET_TCP, "127.0.0.1", 0, &s->lis), 0);
+	ck_assert_int_eq(net_listen(NET_TCP, NULL, "127.0.0.1", 0, &s->lis), 0);
 	ck_assert_int_eq(pthread_create(t, NULL, coordinator_script, s), 0);
 	struct commit_part_opts o = { .transport = NET_TCP, .addr = "127.0.0.1",
 	                              .port = net_listener_port(s->lis), .job_id = JOB,

@@ -79,7 +79,7 @@ struct connect_job {
 static void *connect_thread(void *p)
 {
 	struct connect_job *j = p;
-	j->rc = net_connect(T->transport, T->addr, j->port, j->timeout_ms, &j->c);
+	j->rc = net_connect(T->transport, NULL, T->addr, j->port, j->timeout_ms, &j->c);
 	snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error());
 	return NULL;
 }
@@ -89,7 +89,7 @@ static void *connect_thread(void *p)
 static void pair_open(struct pair *p)
 {
 	memset(p, 0, sizeof *p);
-	ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &p->l), 0);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &p->l), 0);
 	ck_assert_uint_ne(net_listener_port(p->l), 0);
 	struct connect_job j = { .port = net_listener_port(p->l), .timeout_ms = TMO };
 	pthread_t th;
@@ -231,7 +231,7 @@ struct raw_pair {
 
 static void raw_pair_open(struct raw_pair *p)
 {
-	ck_assert_int_eq(net_listen(NET_TCP, "127.0.0.1", 0, &p->l), 0);
+	ck_assert_int_eq(net_listen(NET_TCP, NULL, "127.0.0.1", 0, &p->l), 0);
 	p->fd = raw_connect(net_listener_port(p->l));
 	ck_assert_int_eq(net_accept(p->l, TMO, &p->srv), 0);
 }
@@ -393,13 +393,13 @@ END_TEST
 START_TEST(connect_refused_then_retry)
 {
 	struct net_listener *l;
-	ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &l), 0);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &l), 0);
 	unsigned port = net_listener_port(l);
 	net_listener_close(l);
 
 	struct net_conn *c = NULL;
 	uint64_t t0 = ckpt_now_ns();
-	int rc = net_connect(T->transport, T->addr, port, 400, &c);
+	int rc = net_connect(T->transport, NULL, T->addr, port, 400, &c);
 	double ms = ms_since(t0);
 	ck_assert_msg(rc == -ECONNREFUSED || rc == -ETIMEDOUT, "rc %d: %s", rc,
 	              ckpt_last_error());
@@ -413,7 +413,7 @@ START_TEST(connect_refused_then_retry)
 	pthread_t th;
 	ck_assert_int_eq(pthread_create(&th, NULL, connect_thread, &j), 0);
 	sleep_ms(300);
-	rc = net_listen(T->transport, T->addr, port, &l);
+	rc = net_listen(T->transport, NULL, T->addr, port, &l);
 	if (rc == -EADDRINUSE) {
 		fprintf(stderr, "connect_refused_then_retry: port %u taken meanwhile, late-listener "
 		        "part NOT RUN\n", port);
@@ -435,18 +435,18 @@ END_TEST
 START_TEST(listen_errors)
 {
 	struct net_listener *a, *b = (struct net_listener *)1;
-	ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &a), 0);
-	ck_assert_int_eq(net_listen(T->transport, T->addr, net_listener_port(a), &b), -EADDRINUSE);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &a), 0);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, net_listener_port(a), &b), -EADDRINUSE);
 	ck_assert_ptr_null(b);
 	ck_assert_int_ge(net_listener_fd(a), 0);
 	net_listener_close(a);
 	net_listener_close(NULL);
 	net_close(NULL);
-	ck_assert_int_eq(net_listen(T->transport, "256.1.2.3", 0, &b), -EADDRNOTAVAIL);
-	ck_assert_int_eq(net_listen(T->transport, T->addr, 70000, &b), -EINVAL);
-	ck_assert_int_eq(net_listen(99, T->addr, 0, &b), CKPT_ENODEV);
+	ck_assert_int_eq(net_listen(T->transport, NULL, "256.1.2.3", 0, &b), -EADDRNOTAVAIL);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 70000, &b), -EINVAL);
+	ck_assert_int_eq(net_listen(99, NULL, T->addr, 0, &b), CKPT_ENODEV);
 	struct net_conn *c = (struct net_conn *)1;
-	ck_assert_int_eq(net_connect(99, T->addr, 1, 100, &c), CKPT_ENODEV);
+	ck_assert_int_eq(net_connect(99, NULL, T->addr, 1, 100, &c), CKPT_ENODEV);
 	ck_assert_ptr_null(c);
 }
 END_TEST
@@ -457,8 +457,8 @@ START_TEST(names_and_ipv6)
 	struct net_listener *l;
 	struct net_conn *c, *s;
 	if (T->host) {
-		ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &l), 0);
-		ck_assert_int_eq(net_connect(T->transport, T->host, net_listener_port(l), TMO, &c), 0);
+		ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &l), 0);
+		ck_assert_int_eq(net_connect(T->transport, NULL, T->host, net_listener_port(l), TMO, &c), 0);
 		ck_assert_int_eq(net_accept(l, TMO, &s), 0);
 		net_close(c);
 		net_close(s);
@@ -471,14 +471,14 @@ START_TEST(names_and_ipv6)
 		        "NOT RUN\n", T->name);
 		return;
 	}
-	int rc = net_listen(T->transport, T->addr6, 0, &l);
+	int rc = net_listen(T->transport, NULL, T->addr6, 0, &l);
 	if (rc == -EADDRNOTAVAIL || rc == -EAFNOSUPPORT) {
 		fprintf(stderr, "names_and_ipv6: no IPv6 loopback here (%s), IPv6 part NOT RUN\n",
 		        ckpt_last_error());
 		return;
 	}
 	ck_assert_int_eq(rc, 0);
-	ck_assert_int_eq(net_connect(T->transport, T->addr6, net_listener_port(l), TMO, &c), 0);
+	ck_assert_int_eq(net_connect(T->transport, NULL, T->addr6, net_listener_port(l), TMO, &c), 0);
 	ck_assert_int_eq(net_accept(l, TMO, &s), 0);
 	ck_assert_msg(strstr(net_conn_name(c), "]:"), "name %s", net_conn_name(c));
 	ck_assert_int_eq(net_send(c, 50, "six", 3, TMO), 0);
@@ -578,7 +578,7 @@ static void hs_run(struct net_listener *l, const struct net_auth *srv, net_rank_
 	pthread_t th;
 	ck_assert_int_eq(pthread_create(&th, NULL, hs_server_thread, &s), 0);
 	struct net_conn *c;
-	int rc = net_connect(T->transport, T->addr, net_listener_port(l), TMO, &c);
+	int rc = net_connect(T->transport, NULL, T->addr, net_listener_port(l), TMO, &c);
 	ck_assert_msg(rc == 0, "connect: %s", ckpt_last_error());
 	r->cli_rc = net_handshake_client(c, cli, TMO);
 	snprintf(r->cli_msg, sizeof r->cli_msg, "%s", ckpt_last_error());
@@ -627,7 +627,7 @@ static struct net_auth auth(const char *job, uint32_t rank, uint32_t world, cons
 START_TEST(handshake_ok)
 {
 	struct net_listener *l;
-	ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &l), 0);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &l), 0);
 	struct net_auth srv = auth("job-42", 0, 4, "s3cret");
 	struct seen_ranks seen = { { false } };
 	struct hs_result r;
@@ -659,7 +659,7 @@ END_TEST
 START_TEST(handshake_rejects)
 {
 	struct net_listener *l;
-	ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &l), 0);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &l), 0);
 	struct net_auth srv = auth("jobA", 0, 4, "s3cret");
 	struct hs_result r;
 
@@ -709,7 +709,7 @@ START_TEST(handshake_rejects)
 }
 END_TEST
 
-/* The test's own implementation of the documented wire format (docs/protocol-net.md),
+/* The test's own implementation of the documented wire format (docs/protocol.md §1),
  * for peers that misbehave on purpose. */
 static size_t hello_payload(uint8_t *b, const char *job, uint32_t rank, uint32_t world,
                             const uint8_t nonce[32])
@@ -759,7 +759,7 @@ static void one_server_start(struct one_server *o, struct net_listener *l, const
 START_TEST(handshake_replay)
 {
 	struct net_listener *l;
-	ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &l), 0);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &l), 0);
 	unsigned port = net_listener_port(l);
 	struct net_auth srv = auth("job", 0, 2, "k3y");
 	uint8_t cnonce[32], hello[64], snonce1[32], resp[32], proof[32];
@@ -772,7 +772,7 @@ START_TEST(handshake_replay)
 	one_server_start(&o, l, &srv, TMO);
 	struct net_conn *c;
 	struct net_msg m;
-	ck_assert_int_eq(net_connect(T->transport, T->addr, port, TMO, &c), 0);
+	ck_assert_int_eq(net_connect(T->transport, NULL, T->addr, port, TMO, &c), 0);
 	ck_assert_int_eq(net_send(c, NET_MSG_HELLO, hello, hlen, TMO), 0);
 	ck_assert_int_eq(net_recv(c, &m, TMO), 0);
 	ck_assert_uint_eq(m.type, NET_MSG_CHALLENGE);
@@ -793,7 +793,7 @@ START_TEST(handshake_replay)
 	/* Session 2, by an eavesdropper replaying session 1's HELLO and RESPONSE:
 	 * the server's nonce is fresh, so the old RESPONSE fails. */
 	one_server_start(&o, l, &srv, TMO);
-	ck_assert_int_eq(net_connect(T->transport, T->addr, port, TMO, &c), 0);
+	ck_assert_int_eq(net_connect(T->transport, NULL, T->addr, port, TMO, &c), 0);
 	ck_assert_int_eq(net_send(c, NET_MSG_HELLO, hello, hlen, TMO), 0);
 	ck_assert_int_eq(net_recv(c, &m, TMO), 0);
 	ck_assert_uint_eq(m.type, NET_MSG_CHALLENGE);
@@ -821,7 +821,7 @@ END_TEST
 START_TEST(handshake_hostile_clients)
 {
 	struct net_listener *l;
-	ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &l), 0);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &l), 0);
 	unsigned port = net_listener_port(l);
 	struct net_auth srv = auth("job", 0, 2, "k3y");
 	uint8_t nonce[32] = { 0 }, big[8192];
@@ -838,7 +838,7 @@ START_TEST(handshake_hostile_clients)
 		struct one_server o;
 		one_server_start(&o, l, &srv, 500);
 		struct net_conn *c;
-		ck_assert_int_eq(net_connect(T->transport, T->addr, port, TMO, &c), 0);
+		ck_assert_int_eq(net_connect(T->transport, NULL, T->addr, port, TMO, &c), 0);
 		uint8_t p[512];
 		size_t n;
 		if (cases[i].type == NET_MSG_HELLO && cases[i].len == 0) {
@@ -896,11 +896,11 @@ START_TEST(handshake_fake_servers)
 	const int want[] = { CKPT_EPROTO, CKPT_EAUTH, CKPT_EPROTO };
 	for (int mode = 0; mode < 3; mode++) {
 		struct fake_server f = { .mode = mode };
-		ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &f.l), 0);
+		ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &f.l), 0);
 		pthread_t th;
 		ck_assert_int_eq(pthread_create(&th, NULL, fake_server_thread, &f), 0);
 		struct net_conn *c;
-		ck_assert_int_eq(net_connect(T->transport, T->addr, net_listener_port(f.l), TMO, &c), 0);
+		ck_assert_int_eq(net_connect(T->transport, NULL, T->addr, net_listener_port(f.l), TMO, &c), 0);
 		struct net_auth a = auth("job", 1, 2, "k3y");
 		int rc = net_handshake_client(c, &a, TMO);
 		ck_assert_msg(rc == want[mode], "mode %d: %d %s", mode, rc, ckpt_last_error());
@@ -919,12 +919,12 @@ START_TEST(handshake_timeout_and_fault_exemption)
 	unsetenv("CKPT_FAULT_RANK");
 	ckpt_fault_reload();
 	struct net_listener *l;
-	ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &l), 0);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &l), 0);
 	struct one_server o;
 	struct net_auth srv = auth("job", 0, 2, "k3y"), cli = auth("job", 1, 2, "k3y");
 	one_server_start(&o, l, &srv, TMO);
 	struct net_conn *c;
-	ck_assert_int_eq(net_connect(T->transport, T->addr, net_listener_port(l), TMO, &c), 0);
+	ck_assert_int_eq(net_connect(T->transport, NULL, T->addr, net_listener_port(l), TMO, &c), 0);
 	ck_assert_int_eq(net_handshake_client(c, &cli, TMO), 0);
 	ck_assert_int_eq(net_send(c, 70, "lost", 4, TMO), 0);        /* dropped */
 	ck_assert_int_eq(net_send(c, 71, "kept", 4, TMO), 0);
@@ -974,7 +974,7 @@ static void *echo_client_thread(void *p)
 {
 	struct echo_client *e = p;
 	struct net_conn *c = NULL;
-	e->rc = net_connect(T->transport, T->addr, e->port, TMO, &c);
+	e->rc = net_connect(T->transport, NULL, T->addr, e->port, TMO, &c);
 	for (unsigned i = 0; i < ROUNDS && e->rc == 0; i++) {
 		uint8_t out[64], want[64];
 		size_t len = 1 + (e->id * 7 + i) % 64;
@@ -1003,7 +1003,7 @@ static void *echo_client_thread(void *p)
 START_TEST(poll_loop_with_a_stalled_peer)
 {
 	struct net_listener *l;
-	ck_assert_int_eq(net_listen(T->transport, T->addr, 0, &l), 0);
+	ck_assert_int_eq(net_listen(T->transport, NULL, T->addr, 0, &l), 0);
 	unsigned port = net_listener_port(l);
 
 	/* The stalled peer connects first, so it is in the loop from the start. */
@@ -1276,7 +1276,7 @@ int main(void)
 	pid_t pid = fork();
 	if (pid == 0) {
 		struct net_listener *probe;
-		int rc = net_listen(T->transport, T->addr, 0, &probe);
+		int rc = net_listen(T->transport, NULL, T->addr, 0, &probe);
 		if (rc == CKPT_ENODEV) {
 			printf("SKIP: transport %s not available: %s\n", T->name, ckpt_last_error());
 			fflush(stdout);

@@ -145,7 +145,7 @@ struct connect_job {
 static void *connect_thread(void *p)
 {
 	struct connect_job *j = p;
-	j->rc = net_connect(NET_RDMA, addr, j->port, TMO, &j->c);
+	j->rc = net_connect(NET_RDMA, NULL, addr, j->port, TMO, &j->c);
 	snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error());
 	return NULL;
 }
@@ -153,7 +153,7 @@ static void *connect_thread(void *p)
 static void pair_open(struct pair *p)
 {
 	memset(p, 0, sizeof *p);
-	ck_assert_msg(net_listen(NET_RDMA, addr, 0, &p->l) == 0, "listen: %s", ckpt_last_error());
+	ck_assert_msg(net_listen(NET_RDMA, NULL, addr, 0, &p->l) == 0, "listen: %s", ckpt_last_error());
 	struct connect_job j = { .port = net_listener_port(p->l) };
 	pthread_t th;
 	ck_assert_int_eq(pthread_create(&th, NULL, connect_thread, &j), 0);
@@ -335,7 +335,7 @@ START_TEST(sender_dies_mid_transfer)
 		if (read(port_pipe[0], &port, sizeof port) != (ssize_t)sizeof port)
 			_exit(3);
 		struct net_conn *c;
-		if (net_connect(NET_RDMA, addr, port, TMO, &c))
+		if (net_connect(NET_RDMA, NULL, addr, port, TMO, &c))
 			_exit(4);
 		static char small[1000];
 		if (net_send(c, 40, small, sizeof small, TMO))
@@ -354,7 +354,7 @@ START_TEST(sender_dies_mid_transfer)
 	close(port_pipe[0]);
 	close(die_pipe[0]);
 	struct net_listener *l;
-	ck_assert_int_eq(net_listen(NET_RDMA, addr, 0, &l), 0);
+	ck_assert_int_eq(net_listen(NET_RDMA, NULL, addr, 0, &l), 0);
 	unsigned port = net_listener_port(l);
 	ck_assert_int_eq(write(port_pipe[1], &port, sizeof port), (ssize_t)sizeof port);
 	close(port_pipe[1]);
@@ -402,7 +402,7 @@ int main(void)
 	pid_t pid = fork();
 	if (pid == 0) {
 		struct net_listener *l;
-		int rc = net_listen(NET_RDMA, addr, 0, &l);
+		int rc = net_listen(NET_RDMA, NULL, addr, 0, &l);
 		if (rc == CKPT_ENODEV) {
 			printf("SKIP: rdma not available here: %s\n", ckpt_last_error());
 			fflush(stdout);

@@ -5,7 +5,7 @@
 # killed at the fault point, and then: the previous step still loads bit-exact,
 # and the faulted step is either committed and complete (verifies bit-exact) or
 # invisible (not a committed step) — never half. Where the outcome is fixed by
-# the protocol (DESIGN §6: the manifest txn decides) it is checked exactly. Then
+# the protocol (docs/protocol.md §2: the manifest txn decides) it is checked exactly. Then
 # the same with the hierarchical commit (node leaders on rdma, a leader killed).
 #
 #   test_rdma_crash.sh CKPT-SYNTH        (inside the rdma guest; 77 elsewhere)

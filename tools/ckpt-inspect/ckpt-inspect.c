@@ -71,6 +71,7 @@ static void usage(FILE *f)
 	"  --json      machine-readable output on stdout: one JSON document, also on\n"
 	"              failure ({\"ok\":false,\"error\",\"code\",\"exit\"})\n"
 	"  --help      this text\n"
+	"  --version   print the version and exit\n"
 	"\n"
 	"exit status: 0 ok; 1 failure (damage found by verify, or an operation failed);\n"
 	"2 usage; 3 no such step; 4 not a checkpoint root; 5 root not writable (gc, rebuild);\n"
@@ -951,6 +952,7 @@ static int parse_count(const char *opt, const char *v, uint64_t *out)
 int main(int argc, char **argv)
 {
 	tool_init("ckpt-inspect", NULL);
+	tool_version(argc, argv);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);

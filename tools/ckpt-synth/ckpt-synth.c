@@ -83,6 +83,7 @@ static void usage(FILE *f)
 	"                         [--compress zstd[:L]] [--chunk SIZE] [--pool SIZE] [--json]\n"
 	"       ckpt-synth verify --root DIR --step N|latest --bytes SIZE --seed S [--world W]\n"
 	"                         [--no-rng] [--json]\n"
+	"       ckpt-synth --help | --version\n"
 	"\n"
 	"A deterministic synthetic model (a few dozen tensors of mixed dtypes, fp32 optimizer\n"
 	"moments, a rank-bound RNG blob per rank, a replicated scheduler blob) of about SIZE\n"
@@ -665,6 +666,7 @@ int main(int argc, char **argv)
 		{ "no-rng", no_argument, 0, 'N' }, { 0, 0, 0, 0 },
 	};
 	tool_init("ckpt-synth", NULL);
+	tool_version(argc, argv);
 	if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
 		usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? 2 : 0;

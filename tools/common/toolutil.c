@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt.h"
 #include "toolutil.h"
 
 /* ------------------------------------------------------------------ parsing */
@@ -146,6 +147,15 @@ void tool_init(const char *prog, const char *op)
 {
 	T.prog = prog;
 	T.op = op;
+}
+
+void tool_version(int argc, char **argv)
+{
+	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+		if (!strcmp(argv[i], "--version")) {
+			printf("%s %s\n", T.prog, ckpt_version());
+			exit(fflush(stdout) ? 1 : 0);
+		}
 }
 
 void tool_set_op(const char *op) { T.op = op; }

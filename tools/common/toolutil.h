@@ -89,6 +89,13 @@ bool tool_scan_has(int argc, char **argv, int first, const struct option *opts, 
  * array the pass was given. Returns TOOL_EXIT_USAGE. */
 int  tool_getopt_error(int ch, char **argv, const struct option *opts);
 
+/* ------------------------------------------------------------------ version */
+
+/* --version among the arguments (before a "--"): print "PROG VERSION" on stdout, the
+ * library's version (ckpt_version()), and exit 0; otherwise return. Called after
+ * tool_init, before anything else reads the arguments. */
+void tool_version(int argc, char **argv);
+
 /* ------------------------------------------------------------------ output */
 
 /* Write s as a JSON string literal (quotes included) that is valid JSON whatever

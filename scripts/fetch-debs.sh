@@ -1,0 +1,13 @@
+#!/bin/bash
+# fetch-debs.sh DIR — download (not install) the Debian packages that libckpt builds against,
+# so they can travel to the GPU machine, which reaches no package registry.
+# On the GPU machine, unpack them with scripts/unpack-debs.sh (docs/gpu.md, "Build").
+set -euo pipefail
+dir=$(realpath -m "${1:?usage: fetch-debs.sh DIR}")
+mkdir -p "$dir"
+pkgs="liburing-dev liburing2 liblmdb-dev liblmdb0 libxxhash-dev libxxhash0 check libsubunit-dev libsubunit0
+      libibverbs-dev libibverbs1 librdmacm-dev librdmacm1 ibverbs-providers libnl-3-200 libnl-route-3-200
+      libzstd-dev libssl-dev libjansson-dev libjansson4"
+[ -n "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -print -quit 2>/dev/null)" ] || apt-get update -q
+cd "$dir" && apt-get -o APT::Sandbox::User=root download -q $pkgs
+ls -1 "$dir"/*.deb | wc -l

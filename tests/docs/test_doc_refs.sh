@@ -1,0 +1,44 @@
+#!/bin/bash
+# test_doc_refs.sh SRCDIR — the repository's docs and comments cite only the
+# repository's own documents: every docs/<name>.md named anywhere in the tree
+# exists, and nothing cites a design, style or testing note kept outside it
+# (DESIGN, STYLE, TESTING), a path above the repository (../shared, shared/...),
+# or a machine's own paths (/work/...). Recorded outputs under bench/results/ are
+# logs, not citations, and are left out; so is this file, which names the patterns.
+set -u
+src=${1:?usage: test_doc_refs.sh SRCDIR}
+cd "$src" || exit 1
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+	mapfile -t files < <(git ls-files --cached --others --exclude-standard)
+else
+	mapfile -t files < <(find . -type f -not -path './build*' -not -path './.git/*' | sed 's|^\./||')
+fi
+self=tests/docs/test_doc_refs.sh
+checked=()
+for f in "${files[@]}"; do
+	case $f in
+	"$self"|bench/results/*|tests/fuzz/corpus/*) continue ;;
+	esac
+	[ -f "$f" ] || continue
+	grep -Iq . "$f" 2>/dev/null || continue          # text files only
+	checked+=("$f")
+done
+[ ${#checked[@]} -gt 10 ] || { echo "only ${#checked[@]} files found under $src"; exit 1; }
+fail=0
+# A docs/*.md that is cited must exist.
+while IFS= read -r hit; do
+	file=${hit%%:*}; rest=${hit#*:}; line=${rest%%:*}; doc=${rest#*:}
+	if [ ! -f "$doc" ]; then
+		echo "$file:$line: cites $doc, which is not in the repository"
+		fail=1
+	fi
+done < <(grep -noE 'docs/[A-Za-z0-9_.-]+\.md' "${checked[@]}" /dev/null)
+# Notes kept outside the repository, and paths outside it.
+outside='DESIGN(\.md| *§| rule)|STYLE(\.md| *§| rule| [0-9])|TESTING(\.md| *§)|\.\./shared|(^|[^A-Za-z0-9_-])shared/[A-Za-z]|/work/'
+while IFS= read -r hit; do
+	echo "$hit"
+	echo "  ^ cites something outside the repository: name the repository's own document"
+	fail=1
+done < <(grep -nE "$outside" "${checked[@]}" /dev/null)
+echo "checked ${#checked[@]} files"
+exit $fail
