@@ -122,8 +122,8 @@ START_TEST(cond_times_out_on_monotonic)
 
 	/* Without a deadline, a wait ends when signalled, and only then. */
 	pthread_t t;
+	t0 = ckpt_now_ns();            /* before the waker starts its 30 ms, whatever the load */
 	ck_assert_int_eq(pthread_create(&t, NULL, wake_later, &w), 0);
-	t0 = ckpt_now_ns();
 	pthread_mutex_lock(&w.lock);
 	while (!w.flag)
 		ck_assert_int_eq(ckpt_cond_wait_until(&w.cond, &w.lock, CKPT_FOREVER), 0);
