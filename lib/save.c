@@ -673,9 +673,10 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		cur->out_src = (const uint8_t *)it->data + off;
 		cur->out_host = io_pool_addr(c->pool, b);
 		struct io_ext_write ext = { .write = save_gds_write, .arg = cur };
-		return io_shard_writer_append_ext(w, (uint32_t)tag, b, n, &h, &ext);
+		return io_shard_writer_append(w, (uint32_t)tag, b, n,
+		                              &(struct io_append){ .hashes = &h, .ext = &ext });
 	}
-	return io_shard_writer_append_hashed(w, (uint32_t)tag, b, n, &h);
+	return io_shard_writer_append(w, (uint32_t)tag, b, n, &(struct io_append){ .hashes = &h });
 }
 
 /* Stream the rest of the items through the pipe into the writer. */
