@@ -252,7 +252,7 @@ static void save_local_abort(ckpt_ctx *c, uint64_t step, uint64_t save_id, const
 		return;
 	struct manifest_step id;
 	save_local_id(c, step, save_id, &id);
-	commit_attempt_abort(c->manifest, &id, why);
+	commit_decide(c->manifest, &id, &(struct commit_decision){ .abort = true, .why = why });
 }
 
 /* The end of what ckpt_save_begin took: a place among the saves in flight. */
@@ -803,24 +803,11 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	if (!c->part) {
 		struct manifest_step id;
 		save_local_id(c, s->step, s->save_id, &id);
-		rc = commit_decide(c->manifest, &id, &v);
-		decided = true;
 		/* The manifest decides: a failure after the commit transaction leaves the
-		 * step committed, and its file must stay. The look-up records its own
-		 * message (e.g. "no such step") on a miss: keep the failure's cause. */
-		if (rc && rc != -EEXIST) {
-			char why[sizeof s->msg];
-			snprintf(why, sizeof why, "%s", ckpt_err_msg());
-			struct manifest_step rec;
-			bool committed = manifest_step_get(c->manifest, s->step, &rec) == 0 &&
-			                 rec.state == CKPT_STATE_COMMITTED;
-			ckpt_err_restore(why);
-			if (committed) {
-				ckpt_log(CKPT_LOG_WARN, "step %llu committed; then: %s",
-				         (unsigned long long)s->step, why);
-				rc = 0;
-			}
-		}
+		 * step committed, and its file must stay. */
+		rc = commit_decide(c->manifest, &id, &(struct commit_decision){
+			.votes = &v, .trust_manifest = true });
+		decided = true;
 		goto out;
 	}
 	rc = commit_part_prepare(c->part, &v);
