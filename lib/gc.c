@@ -110,8 +110,8 @@ int gc_open(ckpt_ctx *c, uint64_t *removed)
 		if ((rc = gc_attempt_remove(root, step, rec.save_id)))
 			break;
 		if (rec.state == CKPT_STATE_INFLIGHT)
-			commit_attempt_abort(c->manifest, &rec, "presumed aborted: the coordinator "
-			                     "that began it is gone");
+			commit_decide(c->manifest, &rec, &(struct commit_decision){ .abort = true,
+			              .why = "presumed aborted: the coordinator that began it is gone" });
 		(*removed)++;
 	}
 	closedir(d);

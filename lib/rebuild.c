@@ -250,7 +250,8 @@ static int rebuild_step(ckpt_ctx *c, uint64_t step, int *outcome, uint32_t *worl
 			struct manifest_step id = { .step = step, .world = world, .save_id = best_id,
 			                            .incarnation = c->incarnation };
 			snprintf(id.job_id, sizeof id.job_id, "%s", c->cfg.job_id);
-			int drc = commit_decide(c->manifest, &id, votes);
+			int drc = commit_decide(c->manifest, &id,
+			                        &(struct commit_decision){ .votes = votes });
 			ckpt_free(votes);
 			if (drc == 0)
 				*outcome = CKPT_REBUILD_COMMITTED;

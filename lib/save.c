@@ -259,7 +259,7 @@ static void save_local_abort(ckpt_ctx *c, uint64_t step, uint64_t save_id, const
 		return;
 	struct manifest_step id;
 	save_local_id(c, step, save_id, &id);
-	commit_attempt_abort(c->manifest, &id, why);
+	commit_decide(c->manifest, &id, &(struct commit_decision){ .abort = true, .why = why });
 }
 
 /* The end of what ckpt_save_begin took: a place among the saves in flight. */
@@ -684,9 +684,10 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		cur->out_src = (const uint8_t *)it->data + off;
 		cur->out_host = io_pool_addr(c->pool, b);
 		struct io_ext_write ext = { .write = save_gds_write, .arg = cur };
-		return io_shard_writer_append_ext(w, (uint32_t)tag, b, n, &h, &ext);
+		return io_shard_writer_append(w, (uint32_t)tag, b, n,
+		                              &(struct io_append){ .hashes = &h, .ext = &ext });
 	}
-	return io_shard_writer_append_hashed(w, (uint32_t)tag, b, n, &h);
+	return io_shard_writer_append(w, (uint32_t)tag, b, n, &(struct io_append){ .hashes = &h });
 }
 
 /* Stream the rest of the items through the pipe into the writer. */
@@ -813,24 +814,11 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	if (!c->part) {
 		struct manifest_step id;
 		save_local_id(c, s->step, s->save_id, &id);
-		rc = commit_decide(c->manifest, &id, &v);
-		decided = true;
 		/* The manifest decides: a failure after the commit transaction leaves the
-		 * step committed, and its file must stay. The look-up records its own
-		 * message (e.g. "no such step") on a miss: keep the failure's cause. */
-		if (rc && rc != -EEXIST) {
-			char why[sizeof s->msg];
-			snprintf(why, sizeof why, "%s", ckpt_err_msg());
-			struct manifest_step rec;
-			bool committed = manifest_step_get(c->manifest, s->step, &rec) == 0 &&
-			                 rec.state == CKPT_STATE_COMMITTED;
-			ckpt_err_restore(why);
-			if (committed) {
-				ckpt_log(CKPT_LOG_WARN, "step %llu committed; then: %s",
-				         (unsigned long long)s->step, why);
-				rc = 0;
-			}
-		}
+		 * step committed, and its file must stay. */
+		rc = commit_decide(c->manifest, &id, &(struct commit_decision){
+			.votes = &v, .trust_manifest = true });
+		decided = true;
 		goto out;
 	}
 	rc = commit_part_prepare(c->part, &v);

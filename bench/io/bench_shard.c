@@ -71,7 +71,7 @@ static double shard_write(struct io_engine *e, struct io_pool *pool, const char 
 	if (io_shard_writer_add_tensor(w, &d) != 0) { fprintf(stderr, "%s\n", ckpt_err_msg()); exit(1); }
 	for (uint64_t off = 0; off < total; off += chunk) {
 		int b = io_pool_get(pool, -1);
-		if (io_shard_writer_append(w, 0, (unsigned)b, chunk)) {
+		if (io_shard_writer_append(w, 0, (unsigned)b, chunk, NULL)) {
 			fprintf(stderr, "%s\n", ckpt_err_msg()); exit(1);
 		}
 	}

@@ -3,8 +3,9 @@
  *
  * A vote is one rank's PREPARE: its encoded shard index and shard file facts, sent
  * only after that rank's data and directory entry are durable. commit_decide() is
- * the coordinator's whole decision once every vote is in: validate the gathered
- * index, then ONE durable manifest transaction (docs/protocol.md §2). The distributed state
+ * the whole decision on an attempt, for every caller: once every vote is in,
+ * validate the gathered index, then ONE durable manifest transaction
+ * (docs/protocol.md §2); or record that the attempt ends without committing. The distributed state
  * machines (gathering votes over lib/net, timeouts, broadcasting the decision) are
  * built on it.
  *
@@ -64,24 +65,45 @@ const struct io_shard_index *commit_gather_index(const struct commit_gather *g, 
 void commit_gather_free(struct commit_gather *g);
 
 /*
- * The decision: decode and validate the votes, then commit them in one durable
- * manifest transaction (fault points coord_before_commit_txn and
- * coord_after_commit_txn around it). id names the attempt: its step, world,
- * save_id, incarnation and job_id go into the step record; votes[r] must be rank
- * r's vote, and with a save id every vote's index must carry it.
- * 0 (committed), -EEXIST (already committed), -ESTALE (the manifest names another
- * attempt), CKPT_EINVALID, CKPT_EFORMAT (a vote's index does not decode), or the
- * manifest's error. On any failure other than -EEXIST the attempt is recorded as
- * aborted, with the reason.
+ * The decision on one attempt at a step, for whoever coordinates it: the
+ * coordinator thread (votes gathered as they arrived), a rank of a world of one and
+ * a rebuild (the votes at once), and anyone who ends an attempt without committing
+ * (the coordinator on a failed or timed-out step, a rank alone before its vote, GC
+ * presuming an abort). What a caller has, and asks, is in struct commit_decision.
+ */
+struct commit_decision {
+	/* The votes, in one of two forms. votes: id->world of them, votes[r] rank r's,
+	 * decoded and validated here; with a save id every vote's index must carry it. */
+	const struct commit_vote    *votes;
+	/* Or shard records prepared as the votes arrived (commit_shard_record), shards[r]
+	 * rank r's, and the gather that validated their indexes (not freed here). */
+	const struct manifest_shard *shards;
+	struct commit_gather        *gather;
+	/* The manifest decides: a failure after the commit transaction (an injected
+	 * fault, a lost disk) that left the step committed is logged and returns 0, so
+	 * that no rank is told to delete the files of a committed step. */
+	bool                         trust_manifest;
+	/* No votes: the attempt ends without committing, for why (the abort record's
+	 * reason). A step that committed after all, or whose record names another
+	 * attempt by now, is left as it is; another failure is logged, and the files
+	 * stay until the next open's GC presumes the attempt aborted. */
+	bool                         abort;
+	const char                  *why;
+};
+/*
+ * Decide attempt id (step, world, save_id, incarnation, job_id: they go into the
+ * step record) as d says. A commit validates the votes, then commits them in one
+ * durable manifest transaction (fault points coord_before_commit_txn and
+ * coord_after_commit_txn around it): 0 (committed), -EEXIST (already committed),
+ * -ESTALE (the manifest names another attempt), CKPT_EINVALID, CKPT_EFORMAT (a
+ * vote's index does not decode), -EINVAL (neither form of votes), or the manifest's
+ * error; on any failure other than -EEXIST the attempt is recorded as aborted, with
+ * the reason, which stays this thread's message. An abort returns CKPT_EABORTED
+ * and keeps this thread's message.
  */
 int commit_decide(struct manifest *m, const struct manifest_step *id,
-                  const struct commit_vote *votes);
+                  const struct commit_decision *d);
 
-/* The same decision from shard records prepared as the votes arrived
- * (commit_shard_record), so that nothing per rank is left to build after the last
- * vote. shards[r] is rank r's; the gather is not freed. Same returns. */
-int commit_decide_records(struct manifest *m, const struct manifest_step *id,
-                          const struct manifest_shard *shards, struct commit_gather *g);
 /* Rank v->rank's shard record for the commit transaction: its file (path, a
  * buffer of the caller's that must live as long as *out: the name carries the
  * vote's save id), size, and where its footer (the index ix decoded from v) lies,
@@ -102,11 +124,6 @@ void commit_shard_record(uint64_t step, const struct commit_vote *v,
  * and nothing is touched), or the manifest's or the file system's error.
  */
 int commit_attempt_begin(struct manifest *m, const char *root, const struct manifest_step *id);
-/* Record that attempt id (step, world, save_id, incarnation, job_id) ends without
- * committing, for why. A step that committed after all, or whose record names another
- * attempt by now, is left as it is; another failure is logged: the files stay until
- * the next open's GC presumes the attempt aborted. This thread's message is kept. */
-void commit_attempt_abort(struct manifest *m, const struct manifest_step *id, const char *why);
 
 /* ------------------------------------------------------------------ coordinator
  * Listens for the W participants of a job, gathers BEGIN and PREPARE per step,

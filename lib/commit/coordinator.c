@@ -636,20 +636,10 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 	                            .incarnation = c->incarnation };
 	snprintf(id.job_id, sizeof id.job_id, "%s", c->job_id);
 	if (!code) {
-		int rc = commit_decide_records(c->manifest, &id, s->shards, s->gather);
-		/* The reason goes to the ranks: copied before the manifest is asked again. */
+		int rc = commit_decide(c->manifest, &id, &(struct commit_decision){
+			.shards = s->shards, .gather = s->gather, .trust_manifest = true });
+		/* The reason goes to the ranks. */
 		snprintf(why, sizeof why, "%s", rc ? ckpt_err_msg() : "");
-		/* The manifest decides: a failure after the commit transaction (an injected
-		 * fault, a lost disk) does not undo it, and telling ranks to abort would make
-		 * them delete the files of a committed step. */
-		struct manifest_step rec;
-		if (rc && manifest_step_get(c->manifest, s->step, &rec) == 0 &&
-		    rec.state == CKPT_STATE_COMMITTED && rc != -EEXIST) {
-			ckpt_log(CKPT_LOG_WARN, "coordinator: step %llu committed; then: %s",
-			         (unsigned long long)s->step, why);
-			rc = 0;
-			why[0] = '\0';
-		}
 		if (rc) {
 			code = rc == -EEXIST ? -EEXIST : CKPT_EABORTED;
 			ckpt_log(CKPT_LOG_WARN, "coordinator: step %llu not committed: %s",
@@ -658,7 +648,7 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 	} else {
 		ckpt_log(CKPT_LOG_WARN, "coordinator: step %llu aborted: %s",
 		         (unsigned long long)s->step, why);
-		commit_attempt_abort(c->manifest, &id, why);
+		commit_decide(c->manifest, &id, &(struct commit_decision){ .abort = true, .why = why });
 	}
 	uint64_t t_sent = ckpt_now_ns();
 	uint32_t sends = broadcast(c, s, code, why);

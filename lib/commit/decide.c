@@ -1,7 +1,10 @@
 /*
- * decide.c — the coordinator's decision for one step, once every vote is in:
- * decode, validate, and ONE durable manifest transaction. Presumed abort: if this
- * process dies anywhere before the transaction commits, nothing is visible.
+ * decide.c — the decision for one attempt at a step, by whoever coordinates it (the
+ * coordinator thread, a rank of a world of one, a rebuild, GC presuming an abort):
+ * commit_decide is the one entry. Commit: once every vote is in, decode, validate,
+ * and ONE durable manifest transaction; abort: the attempt's record says so. Presumed
+ * abort: if this process dies anywhere before the transaction commits, nothing is
+ * visible. Also the begin of an attempt (commit_attempt_begin).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -52,7 +55,8 @@ int commit_attempt_begin(struct manifest *m, const char *root, const struct mani
 	return rc;
 }
 
-void commit_attempt_abort(struct manifest *m, const struct manifest_step *id, const char *why)
+/* The attempt ends without committing, for why; this thread's message is kept. */
+static void attempt_abort(struct manifest *m, const struct manifest_step *id, const char *why)
 {
 	char *msg = ckpt_strdup(ckpt_err_msg());
 	int rc = manifest_record_abort(m, id, why);
@@ -94,10 +98,11 @@ static void record_abort(struct manifest *m, const struct manifest_step *id)
 {
 	char why[1024];
 	snprintf(why, sizeof why, "%s", ckpt_err_msg());
-	commit_attempt_abort(m, id, why[0] ? why : "commit failed");
+	attempt_abort(m, id, why[0] ? why : "commit failed");
 }
 
-int commit_decide_records(struct manifest *m, const struct manifest_step *id,
+/* The decision from shard records prepared as the votes arrived. */
+static int decide_records(struct manifest *m, const struct manifest_step *id,
                           const struct manifest_shard *shards, struct commit_gather *g)
 {
 	struct commit_summary sum;
@@ -109,8 +114,10 @@ int commit_decide_records(struct manifest *m, const struct manifest_step *id,
 	return rc;
 }
 
-int commit_decide(struct manifest *m, const struct manifest_step *id,
-                  const struct commit_vote *votes)
+/* The decision from the votes themselves: decode each index, check that it is the
+ * attempt's, gather, then as decide_records. */
+static int decide_votes(struct manifest *m, const struct manifest_step *id,
+                        const struct commit_vote *votes)
 {
 	uint64_t step = id->step;
 	uint32_t world = id->world;
@@ -138,11 +145,51 @@ int commit_decide(struct manifest *m, const struct manifest_step *id,
 		}
 	}
 	if (!rc)
-		rc = commit_decide_records(m, id, shards, g);
+		rc = decide_records(m, id, shards, g);
 	else if (rc != -EEXIST)
 		record_abort(m, id);
 	commit_gather_free(g);
 	ckpt_free(shards);
 	ckpt_free(paths);
+	return rc;
+}
+
+/* A failure after the commit transaction (an injected fault, a lost disk) does not
+ * undo it: if the manifest holds the step committed, it is. Telling ranks to abort
+ * would make them delete the files of a committed step. The look-up records its
+ * own message on a miss ("no such step"): the failure's stays. */
+static int committed_after_all(struct manifest *m, const struct manifest_step *id, int rc)
+{
+	char why[1024];
+	snprintf(why, sizeof why, "%s", ckpt_err_msg());
+	struct manifest_step rec;
+	bool committed = manifest_step_get(m, id->step, &rec) == 0 &&
+	                 rec.state == CKPT_STATE_COMMITTED;
+	ckpt_err_restore(why);
+	if (!committed)
+		return rc;
+	ckpt_log(CKPT_LOG_WARN, "step %llu committed; then: %s", (unsigned long long)id->step, why);
+	return 0;
+}
+
+int commit_decide(struct manifest *m, const struct manifest_step *id,
+                  const struct commit_decision *d)
+{
+	if (!m || !id || !d)
+		return ckpt_err(-EINVAL, "commit_decide: NULL argument");
+	if (d->abort) {
+		attempt_abort(m, id, d->why);
+		return CKPT_EABORTED;
+	}
+	int rc;
+	if (d->votes)
+		rc = decide_votes(m, id, d->votes);
+	else if (d->shards && d->gather)
+		rc = decide_records(m, id, d->shards, d->gather);
+	else
+		return ckpt_err(-EINVAL, "step %llu: a decision without votes",
+		                (unsigned long long)id->step);
+	if (rc && rc != -EEXIST && d->trust_manifest)
+		rc = committed_after_all(m, id, rc);
 	return rc;
 }

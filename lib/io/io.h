@@ -219,33 +219,38 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 /* Declare the next tensor; returns its index (>= 0). Errors: CKPT_ENAME, CKPT_ESHAPE,
  * -EINVAL, -EEXIST (same name twice in this shard). */
 int io_shard_writer_add_tensor(struct io_shard_writer *w, const struct io_tensor_desc *t);
-/* Append the next chunk of tensor t: len raw bytes in pool buffer buf. Ownership of
- * buf passes to the writer in every case (success or failure); it returns to the pool
- * when its write completes. Hashes, compresses when enabled and smaller, queues the
- * write; blocks only while the engine's queue is full, or while the pool is empty and
- * this writer's writes hold buffers (so that it never returns with the pool empty
- * because of completions nobody reaped). Chunks of a tensor are appended in order; a
- * tensor's chunks are consecutive. Errors: -EIO, -ENOSPC, ... */
-int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len);
-/* The same, with the hashes of the raw bytes already computed by the caller (the
- * snapshot stage hashes while it copies: one pass over the data instead of two).
- * h NULL: computed here; block hashes of another block size than the writer's are
- * computed here too. */
-int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigned buf,
-                                  size_t len, const struct io_hashes *h);
-/* The same, for a chunk whose bytes another path writes (GPUDirect Storage): buf
- * holds them (hashes computed from it: h, chunk and blocks, is required), and
- * ext->write(arg, fd, path, off, n) is called here to write the chunk's whole 4 KiB
- * blocks [off, off+n) from the other copy; the partial last block goes out from
- * buf. Never compressed. Ownership of buf as io_shard_writer_append. ext's error
- * fails the writer. */
+/* An external writer of a chunk's bytes (GPUDirect Storage): write(arg, fd, path,
+ * off, n) writes the chunk's whole 4 KiB blocks [off, off+n) from its own copy of
+ * them. Its error fails the writer. */
 struct io_ext_write {
 	int  (*write)(void *arg, int fd, const char *path, uint64_t off, size_t n);
 	void  *arg;
 };
-int io_shard_writer_append_ext(struct io_shard_writer *w, uint32_t t, unsigned buf,
-                               size_t len, const struct io_hashes *h,
-                               const struct io_ext_write *ext);
+/* The optional parts of an append; a NULL struct asks for none of them. */
+struct io_append {
+	/* The hashes of the raw bytes, already computed by the caller (the snapshot
+	 * stage hashes while it copies: one pass over the data instead of two). NULL:
+	 * computed here; block hashes of another block size than the writer's are
+	 * computed here too. */
+	const struct io_hashes    *hashes;
+	/* Another path writes the chunk's bytes: buf holds them (hashes computed from
+	 * it: hashes, chunk and blocks, is then required), ext writes the whole 4 KiB
+	 * blocks, and the partial last block goes out from buf. Never compressed.
+	 * NULL: the writer writes buf. */
+	const struct io_ext_write *ext;
+};
+/* Append the next chunk of tensor t: len raw bytes in pool buffer buf, with the
+ * optional parts in opt (NULL: none). Ownership of buf passes to the writer in every
+ * case (success or failure); it returns to the pool when its write completes.
+ * Hashes, compresses when enabled and smaller, queues the write; blocks only while
+ * the engine's queue is full, or while the pool is empty and this writer's writes
+ * hold buffers (so that it never returns with the pool empty because of completions
+ * nobody reaped). Chunks of a tensor are appended in order; a tensor's chunks are
+ * consecutive. Errors: -EINVAL (a chunk out of that order, or larger than its
+ * tensor's rest or a pool buffer; opt->ext without its write or opt->hashes),
+ * -ENOMEM, -EIO, -ENOSPC, ... */
+int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
+                           const struct io_append *opt);
 /* Durability point of the shard: waits for every write, writes footer and trailer,
  * truncates to the final size, fdatasync()s the file (its directory entry was made
  * durable by io_shard_writer_open). Only after 0 may the shard be voted for. The writer is freed in every case; on failure

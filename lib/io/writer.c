@@ -9,7 +9,7 @@
  * Version 2 keeps, besides each chunk's hash, the hash of every block_bytes block
  * of every raw chunk longer than one block, so that a reader needing part of a
  * chunk can read and verify just the blocks that hold it. The hashes come from the
- * caller's copy pass when it computed them (io_shard_writer_append_hashed), and
+ * caller's copy pass when it computed them (struct io_append's hashes), and
  * are collected here in chunk order; finish writes them as one table after the
  * last chunk, in the same request as footer and trailer.
  *
@@ -470,11 +470,6 @@ static int try_compress(struct io_shard_writer *w, const void *src, size_t len, 
 	return ob;
 }
 
-int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len)
-{
-	return io_shard_writer_append_hashed(w, t, buf, len, NULL);
-}
-
 /* Room for nb more block hashes; NULL on -ENOMEM (message recorded). */
 static uint8_t *blocks_reserve(struct io_shard_writer *w, uint64_t nb)
 {
@@ -495,29 +490,15 @@ static uint8_t *blocks_reserve(struct io_shard_writer *w, uint64_t nb)
 	return w->blocks + w->nblocks * CKPT_HASH_BYTES;
 }
 
-static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
-                        const struct io_hashes *h, const struct io_ext_write *ext);
-
-int io_shard_writer_append_hashed(struct io_shard_writer *w, uint32_t t, unsigned buf,
-                                  size_t len, const struct io_hashes *h)
+int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
+                           const struct io_append *opt)
 {
-	return append_chunk(w, t, buf, len, h, NULL);
-}
-
-int io_shard_writer_append_ext(struct io_shard_writer *w, uint32_t t, unsigned buf,
-                               size_t len, const struct io_hashes *h,
-                               const struct io_ext_write *ext)
-{
-	if (!ext || !ext->write || !h) {
+	const struct io_hashes *h = opt ? opt->hashes : NULL;
+	const struct io_ext_write *ext = opt ? opt->ext : NULL;
+	if (ext && (!ext->write || !h)) {
 		io_pool_put(w->pool, buf);
 		return ckpt_err(-EINVAL, "%s: external chunk write without a writer or hash", w->path);
 	}
-	return append_chunk(w, t, buf, len, h, ext);
-}
-
-static int append_chunk(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
-                        const struct io_hashes *h, const struct io_ext_write *ext)
-{
 	uint8_t *raw = io_pool_addr(w->pool, buf);
 	if (!raw)
 		return ckpt_err(-EINVAL, "%s: append of pool buffer %u (not in the pool)", w->path,

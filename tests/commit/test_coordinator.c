@@ -805,7 +805,7 @@ static void real_shard(const struct env *e, uint64_t step, uint32_t rank, uint64
 	int b = io_pool_get(pool, -1);
 	ck_assert_int_ge(b, 0);
 	memset(io_pool_addr(pool, (unsigned)b), (int)rank + 1, 16);
-	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 16), 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 16, NULL), 0);
 	ck_assert_msg(io_shard_writer_finish(w, res) == 0, "%s", ckpt_err_msg());
 	io_engine_destroy(eng);
 	io_pool_destroy(pool);

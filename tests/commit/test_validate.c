@@ -388,7 +388,7 @@ START_TEST(decide_commits_once)
 	root_open(&rt);
 	struct votes vs;
 	votes_make(&vs, 100, 3);
-	int rc = commit_decide(rt.m, ID("job-a", 100, 3), vs.v);
+	int rc = commit_decide(rt.m, ID("job-a", 100, 3), &(struct commit_decision){ .votes = vs.v });
 	ck_assert_msg(rc == 0, "%s", ckpt_err_msg());
 
 	struct manifest_step rec, again;
@@ -421,7 +421,7 @@ START_TEST(decide_commits_once)
 	struct votes other;
 	votes_make(&other, 100, 3);
 	other.v[1].file_size = 5;
-	rc = commit_decide(rt.m, ID("job-b", 100, 3), other.v);
+	rc = commit_decide(rt.m, ID("job-b", 100, 3), &(struct commit_decision){ .votes = other.v });
 	ck_assert_msg(rc == -EEXIST, "rc %d (%s)", rc, ckpt_err_msg());
 	ck_assert_int_eq(manifest_step_get(rt.m, 100, &again), 0);
 	ck_assert(!memcmp(&rec, &again, sizeof rec));
@@ -441,7 +441,7 @@ START_TEST(decide_invalid_records_abort)
 	root_open(&rt);
 	struct votes ok;
 	votes_make(&ok, 1, 2);
-	ck_assert_int_eq(commit_decide(rt.m, ID("j", 1, 2), ok.v), 0);
+	ck_assert_int_eq(commit_decide(rt.m, ID("j", 1, 2), &(struct commit_decision){ .votes = ok.v }), 0);
 
 	/* Step 2: rank 1's replicated 'bias' differs. */
 	struct synth s[2];
@@ -455,7 +455,7 @@ START_TEST(decide_invalid_records_abort)
 		synth_encode(&s[r], &buf[r], &len[r], NULL);
 		v[r] = synth_vote(2, r, buf[r], len[r]);
 	}
-	int rc = commit_decide(rt.m, ID("j", 2, 2), v);
+	int rc = commit_decide(rt.m, ID("j", 2, 2), &(struct commit_decision){ .votes = v });
 	ck_assert_msg(rc == CKPT_EINVALID, "rc %d (%s)", rc, ckpt_err_msg());
 	ck_assert(strstr(ckpt_err_msg(), "'bias'"));
 	assert_aborted(rt.m, 2);
@@ -465,13 +465,13 @@ START_TEST(decide_invalid_records_abort)
 
 	/* A vote in the wrong slot (rank 0's vote claims rank 1). */
 	struct commit_vote swapped[2] = { v[1], v[0] };
-	ck_assert_int_eq(commit_decide(rt.m, ID("j", 2, 2), swapped), CKPT_EINVALID);
+	ck_assert_int_eq(commit_decide(rt.m, ID("j", 2, 2), &(struct commit_decision){ .votes = swapped }), CKPT_EINVALID);
 	assert_aborted(rt.m, 2);
 
 	/* An aborted step may be saved again, and then commits. */
 	struct votes retry;
 	votes_make(&retry, 2, 2);
-	rc = commit_decide(rt.m, ID("j", 2, 2), retry.v);
+	rc = commit_decide(rt.m, ID("j", 2, 2), &(struct commit_decision){ .votes = retry.v });
 	ck_assert_msg(rc == 0, "%s", ckpt_err_msg());
 	ck_assert(in_list(rt.m, false, 2));
 	votes_free(&retry);
@@ -495,14 +495,14 @@ START_TEST(decide_garbage_index)
 	tu_fill(garbage, sizeof garbage, seed, 7);
 	vs.v[2].index = garbage;
 	vs.v[2].index_len = sizeof garbage;
-	int rc = commit_decide(rt.m, ID("j", 7, 3), vs.v);
+	int rc = commit_decide(rt.m, ID("j", 7, 3), &(struct commit_decision){ .votes = vs.v });
 	ck_assert_msg(rc == CKPT_EFORMAT, "rc %d (%s)", rc, ckpt_err_msg());
 	ck_assert_msg(strstr(ckpt_err_msg(), "rank 2"), "%s", ckpt_err_msg());
 	assert_aborted(rt.m, 7);
 	/* A truncated valid index, too. */
 	vs.v[2].index = vs.buf[2];
 	vs.v[2].index_len = vs.len[2] - 1;
-	ck_assert_int_eq(commit_decide(rt.m, ID("j", 7, 3), vs.v), CKPT_EFORMAT);
+	ck_assert_int_eq(commit_decide(rt.m, ID("j", 7, 3), &(struct commit_decision){ .votes = vs.v }), CKPT_EFORMAT);
 	assert_aborted(rt.m, 7);
 	votes_free(&vs);
 	root_close(&rt);
@@ -525,7 +525,7 @@ START_TEST(decide_fault_before_txn)
 	struct votes vs;
 	votes_make(&vs, 5, 2);
 	fault_arm("coord_before_commit_txn:eio");
-	int rc = commit_decide(rt.m, ID("j", 5, 2), vs.v);
+	int rc = commit_decide(rt.m, ID("j", 5, 2), &(struct commit_decision){ .votes = vs.v });
 	fault_arm(NULL);
 	ck_assert_msg(rc == -EIO, "rc %d (%s)", rc, ckpt_err_msg());
 	ck_assert_msg(strstr(ckpt_err_msg(), "coord_before_commit_txn"), "%s", ckpt_err_msg());
@@ -542,7 +542,7 @@ START_TEST(decide_fault_after_txn)
 	struct votes vs;
 	votes_make(&vs, 6, 2);
 	fault_arm("coord_after_commit_txn:eio");
-	int rc = commit_decide(rt.m, ID("j", 6, 2), vs.v);
+	int rc = commit_decide(rt.m, ID("j", 6, 2), &(struct commit_decision){ .votes = vs.v });
 	fault_arm(NULL);
 	ck_assert_msg(rc == -EIO, "rc %d (%s)", rc, ckpt_err_msg());
 	/* The transaction had committed: the manifest decides, the step is visible. */
@@ -550,6 +550,68 @@ START_TEST(decide_fault_after_txn)
 	ck_assert_int_eq(manifest_step_get(rt.m, 6, &rec), 0);
 	ck_assert_int_eq(rec.state, CKPT_STATE_COMMITTED);
 	ck_assert(in_list(rt.m, false, 6));
+	votes_free(&vs);
+	root_close(&rt);
+}
+END_TEST
+
+/* The callers that own a decision (the coordinator, a rank alone) let the manifest
+ * decide: the same fault after the transaction is a commit for them. */
+START_TEST(decide_fault_after_txn_manifest_decides)
+{
+	struct root rt;
+	root_open(&rt);
+	struct votes vs;
+	votes_make(&vs, 8, 2);
+	fault_arm("coord_after_commit_txn:eio");
+	int rc = commit_decide(rt.m, ID("j", 8, 2),
+	                       &(struct commit_decision){ .votes = vs.v, .trust_manifest = true });
+	fault_arm(NULL);
+	ck_assert_msg(rc == 0, "rc %d (%s)", rc, ckpt_err_msg());
+	ck_assert_msg(strstr(ckpt_err_msg(), "coord_after_commit_txn"), "%s", ckpt_err_msg());
+	ck_assert(in_list(rt.m, false, 8));
+	/* Before the transaction, nothing is committed: the failure stands. */
+	votes_free(&vs);
+	votes_make(&vs, 9, 2);
+	fault_arm("coord_before_commit_txn:eio");
+	rc = commit_decide(rt.m, ID("j", 9, 2),
+	                   &(struct commit_decision){ .votes = vs.v, .trust_manifest = true });
+	fault_arm(NULL);
+	ck_assert_msg(rc == -EIO, "rc %d (%s)", rc, ckpt_err_msg());
+	ck_assert_msg(strstr(ckpt_err_msg(), "coord_before_commit_txn"), "%s", ckpt_err_msg());
+	assert_aborted(rt.m, 9);
+	votes_free(&vs);
+	root_close(&rt);
+}
+END_TEST
+
+/* An abort records the attempt's end and keeps the caller's message; a committed
+ * step is left committed; a decision without votes is refused and records nothing. */
+START_TEST(decide_abort_and_no_votes)
+{
+	struct root rt;
+	root_open(&rt);
+	ckpt_err(-EIO, "the caller's own failure");
+	ck_assert_int_eq(commit_decide(rt.m, ID("j", 3, 2),
+	                               &(struct commit_decision){ .abort = true, .why = "rank 1 failed" }),
+	                 CKPT_EABORTED);
+	ck_assert_msg(strstr(ckpt_err_msg(), "the caller's own failure"), "%s", ckpt_err_msg());
+	assert_aborted(rt.m, 3);
+
+	struct votes vs;
+	votes_make(&vs, 4, 2);
+	ck_assert_int_eq(commit_decide(rt.m, ID("j", 4, 2), &(struct commit_decision){ .votes = vs.v }),
+	                 0);
+	ck_assert_int_eq(commit_decide(rt.m, ID("j", 4, 2),
+	                               &(struct commit_decision){ .abort = true, .why = "late" }),
+	                 CKPT_EABORTED);
+	struct manifest_step rec;
+	ck_assert_int_eq(manifest_step_get(rt.m, 4, &rec), 0);
+	ck_assert_int_eq(rec.state, CKPT_STATE_COMMITTED);
+
+	ck_assert_int_eq(commit_decide(rt.m, ID("j", 5, 2), &(struct commit_decision){ .why = "x" }),
+	                 -EINVAL);
+	ck_assert_int_eq(manifest_step_get(rt.m, 5, &rec), CKPT_ENOTFOUND);
 	votes_free(&vs);
 	root_close(&rt);
 }
@@ -630,6 +692,8 @@ int main(void)
 	tcase_add_test(dc, decide_garbage_index);
 	tcase_add_test(dc, decide_fault_before_txn);
 	tcase_add_test(dc, decide_fault_after_txn);
+	tcase_add_test(dc, decide_fault_after_txn_manifest_decides);
+	tcase_add_test(dc, decide_abort_and_no_votes);
 	suite_add_tcase(s, dc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

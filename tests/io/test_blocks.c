@@ -64,7 +64,7 @@ static void fx_write(struct fx *f, uint32_t block_bytes, int zstd, bool compress
 			int b = io_pool_get(f->pool, 10000);
 			ck_assert_int_ge(b, 0);
 			memcpy(io_pool_addr(f->pool, (unsigned)b), f->data[i] + o, len);
-			ck_assert_msg(io_shard_writer_append(w, i, (unsigned)b, len) == 0, "%s",
+			ck_assert_msg(io_shard_writer_append(w, i, (unsigned)b, len, NULL) == 0, "%s",
 			              ckpt_err_msg());
 		}
 	ck_assert_msg(io_shard_writer_finish(w, &f->res) == 0, "%s", ckpt_err_msg());

@@ -137,7 +137,7 @@ static void tensor_desc(struct io_tensor_desc *d, uint64_t *shape, uint64_t *off
 	d->raw_bytes = bytes;
 }
 
-/* An external writer (io_shard_writer_append_ext), as GPUDirect Storage is: it
+/* An external writer (struct io_append's ext), as GPUDirect Storage is: it
  * writes the chunk's whole blocks from its own copy of the bytes, through a
  * descriptor of its own. When g_ext is set, write_shard appends through it. */
 struct ext_test {
@@ -200,10 +200,11 @@ static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, i
 				h.blocks = blocks;
 				g_ext->src = data + o;
 				struct io_ext_write x = { .write = ext_write, .arg = g_ext };
-				rc = io_shard_writer_append_ext(w, i, (unsigned)b, len, &h, &x);
+				rc = io_shard_writer_append(w, i, (unsigned)b, len,
+				                            &(struct io_append){ .hashes = &h, .ext = &x });
 				free(blocks);
 			} else {
-				rc = io_shard_writer_append(w, i, (unsigned)b, len);
+				rc = io_shard_writer_append(w, i, (unsigned)b, len, NULL);
 			}
 			if (rc) {
 				free(data);
@@ -804,7 +805,7 @@ START_TEST(real_efbig_half_way)
 					_exit(5);
 				size_t len = (size_t)(sizes[i] - o < 50000 ? sizes[i] - o : 50000);
 				tu_fill(io_pool_addr(f.pool, (unsigned)b), len, f.seed, o);
-				rc = io_shard_writer_append(w, i, (unsigned)b, len);
+				rc = io_shard_writer_append(w, i, (unsigned)b, len, NULL);
 			}
 		if (rc) {
 			io_shard_writer_abort(w);
@@ -909,15 +910,27 @@ START_TEST(writer_misuse)
 	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), 1);
 	/* Appends: unknown tensor, too long, out of order; each returns the buffer. */
 	int b = io_pool_get(f.pool, 0);
-	ck_assert_int_eq(io_shard_writer_append(w, 7, (unsigned)b, 100), -EINVAL);
+	ck_assert_int_eq(io_shard_writer_append(w, 7, (unsigned)b, 100, NULL), -EINVAL);
 	b = io_pool_get(f.pool, 0);
-	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 401), -EINVAL);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 401, NULL), -EINVAL);
 	b = io_pool_get(f.pool, 0);
-	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 0), -EINVAL);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 0, NULL), -EINVAL);
+	/* An external write needs its write function and the caller's hashes. */
+	struct io_hashes h = { .block_bytes = 0 };
 	b = io_pool_get(f.pool, 0);
-	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 200), 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 200,
+	                 &(struct io_append){ .ext = &(struct io_ext_write){ .write = NULL },
+	                                      .hashes = &h }), -EINVAL);
 	b = io_pool_get(f.pool, 0);
-	ck_assert_int_eq(io_shard_writer_append(w, 1, (unsigned)b, 200), -EINVAL);  /* 0 open */
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 200,
+	                 &(struct io_append){ .ext = &(struct io_ext_write){ .write = ext_write } }),
+	                 -EINVAL);
+	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "external chunk write without"));
+	ck_assert_uint_eq(io_pool_nfree(f.pool), NBUFS);
+	b = io_pool_get(f.pool, 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 200, NULL), 0);
+	b = io_pool_get(f.pool, 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 1, (unsigned)b, 200, NULL), -EINVAL);  /* 0 open */
 	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "before 'a/b' was complete"));
 	/* Only the accepted chunk's buffer may still be out (its write in flight). */
 	ck_assert_uint_ge(io_pool_nfree(f.pool), NBUFS - 1);
@@ -933,7 +946,7 @@ START_TEST(writer_misuse)
 	d.name = "x";
 	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), 0);
 	b = io_pool_get(f.pool, 0);
-	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 300), 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 300, NULL), 0);
 	ck_assert(file_exists(f.path));
 	io_shard_writer_abort(w);
 	io_shard_writer_abort(NULL);
