@@ -307,11 +307,18 @@ static void ckpt_refuse_peers(ckpt_ctx *c, int rc)
 	ckpt_err_restore(msg);
 }
 
-/* World > 1: rank 0 starts the coordinator (after GC, so no save of this job can
+/* A world of one takes part through its own local participant. World > 1: rank 0
+ * starts the coordinator (after GC, so no save of this job can
  * be in flight yet), then every rank joins it — in the hierarchical commit through
  * its node's leader, which the node's first rank starts (docs/protocol.md §2.8). */
 static int glue_commit_start(ckpt_ctx *c)
 {
+	if (c->cfg.world == 1) {
+		/* A rank alone is its own coordinator: the same road, decided here. */
+		struct commit_local_opts lo = { .manifest = c->manifest, .root = c->cfg.root,
+		                                .incarnation = c->incarnation, .job_id = c->cfg.job_id };
+		return commit_part_open_local(&lo, &c->part);
+	}
 	int transport;
 	if (c->cfg.transport == CKPT_TRANSPORT_RDMA)
 		transport = NET_RDMA;
@@ -445,7 +452,7 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 				         c->cfg.root, (unsigned long long)removed);
 		}
 	}
-	if (!ro && c->cfg.world > 1 && (rc = glue_commit_start(c)))
+	if (!ro && (rc = glue_commit_start(c)))
 		goto fail;
 	/* A read-only context only loads: a few buffers are enough. */
 	size_t nbufs = c->cfg.pool_bytes / c->cfg.chunk_bytes;

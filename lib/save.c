@@ -238,30 +238,6 @@ int ckpt_save_add_blob(ckpt_save *s, const char *name, int kind, int policy,
 
 /* ------------------------------------------------------------------ lifecycle */
 
-/* The attempt of a rank that is its own coordinator (a world of one). */
-static void save_local_id(const ckpt_ctx *c, uint64_t step, uint64_t save_id,
-                          struct manifest_step *id)
-{
-	memset(id, 0, sizeof *id);
-	id->step = step;
-	id->world = 1;
-	id->save_id = save_id;
-	id->incarnation = c->incarnation;
-	snprintf(id->job_id, sizeof id->job_id, "%s", c->cfg.job_id);
-}
-
-/* A world of one records the end of an attempt that will not commit, as the
- * coordinator does: so that its INFLIGHT record does not read as a save in flight.
- * The caller's message stays. */
-static void save_local_abort(ckpt_ctx *c, uint64_t step, uint64_t save_id, const char *why)
-{
-	if (c->part || !c->manifest || !save_id)
-		return;
-	struct manifest_step id;
-	save_local_id(c, step, save_id, &id);
-	commit_decide(c->manifest, &id, &(struct commit_decision){ .abort = true, .why = why });
-}
-
 /* The end of what ckpt_save_begin took: a place among the saves in flight. */
 static void save_release(ckpt_ctx *c, ckpt_save *s)
 {
@@ -318,19 +294,11 @@ int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
 	 * a world of several ranks the coordinator answers for every rank; a rank alone
 	 * is its own coordinator. Either way the attempt gets its id, and its INFLIGHT
 	 * record is durable, before this rank writes anything (commit_attempt_begin). */
-	int rc = 0;
-	if (c->part) {
-		if ((rc = commit_part_begin(c->part, step, &s->save_id)))
-			ckpt_err_prefix(rc, "rank %d", c->cfg.rank);
-	} else if (c->manifest) {
-		struct manifest_step id;
-		save_local_id(c, step, ckpt_random_id(), &id);
-		rc = commit_attempt_begin(c->manifest, c->cfg.root, &id);
-		if (rc == -EEXIST)
-			ckpt_err(-EEXIST, "step %llu is already committed in %s",
-			         (unsigned long long)step, c->cfg.root);
-		s->save_id = id.save_id;
-	}
+	int rc = c->part ? commit_part_begin(c->part, step, &s->save_id)
+	                 : ckpt_err(CKPT_ESTATE, "%s: this context takes part in no commit",
+	                            c->cfg.root);
+	if (rc && c->cfg.world > 1)
+		ckpt_err_prefix(rc, "rank %d", c->cfg.rank);
 	if (rc) {
 		save_release(c, s);
 		ckpt_free(s);
@@ -427,11 +395,10 @@ void ckpt_save_free(ckpt_save *s)
 	ckpt_ctx *c = s->ctx;
 	if (save_submitted(s))
 		save_wait_until(s, false, -1);
-	else if (c->part)
-		/* Begun but never submitted: the other ranks must not wait for this vote. */
-		commit_part_abort(c->part, s->step, CKPT_EABORTED, "save freed without being submitted");
 	else
-		save_local_abort(c, s->step, s->save_id, "save freed without being submitted");
+		/* Begun but never submitted: no rank waits for this vote, and the attempt
+		 * is recorded as given up. */
+		commit_part_abort(c->part, s->step, CKPT_EABORTED, "save freed without being submitted");
 	save_release(c, s);
 	snapshot_event_destroy(c->snap, s->snapshot_event);
 	snapshot_event_destroy(c->snap, s->fence);
@@ -738,7 +705,7 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	memset(&res, 0, sizeof res);
 	ckpt_err_clear();
 	int rc = 0;
-	bool voted = false, decided = false;
+	bool voted = false;
 	struct save_cursor cur;
 	memset(&cur, 0, sizeof cur);
 	uint64_t t_run = ckpt_now_ns();
@@ -805,22 +772,12 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	s->stored_bytes = res.stored_bytes;
 	pthread_mutex_unlock(&c->lock);
 
-	/* The vote. With one rank this process is its own coordinator. */
+	/* The vote; with one rank this process is its own coordinator and decides now. */
 	struct commit_vote v = {
 		.rank = (uint32_t)c->cfg.rank, .step = s->step, .save_id = s->save_id,
 		.index = res.footer, .index_len = res.footer_len, .file_size = res.file_size,
 	};
 	memcpy(v.footer_hash, res.footer_hash, sizeof v.footer_hash);
-	if (!c->part) {
-		struct manifest_step id;
-		save_local_id(c, s->step, s->save_id, &id);
-		/* The manifest decides: a failure after the commit transaction leaves the
-		 * step committed, and its file must stay. */
-		rc = commit_decide(c->manifest, &id, &(struct commit_decision){
-			.votes = &v, .trust_manifest = true });
-		decided = true;
-		goto out;
-	}
 	rc = commit_part_prepare(c->part, &v);
 	voted = true;
 	if (rc)
@@ -839,8 +796,6 @@ out:
 		save_publish_event(c, s, cur.gds_event);   /* the save owns it: freed with s */
 	if (w)
 		io_shard_writer_abort(w);
-	if (c->part && rc && !voted)
-		commit_part_abort(c->part, s->step, rc, ckpt_err_msg());
 	/* Not committed: this rank's file is garbage now; remove it (GC would too). In
 	 * doubt, the file stays: the step may be committed. The name is this attempt's
 	 * own: no other process's file is ever removed here. */
@@ -848,10 +803,11 @@ out:
 		if (unlink(path) == 0)
 			ckpt_fsync_dir(dir);
 	}
-	/* A rank alone decides for itself: commit_decide recorded its own aborts, the
-	 * failures before it are recorded here. */
-	if (rc && rc != -EEXIST && !decided)
-		save_local_abort(c, s->step, s->save_id, ckpt_err_msg());
+	/* A failure before the vote gives the attempt up: the coordinator stops waiting
+	 * for this rank (a rank alone records it aborted). After the vote the decision
+	 * was the outcome. */
+	if (rc && !voted)
+		commit_part_abort(c->part, s->step, rc, ckpt_err_msg());
 	if (rc)
 		ckpt_err_prefix(rc, "save of step %llu on rank %d", (unsigned long long)s->step,
 		                c->cfg.rank);

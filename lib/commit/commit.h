@@ -235,8 +235,12 @@ struct commit_refuse_opts {
 void commit_refuse(const struct commit_refuse_opts *o);
 
 /* ------------------------------------------------------------------ participant
- * One connection per rank process to the coordinator, with a receiver thread that
- * files replies and decisions by step. Any thread may call these. */
+ * How a rank takes part in the commit of each save: begin, then prepare (the vote)
+ * and wait for the decision, or abort. One road for every world size: in a world
+ * of several ranks a connection to the coordinator, with a receiver thread that
+ * files replies and decisions by step (commit_part_connect); a rank alone is its
+ * own coordinator and decides against the manifest in its own thread
+ * (commit_part_open_local). Any thread may call these. */
 struct commit_part_opts {
 	int         transport;
 	const struct net_rdma_opts *rdma;   /* NULL: defaults (net.h) */
@@ -253,6 +257,17 @@ struct commit_part_opts {
 struct commit_part;
 /* Connect and authenticate. Errors: -ETIMEDOUT, CKPT_EAUTH, CKPT_EPEER, ... */
 int  commit_part_connect(const struct commit_part_opts *o, struct commit_part **out);
+/* A world of one: begin records the attempt (commit_attempt_begin), prepare
+ * decides at once (commit_decide with the one vote; the manifest decides after its
+ * transaction), abort before the vote records the attempt aborted, and wait returns
+ * what prepare decided. Errors: -ENOMEM. */
+struct commit_local_opts {
+	struct manifest *manifest;   /* borrowed; must outlive the participant */
+	const char *root;
+	uint64_t    incarnation;     /* recorded in the steps it begins */
+	const char *job_id;
+};
+int  commit_part_open_local(const struct commit_local_opts *o, struct commit_part **out);
 void commit_part_close(struct commit_part *p);        /* NULL: no-op */
 /* May this rank write step? 0 with *save_id the attempt's id (its files carry it),
  * -EEXIST (committed), or the coordinator's refusal. */

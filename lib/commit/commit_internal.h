@@ -117,4 +117,20 @@ struct net_conn *commit_acceptor_take_locked(struct commit_acceptor *a, uint32_t
  * close what was admitted but never taken, free. Without *lock held. NULL: no-op. */
 void commit_acceptor_free(struct commit_acceptor *a);
 
+/* ------------------------------------------------------------------ participants
+ * How a rank takes part in the commit of its saves: commit_part_* (commit.h)
+ * dispatch through ops, to the remote participant (participant.c: the coordinator is
+ * another process) or the local one (local.c: a world of one decides itself). */
+struct commit_part_ops {
+	int      (*begin)(struct commit_part *p, uint64_t step, uint64_t *save_id);
+	uint64_t (*attempt)(struct commit_part *p, uint64_t step);
+	int      (*prepare)(struct commit_part *p, const struct commit_vote *v);
+	int      (*abort)(struct commit_part *p, uint64_t step, int code, const char *why);
+	int      (*wait)(struct commit_part *p, uint64_t step, int timeout_ms);
+	void     (*close)(struct commit_part *p);
+};
+struct commit_part {
+	const struct commit_part_ops *ops;   /* first member of each implementation */
+};
+
 #endif /* CKPT_COMMIT_INTERNAL_H */

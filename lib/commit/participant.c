@@ -33,7 +33,8 @@ struct part_entry {
 	struct part_entry *next;
 };
 
-struct commit_part {
+struct part_remote {
+	struct commit_part base;              /* first: the ops (commit_internal.h) */
 	struct net_conn   *conn;
 	char               name[128];
 	unsigned           timeout_ms;
@@ -47,7 +48,7 @@ struct commit_part {
 	char               lost_why[256];
 };
 
-static struct part_entry *entry_get(struct commit_part *p, uint64_t step, bool create)
+static struct part_entry *entry_get(struct part_remote *p, uint64_t step, bool create)
 {
 	for (struct part_entry *e = p->entries; e; e = e->next)
 		if (e->step == step)
@@ -63,7 +64,7 @@ static struct part_entry *entry_get(struct commit_part *p, uint64_t step, bool c
 	return e;
 }
 
-static void entry_drop(struct commit_part *p, uint64_t step)
+static void entry_drop(struct part_remote *p, uint64_t step)
 {
 	for (struct part_entry **pp = &p->entries; *pp; pp = &(*pp)->next) {
 		if ((*pp)->step == step) {
@@ -75,7 +76,7 @@ static void entry_drop(struct commit_part *p, uint64_t step)
 	}
 }
 
-static void part_lost(struct commit_part *p, const char *why)
+static void part_lost(struct part_remote *p, const char *why)
 {
 	pthread_mutex_lock(&p->lock);
 	if (!p->lost) {
@@ -88,7 +89,7 @@ static void part_lost(struct commit_part *p, const char *why)
 
 static void *rx_main(void *arg)
 {
-	struct commit_part *p = arg;
+	struct part_remote *p = arg;
 	for (;;) {
 		pthread_mutex_lock(&p->lock);
 		bool stop = p->stop;
@@ -148,12 +149,25 @@ static void *rx_main(void *arg)
 	return NULL;
 }
 
+static void     remote_close(struct commit_part *base);
+static int      remote_begin(struct commit_part *base, uint64_t step, uint64_t *save_id);
+static uint64_t remote_attempt(struct commit_part *base, uint64_t step);
+static int      remote_prepare(struct commit_part *base, const struct commit_vote *v);
+static int      remote_abort(struct commit_part *base, uint64_t step, int code, const char *why);
+static int      remote_wait(struct commit_part *base, uint64_t step, int timeout_ms);
+
+static const struct commit_part_ops remote_ops = {
+	.begin = remote_begin, .attempt = remote_attempt, .prepare = remote_prepare,
+	.abort = remote_abort, .wait = remote_wait, .close = remote_close,
+};
+
 int commit_part_connect(const struct commit_part_opts *o, struct commit_part **out)
 {
 	*out = NULL;
-	struct commit_part *p = ckpt_calloc(1, sizeof *p);
+	struct part_remote *p = ckpt_calloc(1, sizeof *p);
 	if (!p)
 		return ckpt_err(-ENOMEM, "participant");
+	p->base.ops = &remote_ops;
 	pthread_mutex_init(&p->send_lock, NULL);
 	pthread_mutex_init(&p->lock, NULL);
 	ckpt_cond_init(&p->cond);
@@ -178,15 +192,16 @@ int commit_part_connect(const struct commit_part_opts *o, struct commit_part **o
 		goto fail;
 	}
 	p->rx_started = true;
-	*out = p;
+	*out = &p->base;
 	return 0;
 fail:
-	commit_part_close(p);
+	remote_close(&p->base);
 	return rc;
 }
 
-void commit_part_close(struct commit_part *p)
+static void remote_close(struct commit_part *base)
 {
+	struct part_remote *p = (struct part_remote *)base;
 	if (!p)
 		return;
 	if (p->rx_started) {
@@ -205,7 +220,7 @@ void commit_part_close(struct commit_part *p)
 	ckpt_free(p);
 }
 
-static int part_send(struct commit_part *p, uint16_t type, const struct ckpt_buf *b)
+static int part_send(struct part_remote *p, uint16_t type, const struct ckpt_buf *b)
 {
 	pthread_mutex_lock(&p->send_lock);
 	int rc = net_send(p->conn, type, b->p, b->len, (int)p->timeout_ms);
@@ -218,7 +233,7 @@ static int part_send(struct commit_part *p, uint16_t type, const struct ckpt_buf
 }
 
 /* ABORT of attempt save_id (0: whichever is in flight) of step. */
-static int part_send_abort(struct commit_part *p, uint64_t step, uint64_t save_id, int code,
+static int part_send_abort(struct part_remote *p, uint64_t step, uint64_t save_id, int code,
                            const char *why)
 {
 	struct commit_status_msg m = { .step = step, .save_id = save_id,
@@ -233,8 +248,9 @@ static int part_send_abort(struct commit_part *p, uint64_t step, uint64_t save_i
 	return rc;
 }
 
-int commit_part_begin(struct commit_part *p, uint64_t step, uint64_t *save_id)
+static int remote_begin(struct commit_part *base, uint64_t step, uint64_t *save_id)
 {
+	struct part_remote *p = (struct part_remote *)base;
 	*save_id = 0;
 	pthread_mutex_lock(&p->lock);
 	struct part_entry *e = entry_get(p, step, true);
@@ -294,8 +310,9 @@ int commit_part_begin(struct commit_part *p, uint64_t step, uint64_t *save_id)
 	return rc;
 }
 
-uint64_t commit_part_attempt(struct commit_part *p, uint64_t step)
+static uint64_t remote_attempt(struct commit_part *base, uint64_t step)
 {
+	struct part_remote *p = (struct part_remote *)base;
 	pthread_mutex_lock(&p->lock);
 	struct part_entry *e = entry_get(p, step, false);
 	uint64_t id = e && e->begin_done ? e->save_id : 0;
@@ -303,8 +320,9 @@ uint64_t commit_part_attempt(struct commit_part *p, uint64_t step)
 	return id;
 }
 
-int commit_part_prepare(struct commit_part *p, const struct commit_vote *v)
+static int remote_prepare(struct commit_part *base, const struct commit_vote *v)
 {
+	struct part_remote *p = (struct part_remote *)base;
 	pthread_mutex_lock(&p->lock);
 	struct part_entry *e = entry_get(p, v->step, true);
 	bool decided = e && e->decided;
@@ -314,7 +332,7 @@ int commit_part_prepare(struct commit_part *p, const struct commit_vote *v)
 	if (!e)
 		return ckpt_err(-ENOMEM, "prepare step %llu", (unsigned long long)v->step);
 	/* Already decided (aborted while this rank wrote): a vote now would only open
-	 * a new attempt at the coordinator. commit_part_wait reports the decision. */
+	 * a new attempt at the coordinator. remote_wait reports the decision. */
 	if (decided)
 		return 0;
 	struct ckpt_buf b;
@@ -330,8 +348,9 @@ int commit_part_prepare(struct commit_part *p, const struct commit_vote *v)
 	return f < 0 ? f : 0;
 }
 
-int commit_part_abort(struct commit_part *p, uint64_t step, int code, const char *why)
+static int remote_abort(struct commit_part *base, uint64_t step, int code, const char *why)
 {
+	struct part_remote *p = (struct part_remote *)base;
 	/* The attempt given up, when this rank knows it (see the coordinator's on_abort). */
 	pthread_mutex_lock(&p->lock);
 	struct part_entry *cur = entry_get(p, step, false);
@@ -348,8 +367,9 @@ int commit_part_abort(struct commit_part *p, uint64_t step, int code, const char
 	return rc;
 }
 
-int commit_part_wait(struct commit_part *p, uint64_t step, int timeout_ms)
+static int remote_wait(struct commit_part *base, uint64_t step, int timeout_ms)
 {
+	struct part_remote *p = (struct part_remote *)base;
 	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	int rc = 0;
 	pthread_mutex_lock(&p->lock);
@@ -377,4 +397,39 @@ int commit_part_wait(struct commit_part *p, uint64_t step, int timeout_ms)
 	entry_drop(p, step);
 	pthread_mutex_unlock(&p->lock);
 	return rc;
+}
+
+/* ------------------------------------------------------------------ the one road
+ * Every save takes part in its commit through these, whether the coordinator is
+ * another process (above) or, in a world of one, the rank itself (local.c). */
+
+void commit_part_close(struct commit_part *p)
+{
+	if (p)
+		p->ops->close(p);
+}
+
+int commit_part_begin(struct commit_part *p, uint64_t step, uint64_t *save_id)
+{
+	return p->ops->begin(p, step, save_id);
+}
+
+uint64_t commit_part_attempt(struct commit_part *p, uint64_t step)
+{
+	return p->ops->attempt(p, step);
+}
+
+int commit_part_prepare(struct commit_part *p, const struct commit_vote *v)
+{
+	return p->ops->prepare(p, v);
+}
+
+int commit_part_abort(struct commit_part *p, uint64_t step, int code, const char *why)
+{
+	return p->ops->abort(p, step, code, why);
+}
+
+int commit_part_wait(struct commit_part *p, uint64_t step, int timeout_ms)
+{
+	return p->ops->wait(p, step, timeout_ms);
 }
