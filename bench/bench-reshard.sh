@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench-reshard.sh — resharded load, verify and reshard against the raw read limit of
-# the same file system, measured in the same run (issue 4, "Speed").
+# the same file system, measured in the same run.
 #
 #   bench/bench-reshard.sh [BUILD_DIR]   env: BENCH_DIR (/var/tmp/ckpt-bench-reshard),
 #                                        BENCH_BYTES (4G), BENCH_WORLD (1),
@@ -17,7 +17,7 @@
 #   - reshard BENCH_WORLD -> 1 (load + save + commit), with the peak RSS of the
 #     rank process (GNU time), against the sum of raw read and write time, and
 #     against fio reading and writing as many bytes at once (its slower job).
-# Targets (issue 4): resharded load >= 0.8 x raw read, verify >= 0.9 x raw read.
+# Targets: resharded load >= 0.8 x raw read, verify >= 0.9 x raw read.
 # Prints a table; record figures in docs/perf.md. Never a timed test.
 set -euo pipefail
 cd "$(dirname "$0")/.."

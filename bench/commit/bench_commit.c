@@ -28,7 +28,7 @@
  * without the protocol (one small message on each link's worth of TCP connections
  * to receivers blocked as the leaders are, placed as the participants are, at that
  * period), so that latency - bare commit - bare sends is the protocol's own part.
- * Target (issue 3): commit
+ * Target: commit
  * latency <= 1 ms + one durable LMDB commit at W = 256 (the one at the step
  * period: the comparison is made at the same cadence).
  */

@@ -1,6 +1,6 @@
 /*
  * bench_gpu_ckpt.c — libckpt on GPU state, with the public API only (ckpt.h,
- * ckpt/cuda.h): the issue-5 model of L layers x [bf16 R x C + three fp32 R x C]
+ * ckpt/cuda.h): the benchmark model of L layers x [bf16 R x C + three fp32 R x C]
  * (default 16 x 4096 x 8192: 7 GiB) in device memory. Prints one JSON object.
  *
  *   bench_gpu_ckpt --root DIR [--pool-bytes N (8G)] [--layers L] [--rows R] [--cols C]

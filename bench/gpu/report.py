@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """report.py RESULTS_DIR — the markdown table of run-h200.sh: libckpt on GPU state
 against the limits measured in the same run (pinned D2H, raw O_DIRECT write/read)
-and against torch DCP, with the targets of issue 5. Reads d2h.json, raw.json,
+and against torch DCP, with the targets of docs/perf.md. Reads d2h.json, raw.json,
 ckpt.json and dcp.json (any may be missing or hold an error: its rows say so) and
 prints the table, then writes RESULTS_DIR/gpu-bench.json with everything."""
 import json

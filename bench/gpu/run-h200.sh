@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run-h200.sh — issue 5's GPU benchmark, in one run on the GPU machine: pinned D2H
+# run-h200.sh — the GPU benchmark, in one run on the GPU machine: pinned D2H
 # bandwidth, raw O_DIRECT write/read of the same disk, libckpt on 7 GiB of GPU state
 # (16 x [bf16 4096x8192 + three fp32 4096x8192]) and torch DCP on the same state,
 # then one markdown table with the ratios against the issue's targets.

@@ -1,5 +1,5 @@
 /*
- * test_catalog.c — the issue-4 public API end to end on one rank: the batch load
+ * test_catalog.c — the catalog and batch-load API end to end on one rank: the batch load
  * (one request per slice, per-request results, a bad request beside good ones),
  * the explicit saved rank for rank-bound items, the chunk listing, verify (clean,
  * then a flipped bit named precisely), gc with retention and a dry run, and

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_reshard_multi.sh — resharding between world sizes: 4 -> 3, 4 -> 1, 3 -> 8, each
 # result checked by ckpt-synth verify as several world sizes. Needs multi-rank saves
-# (issue 3, the distributed commit); until they are in the build this exits 77 and
+# (the distributed commit); until they are in the build this exits 77 and
 # says so, and it starts running on its own once they land.
 set -u
 synth=$1 inspect=$2 reshard=$3
@@ -9,7 +9,7 @@ root=$(mktemp -d /var/tmp/ckpt-reshard-multi-XXXXXX)
 out=$("$synth" save --root "$root/w4" --step 1 --bytes 4M --seed 3 --world 4 2>&1)
 if [ $? != 0 ]; then
   if grep -q "distributed commit" <<<"$out"; then
-    echo "SKIP: saving with world > 1 is not in this build yet (issue 3): $out"
+    echo "SKIP: saving with world > 1 is not in this build yet: $out"
     rm -rf "$root"; exit 77
   fi
   echo "FAIL: save as 4 ranks: $out"; exit 1

@@ -3,7 +3,8 @@
 # repository's own documents: every docs/<name>.md named anywhere in the tree
 # exists, and nothing cites a design, style or testing note kept outside it
 # (DESIGN, STYLE, TESTING), a path above the repository (../shared, shared/...),
-# or a machine's own paths (/work/...). Recorded outputs under bench/results/ are
+# or a machine's own paths (/work/...), and no file names a work item by number
+# ("issue 5"). Recorded outputs under bench/results/ are
 # logs, not citations, and are left out; so is this file, which names the patterns.
 set -u
 src=${1:?usage: test_doc_refs.sh SRCDIR}
@@ -40,5 +41,11 @@ while IFS= read -r hit; do
 	echo "  ^ cites something outside the repository: name the repository's own document"
 	fail=1
 done < <(grep -nE "$outside" "${checked[@]}" /dev/null)
+# Work items by number: what they asked for is said in the docs themselves.
+while IFS= read -r hit; do
+	echo "$hit"
+	echo "  ^ cites a work item by number: say what it is instead"
+	fail=1
+done < <(grep -niE '(^|[^a-z_])issue[- ]?#?[0-9]+([^0-9,]|$)' "${checked[@]}" /dev/null)
 echo "checked ${#checked[@]} files"
 exit $fail
