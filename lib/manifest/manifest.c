@@ -281,18 +281,28 @@ int manifest_begin(struct manifest *m, const struct manifest_step *rec)
 	return manifest_write(m, attempt_txn, &a, "record a step in flight");
 }
 
+/* The record of step, which must be a committed step's (CKPT_ENOTFOUND otherwise). */
+static int committed_read(struct manifest *m, MDB_txn *txn, uint64_t step,
+                          struct manifest_step *r)
+{
+	int rc = step_read(m, txn, step, r);
+	if (rc)
+		return rc;
+	if (r->state != CKPT_STATE_COMMITTED)
+		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu is not committed",
+		                m->root, (unsigned long long)step);
+	return 0;
+}
+
 struct trust_arg { uint64_t step; uint32_t trust; };
 
 static int trust_txn(struct manifest *m, MDB_txn *txn, void *varg)
 {
 	const struct trust_arg *a = varg;
 	struct manifest_step r;
-	int rc = step_read(m, txn, a->step, &r);
+	int rc = committed_read(m, txn, a->step, &r);
 	if (rc)
 		return rc;
-	if (r.state != CKPT_STATE_COMMITTED)
-		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu is not committed",
-		                m->root, (unsigned long long)a->step);
 	r.trust = a->trust;
 	return step_write(m, txn, &r, NULL);
 }
@@ -314,12 +324,9 @@ static int retire_txn(struct manifest *m, MDB_txn *txn, void *varg)
 {
 	const struct retire_arg *a = varg;
 	struct manifest_step r;
-	int rc = step_read(m, txn, a->step, &r);
+	int rc = committed_read(m, txn, a->step, &r);
 	if (rc)
 		return rc;
-	if (r.state != CKPT_STATE_COMMITTED)
-		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu is not committed",
-		                m->root, (unsigned long long)a->step);
 	r.state = CKPT_STATE_ABORTED;
 	r.trust = 0;
 	r.commit_time_ns = ckpt_wall_ns();
