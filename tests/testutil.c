@@ -193,3 +193,24 @@ unsigned long long tu_sum_suppressed(const char *s, const char *what)
 	}
 	return sum;
 }
+
+bool tu_utf8_ok(const unsigned char *p, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		unsigned b = p[i], len = b < 0x80 ? 1 : b >> 5 == 6 ? 2 : b >> 4 == 14 ? 3 :
+		                        b >> 3 == 30 ? 4 : 0;
+		if (!len || i + len > n)
+			return false;
+		unsigned long cp = len == 1 ? b : b & (0x7fu >> len);
+		for (unsigned k = 1; k < len; k++) {
+			if (p[i + k] >> 6 != 2)
+				return false;
+			cp = cp << 6 | (p[i + k] & 0x3fu);
+		}
+		static const unsigned long min[] = { 0, 0, 0x80, 0x800, 0x10000 };
+		if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+			return false;
+		i += len;
+	}
+	return true;
+}

@@ -5,6 +5,7 @@
 #ifndef CKPT_TESTUTIL_H
 #define CKPT_TESTUTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,5 +35,9 @@ int tu_shard_path(const char *root, uint64_t step, uint32_t rank, char *out, siz
 unsigned tu_count_lines(const char *s, const char *needle);
 /* The sum of N over the lines "<what>: N similar messages suppressed" of s. */
 unsigned long long tu_sum_suppressed(const char *s, const char *what);
+/* Whether p[0..n) is well-formed UTF-8, by decoding each code point and checking
+ * its range: written independently of the library's byte table, so that the two
+ * check each other. */
+bool tu_utf8_ok(const unsigned char *p, size_t n);
 
 #endif

@@ -49,29 +49,6 @@ static ckpt_ctx *open_rw(const char *r, unsigned flags)
 	return c;
 }
 
-/* Well-formed UTF-8 by decoding each code point and checking its range: written
- * independently of the library's table, so that the two check each other. */
-static bool utf8_ok(const unsigned char *p, size_t n)
-{
-	for (size_t i = 0; i < n;) {
-		unsigned b = p[i], len = b < 0x80 ? 1 : b >> 5 == 6 ? 2 : b >> 4 == 14 ? 3 :
-		                        b >> 3 == 30 ? 4 : 0;
-		if (!len || i + len > n)
-			return false;
-		unsigned long cp = len == 1 ? b : b & (0x7fu >> len);
-		for (unsigned k = 1; k < len; k++) {
-			if (p[i + k] >> 6 != 2)
-				return false;
-			cp = cp << 6 | (p[i + k] & 0x3fu);
-		}
-		static const unsigned long min[] = { 0, 0, 0x80, 0x800, 0x10000 };
-		if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-			return false;
-		i += len;
-	}
-	return true;
-}
-
 /* The kinds of bytes that are not UTF-8, and how a message must quote them. */
 static const struct { const char *bytes, *quoted; } bad[] = {
 	{ "\xc0\xaf", "\\xc0\\xaf" },                    /* overlong '/' */
@@ -96,7 +73,7 @@ static void check_refused(int rc, const char *what, size_t i, const char *prefix
 {
 	const char *msg = ckpt_last_error();
 	ck_assert_msg(rc == CKPT_ENAME, "%s bad[%zu]: rc %d", what, i, rc);
-	ck_assert_msg(utf8_ok((const unsigned char *)msg, strlen(msg)), "%s bad[%zu]: message "
+	ck_assert_msg(tu_utf8_ok((const unsigned char *)msg, strlen(msg)), "%s bad[%zu]: message "
 	              "holds bytes that are not UTF-8", what, i);
 	ck_assert_msg(strstr(msg, bad[i].quoted) && strstr(msg, prefix) && strstr(msg, "UTF-8"),
 	              "%s bad[%zu]: '%s'", what, i, msg);
@@ -113,7 +90,7 @@ START_TEST(invalid_utf8_refused)
 	for (size_t i = 0; i < NBAD; i++) {
 		char name[64];
 		snprintf(name, sizeof name, "layer.%zu/w\xce\xb1-%s", i, bad[i].bytes);
-		ck_assert(!utf8_ok((const unsigned char *)name, strlen(name)));
+		ck_assert(!tu_utf8_ok((const unsigned char *)name, strlen(name)));
 		char prefix[32];
 		snprintf(prefix, sizeof prefix, "layer.%zu/w\xce\xb1-", i);
 		struct ckpt_tensor t = { .name = name, .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,

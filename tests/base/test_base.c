@@ -95,29 +95,6 @@ START_TEST(names_utf8)
 }
 END_TEST
 
-/* An independent oracle: decode each code point and check its range (not the
- * library's byte table), so that the two check each other. */
-static bool oracle_utf8(const unsigned char *p, size_t n)
-{
-	for (size_t i = 0; i < n;) {
-		unsigned b = p[i], len = b < 0x80 ? 1 : b >> 5 == 6 ? 2 : b >> 4 == 14 ? 3 :
-		                        b >> 3 == 30 ? 4 : 0;
-		if (!len || i + len > n)
-			return false;
-		unsigned long cp = len == 1 ? b : b & (0x7fu >> len);
-		for (unsigned k = 1; k < len; k++) {
-			if (p[i + k] >> 6 != 2)
-				return false;
-			cp = cp << 6 | (p[i + k] & 0x3fu);
-		}
-		static const unsigned long min[] = { 0, 0, 0x80, 0x800, 0x10000 };
-		if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-			return false;
-		i += len;
-	}
-	return true;
-}
-
 /* Every string of 1 to 3 bytes after "x" (so that no structural rule applies: no
  * control byte, no '/'), and every 4-byte lead with every second byte and the edge
  * values of the others: the checker agrees with the oracle on each. */
@@ -137,7 +114,7 @@ START_TEST(names_utf8_exhaustive)
 				continue;
 			/* Not ck_assert: Check records a mark for every one that passes. */
 			bool ok = ckpt_name_check((const char *)s, 1 + n) == 0;
-			if (ok != oracle_utf8(s, 1 + n))
+			if (ok != tu_utf8_ok(s, 1 + n))
 				ck_abort_msg("%u bytes %06lx: checker says %d", n, v, ok);
 			checked++;
 		}
@@ -152,7 +129,7 @@ START_TEST(names_utf8_exhaustive)
 					unsigned char q[5] = { 'x', (unsigned char)b0, (unsigned char)b1, edge[i],
 					                       edge[j] };
 					bool ok = ckpt_name_check((const char *)q, 5) == 0;
-					if (ok != oracle_utf8(q, 5))
+					if (ok != tu_utf8_ok(q, 5))
 						ck_abort_msg("%02x %02x %02x %02x: checker says %d", b0, b1,
 						             edge[i], edge[j], ok);
 					checked++;

@@ -282,6 +282,20 @@ static int part_open(const void *env, uint32_t rank, struct commit_part **out)
 	return commit_part_connect(&o, out);
 }
 
+/* The coordinator of a job of world ranks on e's manifest, on an ephemeral port, and
+ * the ranks' environment that joins it. */
+static void env_coord_start(struct env *e, uint32_t world)
+{
+	struct commit_coord_opts o = { .manifest = e->m, .job_id = JOB, .world = world,
+	                               .secret = SECRET, .secret_len = strlen(SECRET),
+	                               .transport = NET_TCP, .addr = "127.0.0.1", .port = 0,
+	                               .timeout_ms = GUARD };
+	ck_assert_msg(commit_coord_start(&o, &e->c) == 0, "commit_coord_start: %s", ckpt_err_msg());
+	e->port = commit_coord_port(e->c);
+	e->r = (struct ranks_env){ .m = e->m, .c = e->c, .world = world, .tmo_ms = TMO,
+	                           .open = part_open, .env = e };
+}
+
 START_TEST(flood_of_silent_connections)
 {
 	struct env e = { 0 };
@@ -298,14 +312,7 @@ START_TEST(flood_of_silent_connections)
 	rl.rlim_cur = COORD_FDS;
 	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
 
-	struct commit_coord_opts o = { .manifest = e.m, .job_id = JOB, .world = WORLD,
-	                               .secret = SECRET, .secret_len = strlen(SECRET),
-	                               .transport = NET_TCP, .addr = "127.0.0.1", .port = 0,
-	                               .timeout_ms = GUARD };
-	ck_assert_msg(commit_coord_start(&o, &e.c) == 0, "commit_coord_start: %s", ckpt_err_msg());
-	e.port = commit_coord_port(e.c);
-	e.r = (struct ranks_env){ .m = e.m, .c = e.c, .world = WORLD, .tmo_ms = TMO,
-	                          .open = part_open, .env = &e };
+	env_coord_start(&e, WORLD);
 	struct fd_sampler fs = { 0 };
 	atomic_init(&fs.stop, 0);
 	ck_assert_int_eq(pthread_create(&fs.t, NULL, sampler_main, &fs), 0);
@@ -387,14 +394,7 @@ START_TEST(many_ranks_join_at_once)
 	struct env e = { 0 };
 	e.root = tu_tmpdir("commit-herd");
 	ck_assert_msg(manifest_open(e.root, MANIFEST_CREATE, &e.m) == 0, "%s", ckpt_err_msg());
-	struct commit_coord_opts o = { .manifest = e.m, .job_id = JOB, .world = W,
-	                               .secret = SECRET, .secret_len = strlen(SECRET),
-	                               .transport = NET_TCP, .addr = "127.0.0.1", .port = 0,
-	                               .timeout_ms = GUARD };
-	ck_assert_msg(commit_coord_start(&o, &e.c) == 0, "commit_coord_start: %s", ckpt_err_msg());
-	e.port = commit_coord_port(e.c);
-	e.r = (struct ranks_env){ .m = e.m, .c = e.c, .world = W, .tmo_ms = TMO,
-	                          .open = part_open, .env = &e };
+	env_coord_start(&e, W);
 	uint64_t t0 = ckpt_now_ns();
 	ranks_honest_commit(&e.r, 1);
 	ranks_honest_commit(&e.r, 2);
@@ -430,14 +430,7 @@ START_TEST(accept_out_of_descriptors)
 	ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
 	rl.rlim_cur = 128;                 /* fewer to fill */
 	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
-	struct commit_coord_opts o = { .manifest = e.m, .job_id = JOB, .world = WORLD,
-	                               .secret = SECRET, .secret_len = strlen(SECRET),
-	                               .transport = NET_TCP, .addr = "127.0.0.1", .port = 0,
-	                               .timeout_ms = GUARD };
-	ck_assert_msg(commit_coord_start(&o, &e.c) == 0, "commit_coord_start: %s", ckpt_err_msg());
-	e.port = commit_coord_port(e.c);
-	e.r = (struct ranks_env){ .m = e.m, .c = e.c, .world = WORLD, .tmo_ms = TMO,
-	                          .open = part_open, .env = &e };
+	env_coord_start(&e, WORLD);
 
 	/* The client's socket first, then every descriptor left taken. */
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -536,12 +529,7 @@ START_TEST(leader_refuses_other_users)
 	ck_assert_msg(manifest_open(e.root, MANIFEST_CREATE, &e.m) == 0, "%s", ckpt_err_msg());
 	struct capture cap;
 	capture_begin(&cap, e.root);
-	struct commit_coord_opts o = { .manifest = e.m, .job_id = JOB, .world = 2,
-	                               .secret = SECRET, .secret_len = strlen(SECRET),
-	                               .transport = NET_TCP, .addr = "127.0.0.1", .port = 0,
-	                               .timeout_ms = GUARD };
-	ck_assert_msg(commit_coord_start(&o, &e.c) == 0, "commit_coord_start: %s", ckpt_err_msg());
-	e.port = commit_coord_port(e.c);
+	env_coord_start(&e, 2);
 	char addr[108];
 	commit_leader_addr(addr, sizeof addr, JOB, e.port, 0);
 	struct commit_leader_opts lo = {
