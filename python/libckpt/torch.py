@@ -496,7 +496,6 @@ def _load_part(ld: Load, ck: Checkpointer, key: Any, obj: Any, state: Mapping[st
         raise _format_error(f"part {key!r}", doc)
     template = _part_state(str(key), obj)
     reads: List[Tuple[str, Any, Any, Any]] = []
-    after: List[Callable[[], None]] = []
 
     def fill(rec: dict, dest: Any, path: str) -> Any:
         name = rec.get("t", rec.get("a"))
@@ -534,13 +533,10 @@ def _load_part(ld: Load, ck: Checkpointer, key: Any, obj: Any, state: Mapping[st
                                  f"{item.shape}, the destination {tuple(dest_real.shape)}",
                                  -1008)
             if dtype_code(dest_real.dtype, path) != code:
-                # the stored dtype wins: read it as stored, then convert into place
-                tmp = _torch.empty(item.shape, dtype=torch_dtype_for(code),
-                                   device=dest_real.device)
-                reads.append((name, tmp, None, None))
-                after.append(lambda d=dest_real, t=tmp: d.copy_(t))
-            else:
-                reads.append((name, dest_real, None, None))
+                raise DTypeError(f"{path}: the checkpoint's {name!r} is {item.dtype}, the "
+                                 f"destination {dtype_name(dtype_code(dest_real.dtype))} "
+                                 "(convert after loading, never silently)", -1009)
+            reads.append((name, dest_real, None, None))
             return dest
         t = _torch.empty(item.shape, dtype=torch_dtype_for(code))
         reads.append((name, t, None, None))
@@ -555,8 +551,6 @@ def _load_part(ld: Load, ck: Checkpointer, key: Any, obj: Any, state: Mapping[st
         if reads:
             sr = saved_rank if info.policy == "rank-bound" else None
             ld.read_many(reads, saved_rank=sr)
-        for fn in after:
-            fn()
     if _is_stateful(obj) and not isinstance(obj, Mapping):
         obj.load_state_dict(value)
     elif isinstance(obj, dict) and isinstance(value, dict):
