@@ -494,6 +494,8 @@ def _load_part(ld: Load, ck: Checkpointer, key: Any, obj: Any, state: Mapping[st
                              "or a map of ranks)", e.code) from None
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
         raise _format_error(f"part {key!r}", doc)
+    if isinstance(obj, _torch.optim.Optimizer) and not obj.state:
+        _init_optimizer_state(obj)
     template = _part_state(str(key), obj)
     reads: List[Tuple[str, Any, Any, Any]] = []
 
@@ -561,6 +563,19 @@ def _load_part(ld: Load, ck: Checkpointer, key: Any, obj: Any, state: Mapping[st
     else:
         raise TypeError(f"part {key!r}: cannot be loaded in place (not Stateful, not a "
                         "dict, and the state is not a dict)")
+
+
+def _init_optimizer_state(optim) -> None:
+    """Give a fresh optimizer its state tensors (a step with zero learning rate and
+    zero gradients, as torch.distributed.checkpoint's set_state_dict does), so that
+    the load fills them in place, as DTensors where the parameters are DTensors and on
+    the parameters' devices. Without that helper (torch < 2.2) the load creates the
+    state on the CPU and load_state_dict moves it."""
+    try:
+        from torch.distributed.checkpoint.state_dict import _init_optim_state
+    except Exception:
+        return
+    _init_optim_state(optim)
 
 
 def _parts(ld: Load) -> List[str]:

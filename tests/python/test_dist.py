@@ -36,7 +36,7 @@ def free_port_pair():
     raise RuntimeError("no free port pair")
 
 
-def launch(world, *args, timeout=240):
+def launch(world, *args, timeout=240, script="dist_worker.py"):
     port = free_port_pair()
     procs = []
     for r in range(world):
@@ -44,7 +44,7 @@ def launch(world, *args, timeout=240):
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         env.pop("CKPT_JOB_SECRET", None)
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dist_worker.py"),
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, script),
                                        *map(str, args)], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = []
