@@ -138,8 +138,7 @@ def view_of(obj: Any, name: str, dtype: Any = None, writable: bool = False) -> V
         if t.is_complex():
             raise DTypeError(f"tensor {name!r}: complex dtype {t.dtype} has no libckpt "
                              "equivalent; save torch.view_as_real(t)")
-        code = _override(dtype, dtype_code(t.dtype, f"tensor {name!r}"), t.element_size(),
-                         name)
+        code = _override(dtype, t.dtype, t.element_size(), name, f"tensor {name!r}")
         copied = False
         if not t.is_contiguous():
             if writable:
@@ -155,7 +154,7 @@ def view_of(obj: Any, name: str, dtype: Any = None, writable: bool = False) -> V
     if _is_numpy(obj):
         import numpy as np
         a = obj
-        code = _override(dtype, dtype_code(a.dtype, f"array {name!r}"), a.itemsize, name)
+        code = _override(dtype, a.dtype, a.itemsize, name, f"array {name!r}")
         copied = False
         if not a.flags.c_contiguous:
             if writable:
@@ -170,9 +169,12 @@ def view_of(obj: Any, name: str, dtype: Any = None, writable: bool = False) -> V
                     f"{type(obj).__name__}")
 
 
-def _override(dtype: Any, code: int, itemsize: int, name: str) -> int:
+def _override(dtype: Any, native: Any, itemsize: int, name: str, what: str) -> int:
+    """The element type: the array's own, or the override. The override decides
+    alone: a uint16 array of bf16 bits has no libckpt type of its own (there is no
+    u16), so its native type is not looked up when one is given."""
     if dtype is None:
-        return code
+        return dtype_code(native, what)
     want = dtype_code(dtype, f"{name!r}")
     if _SIZES[want] != itemsize:
         raise DTypeError(f"{name!r}: dtype {dtype_name(want)} is {_SIZES[want]} bytes "
