@@ -519,7 +519,9 @@ class Save(_Handle):
     def wait(self, timeout: Optional[float] = None) -> SaveStats:
         """Block until the step is committed (returns its stats) or failed (raises)."""
         rc = lib.ckpt_save_wait(self._s(), _timeout_ms(timeout))
-        if rc != -110:                      # -ETIMEDOUT: the save goes on
+        # -ETIMEDOUT: the save goes on. Not submitted (CKPT_ESTATE): there is no
+        # outcome yet, and the arrays added must stay alive for the submit to come.
+        if rc != -110 and self._submitted:
             self._outcome = rc
             self._keep = []
         check(rc)
@@ -655,6 +657,18 @@ class Load(_Handle):
             off = tuple(int(x) for x in offset) if offset is not None else (0,) * nd
             ext = (tuple(int(x) for x in extent) if extent is not None else
                    tuple(s - o for s, o in zip(info.shape, off)))
+            # The library reads ndim entries of each: a shorter tuple would have it
+            # read past the array, a longer one be cut short without a word.
+            if len(off) != nd or len(ext) != nd:
+                from .errors import ShapeError
+                raise ShapeError(f"tensor {name!r} of step {self.step}: offset {off} and "
+                                 f"extent {ext} need {nd} dimensions, the tensor's shape "
+                                 f"{info.shape}", -1008)
+            if any(x < 0 for x in off + ext):
+                from .errors import ShapeError
+                raise ShapeError(f"tensor {name!r} of step {self.step}: the box at "
+                                 f"{off} of extent {ext} is outside the shape "
+                                 f"{info.shape}", -1008)
             code = dtype_code(dtype, f"tensor {name!r}") if dtype is not None else \
                 _dtype_code_of(info.dtype)
             target = out
