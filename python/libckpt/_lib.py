@@ -44,7 +44,37 @@ def _candidates() -> List[str]:
     return out
 
 
+class _DlInfo(Structure):
+    """Dl_info of <dlfcn.h>."""
+    _fields_ = [("dli_fname", c_char_p), ("dli_fbase", c_void_p),
+                ("dli_sname", c_char_p), ("dli_saddr", c_void_p)]
+
+
+def _path_of(cdll, name: str) -> str:
+    """The absolute path of the file the loader mapped for cdll, which was loaded as
+    name: a bare SONAME found through LD_LIBRARY_PATH or ldconfig, or a relative
+    path, says nothing about where the library lies (python -m libckpt looks for
+    the tools beside it)."""
+    for libc_name in (None, "libdl.so.2"):
+        try:
+            dladdr = ctypes.CDLL(libc_name).dladdr
+        except (OSError, AttributeError):
+            continue
+        dladdr.argtypes = [c_void_p, POINTER(_DlInfo)]
+        dladdr.restype = c_int
+        info = _DlInfo()
+        if dladdr(ctypes.cast(cdll.ckpt_version, c_void_p), ctypes.byref(info)) \
+                and info.dli_fname:
+            return os.path.abspath(os.fsdecode(info.dli_fname))
+    return os.path.abspath(name) if os.sep in name else name
+
+
 def _load():
+    cdll, name = _open()
+    return cdll, _path_of(cdll, name)
+
+
+def _open():
     tried: List[str] = []
     env = os.environ.get("LIBCKPT_LIBRARY")
     if env:
