@@ -5,6 +5,10 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config liburing-dev liblmdb-dev lmdb-utils libxxhash-dev
       libzstd-dev libjansson-dev check libsubunit-dev libssl-dev libibverbs-dev librdmacm-dev
       fio clang libclang-rt-14-dev python3 python3-numpy util-linux
+      # the Python binding's tests (tests/python): pytest, torch (CPU), and its
+      # packaging: pip into a venv offline (--no-build-isolation needs setuptools
+      # and wheel from the system)
+      python3-pytest python3-torch python3-venv python3-pip python3-setuptools python3-wheel
       # the manual pages (tests/man renders them) and the ABI test (nm: binutils)
       groff-base man-db binutils
       # the power-cut campaign (tests/crash): ext4 on a loop device (losetup, mount)
