@@ -159,18 +159,25 @@ static int root_prepare(ckpt_ctx *c, bool *create)
 	}
 	if (!ro && access(cfg->root, W_OK | X_OK) < 0)
 		return ckpt_err(-errno, "checkpoint root %s is not writable", cfg->root);
-	/* The coordinator holds the root from here on: nobody else creates, moves or
-	 * collects anything in it while it decides. */
-	if (coord) {
-		c->incarnation = ckpt_random_id();
-		int rc = lock_take(cfg, c->incarnation, &c->lock_fd);
-		if (rc)
-			return rc;
-	}
+	/* A directory that is plainly not a root (someone's files, no manifest, no step)
+	 * is refused before anything is created in it, the lock file included. */
 	struct root_state rs;
 	int rc = root_scan(cfg->root, &rs);
 	if (rc)
 		return rc;
+	if (!rs.manifest && !rs.nsteps && rs.foreign[0])
+		return ckpt_err(CKPT_ENOTROOT, "%s is not empty and has no manifest: not a "
+		                "checkpoint root (found '%s')", cfg->root, rs.foreign);
+	/* The coordinator holds the root from here on: nobody else creates, moves or
+	 * collects anything in it while it decides; what it decides on is scanned again
+	 * under the lock. */
+	if (coord) {
+		c->incarnation = ckpt_random_id();
+		if ((rc = lock_take(cfg, c->incarnation, &c->lock_fd)))
+			return rc;
+		if ((rc = root_scan(cfg->root, &rs)))
+			return rc;
+	}
 	if (rs.manifest) {
 		rc = manifest_check_file(cfg->root);
 		if (rc == -ENOENT)

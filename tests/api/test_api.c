@@ -404,6 +404,10 @@ START_TEST(bad_roots)
 	tu_write_file(f, "hello", 5);
 	o.flags = 0;
 	ck_assert_int_eq(ckpt_open(&o, &c), CKPT_ENOTROOT);
+	/* ... and nothing was created in it: not even the coordinator's lock file. */
+	char lockp[4300];
+	snprintf(lockp, sizeof lockp, "%s/coordinator.lock", path);
+	ck_assert_msg(access(lockp, F_OK) < 0, "%s left behind in a directory refused", lockp);
 	o.flags = CKPT_OPEN_READONLY;
 	ck_assert_int_eq(ckpt_open(&o, &c), CKPT_ENOTROOT);
 	/* A regular file as root. */
