@@ -38,6 +38,8 @@ static uint64_t rec_check(const uint8_t *key, size_t klen, const void *val, size
 	return XXH3_64bits_withSeed(val, vlen, XXH3_64bits(key, klen));
 }
 
+_Static_assert(MANIFEST_MAX_META == CKPT_MAX_META, "a step's metadata: one limit");
+
 bool manifest_path_ok(const char *path, size_t len)
 {
 	/* The rules of a tensor name are exactly those of a safe relative path
