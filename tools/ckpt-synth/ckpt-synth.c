@@ -778,5 +778,7 @@ int main(int argc, char **argv)
 			return tool_usage("save does not take --no-rng (a verify option)");
 		return cmd_save(&a);
 	}
+	if (a.meta)
+		return tool_usage("verify does not take --meta (a save option)");
 	return cmd_verify(&a);
 }
