@@ -32,6 +32,7 @@ _Static_assert(CKPT_VERSION_MINOR < 100 && CKPT_VERSION_PATCH < 100,
 /* Constants that size public arrays. */
 _Static_assert(CKPT_MAX_NDIM == 16, "CKPT_MAX_NDIM is part of the ABI");
 _Static_assert(CKPT_MAX_NAME == 4096, "CKPT_MAX_NAME is part of the ABI");
+_Static_assert(CKPT_MAX_META == 65536, "CKPT_MAX_META is part of the ABI");
 
 /* The sizes and the offset of the last field, on LP64 targets (x86-64, aarch64: what
  * libckpt builds for). The options and result structs that start with their size
@@ -43,7 +44,7 @@ _Static_assert(CKPT_MAX_NAME == 4096, "CKPT_MAX_NAME is part of the ABI");
 #define ABI_SIZE_FIRST(type) \
 	_Static_assert(offsetof(struct type, size) == 0, "struct " #type ": size first")
 
-ABI_LAYOUT(ckpt_opts,            136, log_level,        128);
+ABI_LAYOUT(ckpt_opts,            160, keep_seconds,     152);
 ABI_LAYOUT(ckpt_log_ctx,          24, step,              16);
 ABI_LAYOUT(ckpt_gds_stats,        56, files_refused,     48);
 ABI_LAYOUT(ckpt_tensor,           64, mem,               56);
@@ -55,7 +56,7 @@ ABI_LAYOUT(ckpt_chunk_info,      328, box_extent,       200);
 ABI_LAYOUT(ckpt_verify_opts,      32, arg,               24);
 ABI_LAYOUT(ckpt_verify_result,  8272, bad_file,        4169);
 ABI_LAYOUT(ckpt_gc_item,          32, nfiles,            24);
-ABI_LAYOUT(ckpt_gc_opts,          56, arg,               48);
+ABI_LAYOUT(ckpt_gc_opts,          64, keep_seconds,      56);
 ABI_LAYOUT(ckpt_gc_result,        40, steps_unrecorded,  32);
 ABI_LAYOUT(ckpt_rebuild_result,   48, steps_damaged,     40);
 

@@ -249,3 +249,26 @@ int ckpt_step_info(ckpt_ctx *c, uint64_t step, struct ckpt_step_info *out, size_
 	glue_elem_put(out, 0, elem_size, &v, sizeof v);
 	return 0;
 }
+
+int ckpt_step_meta(ckpt_ctx *c, uint64_t step, char *dst, size_t cap, size_t *len)
+{
+	if (!c || !len || (cap && !dst))
+		return ckpt_err(-EINVAL, "ckpt_step_meta: NULL argument");
+	CKPT_LOG_SCOPE(&c->log, step == CKPT_LATEST ? CKPT_LOG_NO_STEP : step);
+	*len = 0;
+	ckpt_err_clear();
+	struct manifest *m;
+	int rc = glue_manifest(c, &m);
+	if (rc)
+		return rc;
+	if (step == CKPT_LATEST && (rc = manifest_step_latest(m, &step)))
+		return ckpt_err(rc, "%s has no committed step", c->cfg.root);
+	/* Only the record is read: the step's shards are never opened. */
+	if ((rc = manifest_step_meta(m, step, dst, cap, len)))
+		return rc == -ENOSPC ? ckpt_err(rc, "step %llu: metadata of %zu bytes does not fit "
+		                                "in %zu", (unsigned long long)step, *len, cap)
+		                     : rc;
+	if (*len < cap)
+		dst[*len] = '\0';
+	return 0;
+}

@@ -56,6 +56,23 @@ static int env_int(const char *name, long lo, long hi, long *out)
 	return 1;
 }
 
+/* A count of 64 bits: decimal digits only (no sign, space or suffix), no overflow.
+ * 1 and *out when set, 0 when not, -EINVAL naming the variable when malformed. */
+static int env_u64(const char *name, uint64_t *out)
+{
+	const char *v = ckpt_env(name);
+	if (!v)
+		return 0;
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(v, &end, 10);
+	if (v[0] < '0' || v[0] > '9' || errno || *end)
+		return ckpt_err(-EINVAL, "environment %s='%s' is not a whole number in [0, %llu]",
+		                name, v, (unsigned long long)UINT64_MAX);
+	*out = x;
+	return 1;
+}
+
 /* CKPT_GDS: "0"/"off", "1"/"on" (both), or a comma list of "load" and "save". */
 static int env_gds(unsigned *out)
 {
@@ -476,6 +493,19 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 	}
 	if (cfg->queue_depth > 4096)
 		return ckpt_err(-EINVAL, "queue depth %u: at most 4096", cfg->queue_depth);
+
+	/* Retention after each commit (0: no such rule); the environment fills what the
+	 * options leave at 0. */
+	struct { uint64_t *dst, opt; const char *env; } keep[] = {
+		{ &cfg->keep_last, OPT(o, keep_last, (uint64_t)0), "CKPT_KEEP_LAST" },
+		{ &cfg->keep_every, OPT(o, keep_every, (uint64_t)0), "CKPT_KEEP_EVERY" },
+		{ &cfg->keep_seconds, OPT(o, keep_seconds, (uint64_t)0), "CKPT_KEEP_SECONDS" },
+	};
+	for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
+		*keep[i].dst = keep[i].opt;
+		if (!keep[i].opt && (rc = env_u64(keep[i].env, keep[i].dst)) < 0)
+			return rc;
+	}
 
 	cfg->gds = OPT(o, gds, 0u);
 	if (cfg->gds & ~(unsigned)(CKPT_GDS_LOAD | CKPT_GDS_SAVE | CKPT_GDS_OFF))

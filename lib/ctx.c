@@ -404,6 +404,7 @@ void ckpt_close(ckpt_ctx *c)
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->load_lock);
 	pthread_mutex_destroy(&c->manifest_lock);
+	pthread_mutex_destroy(&c->gc_lock);
 	config_free(&c->cfg);
 	ckpt_free(c);
 }
@@ -422,6 +423,7 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	ckpt_cond_init(&c->cond);
 	pthread_mutex_init(&c->load_lock, NULL);
 	pthread_mutex_init(&c->manifest_lock, NULL);
+	pthread_mutex_init(&c->gc_lock, NULL);
 	/* From here on this context's lines go where its options say, its threads' too. */
 	CKPT_LOG_SCOPE(&c->log, CKPT_LOG_NO_STEP);
 	int rc = config_log(o, &c->log);

@@ -38,6 +38,8 @@ struct glue_config {
 	/* This rank's node: ranks node_first .. node_first+node_size-1 (1: unknown). */
 	int      node_id, node_first, node_size;
 	bool     tree;                /* the hierarchical commit: relay through the node leader */
+	/* Retention applied by the coordinator after each commit (0: no such rule). */
+	uint64_t keep_last, keep_every, keep_seconds;
 };
 int  config_resolve(const struct ckpt_opts *o, struct glue_config *cfg);
 /* The log settings of o (callback, level) into *sink, the rest of it blank; before
@@ -70,6 +72,8 @@ struct ckpt_save {
 	uint64_t         *name_hashes;    /* open-addressing set of item names */
 	size_t            hash_cap;
 	uint64_t          logical_bytes;
+	char             *meta;           /* ckpt_save_set_meta's JSON text (no NUL), or NULL */
+	size_t            meta_len;
 	void             *order_stream;   /* cudaStream_t whose work the copies follow
 	                                     (ckpt_save_set_stream); NULL: the default */
 	void             *fence;          /* cudaEvent_t recorded on it at submit, or NULL
@@ -113,6 +117,10 @@ struct ckpt_ctx {
 	 * this context's incarnation, a random id that the steps it begins carry */
 	int                lock_fd;       /* -1: not held */
 	uint64_t           incarnation;
+
+	/* one gc at a time (ckpt/catalog.h): the caller's ckpt_catalog_gc and the
+	 * retention the save worker runs after a commit */
+	pthread_mutex_t    gc_lock;
 
 	/* distributed commit (world > 1) */
 	struct commit_coord *coord;       /* rank 0 of the embedded default */
@@ -183,6 +191,10 @@ int  catalog_list(ckpt_ctx *c, bool all, struct catalog_entry **out, size_t *cou
 /* The coordinator's GC at open (lib/gc.c): the files of attempts the manifest names
  * ABORTED or abandoned INFLIGHT; never a directory without a record. */
 int  gc_open(ckpt_ctx *c, uint64_t *removed);
+/* The job's retention after step committed (lib/retention.c): when cfg keeps by
+ * any rule, gc as ckpt_catalog_gc with those rules; a failure is logged (WARN),
+ * never returned. Called by the save worker once the save's outcome is published. */
+void retention_after_commit(ckpt_ctx *c, uint64_t step);
 /* Remove the files of attempt save_id of step (0: every shard file, for a record
  * that names no attempt), and the directory if nothing else is left in it. */
 int  gc_attempt_remove(const char *root, uint64_t step, uint64_t save_id);

@@ -1,8 +1,9 @@
 /*
  * retention.c — garbage collection for operators (ckpt-inspect gc): removes what
  * is invisible (step directories with no record, aborted and in-flight records)
- * and applies retention (keep the newest N committed steps, keep every K-th),
- * never the latest committed step.
+ * and applies retention (keep the newest N committed steps, keep every K-th, keep
+ * those committed within the last S seconds), never the latest committed step;
+ * and the same retention run by the job after each commit (ckpt_opts.keep_*).
  *
  * Order matters for the invariant (CONTRIBUTING.md, "Tests"). A committed step is
  * first retired — its record made ABORTED, still naming its attempt, in one
@@ -58,7 +59,7 @@ static bool gc_too_young(const char *root, uint64_t step, uint64_t min_age_s)
 
 /* Decide the fate of one step; 0: keep. */
 static int gc_reason(const struct catalog_entry *x, const struct ckpt_gc_opts *o,
-                     uint64_t latest, uint64_t ncommitted_newer)
+                     uint64_t latest, uint64_t ncommitted_newer, uint64_t now_ns)
 {
 	if (!x->has_record)
 		/* No record: never collected unless the operator asks (gc.c says why). */
@@ -66,11 +67,16 @@ static int gc_reason(const struct catalog_entry *x, const struct ckpt_gc_opts *o
 	if (x->rec.state == CKPT_STATE_COMMITTED) {
 		if (x->step == latest)
 			return 0;
-		if (!o->keep_last && !o->keep_every)
+		if (!o->keep_last && !o->keep_every && !o->keep_seconds)
 			return 0;
 		if (o->keep_last && ncommitted_newer < o->keep_last)
 			return 0;
 		if (o->keep_every && x->step % o->keep_every == 0)
+			return 0;
+		/* Its age by the record's commit time (wall clock, as the record keeps it): a
+		 * commit time in the future (a clock set back) keeps the step. */
+		if (o->keep_seconds && (x->rec.commit_time_ns >= now_ns ||
+		                        (now_ns - x->rec.commit_time_ns) / 1000000000u < o->keep_seconds))
 			return 0;
 		return CKPT_GC_RETENTION;
 	}
@@ -122,7 +128,46 @@ static int gc_remove(ckpt_ctx *c, const struct catalog_entry *x, int why)
 	return rc;
 }
 
+static int gc_run(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_result *ures);
+
 int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_result *ures)
+{
+	if (!c)
+		return ckpt_err(-EINVAL, "ckpt_catalog_gc: context is NULL");
+	/* One gc at a time: the caller's and the one the save worker runs after a commit. */
+	pthread_mutex_lock(&c->gc_lock);
+	int rc = gc_run(c, uo, ures);
+	pthread_mutex_unlock(&c->gc_lock);
+	return rc;
+}
+
+void retention_after_commit(ckpt_ctx *c, uint64_t step)
+{
+	if (!c->cfg.keep_last && !c->cfg.keep_every && !c->cfg.keep_seconds)
+		return;
+	if (!glue_is_coordinator(c))
+		return;
+	struct ckpt_gc_opts o;
+	ckpt_gc_opts_init(&o, sizeof o);
+	o.keep_last = c->cfg.keep_last;
+	o.keep_every = c->cfg.keep_every;
+	o.keep_seconds = c->cfg.keep_seconds;
+	struct ckpt_gc_result res = { .size = sizeof res };
+	uint64_t t0 = ckpt_now_ns();
+	int rc = ckpt_catalog_gc(c, &o, &res);
+	if (rc)
+		ckpt_log(CKPT_LOG_WARN, "retention after step %llu: %s (the save stands; the next "
+		         "commit tries again)", (unsigned long long)step, ckpt_err_msg());
+	else
+		ckpt_log(res.steps_removed ? CKPT_LOG_INFO : CKPT_LOG_DEBUG,
+		         "retention after step %llu: %llu step(s) removed, %llu bytes freed, "
+		         "%llu committed kept (%.1f ms)", (unsigned long long)step,
+		         (unsigned long long)res.steps_removed, (unsigned long long)res.bytes_freed,
+		         (unsigned long long)res.steps_kept, (double)(ckpt_now_ns() - t0) / 1e6);
+	ckpt_err_clear();
+}
+
+static int gc_run(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_result *ures)
 {
 	if (!c)
 		return ckpt_err(-EINVAL, "ckpt_catalog_gc: context is NULL");
@@ -163,12 +208,13 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 	}
 	struct ckpt_gc_result res;
 	memset(&res, 0, sizeof res);
+	uint64_t now_ns = ckpt_wall_ns();
 	/* Newest first, so "committed steps newer than this one" is a running count. */
 	uint64_t newer = 0;
 	for (size_t k = cnt; k-- > 0 && !rc;) {
 		const struct catalog_entry *x = &st[k];
 		bool committed = x->has_record && x->rec.state == CKPT_STATE_COMMITTED;
-		int why = gc_reason(x, &o, have_latest ? latest : UINT64_MAX, newer);
+		int why = gc_reason(x, &o, have_latest ? latest : UINT64_MAX, newer, now_ns);
 		if (committed)
 			newer++;
 		if (!why) {

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
 #include <xxhash.h>
 
 #include "glue.h"
@@ -236,6 +237,46 @@ int ckpt_save_add_blob(ckpt_save *s, const char *name, int kind, int policy,
 	return save_push(s, &it);
 }
 
+int ckpt_save_set_meta(ckpt_save *s, const char *json, size_t len)
+{
+	SAVE_LOG_SCOPE(s);
+	int rc = save_check_open(s);
+	if (rc)
+		return rc;
+	unsigned long long step = (unsigned long long)s->step;
+	if (!json && len)
+		return ckpt_err(-EINVAL, "metadata of step %llu: json is NULL", step);
+	if (len > CKPT_MAX_META)
+		return ckpt_err(-E2BIG, "metadata of step %llu: %zu bytes, more than CKPT_MAX_META "
+		                "(%d)", step, len, CKPT_MAX_META);
+	/* Parsed, not trusted to be JSON: jansson refuses what is not (ill-formed UTF-8
+	 * and NUL bytes included), and the text is kept as given, byte for byte. Any
+	 * value decodes, so that a scalar is told apart from what is not JSON at all; a
+	 * number is only checked, so integers beyond 64 bits are taken as reals. */
+	json_error_t jerr;
+	json_t *v = len ? json_loadb(json, len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, &jerr)
+	                : NULL;
+	if (!v)
+		return len ? ckpt_err(-EINVAL, "metadata of step %llu is not JSON: %s (line %d, "
+		                      "column %d, byte %d)", step, jerr.text, jerr.line,
+		                      jerr.column, jerr.position)
+		           : ckpt_err(-EINVAL, "metadata of step %llu is empty, not a JSON object",
+		                      step);
+	bool object = json_is_object(v);
+	json_decref(v);
+	if (!object)
+		return ckpt_err(-EINVAL, "metadata of step %llu is JSON but not an object ({...})",
+		                step);
+	char *copy = ckpt_malloc(len);
+	if (!copy)
+		return ckpt_err(-ENOMEM, "metadata of step %llu", step);
+	memcpy(copy, json, len);
+	ckpt_free(s->meta);
+	s->meta = copy;
+	s->meta_len = len;
+	return 0;
+}
+
 /* ------------------------------------------------------------------ lifecycle */
 
 /* The end of what ckpt_save_begin took: a place among the saves in flight. */
@@ -406,6 +447,7 @@ void ckpt_save_free(ckpt_save *s)
 		ckpt_free(s->items[i].name);
 	ckpt_free(s->items);
 	ckpt_free(s->name_hashes);
+	ckpt_free(s->meta);
 	ckpt_free(s);
 }
 
@@ -778,6 +820,12 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		.index = res.footer, .index_len = res.footer_len, .file_size = res.file_size,
 	};
 	memcpy(v.footer_hash, res.footer_hash, sizeof v.footer_hash);
+	/* The step keeps rank 0's metadata: the others' would be dropped, so they do
+	 * not send it. */
+	if (c->cfg.rank == 0) {
+		v.meta = s->meta;
+		v.meta_len = s->meta_len;
+	}
 	rc = commit_part_prepare(c->part, &v);
 	voted = true;
 	if (rc)
@@ -813,5 +861,11 @@ out:
 		                c->cfg.rank);
 	io_index_free(res.index);
 	ckpt_free(res.footer);
+	uint64_t step = s->step;
 	save_finish(c, s, rc);
+	/* s may be freed from here on. Retention runs after the outcome is published, so
+	 * that ckpt_save_wait does not wait for it; this worker's next save, and
+	 * ckpt_close, do. */
+	if (!rc)
+		retention_after_commit(c, step);
 }

@@ -140,6 +140,8 @@ struct ckpt_gc_opts {
 	                                 that the job saves again meanwhile is spared, and
 	                                 not counted); NULL */
 	void    *arg;
+	uint64_t keep_seconds;        /* keep committed steps committed within the last S
+	                                 seconds (their record's commit time); 0: no rule */
 	/* append only */
 };
 /* Fill *o with defaults. size must be sizeof *o as the caller knows it. */
@@ -157,8 +159,8 @@ struct ckpt_gc_result {
 /*
  * Garbage collection with retention. Removes what the manifest names as removable:
  * the files of aborted attempts (and of attempts whose coordinator is gone: presumed
- * abort), and committed steps kept by neither rule (when keep_last or keep_every is
- * set, a committed step stays if either rule keeps it). Never removed: the latest
+ * abort), and committed steps kept by no rule (when keep_last, keep_every or
+ * keep_seconds is set, a committed step stays if any rule keeps it). Never removed: the latest
  * committed step; a save in flight (an in-flight record of the coordinator that
  * holds the root now — the calling context itself when a job runs gc); a step whose
  * record is damaged; and a step directory the manifest has no record of — the sign

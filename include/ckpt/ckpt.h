@@ -143,6 +143,7 @@ enum ckpt_mem { CKPT_MEM_AUTO = 0, CKPT_MEM_HOST, CKPT_MEM_DEVICE };
 
 #define CKPT_MAX_NDIM   16
 #define CKPT_MAX_NAME   4096     /* bytes, without the terminating NUL */
+#define CKPT_MAX_META   65536    /* bytes of a step's metadata (ckpt_save_set_meta) */
 #define CKPT_LATEST     UINT64_MAX
 
 
@@ -244,6 +245,14 @@ struct ckpt_opts {
 	void       *log_arg;
 	int         log_level;     /* enum ckpt_log_level: this context's threshold; -1 (the
 	                            * default): CKPT_LOG, then CKPT_LOG_WARN */
+	/* Retention by the job itself: after every commit, the coordinator (rank 0)
+	 * removes the committed steps that no rule keeps, as ckpt_catalog_gc with these
+	 * rules (ckpt/catalog.h); the latest committed step and saves in flight are never
+	 * removed. 0: no such rule (the default: CKPT_KEEP_LAST, CKPT_KEEP_EVERY,
+	 * CKPT_KEEP_SECONDS, then none); with none, nothing is removed. See ckpt_open. */
+	uint64_t    keep_last;     /* keep the newest N committed steps */
+	uint64_t    keep_every;    /* keep the committed steps that are multiples of K */
+	uint64_t    keep_seconds;  /* keep the steps committed within the last S seconds */
 	/* append only */
 };
 
@@ -320,7 +329,16 @@ CKPT_API int ckpt_gds_stats(const ckpt_ctx *c, struct ckpt_gds_stats *st);
  * On failure *out is NULL; the message names the root.
  */
 CKPT_API int  ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out);
-/* Waits for every save in flight to finish, then frees. NULL: no-op. */
+/*
+ * Retention (ckpt_opts.keep_last, keep_every, keep_seconds): when a rule is set, the
+ * save worker of the coordinator's context applies it after each commit, once the
+ * save's outcome is published (ckpt_save_wait returns without waiting for it; the
+ * next save of the context starts after it). A step is kept by any rule that keeps
+ * it; the latest committed step always. It removes, as ckpt_catalog_gc does, the
+ * aborted attempts too. A failure is logged (WARN) and fails no save.
+ */
+/* Waits for every save in flight to finish, and for the retention they started,
+ * then frees. NULL: no-op. */
 CKPT_API void ckpt_close(ckpt_ctx *c);
 /* The calling thread's last error message from any libckpt call ("" if none): the
  * message is per thread, not per handle. The pointer is valid until this thread's
@@ -394,6 +412,18 @@ CKPT_API int ckpt_save_add_tensor_source(ckpt_save *s, const struct ckpt_tensor 
  * ckpt_save_add_tensor. */
 CKPT_API int ckpt_save_add_blob(ckpt_save *s, const char *name, int kind, int policy,
                                 const void *data, size_t len);
+/* Attach metadata to the step: the text of one JSON object (loss, tokens seen, ...),
+ * len bytes, no NUL needed. It is stored with the step's record when the step commits
+ * and read back by ckpt_step_meta without opening the step's shards. Calling it again
+ * replaces it. Every rank may call it; the committed step keeps rank 0's (the other
+ * ranks' is not sent). The text is copied: json may be freed on return.
+ * Errors:
+ *   -EINVAL       not a JSON object: not JSON (the message says where the parser
+ *                 stopped: line, column, byte), ill-formed UTF-8, a NUL byte, empty,
+ *                 or JSON of another type; json NULL with len > 0
+ *   -E2BIG        len above CKPT_MAX_META
+ *   CKPT_ESTATE   the save was submitted */
+CKPT_API int ckpt_save_set_meta(ckpt_save *s, const char *json, size_t len);
 /* Queue the save. Returns at once. 0: ckpt_save_wait reports the outcome exactly
  * once; negative: nothing was queued and the handle may only be freed.
  * Errors: CKPT_ESTATE (already submitted), and for a save of device tensors the CUDA
@@ -509,6 +539,17 @@ CKPT_API int ckpt_steps(ckpt_ctx *c, unsigned flags, struct ckpt_step_info *out,
  * step for CKPT_LATEST), -EINVAL (elem_size too small), and those of ckpt_steps. */
 CKPT_API int ckpt_step_info(ckpt_ctx *c, uint64_t step, struct ckpt_step_info *out,
                             size_t elem_size);
+
+/* The metadata of a step (CKPT_LATEST: the latest committed one), as
+ * ckpt_save_set_meta gave it, from the manifest alone (read-only contexts too):
+ * *len gets its length in bytes and, when it fits in cap, the text is copied to dst,
+ * followed by a NUL when cap > *len. A step saved without metadata gives 0 with
+ * *len = 0 (and dst[0] = NUL when cap > 0). Ask with cap 0 for the length.
+ * Errors: -ENOSPC (cap below *len: nothing copied, *len set), CKPT_ENOTFOUND (no
+ * record of the step; or no committed step for CKPT_LATEST), -EINVAL (dst NULL with
+ * cap > 0), CKPT_ENOTROOT (no manifest), CKPT_ECORRUPT / CKPT_EFORMAT / CKPT_EVERSION
+ * (the record). Any thread. */
+CKPT_API int ckpt_step_meta(ckpt_ctx *c, uint64_t step, char *dst, size_t cap, size_t *len);
 
 /* ------------------------------------------------------------------ contents of a step */
 

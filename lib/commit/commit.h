@@ -32,6 +32,10 @@ struct commit_vote {
 	size_t      index_len;
 	uint64_t    file_size;
 	uint8_t     footer_hash[CKPT_HASH_BYTES];
+	/* The user's metadata of the step (a JSON object's text, at most
+	 * MANIFEST_MAX_META bytes); only rank 0's is kept, so other ranks send none. */
+	const void *meta;
+	size_t      meta_len;
 };
 
 /*
@@ -91,8 +95,8 @@ struct commit_decision {
 	const char                  *why;
 };
 /*
- * Decide attempt id (step, world, save_id, incarnation, job_id: they go into the
- * step record) as d says. A commit validates the votes, then commits them in one
+ * Decide attempt id (step, world, save_id, incarnation, job_id, and the user's
+ * metadata meta/meta_len: they go into the step record) as d says. A commit validates the votes, then commits them in one
  * durable manifest transaction (fault points coord_before_commit_txn and
  * coord_after_commit_txn around it): 0 (committed), -EEXIST (already committed),
  * -ESTALE (the manifest names another attempt), CKPT_EINVALID, CKPT_EFORMAT (a

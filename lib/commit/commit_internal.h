@@ -48,7 +48,8 @@ int commit_status_decode(const void *p, size_t n, struct commit_status_msg *m);
 int commit_step_encode(uint64_t step, struct ckpt_buf *b);
 int commit_step_decode(const void *p, size_t n, uint64_t *step);
 
-/* PREPARE; on decode, v->index points into the payload. */
+/* PREPARE; on decode, v->index (and v->meta, when the vote carries metadata)
+ * point into the payload. */
 int commit_prepare_encode(const struct commit_vote *v, struct ckpt_buf *b);
 int commit_prepare_decode(const void *p, size_t n, struct commit_vote *v);
 

@@ -635,6 +635,10 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 	struct manifest_step id = { .step = s->step, .world = c->world, .save_id = s->save_id,
 	                            .incarnation = c->incarnation };
 	snprintf(id.job_id, sizeof id.job_id, "%s", c->job_id);
+	/* The step keeps rank 0's metadata (its vote's bytes live in payloads[0] until
+	 * the step is freed); what other ranks might send is ignored. */
+	id.meta = s->votes[0].meta;
+	id.meta_len = (uint32_t)s->votes[0].meta_len;
 	if (!code) {
 		int rc = commit_decide(c->manifest, &id, &(struct commit_decision){
 			.shards = s->shards, .gather = s->gather, .trust_manifest = true });

@@ -130,6 +130,9 @@ static int local_prepare(struct commit_part *base, const struct commit_vote *v)
 		                (unsigned long long)v->step, (unsigned long long)v->save_id);
 	struct manifest_step id;
 	local_id(p, v->step, v->save_id, &id);
+	/* The only rank is rank 0: its metadata is the step's. */
+	id.meta = v->meta;
+	id.meta_len = (uint32_t)v->meta_len;
 	int rc = commit_decide(p->m, &id, &(struct commit_decision){
 		.votes = v, .trust_manifest = true });
 	/* Only this save's thread reaches its entry between begin and wait. */

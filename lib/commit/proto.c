@@ -98,6 +98,12 @@ int commit_prepare_encode(const struct commit_vote *v, struct ckpt_buf *b)
 	ckpt_buf_u64(b, v->save_id);
 	ckpt_buf_u64(b, v->index_len);
 	ckpt_buf_put(b, v->index, v->index_len);
+	/* The metadata, only when there is some: a vote without it is the same bytes
+	 * as before metadata existed. */
+	if (v->meta_len) {
+		ckpt_buf_u32(b, (uint32_t)v->meta_len);
+		ckpt_buf_put(b, v->meta, v->meta_len);
+	}
 	return enc_done(b);
 }
 
@@ -115,12 +121,22 @@ int commit_prepare_decode(const void *p, size_t n, struct commit_vote *v)
 	const uint8_t *h = ckpt_cursor_take(&c, CKPT_HASH_BYTES);
 	v->save_id = ckpt_cursor_u64(&c);
 	uint64_t len = ckpt_cursor_u64(&c);
-	if (!c.ok || !h || len != c.left || len == 0)
+	if (!c.ok || !h || len > c.left || len == 0)
 		return ckpt_err(CKPT_EPROTO, "PREPARE: index length %llu does not match the %zu "
 		                "bytes that follow", (unsigned long long)len, c.left);
 	memcpy(v->footer_hash, h, CKPT_HASH_BYTES);
-	v->index = c.p;
+	v->index = ckpt_cursor_take(&c, (size_t)len);
 	v->index_len = (size_t)len;
+	if (c.left) {
+		/* The metadata: its length within bounds and exactly what is left. */
+		uint32_t ml = ckpt_cursor_u32(&c);
+		if (!c.ok || ml == 0 || ml > MANIFEST_MAX_META || ml != c.left)
+			return ckpt_err(CKPT_EPROTO, "PREPARE of rank %u: metadata length %u (1..%u) "
+			                "does not match the %zu bytes that follow", v->rank, ml,
+			                MANIFEST_MAX_META, c.left);
+		v->meta = ckpt_cursor_take(&c, ml);
+		v->meta_len = ml;
+	}
 	return 0;
 }
 

@@ -32,7 +32,39 @@ static int step_read(struct manifest *m, MDB_txn *txn, uint64_t step,
 	if (rc)
 		return manifest_fail(m, rc, "step %llu: read step record", (unsigned long long)step);
 	rc = manifest_step_decode(val.mv_data, val.mv_size, step, out, NULL, 0);
-	return rc ? ckpt_err_prefix(rc, "manifest %s", m->root) : 0;
+	if (rc)
+		return ckpt_err_prefix(rc, "manifest %s", m->root);
+	/* It would point into a page of txn: the metadata is read by manifest_step_meta
+	 * (or copied, by a write that keeps it). */
+	out->meta = NULL;
+	return 0;
+}
+
+/* The metadata of step's record in txn, copied into *copy (ckpt_malloc'd; NULL and
+ * 0 when the record has none). Copied because the write that follows may move or
+ * reuse the page it lies in. */
+static int step_meta_copy(struct manifest *m, MDB_txn *txn, uint64_t step, char **copy,
+                          uint32_t *len)
+{
+	*copy = NULL;
+	*len = 0;
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, step);
+	MDB_val key = { sizeof k, k }, val;
+	int rc = mdb_get(txn, m->dbi_steps, &key, &val);
+	if (rc)
+		return manifest_fail(m, rc, "step %llu: read step record", (unsigned long long)step);
+	struct manifest_step r;
+	if ((rc = manifest_step_decode(val.mv_data, val.mv_size, step, &r, NULL, 0)))
+		return ckpt_err_prefix(rc, "manifest %s", m->root);
+	if (!r.meta_len)
+		return 0;
+	if (!(*copy = ckpt_malloc(r.meta_len)))
+		return ckpt_err(-ENOMEM, "manifest %s: step %llu: metadata", m->root,
+		                (unsigned long long)step);
+	memcpy(*copy, r.meta, r.meta_len);
+	*len = r.meta_len;
+	return 0;
 }
 
 /* Put a step record (re-encoded from *rec and note). */
@@ -304,7 +336,14 @@ static int trust_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	if (rc)
 		return rc;
 	r.trust = a->trust;
-	return step_write(m, txn, &r, NULL);
+	/* A verified step keeps its metadata. */
+	char *meta;
+	if ((rc = step_meta_copy(m, txn, a->step, &meta, &r.meta_len)))
+		return rc;
+	r.meta = meta;
+	rc = step_write(m, txn, &r, NULL);
+	ckpt_free(meta);
+	return rc;
 }
 
 int manifest_set_trust(struct manifest *m, uint64_t step, uint32_t trust)
@@ -395,6 +434,35 @@ int manifest_step_get(struct manifest *m, uint64_t step, struct manifest_step *o
 	return rc;
 }
 
+int manifest_step_meta(struct manifest *m, uint64_t step, void *dst, size_t cap, size_t *len)
+{
+	if (!m || !len || (cap && !dst))
+		return ckpt_err(-EINVAL, "manifest_step_meta: NULL argument");
+	unsigned long long s = (unsigned long long)step;
+	MDB_txn *txn;
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
+	if (rc)
+		return manifest_fail(m, rc, "step %llu: begin read transaction", s);
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, step);
+	MDB_val key = { sizeof k, k }, val;
+	struct manifest_step r;
+	rc = mdb_get(txn, m->dbi_steps, &key, &val);
+	if (rc == MDB_NOTFOUND)
+		rc = ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->root, s);
+	else if (rc)
+		rc = manifest_fail(m, rc, "step %llu: read step record", s);
+	else if ((rc = manifest_step_decode(val.mv_data, val.mv_size, step, &r, NULL, 0)))
+		ckpt_err_prefix(rc, "manifest %s", m->root);
+	else if ((*len = r.meta_len) > cap)
+		rc = ckpt_err(-ENOSPC, "step %llu: metadata of %u bytes, room for %zu", s,
+		              r.meta_len, cap);
+	else if (r.meta_len)
+		memcpy(dst, r.meta, r.meta_len);
+	manifest_txn_abort(m, txn);
+	return rc;
+}
+
 /* A read transaction and a cursor on the steps database; on failure nothing is left
  * open and the error names the manifest. */
 static int steps_cursor_open(struct manifest *m, MDB_txn **txn, MDB_cursor **cur)
@@ -440,6 +508,7 @@ static int steps_walk(struct manifest *m, bool descending, step_visit_fn fn, voi
 			ckpt_err_prefix(ret, "manifest %s", m->root);
 			break;
 		}
+		r.meta = NULL;        /* as step_read: nothing points into the transaction */
 		if ((ret = fn(&r, arg)) != 0)
 			break;
 	}

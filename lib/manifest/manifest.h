@@ -27,6 +27,7 @@
                                         in-flight records, checksummed records */
 #define MANIFEST_MAX_JOB_ID     256u
 #define MANIFEST_MAX_PATH       1024u
+#define MANIFEST_MAX_META       65536u   /* = CKPT_MAX_META: a step's user metadata */
 
 enum manifest_open_flags {
 	MANIFEST_RDONLY = 1u << 0,   /* no writes; fails with -ENOENT if absent */
@@ -74,6 +75,12 @@ struct manifest_step {
 	uint64_t save_id;          /* the attempt: its shard files carry it (0: older records) */
 	uint64_t incarnation;      /* the coordinator that began it (0: older records) */
 	char     job_id[MANIFEST_MAX_JOB_ID + 1];
+	/* The user's metadata of a committed step (ckpt_save_set_meta: a JSON object,
+	 * without a NUL), stored in its record; meta_len 0: none. Written from these by
+	 * manifest_commit. Read back with manifest_step_meta: the readers that fill a
+	 * struct manifest_step set meta_len and leave meta NULL. */
+	const char *meta;
+	uint32_t    meta_len;
 };
 
 /* One rank's shard record. In results, path and index point into memory owned by
@@ -118,6 +125,11 @@ int manifest_record_abort(struct manifest *m, const struct manifest_step *rec, c
 
 /* Step record of step (any state). CKPT_ENOTFOUND. */
 int manifest_step_get(struct manifest *m, uint64_t step, struct manifest_step *out);
+/* The metadata stored in step's record (any state): *len gets its length, and when
+ * it is at most cap the bytes are copied to dst (no NUL added). 0, -ENOSPC (cap too
+ * small: nothing copied, *len set), CKPT_ENOTFOUND (no record), or a damaged
+ * record's error. A record without metadata gives 0 with *len = 0. */
+int manifest_step_meta(struct manifest *m, uint64_t step, void *dst, size_t cap, size_t *len);
 /* Latest COMMITTED step. CKPT_ENOTFOUND if none. Every record is read and checked on
  * the way: a damaged one (CKPT_ECORRUPT, naming its key) fails the call rather than
  * let an older step pass for the latest. */

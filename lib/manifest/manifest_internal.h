@@ -17,7 +17,9 @@
 
 /* Record versions: the first u16 of every value. A decoder accepts versions
  * 1..current and refuses newer ones with CKPT_EVERSION. */
-#define MANIFEST_STEP_REC_VERSION  2u  /* 2: save id, incarnation, checksum */
+#define MANIFEST_STEP_REC_VERSION  3u  /* 2: save id, incarnation, checksum; 3: user
+                                          metadata (written only by a record that
+                                          has some: the others stay version 2) */
 #define MANIFEST_SHARD_REC_VERSION 3u  /* 2: footer offset and length; index optional;
                                           3: checksum */
 
@@ -85,7 +87,8 @@ size_t manifest_step_encode(const struct manifest_step *rec, const char *note, u
 /* 0, or -EINVAL naming the field (job_id too long, bad state or trust). */
 int manifest_step_check(const struct manifest_step *rec);
 /* Decode a step record found under key step. 0, CKPT_EFORMAT, CKPT_EVERSION or
- * CKPT_ECORRUPT (its checksum does not match: the message names step). note/note_cap optional: the abort reason, truncated. */
+ * CKPT_ECORRUPT (its checksum does not match: the message names step). note/note_cap optional: the abort reason, truncated.
+ * out->meta points INTO p (valid as long as p is), out->meta_len its length. */
 int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest_step *out,
                          char *note, size_t note_cap);
 

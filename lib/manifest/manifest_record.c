@@ -38,6 +38,8 @@ static uint64_t rec_check(const uint8_t *key, size_t klen, const void *val, size
 	return XXH3_64bits_withSeed(val, vlen, XXH3_64bits(key, klen));
 }
 
+_Static_assert(MANIFEST_MAX_META == CKPT_MAX_META, "a step's metadata: one limit");
+
 bool manifest_path_ok(const char *path, size_t len)
 {
 	/* The rules of a tensor name are exactly those of a safe relative path
@@ -66,6 +68,14 @@ bool manifest_path_ok(const char *path, size_t len)
  *   64    J  job_id bytes (no NUL)
  * 64+J    N  note bytes (no NUL)
  * 64+J+N  8  checksum of the 8-byte key and bytes [0, 64+J+N) (rec_check)
+ *
+ * Version 3 is version 2 with the step's user metadata before the checksum:
+ * 64+J+N      4  metadata length M (1..MANIFEST_MAX_META)
+ * 68+J+N      M  metadata bytes (a JSON object's text, no NUL)
+ * 68+J+N+M    8  checksum of the 8-byte key and bytes [0, 68+J+N+M)
+ * Only a record with metadata is written as version 3: a build that reads
+ * version 2 at most still reads every other record, and refuses that one with
+ * CKPT_EVERSION rather than misread it.
  */
 
 int manifest_step_check(const struct manifest_step *rec)
@@ -80,6 +90,11 @@ int manifest_step_check(const struct manifest_step *rec)
 	if (rec->trust > CKPT_TRUST_VERIFIED)
 		return ckpt_err(-EINVAL, "step %llu: bad trust level %u",
 		                (unsigned long long)rec->step, rec->trust);
+	if (rec->meta_len > MANIFEST_MAX_META || (rec->meta_len && !rec->meta) ||
+	    (rec->meta_len && memchr(rec->meta, '\0', rec->meta_len)))
+		return ckpt_err(-EINVAL, "step %llu: metadata of %u bytes: longer than %u, or "
+		                "holding a NUL", (unsigned long long)rec->step, rec->meta_len,
+		                MANIFEST_MAX_META);
 	return 0;
 }
 
@@ -87,10 +102,11 @@ size_t manifest_step_encode(const struct manifest_step *rec, const char *note, u
 {
 	size_t jl = strnlen(rec->job_id, MANIFEST_MAX_JOB_ID);
 	size_t nl = note ? strnlen(note, MANIFEST_MAX_NOTE) : 0;
-	size_t n = MANIFEST_STEP_REC_FIXED + jl + nl + MANIFEST_CHECK_BYTES;
+	size_t ml = rec->meta ? rec->meta_len : 0;
+	size_t n = MANIFEST_STEP_REC_FIXED + jl + nl + (ml ? 4 + ml : 0) + MANIFEST_CHECK_BYTES;
 	if (!out)
 		return n;
-	ckpt_put_le16(out + 0, MANIFEST_STEP_REC_VERSION);
+	ckpt_put_le16(out + 0, ml ? MANIFEST_STEP_REC_VERSION : 2);
 	ckpt_put_le16(out + 2, (uint16_t)jl);
 	ckpt_put_le32(out + 4, rec->state);
 	ckpt_put_le32(out + 8, rec->trust);
@@ -106,6 +122,10 @@ size_t manifest_step_encode(const struct manifest_step *rec, const char *note, u
 	memcpy(out + MANIFEST_STEP_REC_FIXED, rec->job_id, jl);
 	if (nl)
 		memcpy(out + MANIFEST_STEP_REC_FIXED + jl, note, nl);
+	if (ml) {
+		ckpt_put_le32(out + MANIFEST_STEP_REC_FIXED + jl + nl, (uint32_t)ml);
+		memcpy(out + MANIFEST_STEP_REC_FIXED + jl + nl + 4, rec->meta, ml);
+	}
 	uint8_t k[MANIFEST_STEP_KEY_BYTES];
 	manifest_step_key(k, rec->step);
 	ckpt_put_le64(out + n - MANIFEST_CHECK_BYTES,
@@ -162,11 +182,24 @@ int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest
 		                "reserved %u out of range", s, jl, nl, reserved);
 	const uint8_t *job = ckpt_cursor_take(&c, jl);
 	const uint8_t *why = ckpt_cursor_take(&c, nl);
+	uint32_t ml = 0;
+	const uint8_t *meta = NULL;
+	if (ver >= 3) {
+		/* Its length is checked before the bytes are taken: a hostile length is
+		 * refused, never read past. */
+		ml = ckpt_cursor_u32(&c);
+		if (c.ok && (ml == 0 || ml > MANIFEST_MAX_META))
+			return ckpt_err(CKPT_EFORMAT, "step %llu: step record: metadata length %u "
+			                "(1..%u)", s, ml, MANIFEST_MAX_META);
+		meta = ckpt_cursor_take(&c, ml);
+	}
 	if (!c.ok || c.left != 0)
 		return ckpt_err(CKPT_EFORMAT, "step %llu: step record is %zu bytes, its fields say "
-		                "otherwise (job id %u, note %u bytes)", s, n, jl, nl);
-	if ((jl && memchr(job, '\0', jl)) || (nl && memchr(why, '\0', nl)))
-		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: NUL inside job id or note", s);
+		                "otherwise (job id %u, note %u, metadata %u bytes)", s, n, jl, nl, ml);
+	if ((jl && memchr(job, '\0', jl)) || (nl && memchr(why, '\0', nl)) ||
+	    (ml && memchr(meta, '\0', ml)))
+		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: NUL inside job id, note or "
+		                "metadata", s);
 	if (r.state < CKPT_STATE_COMMITTED || r.state > CKPT_STATE_INFLIGHT)
 		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: bad state %u", s, r.state);
 	if (r.trust > CKPT_TRUST_VERIFIED || (r.state == CKPT_STATE_COMMITTED && r.trust == 0))
@@ -182,6 +215,8 @@ int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest
 			memcpy(note, why, k);
 		note[k] = '\0';
 	}
+	r.meta = (const char *)meta;
+	r.meta_len = ml;
 	*out = r;
 	return 0;
 }

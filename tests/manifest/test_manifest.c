@@ -567,6 +567,113 @@ START_TEST(aborted_steps)
 }
 END_TEST
 
+/* A record's checksum as the codec computes it (rec_check). */
+static uint64_t test_rec_check(uint64_t step, const void *val, size_t vlen)
+{
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, step);
+	return XXH3_64bits_withSeed(val, vlen, XXH3_64bits(k, sizeof k));
+}
+
+/* The user's metadata: stored with the committed record (version 3), read back
+ * exactly, kept when the trust changes; a record without it stays version 2; a
+ * hostile length or a NUL inside is CKPT_EFORMAT, never a read past the value. */
+START_TEST(step_meta)
+{
+	char *root = tu_tmpdir("manifest");
+	struct manifest *m = open_create(root);
+	uint64_t rng = tu_seed() ^ 0x3E7A;
+	/* Metadata of random length and bytes (no NUL: the codec does not check JSON). */
+	uint32_t ml = 1 + (uint32_t)(tu_rand(&rng) % 3000);
+	char *meta = malloc(ml + 1);
+	for (uint32_t i = 0; i < ml; i++)
+		meta[i] = (char)(' ' + tu_rand(&rng) % 95);
+	meta[ml] = '\0';
+
+	struct shardset ss;
+	shardset_make(&ss, 7, 2, 0);
+	struct manifest_step r = gen_step(7, 2), got;
+	r.meta = meta;
+	r.meta_len = ml;
+	ck_assert_int_eq(manifest_commit(m, &r, ss.sh, 2), 0);
+	shardset_free(&ss);
+	ck_assert_int_eq(commit_gen(m, 8, 1, 0), 0);            /* no metadata */
+
+	char *buf = malloc(MANIFEST_MAX_META);
+	size_t len = 0;
+	ck_assert_int_eq(manifest_step_meta(m, 7, buf, MANIFEST_MAX_META, &len), 0);
+	ck_assert_uint_eq(len, ml);
+	ck_assert_mem_eq(buf, meta, ml);
+	len = 0;
+	ck_assert_int_eq(manifest_step_meta(m, 7, buf, ml, &len), 0);   /* exactly fits */
+	ck_assert_uint_eq(len, ml);
+	len = 0;
+	ck_assert_int_eq(manifest_step_meta(m, 7, buf, ml - 1, &len), -ENOSPC);
+	ck_assert_uint_eq(len, ml);
+	ck_assert_int_eq(manifest_step_meta(m, 8, buf, 16, &len), 0);
+	ck_assert_uint_eq(len, 0);
+	ck_assert_int_eq(manifest_step_meta(m, 9, buf, 16, &len), CKPT_ENOTFOUND);
+	/* The other readers say how much there is and point nowhere. */
+	ck_assert_int_eq(manifest_step_get(m, 7, &got), 0);
+	ck_assert_uint_eq(got.meta_len, ml);
+	ck_assert_ptr_null(got.meta);
+	step_verify(m, 8, 1, 0);
+
+	/* Verify (trust) rewrites the record: the metadata stays. */
+	ck_assert_int_eq(manifest_set_trust(m, 7, CKPT_TRUST_VERIFIED), 0);
+	ck_assert_int_eq(manifest_step_meta(m, 7, buf, MANIFEST_MAX_META, &len), 0);
+	ck_assert_uint_eq(len, ml);
+	ck_assert_mem_eq(buf, meta, ml);
+	manifest_close(m);
+
+	/* Record versions: 3 with metadata, 2 without (what older builds read). */
+	r.state = CKPT_STATE_COMMITTED;
+	r.trust = CKPT_TRUST_COMMITTED;
+	size_t n = manifest_step_encode(&r, NULL, NULL);
+	uint8_t *v = malloc(n + 16);
+	ck_assert_uint_eq(manifest_step_encode(&r, NULL, v), n);
+	ck_assert_uint_eq(ckpt_get_le16(v), 3);
+	struct manifest_step plain = r;
+	plain.meta = NULL;
+	plain.meta_len = 0;
+	uint8_t pv[512];
+	ck_assert_uint_le(manifest_step_encode(&plain, NULL, NULL), sizeof pv);
+	manifest_step_encode(&plain, NULL, pv);
+	ck_assert_uint_eq(ckpt_get_le16(pv), 2);
+
+	/* Hostile lengths, checksums made right so that only the length is wrong. */
+	size_t lenoff = MANIFEST_STEP_REC_FIXED + strlen(r.job_id);
+	uint32_t bad[] = { 0, ml + 1, ml - 1, UINT32_MAX, MANIFEST_MAX_META + 1 };
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		ck_assert_uint_eq(manifest_step_encode(&r, NULL, v), n);
+		ckpt_put_le32(v + lenoff, bad[i]);
+		ckpt_put_le64(v + n - MANIFEST_CHECK_BYTES, test_rec_check(7, v, n - MANIFEST_CHECK_BYTES));
+		uint8_t *p = malloc(n);
+		memcpy(p, v, n);
+		ck_assert_int_eq(manifest_step_decode(p, n, 7, &got, NULL, 0), CKPT_EFORMAT);
+		ck_assert(strstr(ckpt_err_msg(), "step 7") != NULL);
+		free(p);
+	}
+	/* A NUL inside the metadata. */
+	ck_assert_uint_eq(manifest_step_encode(&r, NULL, v), n);
+	v[lenoff + 4 + ml / 2] = 0;
+	ckpt_put_le64(v + n - MANIFEST_CHECK_BYTES, test_rec_check(7, v, n - MANIFEST_CHECK_BYTES));
+	ck_assert_int_eq(manifest_step_decode(v, n, 7, &got, NULL, 0), CKPT_EFORMAT);
+	/* The metadata's bytes are under the checksum. */
+	ck_assert_uint_eq(manifest_step_encode(&r, NULL, v), n);
+	v[lenoff + 4] ^= 0x20;
+	ck_assert_int_eq(manifest_step_decode(v, n, 7, &got, NULL, 0), CKPT_ECORRUPT);
+	/* Too long, or holding a NUL: refused before anything is written. */
+	r.meta_len = MANIFEST_MAX_META + 1;
+	ck_assert_int_eq(manifest_step_check(&r), -EINVAL);
+	free(v);
+	free(buf);
+	free(meta);
+	tu_rmtree(root);
+	free(root);
+}
+END_TEST
+
 START_TEST(set_trust)
 {
 	char *root = tu_tmpdir("manifest");
@@ -816,6 +923,10 @@ START_TEST(fuzz_decoders)
 		struct manifest_step r = gen_step(42, 3), out;
 		r.state = CKPT_STATE_COMMITTED;
 		r.trust = CKPT_TRUST_COMMITTED;
+		if (it & 2) {                     /* a version-3 record, with metadata */
+			r.meta = "{\"loss\":1.5}";
+			r.meta_len = (uint32_t)strlen(r.meta);
+		}
 		size_t n = manifest_step_encode(&r, (it & 1) ? "why" : NULL, buf);
 		n = mutate(buf, n, CAP, &rng);
 		/* Decode from an exact-size heap copy so ASan sees any over-read. */
@@ -827,6 +938,11 @@ START_TEST(fuzz_decoders)
 		if (rc == 0) {
 			ck_assert_uint_le(strlen(out.job_id), MANIFEST_MAX_JOB_ID);
 			ck_assert_uint_lt(strlen(note), sizeof note);
+			ck_assert_uint_le(out.meta_len, MANIFEST_MAX_META);
+			if (out.meta_len)
+				ck_assert((const uint8_t *)out.meta >= p &&
+				          (const uint8_t *)out.meta + out.meta_len <= p + n &&
+				          !memchr(out.meta, '\0', out.meta_len));
 		}
 		free(p);
 
@@ -1744,6 +1860,7 @@ int main(void)
 	tcase_add_test(tc, order_and_latest);
 	tcase_add_test(tc, aborted_steps);
 	tcase_add_test(tc, set_trust);
+	tcase_add_test(tc, step_meta);
 	tcase_add_test(tc, step_delete);
 	tcase_add_test(tc, big_index);
 	tcase_add_test(tc, many_steps);

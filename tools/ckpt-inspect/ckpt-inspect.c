@@ -5,8 +5,8 @@
  *   ckpt-inspect ROOT show STEP|latest [--chunks] [--json]
  *   ckpt-inspect ROOT verify [STEP|latest|all] [--no-mark] [--quiet] [--json]
  *   ckpt-inspect ROOT diff STEP1 STEP2 [--json]
- *   ckpt-inspect ROOT gc [--keep-last N] [--keep-every K] [--min-age S] [--dry-run]
- *                        [--unrecorded] [--json]
+ *   ckpt-inspect ROOT gc [--keep-last N] [--keep-every K] [--keep-seconds S]
+ *                        [--min-age S] [--dry-run] [--unrecorded] [--json]
  *   ckpt-inspect ROOT rebuild [--merge] [--json]
  *
  * Every option and exit code is documented in docs/ckpt-inspect.md; --help prints
@@ -26,6 +26,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 #include "toolutil.h"
@@ -40,7 +42,7 @@ struct args {
 	const char *pos[2];
 	int         npos;
 	bool        json, all, chunks, dry_run, no_mark, merge, quiet, unrecorded;
-	uint64_t    keep_last, keep_every, min_age;
+	uint64_t    keep_last, keep_every, keep_seconds, min_age;
 };
 
 static void usage(FILE *f)
@@ -59,9 +61,10 @@ static void usage(FILE *f)
 	"         [--no-mark] [--quiet]    a verified step is marked so in the manifest unless\n"
 	"                                  --no-mark; --quiet: no progress display\n"
 	"  diff STEP1 STEP2                tensors added, removed, changed (by chunk hash), unchanged\n"
-	"  gc [--keep-last N] [--keep-every K] [--min-age S] [--dry-run] [--unrecorded]\n"
-	"                                  remove aborted attempts, and committed steps kept by\n"
-	"                                  neither rule; never the latest committed step nor a\n"
+	"  gc [--keep-last N] [--keep-every K] [--keep-seconds S] [--min-age S] [--dry-run]\n"
+	"     [--unrecorded]               remove aborted attempts, and committed steps kept by\n"
+	"                                  no rule (S: seconds, or 90m, 2h, 7d: committed within\n"
+	"                                  that long); never the latest committed step nor a\n"
 	"                                  save in flight; --unrecorded: also step directories\n"
 	"                                  the manifest has no record of\n"
 	"  rebuild [--merge]               recreate a lost or damaged manifest from the shard\n"
@@ -240,6 +243,56 @@ static const char *trust_name(int trust)
 
 /* ------------------------------------------------------------------ list */
 
+/* ------------------------------------------------------------------ metadata */
+
+/* The metadata of step (ckpt_save_set_meta), malloc'd and NUL-terminated in *out, or
+ * NULL when it has none. 0 or the library's error. */
+static int meta_get(ckpt_ctx *c, uint64_t step, char **out)
+{
+	*out = NULL;
+	size_t len = 0;
+	int rc = ckpt_step_meta(c, step, NULL, 0, &len);
+	if (rc == 0 || rc != -ENOSPC)
+		return rc;
+	char *m = malloc(len + 1);
+	if (!m)
+		return -ENOMEM;
+	if ((rc = ckpt_step_meta(c, step, m, len + 1, &len))) {
+		free(m);
+		return rc;
+	}
+	*out = m;
+	return 0;
+}
+
+/* ,"meta":{...}: the stored text as it is when it is a JSON object (what the
+ * library stores); otherwise, as a string, "meta_text", so that the document stays
+ * JSON whatever the record holds. */
+static void meta_json(FILE *f, const char *meta)
+{
+	json_error_t e;
+	json_t *v = json_loads(meta, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, &e);
+	if (v && json_is_object(v)) {
+		fprintf(f, ",\"meta\":%s", meta);
+	} else {
+		fputs(",\"meta_text\":", f);
+		tool_json_str(f, meta);
+	}
+	json_decref(v);
+}
+
+/* For people: indented, keys in stored order; the text as stored if it does not
+ * parse here (an integer beyond 64 bits). */
+static void meta_print(FILE *f, const char *meta)
+{
+	json_error_t e;
+	json_t *v = json_loads(meta, 0, &e);
+	char *pretty = v ? json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+	fprintf(f, "metadata: %s\n", pretty ? pretty : meta);
+	free(pretty);
+	json_decref(v);
+}
+
 static int cmd_list(const struct args *a)
 {
 	ckpt_ctx *c;
@@ -284,12 +337,27 @@ static int cmd_list(const struct args *a)
 			fprintf(f, "%s{\"step\":%" PRIu64 ",\"state\":\"%s\",\"trust\":\"%s\",\"world\":%u,"
 			        "\"tensors\":%u,\"logical_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64
 			        ",\"compression_ratio\":%.4f,\"commit_time\":\"%s\",\"commit_time_ns\":%" PRIu64
-			        ",\"has_record\":%s,\"has_dir\":%s,\"files\":%u,\"dir_bytes\":%" PRIu64 "}",
+			        ",\"has_record\":%s,\"has_dir\":%s,\"files\":%u,\"dir_bytes\":%" PRIu64,
 			        i ? "," : "", s->step, state_name(s), trust_name(s->trust),
 			        s->world, s->ntensors, s->logical_bytes,
 			        s->stored_bytes, ratio, tool_time(s->commit_time_ns, t),
 			        s->commit_time_ns, s->has_record ? "true" : "false",
 			        s->has_dir ? "true" : "false", s->nfiles, s->dir_bytes);
+			char *meta = NULL;
+			if (s->has_record && s->state == CKPT_STATE_COMMITTED &&
+			    (rc = meta_get(c, s->step, &meta)) != 0)
+				break;
+			if (meta)
+				meta_json(f, meta);
+			fputc('}', f);
+			free(meta);
+		}
+		if (rc) {
+			doc_drop(&d);
+			free(st);
+			int x = fail(rc, "list");
+			ckpt_close(c);
+			return x;
 		}
 		fprintf(f, "]}\n");
 	} else {
@@ -400,16 +468,29 @@ static int cmd_show(const struct args *a)
 	ckpt_step_info(c, ckpt_load_step(l), &si, sizeof si);
 	int n = ckpt_load_count(l);
 	char b1[32], b2[32], t[32];
+	char *meta = NULL;
+	if ((rc = meta_get(c, ckpt_load_step(l), &meta))) {
+		doc_drop(&d);
+		ckpt_load_close(l);
+		int x = fail(rc, "show");
+		ckpt_close(c);
+		return x;
+	}
 	if (a->json) {
 		fprintf(f, "{\"ok\":true,\"step\":%" PRIu64 ",\"world\":%u,\"trust\":\"%s\","
-		        "\"commit_time\":\"%s\",\"logical_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64
-		        ",\"tensors\":[", si.step, si.world, trust_name(si.trust),
+		        "\"commit_time\":\"%s\",\"logical_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64,
+		        si.step, si.world, trust_name(si.trust),
 		        tool_time(si.commit_time_ns, t), si.logical_bytes, si.stored_bytes);
+		if (meta)
+			meta_json(f, meta);
+		fprintf(f, ",\"tensors\":[");
 	} else {
 		fprintf(f, "step %" PRIu64 ": world %u, %d tensors and blobs, %s logical, %s stored, "
 		        "trust %s, committed %s\n", si.step, si.world, n,
 		        tool_bytes(si.logical_bytes, b1), tool_bytes(si.stored_bytes, b2),
 		        trust_name(si.trust), tool_time(si.commit_time_ns, t));
+		if (meta)
+			meta_print(f, meta);
 		fprintf(f, "%-40s %-9s %-7s %-20s %-10s %6s %6s %11s %11s\n", "NAME", "KIND", "DTYPE",
 		        "SHAPE", "POLICY", "SHARDS", "CHUNKS", "BYTES", "STORED");
 	}
@@ -488,6 +569,7 @@ static int cmd_show(const struct args *a)
 		doc_emit(&d);
 		x = EXIT_OK;
 	}
+	free(meta);
 	ckpt_load_close(l);
 	ckpt_close(c);
 	return x;
@@ -829,6 +911,7 @@ static int cmd_gc(const struct args *a)
 	ckpt_gc_opts_init(&o, sizeof o);
 	o.keep_last = a->keep_last;
 	o.keep_every = a->keep_every;
+	o.keep_seconds = a->keep_seconds;
 	o.min_age_s = a->min_age;
 	o.flags = (a->dry_run ? CKPT_GC_DRY_RUN : 0) | (a->unrecorded ? CKPT_GC_UNRECORDED : 0);
 	struct gc_out g = { a, 0 };
@@ -949,6 +1032,35 @@ static int parse_count(const char *opt, const char *v, uint64_t *out)
 	return 0;
 }
 
+/* --keep-seconds: seconds, or a number with a unit s, m, h, d (90m, 2h, 7d). */
+static int parse_duration(const char *opt, const char *v, uint64_t *out)
+{
+	static const struct { char unit; uint64_t s; } units[] = {
+		{ 's', 1 }, { 'm', 60 }, { 'h', 3600 }, { 'd', 86400 },
+	};
+	size_t n = strlen(v);
+	uint64_t mul = 1;
+	char num[32];
+	for (size_t k = 0; n > 1 && k < sizeof units / sizeof *units; k++)
+		if (v[n - 1] == units[k].unit) {
+			mul = units[k].s;
+			n--;
+		}
+	if (n == 0 || n >= sizeof num) {
+		tool_usage("%s '%s': a positive number of seconds, or with a unit s, m, h, d", opt, v);
+		return -1;
+	}
+	memcpy(num, v, n);
+	num[n] = '\0';
+	uint64_t x;
+	if (tool_parse_u64_range(num, 1, UINT64_MAX / mul, &x)) {
+		tool_usage("%s '%s': a positive number of seconds, or with a unit s, m, h, d", opt, v);
+		return -1;
+	}
+	*out = x * mul;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	tool_init("ckpt-inspect", NULL);
@@ -967,6 +1079,7 @@ int main(int argc, char **argv)
 		{ "keep-last", required_argument, 0, 'L' }, { "keep-every", required_argument, 0, 'E' },
 		{ "min-age", required_argument, 0, 'A' }, { "help", no_argument, 0, 'h' },
 		{ "unrecorded", no_argument, 0, 'U' },
+		{ "keep-seconds", required_argument, 0, 'S' },
 		{ 0, 0, 0, 0 },
 	};
 	/* --json anywhere: every error, usage errors included, is then a JSON object. */
@@ -986,7 +1099,7 @@ int main(int argc, char **argv)
 	/* Which options each command accepts. */
 	static const struct { const char *cmd, *opts; } allowed[] = {
 		{ "list", "ja" }, { "show", "jc" }, { "verify", "jNq" }, { "diff", "j" },
-		{ "gc", "jnLEAU" }, { "rebuild", "jm" },
+		{ "gc", "jnLESAU" }, { "rebuild", "jm" },
 	};
 	const char *ok = NULL;
 	for (size_t k = 0; k < sizeof allowed / sizeof *allowed; k++)
@@ -1023,6 +1136,7 @@ int main(int argc, char **argv)
 		case 'L': if (parse_count("--keep-last", optarg, &a.keep_last)) return EXIT_USAGE; break;
 		case 'E': if (parse_count("--keep-every", optarg, &a.keep_every)) return EXIT_USAGE; break;
 		case 'A': if (parse_count("--min-age", optarg, &a.min_age)) return EXIT_USAGE; break;
+		case 'S': if (parse_duration("--keep-seconds", optarg, &a.keep_seconds)) return EXIT_USAGE; break;
 		}
 	}
 	for (; optind < sargc; optind++) {

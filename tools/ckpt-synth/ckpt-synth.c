@@ -1,7 +1,7 @@
 /*
  * ckpt-synth — a synthetic training job for demos, tests and benchmarks.
  *
- *   ckpt-synth save   --root DIR --step N --bytes SIZE --seed S [--world W]
+ *   ckpt-synth save   --root DIR --step N --bytes SIZE --seed S [--world W] [--meta JSON]
  *                     [--compress zstd[:L]] [--chunk SIZE] [--pool SIZE] [--json]
  *   ckpt-synth verify --root DIR --step N|latest --bytes SIZE --seed S [--world W]
  *                     [--json]
@@ -58,6 +58,7 @@ struct args {
 	uint64_t    step, bytes, seed, chunk, pool;
 	bool        latest, json, have_step, have_bytes;
 	bool        no_rng;        /* verify: the rank-bound RNG state must be absent */
+	const char *meta;          /* save: the step's metadata (a JSON object), or NULL */
 	struct shared_barrier *load_barrier; /* verify as forked ranks: load together, then compare */
 	unsigned    world;
 	int         zstd_level;
@@ -80,7 +81,8 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 	"usage: ckpt-synth save   --root DIR --step N --bytes SIZE --seed S [--world W]\n"
-	"                         [--compress zstd[:L]] [--chunk SIZE] [--pool SIZE] [--json]\n"
+	"                         [--compress zstd[:L]] [--chunk SIZE] [--pool SIZE]\n"
+	"                         [--meta JSON] [--json]\n"
 	"       ckpt-synth verify --root DIR --step N|latest --bytes SIZE --seed S [--world W]\n"
 	"                         [--no-rng] [--json]\n"
 	"       ckpt-synth --help | --version\n"
@@ -208,6 +210,8 @@ static int save_rank(const struct args *a, int rank, int world, struct rank_resu
 		rc = ckpt_save_add_blob(s, "scheduler", CKPT_KIND_SCHEDULER, CKPT_REPLICATED, sched, sched_len);
 	if (!rc)
 		rc = ckpt_save_add_blob(s, "rng", CKPT_KIND_RNG, CKPT_RANK_BOUND, rng, rng_len);
+	if (!rc && a->meta)
+		rc = ckpt_save_set_meta(s, a->meta, strlen(a->meta));
 	if (!rc)
 		rc = ckpt_save_submit(s);
 	if (!rc)
@@ -663,7 +667,8 @@ int main(int argc, char **argv)
 		{ "world", required_argument, 0, 'w' }, { "compress", required_argument, 0, 'c' },
 		{ "chunk", required_argument, 0, 'C' }, { "pool", required_argument, 0, 'P' },
 		{ "json", no_argument, 0, 'j' }, { "help", no_argument, 0, 'h' },
-		{ "no-rng", no_argument, 0, 'N' }, { 0, 0, 0, 0 },
+		{ "no-rng", no_argument, 0, 'N' }, { "meta", required_argument, 0, 'M' },
+		{ 0, 0, 0, 0 },
 	};
 	tool_init("ckpt-synth", NULL);
 	tool_version(argc, argv);
@@ -740,6 +745,7 @@ int main(int argc, char **argv)
 			break;
 		case 'j': a.json = true; break;
 		case 'N': a.no_rng = true; break;
+		case 'M': a.meta = optarg; break;
 		case 'h': usage(stdout); return 0;
 		case '?':
 		case ':':
@@ -772,5 +778,7 @@ int main(int argc, char **argv)
 			return tool_usage("save does not take --no-rng (a verify option)");
 		return cmd_save(&a);
 	}
+	if (a.meta)
+		return tool_usage("verify does not take --meta (a save option)");
 	return cmd_verify(&a);
 }
