@@ -73,13 +73,13 @@ extern "C" {
  * they are the project's version. */
 
 #define CKPT_VERSION_MAJOR 0
-#define CKPT_VERSION_MINOR 1
+#define CKPT_VERSION_MINOR 2
 #define CKPT_VERSION_PATCH 0
 /* One number that compares in order: MAJOR * 10000 + MINOR * 100 + PATCH. */
 #define CKPT_VERSION_NUMBER \
 	(CKPT_VERSION_MAJOR * 10000 + CKPT_VERSION_MINOR * 100 + CKPT_VERSION_PATCH)
 
-/* The library's version, "MAJOR.MINOR.PATCH" ("0.1.0"). A static string: never
+/* The library's version, "MAJOR.MINOR.PATCH" ("0.2.0"). A static string: never
  * NULL, never to be freed. Any thread, at any time. */
 CKPT_API const char *ckpt_version(void);
 

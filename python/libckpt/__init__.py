@@ -28,7 +28,7 @@ from .errors import (AbortedError, AuthError, BusyError, CheckpointError,
                      PeerError, ProtocolError, RankBoundError, ShapeError, StateError,
                      StepExistsError, ValidationError, VersionError)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 library_version = _version()
 
 open = Checkpointer  # noqa: A001 - libckpt.open(root) reads as it does in C

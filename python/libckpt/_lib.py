@@ -130,6 +130,9 @@ class Opts(Structure):
         ("log_fn", c_void_p),
         ("log_arg", c_void_p),
         ("log_level", c_int),
+        ("keep_last", c_uint64),
+        ("keep_every", c_uint64),
+        ("keep_seconds", c_uint64),
     ]
 
 

@@ -223,8 +223,6 @@ class Checkpointer:
         keeps = {"keep_last": keep_last, "keep_every": keep_every,
                  "keep_seconds": keep_seconds}
         if any(v is not None for v in keeps.values()):
-            if not hasattr(o, "keep_last"):
-                raise NotImplementedError("this libckpt has no retention options")
             for fname, val in keeps.items():
                 if val is not None:
                     if val < 0:
