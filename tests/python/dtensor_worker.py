@@ -78,8 +78,8 @@ def main():
         train(m, o, 2)
         state = {"extra": parts, "model": m, "optim": o}
         lt.save(ck, 5, state).wait()
+        msd = {k: full(v) for k, v in m.state_dict().items()}   # as saved
         next_loss = train(m, o, 1)
-        msd = {k: full(v) for k, v in m.state_dict().items()}
         if rank == 0:
             torch.save({"values": values, "model": msd, "next": next_loss,
                         "names": sorted(parts)}, ref)
