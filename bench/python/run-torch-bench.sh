@@ -46,4 +46,4 @@ phase torch 240 "$py" bench/python/bench_torch.py --dir "$dir/torch" --layers "$
 grep -v '^{' "$res/torch.json"
 echo
 echo "Command: bench/python/run-torch-bench.sh $build (BENCH_POOL=$pool BENCH_LAYERS=$layers), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp "$res"/*.json "$res"/*.log "$OUT"/ 2>/dev/null; fi
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp "$res"/torch.json "$res"/torch.log "$res"/ckpt.json "$res"/dcp.json "$OUT"/ 2>/dev/null; fi
