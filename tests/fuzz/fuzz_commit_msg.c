@@ -63,9 +63,19 @@ static void check_prepare(const uint8_t *data, size_t size)
 	struct commit_vote v;
 	if (commit_prepare_decode(data, size, &v))
 		return;
-	const uint8_t *ix = v.index;
-	if (v.index_len == 0 || ix < data || ix + v.index_len != data + size)
+	/* The index ends the message, or the metadata trailer (its u32 length, then
+	 * exactly that many bytes) does. */
+	const uint8_t *ix = v.index, *end = data + size;
+	if (v.index_len == 0 || ix < data || ix + v.index_len > end)
 		abort();
+	if (v.meta_len) {
+		const uint8_t *m = v.meta;
+		if (m != ix + v.index_len + 4 || m + v.meta_len != end ||
+		    v.meta_len > MANIFEST_MAX_META)
+			abort();
+	} else if (ix + v.index_len != end) {
+		abort();
+	}
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
 	if (commit_prepare_encode(&v, &b) || b.len != size || memcmp(b.p, data, size))
