@@ -127,40 +127,52 @@ def main():
                     sd[f"optim.{i}.{k}"] = v
         return sd
 
+    def writer(path):
+        """A libckpt Writer as a training job keeps it: opened once (the pool is
+        allocated and registered at open), used for every save."""
+        import libckpt.dcp as ldcp
+        w = ldcp.Writer(path, pool_bytes=a.pool_bytes)
+        w.checkpointer        # opens the root now, outside the timed saves
+        return w
+
     def p_dcp_lt(path):
         import torch.distributed.checkpoint as dcp
-        import libckpt.dcp as ldcp
         sd = dcp_sd()
-        w = ldcp.Writer(path, pool_bytes=a.pool_bytes)
+        w = writer(path)
+        runs = []
         try:
-            torch.cuda.synchronize()
-            t0 = now()
-            dcp.save(sd, storage_writer=w, **_no_dist(dcp.save))
-            return {"durable_s": now() - t0}
+            for _ in range(2):   # the second, warm, is the figure (as DCP's best)
+                torch.cuda.synchronize()
+                t0 = now()
+                dcp.save(sd, storage_writer=w, **_no_dist(dcp.save))
+                runs.append({"durable_s": now() - t0})
         finally:
-            getattr(w, "close", lambda: None)()
+            w.close()
+        return dict(runs[-1], first_run=runs[0])
 
     def p_dcp_lt_async(path):
         import torch.distributed.checkpoint as dcp
-        import libckpt.dcp as ldcp
         sd = dcp_sd()
-        w = ldcp.Writer(path, pool_bytes=a.pool_bytes)
+        w = writer(path)
+        runs = []
         try:
-            torch.cuda.synchronize()
-            t0 = now()
-            f = dcp.async_save(sd, storage_writer=w, **_no_dist(dcp.async_save))
-            res = {"return_s": now() - t0}
-            if hasattr(f, "staging_completion"):
-                f.staging_completion.result()
-                res["staged_s"] = now() - t0
-                f.upload_completion.result()
-            else:
-                res["staged_s"] = res["return_s"]
-                f.result()
-            res["durable_s"] = now() - t0
-            return res
+            for _ in range(2):
+                torch.cuda.synchronize()
+                t0 = now()
+                f = dcp.async_save(sd, storage_writer=w, **_no_dist(dcp.async_save))
+                res = {"return_s": now() - t0}
+                if hasattr(f, "staging_completion"):
+                    f.staging_completion.result()
+                    res["staged_s"] = now() - t0
+                    f.upload_completion.result()
+                else:
+                    res["staged_s"] = res["return_s"]
+                    f.result()
+                res["durable_s"] = now() - t0
+                runs.append(res)
         finally:
-            getattr(w, "close", lambda: None)()
+            w.close()
+        return dict(runs[-1], first_run=runs[0])
 
     def p_dcp_lt_async_best(path):
         """dcp.async_save with libckpt's Writer and DCP's best staging (the pinned
@@ -168,10 +180,9 @@ def main():
         second is the figure, as there."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-        import libckpt.dcp as ldcp
         sd = dcp_sd()
         runs = []
-        w = ldcp.Writer(path, pool_bytes=a.pool_bytes)
+        w = writer(path)
         try:
             for _ in range(2):
                 stager = DefaultStager(StagingOptions(use_pinned_memory=True,
@@ -195,7 +206,7 @@ def main():
                 finally:
                     getattr(stager, "close", lambda: None)()
         finally:
-            getattr(w, "close", lambda: None)()
+            w.close()
         res = dict(runs[-1])
         res["first_run"] = runs[0]
         return res
