@@ -203,10 +203,8 @@ class Checkpointer:
                 if int(val) <= 0:
                     raise ValueError(f"{fname} must be positive")
                 setattr(o, fname, int(val))
-        if compress is not None:
+        if compress is not None:      # zstd level 1..22; 0 raw; -1 from CKPT_COMPRESS
             o.zstd_level = int(compress)
-            if o.zstd_level == 0:
-                o.zstd_level = 0
         if timeout is not None:
             o.timeout_ms = max(1, int(timeout * 1000))
         if gds is not None:
@@ -673,7 +671,7 @@ class Load(_Handle):
             if out is None:
                 import numpy as np
                 target = np.empty(ext, dtype=numpy_dtype_for(code))
-            elif tuple(_shape_of(out)) != ext and not (len(ext) == 0 and _numel(out) == 1):
+            elif tuple(_shape_of(out)) != ext:
                 from .errors import ShapeError
                 raise ShapeError(f"tensor {name!r} of step {self.step}: out has shape "
                                  f"{tuple(_shape_of(out))}, the box {ext}", -1008)
@@ -762,13 +760,6 @@ def _dtype_code_of(name: str) -> int:
 
 def _shape_of(obj) -> Tuple[int, ...]:
     return tuple(obj.shape)
-
-
-def _numel(obj) -> int:
-    n = 1
-    for s in obj.shape:
-        n *= int(s)
-    return n
 
 
 def _contiguous(obj) -> bool:
