@@ -604,12 +604,18 @@ static int save_gds_write(void *arg, int fd, const char *path, uint64_t off, siz
 	return 0;
 }
 
-/* Issue copies until every chunk is issued and the pipe sealed (0), or until the
- * pipe wants a chunk taken out first (-EAGAIN). */
-static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur)
+/* Issue copies until every chunk is issued and the pipe sealed (0), until the pipe
+ * wants a chunk taken out first (-EAGAIN), or until limit chunks were issued while
+ * more remain (1). A limit of SAVE_ISSUE_ASYNC issues device copies only: it stops
+ * (1) after the first chunk that this thread copies itself (host memory, a fill
+ * callback), which the disk should start on while the rest are copied. */
+#define SAVE_ISSUE_ASYNC SIZE_MAX
+static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t limit)
 {
-	size_t chunk = c->cfg.chunk_bytes;
+	size_t chunk = c->cfg.chunk_bytes, issued = 0;
 	while (cur->item < s->nitems) {
+		if (issued == limit)
+			return 1;
 		const struct save_item *it = &s->items[cur->item];
 		if (cur->off >= it->raw_bytes) {
 			cur->item++;
@@ -627,6 +633,10 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur)
 		if (rc)
 			return ckpt_err_prefix(rc, "tensor '%s'", it->name);
 		cur->off += n;
+		issued++;
+		if (limit == SAVE_ISSUE_ASYNC && (it->source || it->mem != CKPT_MEM_DEVICE) &&
+		    (cur->off < it->raw_bytes || cur->item + 1 < s->nitems))
+			return 1;
 	}
 	if (cur->sealed)
 		return 0;
@@ -704,9 +714,23 @@ static int save_stream(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
                        struct io_shard_writer *w)
 {
 	int rc;
-	while ((rc = save_issue(c, s, cur)) == -EAGAIN)
+	for (;;) {
+		/* A chunk of host memory is copied and hashed when it is issued, by this
+		 * thread: hand each finished one to the disk as soon as the disk can take it
+		 * without waiting, so that copying and writing overlap, and go on copying
+		 * (up to the window) while it cannot. Device copies run on the stream
+		 * meanwhile and are taken out when the window is full. */
+		while (snapshot_pipe_head_ready(cur->pipe) && io_shard_writer_ready(w))
+			if ((rc = save_drain_one(c, s, cur, w)))
+				return rc;
+		rc = save_issue(c, s, cur, 1);
+		if (rc == 1)
+			continue;
+		if (rc != -EAGAIN)
+			break;
 		if ((rc = save_drain_one(c, s, cur, w)))
 			return rc;
+	}
 	if (rc)
 		return rc;
 	while (snapshot_pipe_pending(cur->pipe))
@@ -760,14 +784,17 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, IO_BLOCK_BYTES, &cur.pipe)))
 		goto out;
 	snapshot_pipe_after(cur.pipe, s->fence);
-	/* Copies first, as many as the window takes, before any file is touched: the
-	 * caller waits for the snapshot point (or the snapshot event) and for nothing
-	 * else, and the copies run while the shard file is set up. */
-	rc = save_issue(c, s, &cur);
+	/* Device copies first, as many as the window takes, before any file is touched:
+	 * the caller waits for the snapshot point (or the snapshot event) and for nothing
+	 * else, and the copies run on the stream while the shard file is set up. Host
+	 * memory is copied by this thread: only its first chunk here, the rest while the
+	 * disk writes (save_stream), or copying would end before the first write starts. */
+	rc = save_issue(c, s, &cur, SAVE_ISSUE_ASYNC);
 	ckpt_log(CKPT_LOG_DEBUG, "step %llu: first issue pass %.3f ms: %s",
 	         (unsigned long long)s->step, (double)(ckpt_now_ns() - t_run) / 1e6,
-	         rc == -EAGAIN ? "window full" : rc ? "failed" : "all issued and sealed");
-	if (rc && rc != -EAGAIN)
+	         rc == -EAGAIN ? "window full" : rc == 1 ? "host memory next" :
+	         rc ? "failed" : "all issued and sealed");
+	if (rc && rc != -EAGAIN && rc != 1)
 		goto out;
 	if (!c->save_engine && (rc = io_engine_create(c->pool, c->cfg.queue_depth, &c->save_engine)))
 		goto out;

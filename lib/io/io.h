@@ -249,6 +249,10 @@ struct io_append {
  * consecutive. Errors: -EINVAL (a chunk out of that order, or larger than its
  * tensor's rest or a pool buffer; opt->ext without its write or opt->hashes),
  * -ENOMEM, -EIO, -ENOSPC, ... */
+/* Whether io_shard_writer_append would queue its write now rather than wait for the
+ * disk: finished writes are reaped (without waiting) first. true also when the
+ * writer has failed, so that the next append reports it. */
+bool io_shard_writer_ready(struct io_shard_writer *w);
 int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
                            const struct io_append *opt);
 /* Durability point of the shard: waits for every write, writes footer and trailer,

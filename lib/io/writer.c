@@ -490,6 +490,18 @@ static uint8_t *blocks_reserve(struct io_shard_writer *w, uint64_t nb)
 	return w->blocks + w->nblocks * CKPT_HASH_BYTES;
 }
 
+bool io_shard_writer_ready(struct io_shard_writer *w)
+{
+	if (w->err)
+		return true;
+	int r = io_engine_reap(w->e, false);
+	if (r < 0) {
+		w_fail(w, r);
+		return true;
+	}
+	return io_engine_inflight(w->e) < io_engine_depth(w->e);
+}
+
 int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
                            const struct io_append *opt)
 {

@@ -80,6 +80,10 @@ int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned windo
 
 void snapshot_pipe_after(struct snapshot_pipe *p, void *fence) { p->fence = fence; }
 unsigned snapshot_pipe_pending(const struct snapshot_pipe *p) { return p->count; }
+bool snapshot_pipe_head_ready(const struct snapshot_pipe *p)
+{
+	return p->count && !p->slots[p->head].device;
+}
 uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p) { return p->device_chunks; }
 
 /* The buffer for the next chunk of n bytes, or -EAGAIN when the window is full (or

@@ -119,6 +119,10 @@ int  snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, vo
 void snapshot_pipe_after(struct snapshot_pipe *p, void *fence);
 /* Chunks issued and not yet taken out. */
 unsigned snapshot_pipe_pending(const struct snapshot_pipe *p);
+/* Whether the oldest pending chunk can be taken out without waiting: a chunk of host
+ * memory (or from a fill callback) is copied and hashed when issued; a device copy
+ * may still be in flight. */
+bool snapshot_pipe_head_ready(const struct snapshot_pipe *p);
 /* Device chunks issued since open. */
 uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p);
 /*
