@@ -150,55 +150,30 @@ def main():
             w.close()
         return dict(runs[-1], first_run=runs[0])
 
-    def p_dcp_lt_async(path):
+    def async_runs(path, stager_fn):
+        """Two dcp.async_save runs through one warm Writer (a fresh stager each when
+        stager_fn gives one): return, staged (the caller's tensors free) and durable
+        of each; the second run is the figure, as DCP's best is measured."""
         import torch.distributed.checkpoint as dcp
         sd = dcp_sd()
         w = writer(path)
         runs = []
         try:
             for _ in range(2):
-                torch.cuda.synchronize()
-                t0 = now()
-                f = dcp.async_save(sd, storage_writer=w, **_no_dist(dcp.async_save))
-                res = {"return_s": now() - t0}
-                if hasattr(f, "staging_completion"):
-                    f.staging_completion.result()
-                    res["staged_s"] = now() - t0
-                    f.upload_completion.result()
-                else:
-                    res["staged_s"] = res["return_s"]
-                    f.result()
-                res["durable_s"] = now() - t0
-                runs.append(res)
-        finally:
-            w.close()
-        return dict(runs[-1], first_run=runs[0])
-
-    def p_dcp_lt_async_best(path):
-        """dcp.async_save with libckpt's Writer and DCP's best staging (the pinned
-        async stager of dcp_bench.py's 'best'): two runs, a fresh stager each, the
-        second is the figure, as there."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-        sd = dcp_sd()
-        runs = []
-        w = writer(path)
-        try:
-            for _ in range(2):
-                stager = DefaultStager(StagingOptions(use_pinned_memory=True,
-                                                      use_async_staging=True,
-                                                      use_non_blocking_copy=True))
+                stager = stager_fn()
+                kw = dict(_no_dist(dcp.async_save))
+                if stager is not None:
+                    kw["async_stager"] = stager
                 try:
                     torch.cuda.synchronize()
                     t0 = now()
-                    f = dcp.async_save(sd, storage_writer=w, async_stager=stager,
-                                       **_no_dist(dcp.async_save))
+                    f = dcp.async_save(sd, storage_writer=w, **kw)
                     res = {"return_s": now() - t0}
                     if hasattr(f, "staging_completion"):
                         f.staging_completion.result()
                         res["staged_s"] = now() - t0
                         f.upload_completion.result()
-                    else:
+                    else:   # staging was synchronous: the tensors were free at return
                         res["staged_s"] = res["return_s"]
                         f.result()
                     res["durable_s"] = now() - t0
@@ -207,9 +182,16 @@ def main():
                     getattr(stager, "close", lambda: None)()
         finally:
             w.close()
-        res = dict(runs[-1])
-        res["first_run"] = runs[0]
-        return res
+        return dict(runs[-1], first_run=runs[0])
+
+    def p_dcp_lt_async(path):
+        return async_runs(path, lambda: None)      # DCP's default staging
+
+    def p_dcp_lt_async_best(path):
+        """With DCP's best staging, the pinned async stager of dcp_bench.py's 'best'."""
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        return async_runs(path, lambda: DefaultStager(StagingOptions(
+            use_pinned_memory=True, use_async_staging=True, use_non_blocking_copy=True)))
 
     def p_load(path):
         src = os.path.join(a.dir, "lt")

@@ -6,18 +6,17 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import sys
 import threading
 import weakref
-from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
-from dataclasses import dataclass, field
-from typing import (Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
-                    Union)
+from ctypes import byref, c_int, c_size_t, c_void_p
+from dataclasses import dataclass
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 from . import _lib
 from ._lib import LATEST, lib
-from .arrays import View, dtype_code, dtype_name, numpy_dtype_for, view_of
-from .errors import CheckpointError, StateError, check, error_for
+from .arrays import dtype_code, dtype_name, numpy_dtype_for, view_of
+from .errors import StateError, check
 
 __all__ = ["Checkpointer", "Save", "Load", "StepInfo", "ItemInfo", "KINDS", "POLICIES",
            "LATEST"]
@@ -135,7 +134,36 @@ class SaveStats:
     commit_seconds: float
 
 
-class Checkpointer:
+class _Closing:
+    """A context manager whose exit, and whose collection, close it."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class _Handle(_Closing):
+    """A handle that the Checkpointer's close() releases first."""
+
+    def _release(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._release()
+
+
+class Checkpointer(_Closing):
     """An open checkpoint root (a ckpt_ctx): saves and loads of this rank.
 
     Options default to the environment exactly as the C library's do (CKPT_ROOT,
@@ -249,18 +277,6 @@ class Checkpointer:
             h._release()
         lib.ckpt_close(ctx)
 
-    def __enter__(self) -> "Checkpointer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
     @property
     def closed(self) -> bool:
         return self._ctx is None
@@ -292,22 +308,13 @@ class Checkpointer:
         """Save whole arrays and blobs as step in one call; returns the submitted Save.
         Every tensor is saved whole with the given kind and policy (for boxes of sharded
         tensors use begin() and Save.add). wait=True also waits for the commit."""
-        s = Save(self, step)
-        try:
+        def fill(s: Save) -> None:
             for name, arr in (tensors or {}).items():
                 s.add(name, arr, kind=kind, policy=policy)
             for name, data in (blobs or {}).items():
                 s.add_blob(name, data, kind=kind if kind != "model" else "extra",
                            policy="rank-bound" if policy == "rank-bound" else "replicated")
-            if meta is not None:
-                s.set_meta(meta)
-            s.submit()
-        except BaseException:
-            s.close()
-            raise
-        if wait:
-            s.wait()
-        return s
+        return Save(self, step).fill_and_submit(fill, meta=meta, wait=wait)
 
     # -- steps
     def steps(self, all: bool = False, meta: bool = True) -> List[StepInfo]:
@@ -376,11 +383,6 @@ class Checkpointer:
     def load(self, step: Optional[int] = None) -> "Load":
         """Open a committed step for reading (None: the latest)."""
         return Load(self, step)
-
-
-class _Handle:
-    def _release(self) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
 
 
 class Save(_Handle):
@@ -494,6 +496,24 @@ class Save(_Handle):
         text = _meta_text(meta)
         check(lib.ckpt_save_set_meta(self._s(), text, len(text)))
 
+    def fill_and_submit(self, fill: "Callable[[Save], None]",
+                        meta: Optional[Mapping[str, Any]] = None,
+                        wait: bool = False) -> "Save":
+        """fill(self) adds the items, then the metadata is set and the save submitted;
+        when any of it raises, the save is closed (aborting the step on every rank)
+        and the exception goes on. wait=True also waits for the commit."""
+        try:
+            fill(self)
+            if meta is not None:
+                self.set_meta(meta)
+            self.submit()
+        except BaseException:
+            self.close()
+            raise
+        if wait:
+            self.wait()
+        return self
+
     def submit(self) -> "Save":
         """Queue the save (returns at once). CUDA tensors are copied after the work
         queued on the current stream of their device before this call."""
@@ -554,17 +574,6 @@ class Save(_Handle):
             lib.ckpt_save_free(h)
         self._keep = []
 
-    def __enter__(self) -> "Save":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self._release()
-        except Exception:
-            pass
 
 
 class Load(_Handle):
@@ -732,25 +741,11 @@ class Load(_Handle):
         check(rc)
         return b""
 
-    def close(self) -> None:
-        self._release()
-
     def _release(self) -> None:
         h, self._h = self._h, None
         if h is not None:
             lib.ckpt_load_close(h)
 
-    def __enter__(self) -> "Load":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self._release()
-        except Exception:
-            pass
 
 
 def _dtype_code_of(name: str) -> int:

@@ -32,13 +32,11 @@ import json
 import os
 import random
 import sys
-import warnings
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
 import torch as _torch
 
-from . import core as _core
 from .arrays import dtype_code, dtype_name, numpy_dtype_for, torch_dtype_for
 from .core import Checkpointer, Load, Save
 from .errors import (DTypeError, NotFoundError, RankBoundError, ShapeError)
@@ -421,8 +419,7 @@ def save(ck: Checkpointer, step: int, state: Mapping[str, Any], *,
               else l.value.nbytes) for l in leaves
              if l.policy is None and not (not l.is_numpy and _is_dtensor(l.value))]
     writers = _assign_writers(plain, world) if replicas == "spread" else {}
-    s = ck.begin(step)
-    try:
+    def fill(s: Save) -> None:
         for name, kind, policy, text in records:
             s.add_blob(name, text, kind=kind, policy=policy)
         for l in leaves:
@@ -439,15 +436,8 @@ def save(ck: Checkpointer, step: int, state: Mapping[str, Any], *,
                 s.add(l.name, l.value, kind=l.kind, policy="rank-bound")
             elif replicas == "all" or writers.get(l.name, 0) == rank:
                 s.add(l.name, l.value, kind=l.kind, policy="replicated")
-        if meta is not None:
-            s.set_meta(meta)
-        s.submit()
-    except BaseException:
-        s.close()
-        raise
-    if wait:
-        s.wait()
-    return s
+
+    return ck.begin(step).fill_and_submit(fill, meta=meta, wait=wait)
 
 
 # ------------------------------------------------------------------ load

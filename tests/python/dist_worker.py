@@ -11,7 +11,6 @@
     dist_worker.py fail ROOT STEP       rank 1 saves a tensor the other ranks do not agree
                                         on: every rank's wait must raise, nothing visible
 """
-import os
 import sys
 
 import torch

@@ -10,7 +10,6 @@ torchrun would launch it.
                                       optimizer: full values equal REF, and one more
                                       training step agrees with REF's next step
 """
-import os
 import sys
 
 import torch

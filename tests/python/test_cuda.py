@@ -8,7 +8,6 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device visible to torch", allow_module_level=True)
 
-import libckpt  # noqa: E402
 import libckpt.torch as lt  # noqa: E402
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -3,11 +3,7 @@ dcp.load of model and optimizer state in one process and in gloo jobs of 2 and 4
 processes (DTensor shards, loaded with another world size), a checkpoint visible only
 once it is committed, and failures that leave nothing behind. Needs torch >= 2.4."""
 import os
-import random
 import re
-import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -32,7 +28,6 @@ from torch.distributed.checkpoint.default_planner import (  # noqa: E402
 import libckpt  # noqa: E402
 import libckpt.dcp as ldcp  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = int(os.environ.get("CKPT_TEST_SEED", "1"))
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # DCP's no_dist warning
@@ -303,51 +298,11 @@ def test_a_given_checkpointer_is_not_closed(root):
 # ------------------------------------------------------------------ gloo jobs
 
 
-def free_port_pair():
-    """A port P with P+1 free too (gloo's store on P, libckpt's coordinator on P+1)."""
-    rnd = random.Random(SEED ^ os.getpid() ^ id(object()))
-    for _ in range(200):
-        p = rnd.randrange(20000, 60000)
-        socks = []
-        try:
-            for q in (p, p + 1):
-                s = socket.socket()
-                s.bind(("127.0.0.1", q))
-                socks.append(s)
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port pair")
+from launch import launch as _launch  # noqa: E402
 
 
-def launch(world, mode, root, step, timeout=240):
-    port = free_port_pair()
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        env.pop("CKPT_JOB_SECRET", None)      # the plugin broadcasts one
-        env.pop("CKPT_JOB_SECRET_FILE", None)
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "dcp_worker.py"), mode, str(root),
-             str(step)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True))
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append((p.returncode, out))
-    for r, (rc, out) in enumerate(outs):
-        assert rc == 0, f"rank {r} of {world} ({mode}) exited {rc}:\n{out}"
-        assert f"rank {r}/{world} {mode} ok" in out, out
+def launch(world, mode, root, step):
+    _launch(world, "dcp_worker.py", mode, root, step)
 
 
 @pytest.mark.parametrize("save_world,load_worlds", [(2, (4, 1)), (4, (2, 3))])

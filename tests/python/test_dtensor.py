@@ -1,7 +1,5 @@
 """libckpt.torch with DTensor and FSDP2 state on gloo (CPU), saved with one world size
 and loaded with another and other placements. Needs torch >= 2.4."""
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -10,11 +8,11 @@ if _v < (2, 4):
     pytest.skip(f"DTensor and FSDP2 need torch >= 2.4, this is {torch.__version__}",
                 allow_module_level=True)
 
-from test_dist import HERE, launch  # noqa: E402
+from launch import launch  # noqa: E402
 
 
 @pytest.mark.parametrize("save_world,load_world", [(2, 4), (4, 2), (4, 3)])
 def test_dtensor_and_fsdp2_reshard(tmp_path, save_world, load_world):
     root, ref = tmp_path / "root", tmp_path / "ref.pt"
-    launch(save_world, "save", root, ref, script="dtensor_worker.py")
-    launch(load_world, "load", root, ref, script="dtensor_worker.py")
+    launch(save_world, "dtensor_worker.py", "save", root, ref)
+    launch(load_world, "dtensor_worker.py", "load", root, ref)

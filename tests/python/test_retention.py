@@ -1,5 +1,4 @@
 """Retention run by the job after each commit, and per-step metadata, from Python."""
-import os
 import time
 
 import pytest

@@ -2,7 +2,6 @@
 training resumed bit for bit."""
 import math
 import os
-import random
 
 import pytest
 
