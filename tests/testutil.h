@@ -40,4 +40,14 @@ unsigned long long tu_sum_suppressed(const char *s, const char *what);
  * check each other. */
 bool tu_utf8_ok(const unsigned char *p, size_t n);
 
+/* A gate that holds a save in flight: tu_gate_source is a tensor source
+ * (ckpt_source_fn) whose first call says it was entered and then blocks until
+ * tu_gate_release; it fills its bytes with 0x5a. Aborts the test on a pipe error. */
+struct tu_gate { int go[2]; int entered[2]; };
+void tu_gate_init(struct tu_gate *g);
+int  tu_gate_source(void *arg, uint64_t off, void *dst, size_t len);
+void tu_gate_wait_entered(struct tu_gate *g);   /* the save worker is inside */
+void tu_gate_release(struct tu_gate *g);
+void tu_gate_close(struct tu_gate *g);
+
 #endif

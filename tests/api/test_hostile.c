@@ -361,23 +361,6 @@ START_TEST(second_coordinator_refused)
 }
 END_TEST
 
-/* A tensor source that holds the save in flight until released. */
-struct gate { int fd[2]; int entered[2]; };
-
-static int gated_source(void *arg, uint64_t off, void *dst, size_t len)
-{
-	struct gate *g = arg;
-	if (off == 0) {
-		ssize_t w = write(g->entered[1], "x", 1);
-		(void)w;
-		char b;
-		if (read(g->fd[0], &b, 1) != 1)
-			return -EIO;
-	}
-	memset(dst, 0x5a, len);
-	return 0;
-}
-
 /* Retention run by the job itself, on its own rank-0 context, while a save is in
  * flight: the save is no candidate (it shows as in flight), completes, and loads. */
 START_TEST(gc_spares_the_save_in_flight)
@@ -385,18 +368,16 @@ START_TEST(gc_spares_the_save_in_flight)
 	save_step(1);
 	save_step(2);
 	ckpt_ctx *c = open_as(0, 1, 0);
-	struct gate g;
-	ck_assert_int_eq(pipe(g.fd), 0);
-	ck_assert_int_eq(pipe(g.entered), 0);
+	struct tu_gate g;
+	tu_gate_init(&g);
 	ckpt_save *s;
 	ck_assert_int_eq(ckpt_save_begin(c, 3, &s), 0);
 	uint64_t shape[1] = { 20000 };
 	struct ckpt_tensor t = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_U8,
 		.policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape };
-	ck_assert_int_eq(ckpt_save_add_tensor_source(s, &t, gated_source, &g), 0);
+	ck_assert_int_eq(ckpt_save_add_tensor_source(s, &t, tu_gate_source, &g), 0);
 	ck_assert_int_eq(ckpt_save_submit(s), 0);
-	char b;
-	ck_assert_int_eq(read(g.entered[0], &b, 1), 1);     /* the worker is in the source */
+	tu_gate_wait_entered(&g);     /* the worker is in the source */
 
 	struct ckpt_step_info st[8];
 	int n = ckpt_steps(c, CKPT_STEPS_ALL, st, 8, sizeof(struct ckpt_step_info));
@@ -426,7 +407,7 @@ START_TEST(gc_spares_the_save_in_flight)
 	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
 	ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 
-	ck_assert_int_eq(write(g.fd[1], "go", 1), 1);
+	tu_gate_release(&g);
 	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
 	ckpt_save_free(s);
 	ckpt_close(c);
@@ -444,10 +425,7 @@ START_TEST(gc_spares_the_save_in_flight)
 	n = ckpt_steps(c, CKPT_STEPS_ALL, st, 8, sizeof(struct ckpt_step_info));
 	ck_assert(n == 3 && st[2].step == 4 && st[2].state == CKPT_STATE_ABORTED);
 	ckpt_close(c);
-	for (int i = 0; i < 2; i++) {
-		close(g.fd[i]);
-		close(g.entered[i]);
-	}
+	tu_gate_close(&g);
 }
 END_TEST
 

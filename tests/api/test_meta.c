@@ -405,22 +405,6 @@ START_TEST(no_rule_keeps_all)
 }
 END_TEST
 
-struct gate { int fd[2]; int entered[2]; };
-
-static int gated_source(void *arg, uint64_t off, void *dst, size_t len)
-{
-	struct gate *g = arg;
-	if (off == 0) {
-		ssize_t w = write(g->entered[1], "x", 1);
-		(void)w;
-		char b;
-		if (read(g->fd[0], &b, 1) != 1)
-			return -EIO;
-	}
-	memset(dst, 0x5a, len);
-	return 0;
-}
-
 /* A save in flight while other steps commit and their retention runs: step 9 is
  * begun (its INFLIGHT record names its attempt) and left unsubmitted while steps 2
  * and 10 commit with keep_last 1; retention removes steps 1 and 2 and must leave
@@ -473,25 +457,23 @@ START_TEST(running_save_survives_gc)
 	ckpt_ctx *c = open_keep(1, 0, 0, 0);
 	ck_assert_int_eq(save_meta(c, 1, NULL), 0);
 	ck_assert_int_eq(save_meta(c, 2, NULL), 0);
-	struct gate g;
-	ck_assert_int_eq(pipe(g.fd), 0);
-	ck_assert_int_eq(pipe(g.entered), 0);
+	struct tu_gate g;
+	tu_gate_init(&g);
 	ckpt_save *s;
 	ck_assert_int_eq(ckpt_save_begin(c, 3, &s), 0);
 	uint64_t shape[1] = { 20000 };
 	struct ckpt_tensor t = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_U8,
 		.policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape };
-	ck_assert_int_eq(ckpt_save_add_tensor_source(s, &t, gated_source, &g), 0);
+	ck_assert_int_eq(ckpt_save_add_tensor_source(s, &t, tu_gate_source, &g), 0);
 	ck_assert_int_eq(ckpt_save_submit(s), 0);
-	char b;
-	ck_assert_int_eq(read(g.entered[0], &b, 1), 1);
+	tu_gate_wait_entered(&g);
 	struct ckpt_gc_opts go;
 	ckpt_gc_opts_init(&go, sizeof go);
 	go.keep_last = 1;
 	struct ckpt_gc_result r = { .size = sizeof r };
 	ck_assert_int_eq(ckpt_catalog_gc(c, &go, &r), 0);
 	ck_assert_uint_eq(r.steps_removed, 0);        /* step 1 went with step 2's commit */
-	ck_assert_int_eq(write(g.fd[1], "go", 1), 1);
+	tu_gate_release(&g);
 	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
 	ckpt_save_free(s);
 	ckpt_close(c);               /* waits for step 3's retention */
@@ -500,10 +482,7 @@ START_TEST(running_save_survives_gc)
 	committed(c, got, sizeof got);
 	ck_assert_str_eq(got, "3");
 	ckpt_close(c);
-	for (int i = 0; i < 2; i++) {
-		close(g.fd[i]);
-		close(g.entered[i]);
-	}
+	tu_gate_close(&g);
 }
 END_TEST
 

@@ -8,20 +8,7 @@ synth=$1 inspect=$2
 root=$(mktemp -d /var/tmp/ckpt-inspect-XXXXXX)
 r=$root/r
 fail=0
-ok()   { echo "ok: $1"; }
-bad()  { echo "FAIL: $1"; [ $# -gt 1 ] && echo "$2"; fail=1; }
-expect_rc() {  # expect_rc RC PATTERN DESCRIPTION COMMAND...
-  local want=$1 pat=$2 d=$3; shift 3
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" != "$want" ] || ! grep -q -- "$pat" <<<"$out"; then
-    bad "$d (rc $rc, want $want, pattern '$pat')" "$out"
-  else ok "$d"; fi
-}
-pycheck() {  # pycheck DESCRIPTION JSON PYTHON-EXPR-OVER-d
-  if /usr/bin/python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert ($3), d" "$2" 2>/tmp/pyerr.$$; then ok "$1"
-  else bad "$1" "$(cat /tmp/pyerr.$$) :: ${2:0:600}"; fi
-  rm -f /tmp/pyerr.$$
-}
+. "$(dirname "$0")/lib.sh"
 
 "$synth" save --root "$r" --step 10 --bytes 2M --seed 1 >/dev/null || bad "save 10"
 "$synth" save --root "$r" --step 20 --bytes 2M --seed 2 --compress zstd:1 >/dev/null || bad "save 20"

@@ -9,20 +9,7 @@ synth=$1 inspect=$2
 root=$(mktemp -d /var/tmp/ckpt-meta-XXXXXX)
 r=$root/r
 fail=0
-ok()   { echo "ok: $1"; }
-bad()  { echo "FAIL: $1"; [ $# -gt 1 ] && echo "$2"; fail=1; }
-expect_rc() {  # expect_rc RC PATTERN DESCRIPTION COMMAND...
-  local want=$1 pat=$2 d=$3; shift 3
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" != "$want" ] || ! grep -q -- "$pat" <<<"$out"; then
-    bad "$d (rc $rc, want $want, pattern '$pat')" "$out"
-  else ok "$d"; fi
-}
-pycheck() {  # pycheck DESCRIPTION JSON PYTHON-EXPR-OVER-d
-  if /usr/bin/python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert ($3), d" "$2" 2>/tmp/pyerr.$$; then ok "$1"
-  else bad "$1" "$(cat /tmp/pyerr.$$) :: ${2:0:600}"; fi
-  rm -f /tmp/pyerr.$$
-}
+. "$(dirname "$0")/lib.sh"
 [ -x /usr/bin/python3 ] || { echo "SKIP: /usr/bin/python3 is needed to read the JSON"; exit 77; }
 
 seed=${CKPT_TEST_SEED:-$RANDOM}
