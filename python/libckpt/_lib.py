@@ -136,6 +136,16 @@ class Opts(Structure):
     ]
 
 
+class LogCtx(Structure):
+    """struct ckpt_log_ctx."""
+    _fields_ = [("job_id", c_char_p), ("rank", c_int), ("step", c_uint64)]
+
+
+# ckpt_log_fn: void (*)(void *arg, int level, const struct ckpt_log_ctx *where,
+#                       const char *msg)
+LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int, POINTER(LogCtx), c_char_p)
+
+
 class Tensor(Structure):
     """struct ckpt_tensor."""
     _fields_ = [

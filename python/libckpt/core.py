@@ -134,6 +134,35 @@ class SaveStats:
     commit_seconds: float
 
 
+_PY_LEVELS = {0: 40, 1: 30, 2: 20, 3: 10}     # logging.ERROR, WARNING, INFO, DEBUG
+
+
+def _log_callback(log: Any):
+    """A ckpt_log_fn that hands each line of the context to log: a logging.Logger
+    (the line at the matching level, with the job, rank and step as `extra`
+    ckpt_job, ckpt_rank, ckpt_step), or any callable(level_name, message, where)."""
+    import logging
+    names = {0: "error", 1: "warn", 2: "info", 3: "debug"}
+
+    def line(_arg, level, where, msg):
+        try:
+            text = (msg or b"").decode("utf-8", "replace")
+            w = where.contents if where else None
+            ctx = {"ckpt_job": (w.job_id or b"").decode("utf-8", "replace") if w else "",
+                   "ckpt_rank": w.rank if w else -1,
+                   "ckpt_step": None if not w or w.step == LATEST else w.step}
+            if isinstance(log, logging.Logger):
+                log.log(_PY_LEVELS.get(level, 10), "%s", text, extra=ctx)
+            else:
+                log(names.get(level, "debug"), text, ctx)
+        except Exception:       # never let an exception cross into the library's thread
+            pass
+
+    if not (isinstance(log, logging.Logger) or callable(log)):
+        raise TypeError("log: a logging.Logger or a callable(level, message, where)")
+    return _lib.LOG_FN(line)
+
+
 class _Closing:
     """A context manager whose exit, and whose collection, close it."""
 
@@ -171,6 +200,11 @@ class Checkpointer(_Closing):
     to override. With several ranks every rank opens the root and the call returns
     when all of them have reached the coordinator (rank 0). Use as a context
     manager, or call close().
+
+    log: a logging.Logger that receives this context's log lines instead of stderr
+    (at the matching level, with ckpt_job, ckpt_rank and ckpt_step as extra
+    attributes), or a callable(level, message, where); log_level filters them
+    ("error", "warn", "info", "debug"; default CKPT_LOG, then "warn").
     """
 
     def __init__(self, root: Optional[Union[str, os.PathLike]] = None, *,
@@ -185,7 +219,7 @@ class Checkpointer(_Closing):
                  gds: Optional[Sequence[str]] = None,
                  read_only: bool = False, no_gc: bool = False,
                  group_access: bool = False, no_auth: bool = False,
-                 log_level: Optional[str] = None,
+                 log_level: Optional[str] = None, log: Any = None,
                  keep_last: Optional[int] = None, keep_every: Optional[int] = None,
                  keep_seconds: Optional[float] = None):
         self._ctx: Optional[int] = None
@@ -246,6 +280,10 @@ class Checkpointer(_Closing):
             if log_level not in _LOG_LEVELS:
                 raise ValueError(f"log_level {log_level!r}: {', '.join(_LOG_LEVELS)}")
             o.log_level = _LOG_LEVELS[log_level]
+        self._log_cb = None
+        if log is not None:
+            self._log_cb = _log_callback(log)
+            o.log_fn = ctypes.cast(self._log_cb, c_void_p)
         keeps = {"keep_last": keep_last, "keep_every": keep_every,
                  "keep_seconds": keep_seconds}
         if any(v is not None for v in keeps.values()):

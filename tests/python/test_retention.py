@@ -1,4 +1,5 @@
 """Retention run by the job after each commit, and per-step metadata, from Python."""
+import logging
 import time
 
 import pytest
@@ -73,3 +74,48 @@ def test_metadata_round_trip_and_errors(tmp_path):
         s.wait()
         with pytest.raises(libckpt.NotFoundError):
             ck.meta(99)
+
+
+def test_log_lines_reach_python(tmp_path):
+    """The context's lines go to a logging.Logger or a callable, with job, rank and
+    step; an exception in the callable never reaches the library's threads."""
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger = logging.getLogger("libckpt.test")
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    h = Keep()
+    logger.addHandler(h)
+    try:
+        with libckpt.Checkpointer(str(tmp_path / "a"), keep_last=1, log=logger,
+                                  log_level="info", job_id="jobA") as ck:
+            for step in (1, 2, 3):
+                ck.save(step, {"w": arr(step)}, wait=True)
+            settled(ck, lambda g: sorted(g) == [3])
+        lines = [r for r in records if "retention after step" in r.getMessage()]
+        assert lines, [r.getMessage() for r in records]
+        assert all(r.levelno == logging.INFO and r.ckpt_rank == 0 and
+                   r.ckpt_job == "jobA" for r in lines)
+    finally:
+        logger.removeHandler(h)
+
+    got = []
+
+    def boom(level, message, where):
+        got.append((level, message, where))
+        raise RuntimeError("a broken log callback")
+
+    with libckpt.Checkpointer(str(tmp_path / "b"), keep_last=1, log=boom,
+                              log_level="debug") as ck:
+        for step in (1, 2):
+            ck.save(step, {"w": arr(step)}, wait=True)
+        with ck.load(2) as ld:
+            assert (ld.read("w") == 2).all()
+    assert got and all(lv in ("error", "warn", "info", "debug") for lv, _, _ in got)
+    assert any(w["ckpt_step"] == 2 for _, _, w in got), got[:5]
+    with pytest.raises(TypeError, match="log"):
+        libckpt.Checkpointer(str(tmp_path / "c"), log="stderr")
