@@ -359,11 +359,61 @@ int config_log(const struct ckpt_opts *o, struct ckpt_log_sink *sink)
 	return 0;
 }
 
+/* "ckptd://HOST:PORT[,HOST:PORT...]" (HOST may be "[v6 address]") into cfg->ckptd. */
+static int parse_target(const char *t, struct glue_config *cfg)
+{
+	static const char scheme[] = "ckptd://";
+	if (strncmp(t, scheme, sizeof scheme - 1) != 0)
+		return ckpt_err(-EINVAL, "target '%s': expected ckptd://HOST:PORT[,HOST:PORT...]", t);
+	const char *p = t + sizeof scheme - 1;
+	unsigned n = 1;
+	for (const char *q = p; *q; q++)
+		n += *q == ',';
+	if (n > GLUE_MAX_CKPTD)
+		return ckpt_err(-EINVAL, "target '%s': more than %u ckptd instances", t, GLUE_MAX_CKPTD);
+	if (!(cfg->ckptd = ckpt_calloc(n, sizeof *cfg->ckptd)))
+		return ckpt_err(-ENOMEM, "target");
+	for (unsigned i = 0; i < n; i++) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		const char *colon = NULL, *h = p;
+		size_t hlen;
+		if (len && p[0] == '[') {
+			const char *rb = memchr(p, ']', len);
+			if (rb && rb + 1 < p + len && rb[1] == ':')
+				colon = rb + 1;
+			h = p + 1;
+			hlen = rb ? (size_t)(rb - h) : 0;
+		} else {
+			for (size_t k = 0; k < len; k++)
+				if (p[k] == ':')
+					colon = p + k;
+			hlen = colon ? (size_t)(colon - p) : 0;
+		}
+		char *e = NULL;
+		unsigned long port = colon ? strtoul(colon + 1, &e, 10) : 0;
+		if (!colon || !hlen || hlen >= sizeof cfg->ckptd[i].host || e != p + len ||
+		    e == colon + 1 || port == 0 || port > 65535) {
+			int rc = ckpt_err(-EINVAL, "target '%s': instance %u is not HOST:PORT", t, i + 1);
+			ckpt_free(cfg->ckptd);
+			cfg->ckptd = NULL;
+			return rc;
+		}
+		memcpy(cfg->ckptd[i].host, h, hlen);
+		cfg->ckptd[i].port = (unsigned)port;
+		p += len + (end ? 1 : 0);
+	}
+	cfg->nckptd = n;
+	return 0;
+}
+
 int config_resolve(const struct ckpt_opts *o, struct glue_config *cfg)
 {
 	char file_secret[CONFIG_MAX_SECRET + 1];
 	int rc = config_resolve_with(o, cfg, file_secret);
 	explicit_bzero(file_secret, sizeof file_secret);
+	if (rc)
+		config_free(cfg);       /* what was resolved before the failure (idempotent) */
 	return rc;
 }
 
@@ -381,11 +431,37 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 		rc = resolve_tree(cfg, bad);
 	if (rc)
 		return rc;
+	const char *target = OPT(o, target, NULL);
+	if (!target)
+		target = ckpt_env("CKPT_TARGET");
+	if (target && *target && (rc = parse_target(target, cfg)))
+		return rc;
 	const char *root = OPT(o, root, NULL);
 	if (!root)
 		root = ckpt_env("CKPT_ROOT");
-	if (!root)
-		return ckpt_err(-EINVAL, "no checkpoint root (option root or CKPT_ROOT)");
+	if (!root && cfg->nckptd)
+		root = "";          /* not used: the shards and the manifest are ckptd's */
+	if (!root) {
+		config_free(cfg);
+		return ckpt_err(-EINVAL, "no checkpoint root (option root or CKPT_ROOT) and no "
+		                "ckptd target (option target or CKPT_TARGET)");
+	}
+	const char *mdir = OPT(o, manifest_dir, NULL);
+	if (!mdir)
+		mdir = ckpt_env("CKPT_MANIFEST_DIR");
+	if (mdir && *mdir) {
+		if (cfg->nckptd) {
+			config_free(cfg);
+			return ckpt_err(-EINVAL, "manifest directory '%s' with a ckptd target: the "
+			                "manifest of a job saved through ckptd is the first ckptd's", mdir);
+		}
+		if (mdir[0] != '/') {
+			config_free(cfg);
+			return ckpt_err(-EINVAL, "manifest directory '%s': must be an absolute path", mdir);
+		}
+		if (!(cfg->manifest_dir = ckpt_strdup(mdir)))
+			return ckpt_err(-ENOMEM, "options");
+	}
 	long v = 0;
 	cfg->flags = OPT(o, flags, 0u);
 	if (cfg->flags & ~(unsigned)(CKPT_OPEN_READONLY | CKPT_OPEN_NO_GC | CKPT_OPEN_RECOVER |
@@ -538,6 +614,8 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 void config_free(struct glue_config *cfg)
 {
 	ckpt_free(cfg->root);
+	ckpt_free(cfg->manifest_dir);
+	ckpt_free(cfg->ckptd);
 	ckpt_free(cfg->coord_addr);
 	ckpt_free(cfg->job_id);
 	if (cfg->secret) {

@@ -40,7 +40,12 @@ struct glue_config {
 	bool     tree;                /* the hierarchical commit: relay through the node leader */
 	/* Retention applied by the coordinator after each commit (0: no such rule). */
 	uint64_t keep_last, keep_every, keep_seconds;
+	char    *manifest_dir;        /* CKPT_MANIFEST_DIR; NULL: <root>/manifest */
+	/* CKPT_TARGET's ckptd instances, in its order (0: the root is the target). */
+	unsigned nckptd;
+	struct glue_ckptd { char host[256]; unsigned port; } *ckptd;
 };
+#define GLUE_MAX_CKPTD 256u
 int  config_resolve(const struct ckpt_opts *o, struct glue_config *cfg);
 /* The log settings of o (callback, level) into *sink, the rest of it blank; before
  * config_resolve, so that its own lines reach the callback. -EINVAL: a bad level. */

@@ -253,6 +253,15 @@ struct ckpt_opts {
 	uint64_t    keep_last;     /* keep the newest N committed steps */
 	uint64_t    keep_every;    /* keep the committed steps that are multiples of K */
 	uint64_t    keep_seconds;  /* keep the steps committed within the last S seconds */
+	/* Where the manifest lives, apart from the shard files: on the coordinator's
+	 * (rank 0's) local disk while the shards go to a shared file system, where an
+	 * LMDB manifest must never be (docs/operations.md, "multi-node deployments").
+	 * NULL: CKPT_MANIFEST_DIR, then <root>/manifest. */
+	const char *manifest_dir;
+	/* Save to and load from ckptd, the snapshot service of storage nodes, instead of
+	 * the root: "ckptd://HOST:PORT[,HOST:PORT...]" (docs/ckptd.md). NULL:
+	 * CKPT_TARGET, then the root. With a target, root is not used. */
+	const char *target;
 	/* append only */
 };
 

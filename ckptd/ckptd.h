@@ -1,0 +1,115 @@
+/*
+ * ckptd.h — the parts of ckptd, the snapshot service of storage nodes
+ * (docs/ckptd.md). ckptd is built on libckpt's own modules (lib/io, lib/manifest,
+ * lib/net, lib/commit): it is not a second implementation of the format or the
+ * protocol, only a server around them.
+ *
+ *   main.c     options, signals (SIGHUP: reload the jobs; SIGTERM/SIGINT: stop),
+ *              systemd readiness, the listener
+ *   server.c   connections: the handshake against the jobs table, the shard stream
+ *              into io_uring writes, restores, the per-job coordinator
+ *   jobs.c     the jobs file: which job ids may use this ckptd, their secrets, quotas
+ *   metrics.c  counters, and the Prometheus text endpoint (libmicrohttpd)
+ *   notify.c   sd_notify (libsystemd): READY, STATUS, STOPPING
+ */
+#ifndef CKPTD_H
+#define CKPTD_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt_internal.h"
+#include "net/net.h"
+
+#define CKPTD_MAX_SECRET 4096u
+
+/* ------------------------------------------------------------------ jobs (jobs.c)
+ * The jobs file: one job per line, "JOB_ID key=value ...", '#' comments, blank
+ * lines ignored. Keys: secret-file=PATH (a file holding the job's secret, as
+ * CKPT_JOB_SECRET_FILE: not readable by group or others), secret=TEXT (the secret
+ * inline; then the jobs file itself must not be readable by group or others),
+ * quota=SIZE (bytes the job may hold on this ckptd, with K/M/G/T suffixes (powers of
+ * 1024); absent: no quota). Exactly one of secret-file and secret. A job id is 1 to
+ * 128 characters of [A-Za-z0-9._-], not "." or "..": it names the job's directory
+ * under --data. Every problem is refused with a message naming file and line. */
+struct ckptd_job {
+	char     id[129];
+	uint8_t  secret[CKPTD_MAX_SECRET];
+	size_t   secret_len;
+	uint64_t quota_bytes;           /* 0: none */
+};
+struct ckptd_jobs;
+/* Read path. Errors: -ENOENT, -EACCES, CKPT_EFORMAT (a bad line: file:line and why),
+ * -EPERM (secrets readable by others), -ENOMEM. */
+int  ckptd_jobs_load(const char *path, struct ckptd_jobs **out);
+/* Read the same file again and swap the table in only if it reads whole; on an error
+ * the table in use is kept and the error returned (logged by the caller). */
+int  ckptd_jobs_reload(struct ckptd_jobs *j);
+/* Copy job id (id_len bytes, not NUL-terminated: a peer's bytes) into *out: 0, or
+ * CKPT_ENOTFOUND. Thread-safe against reload. The copy holds the secret: the caller
+ * wipes it (explicit_bzero) when done. */
+int  ckptd_jobs_get(struct ckptd_jobs *j, const char *id, size_t id_len, struct ckptd_job *out);
+unsigned ckptd_jobs_count(struct ckptd_jobs *j);
+/* The ids of the jobs, for metrics: calls fn once per job under the table's lock. */
+void ckptd_jobs_each(struct ckptd_jobs *j, void (*fn)(void *arg, const struct ckptd_job *job),
+                     void *arg);
+void ckptd_jobs_free(struct ckptd_jobs *j);      /* NULL: no-op; wipes the secrets */
+
+/* ------------------------------------------------------------------ metrics (metrics.c)
+ * Process-wide counters, updated with relaxed atomics from any thread, and per-job
+ * usage. Rendered as Prometheus text exposition format 0.0.4 by an HTTP server
+ * (libmicrohttpd, its own thread) on GET /metrics; anything else is 404. */
+struct ckptd_counters {
+	_Atomic uint64_t bytes_received;     /* chunk bytes received from ranks */
+	_Atomic uint64_t bytes_written;      /* shard bytes made durable */
+	_Atomic uint64_t bytes_read;         /* bytes served to restores */
+	_Atomic uint64_t shards_written;     /* shard files made durable */
+	_Atomic uint64_t saves_committed;    /* steps committed by this ckptd's coordinators */
+	_Atomic uint64_t saves_aborted;
+	_Atomic uint64_t connections;        /* accepted since start */
+	_Atomic uint64_t rejected;           /* handshakes or requests refused */
+	_Atomic uint64_t quota_refusals;
+	_Atomic int64_t  queue_depth;        /* chunks received and not yet written */
+	_Atomic int64_t  active_connections;
+};
+/* Gauges read at render time. */
+struct ckptd_gauges {
+	uint64_t pool_bytes, pool_used_bytes;
+	unsigned jobs;
+};
+/* Per-job figures at render time: fn is called once per job (labels job="<id>"). */
+struct ckptd_job_usage {
+	const char *job;
+	uint64_t used_bytes, quota_bytes;    /* quota 0: none */
+	uint64_t bytes_received;
+	uint64_t saves_committed, saves_aborted;
+};
+struct ckptd_metrics_source {
+	struct ckptd_counters *counters;
+	void (*gauges)(void *arg, struct ckptd_gauges *out);
+	/* Calls emit(emit_arg, &u) once per job. */
+	void (*jobs)(void *arg, void (*emit)(void *emit_arg, const struct ckptd_job_usage *u),
+	             void *emit_arg);
+	void *arg;
+};
+/* The whole exposition into b (ckpt_buf): # HELP / # TYPE lines, ckptd_* names. */
+void ckptd_metrics_render(const struct ckptd_metrics_source *src, struct ckpt_buf *b);
+struct ckptd_http;
+/* Serve src on addr ("HOST:PORT"; port 0: ephemeral, see ckptd_http_port).
+ * Errors: -EINVAL (not HOST:PORT), -EADDRINUSE, -EIO (the library failed). */
+int  ckptd_http_start(const char *addr, const struct ckptd_metrics_source *src,
+                      struct ckptd_http **out);
+unsigned ckptd_http_port(const struct ckptd_http *h);
+void ckptd_http_stop(struct ckptd_http *h);       /* NULL: no-op */
+
+/* ------------------------------------------------------------------ notify (notify.c)
+ * systemd's notification protocol through libsystemd (sd_notify); no-ops when
+ * NOTIFY_SOCKET is not set. */
+void ckptd_notify_ready(const char *status);
+void ckptd_notify_status(const char *fmt, ...) CKPT_PRINTF(1, 2);
+void ckptd_notify_reloading(void);
+void ckptd_notify_stopping(void);
+
+#endif /* CKPTD_H */
