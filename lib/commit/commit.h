@@ -112,10 +112,12 @@ int commit_decide(struct manifest *m, const struct manifest_step *id,
  * buffer of the caller's that must live as long as *out: the name carries the
  * vote's save id), size, and where its footer (the index ix decoded from v) lies,
  * with its hash. */
-#define COMMIT_SHARD_PATH_MAX 80
+/* holder: the ckptd instance ("HOST:PORT") that holds the file when it is not under
+ * the root (the path is then "@HOST:PORT/<step dir>/<file>"), or NULL. */
+#define COMMIT_SHARD_PATH_MAX 352
 void commit_shard_record(uint64_t step, const struct commit_vote *v,
-                         const struct io_shard_index *ix, char path[COMMIT_SHARD_PATH_MAX],
-                         struct manifest_shard *out);
+                         const struct io_shard_index *ix, const char *holder,
+                         char path[COMMIT_SHARD_PATH_MAX], struct manifest_shard *out);
 
 /*
  * Begin a new attempt at a step, as its coordinator (the coordinator thread, or a
@@ -153,6 +155,20 @@ struct commit_coord_opts {
 	const char *addr;
 	unsigned    port;            /* 0: ephemeral (tests) */
 	unsigned    timeout_ms;
+	/* Shards held by other processes (ckptd spreads a job's ranks over several
+	 * instances): shard_holder(holder_arg, rank) names the instance that holds the
+	 * rank's shard ("HOST:PORT"), or NULL for a shard under root. The shard's record
+	 * then names it (commit_shard_record), and its vote is held to the file by
+	 * remote_check(holder_arg, holder, rel, file_size, footer_off, footer_len,
+	 * footer_hash), which asks the holder, instead of a local check. NULL: every
+	 * shard is under root. */
+	const char *(*shard_holder)(void *arg, uint32_t rank);
+	int         (*remote_check)(void *arg, const char *holder, const char *rel,
+	                            uint64_t file_size, uint64_t footer_off, uint64_t footer_len,
+	                            const uint8_t footer_hash[CKPT_HASH_BYTES]);
+	void        *holder_arg;     /* also on_decision's */
+	/* Told each decision, before the ranks: code 0 (committed), or why not. */
+	void        (*on_decision)(void *arg, uint64_t step, int code);
 };
 struct commit_coord;
 /* Errors: -EINVAL (no manifest, job id or address; world 0), from net_listen

@@ -77,6 +77,12 @@ struct coord_link {
 struct commit_coord {
 	struct manifest     *manifest;
 	char                *root;             /* NULL: votes are not held to files */
+	const char        *(*shard_holder)(void *arg, uint32_t rank);   /* see commit.h */
+	int                (*remote_check)(void *arg, const char *holder, const char *rel,
+	                                   uint64_t file_size, uint64_t footer_off,
+	                                   uint64_t footer_len, const uint8_t *footer_hash);
+	void                *holder_arg;
+	void               (*on_decision)(void *arg, uint64_t step, int code);
 	uint64_t             incarnation;
 	char                *job_id;
 	uint32_t             world;
@@ -382,12 +388,16 @@ static void on_prepare(struct commit_coord *c, uint32_t l, uint32_t rank, struct
 		           (unsigned long long)ix->save_id, (unsigned long long)s->save_id);
 		io_index_free(ix);
 	} else {
-		commit_shard_record(v.step, &v, ix, s->paths[rank], &s->shards[rank]);
+		const char *holder = c->shard_holder ? c->shard_holder(c->holder_arg, rank) : NULL;
+		commit_shard_record(v.step, &v, ix, holder, s->paths[rank], &s->shards[rank]);
 		/* The vote is held to the file it names: a vote whose file is not there, or
 		 * not the one voted for (a replayed or forged index), commits nothing. */
 		char path[4400];
 		int frc = 0;
-		if (c->root) {
+		if (holder) {
+			frc = c->remote_check(c->holder_arg, holder, strchr(s->paths[rank], '/') + 1,
+			                      v.file_size, ix->data_end, v.index_len, v.footer_hash);
+		} else if (c->root) {
 			snprintf(path, sizeof path, "%s/%s", c->root, s->paths[rank]);
 			frc = io_shard_trailer_check(path, v.file_size, ix->data_end, v.index_len,
 			                             v.footer_hash);
@@ -654,6 +664,8 @@ static void step_decide(struct commit_coord *c, struct coord_step *s)
 		         (unsigned long long)s->step, why);
 		commit_decide(c->manifest, &id, &(struct commit_decision){ .abort = true, .why = why });
 	}
+	if (c->on_decision)
+		c->on_decision(c->holder_arg, s->step, code);
 	uint64_t t_sent = ckpt_now_ns();
 	uint32_t sends = broadcast(c, s, code, why);
 	uint64_t t_end = ckpt_now_ns();
@@ -780,6 +792,12 @@ int commit_coord_start(const struct commit_coord_opts *o, struct commit_coord **
 	reserve(c);
 	c->job_id = ckpt_strdup(o->job_id);
 	c->root = o->root ? ckpt_strdup(o->root) : NULL;
+	if (o->shard_holder && o->remote_check) {
+		c->shard_holder = o->shard_holder;
+		c->remote_check = o->remote_check;
+	}
+	c->holder_arg = o->holder_arg;
+	c->on_decision = o->on_decision;
 	c->incarnation = o->incarnation;
 	c->links = ckpt_calloc(o->world, sizeof *c->links);
 	c->pf = ckpt_calloc((size_t)o->world + 2, sizeof *c->pf);

@@ -14,10 +14,13 @@
 #include "commit/commit.h"
 
 void commit_shard_record(uint64_t step, const struct commit_vote *v,
-                         const struct io_shard_index *ix, char path[COMMIT_SHARD_PATH_MAX],
-                         struct manifest_shard *out)
+                         const struct io_shard_index *ix, const char *holder,
+                         char path[COMMIT_SHARD_PATH_MAX], struct manifest_shard *out)
 {
-	ckpt_path_shard_rel(path, COMMIT_SHARD_PATH_MAX, step, v->rank, v->save_id);
+	int n = holder ? snprintf(path, COMMIT_SHARD_PATH_MAX, "@%s/", holder) : 0;
+	if (n < 0 || n >= COMMIT_SHARD_PATH_MAX / 2)
+		n = 0;           /* holders are bounded by the caller (REMOTE_MAX_HOST) */
+	ckpt_path_shard_rel(path + n, COMMIT_SHARD_PATH_MAX - (size_t)n, step, v->rank, v->save_id);
 	*out = (struct manifest_shard){
 		.rank = v->rank, .path = path, .file_size = v->file_size,
 		.footer_offset = ix->data_end, .footer_len = v->index_len,
@@ -140,7 +143,7 @@ static int decide_votes(struct manifest *m, const struct manifest_step *id,
 			              (unsigned long long)ix->save_id, (unsigned long long)id->save_id);
 			io_index_free(ix);
 		} else {
-			commit_shard_record(step, &votes[r], ix, paths[r], &shards[r]);
+			commit_shard_record(step, &votes[r], ix, NULL, paths[r], &shards[r]);
 			rc = commit_gather_add(g, ix);
 		}
 	}

@@ -238,6 +238,13 @@ struct io_append {
 	 * blocks, and the partial last block goes out from buf. Never compressed.
 	 * NULL: the writer writes buf. */
 	const struct io_ext_write *ext;
+	/* The bytes in buf are already encoded by whoever made them (a rank saving
+	 * through ckptd compresses before it sends): codec IO_CODEC_ZSTD with stored_len
+	 * bytes of a zstd frame of the len raw bytes; hashes (of the raw bytes) is then
+	 * required and nothing is hashed or compressed here. IO_CODEC_RAW: buf holds
+	 * the raw bytes (stored_len unused). */
+	uint8_t codec;
+	size_t  stored_len;
 };
 /* Append the next chunk of tensor t: len raw bytes in pool buffer buf, with the
  * optional parts in opt (NULL: none). Ownership of buf passes to the writer in every
@@ -272,6 +279,17 @@ struct io_shard_reader;
  * the file is large enough to hold the data it describes. */
 int  io_shard_reader_open(struct io_engine *e, const char *path,
                           const struct io_shard_index *index, struct io_shard_reader **out);
+/* A shard whose bytes are fetched rather than read from a local file (a shard held
+ * by ckptd): fetch(arg, buf, len, off) fills buf with bytes [off, off+len) of the
+ * file, whole, or returns a negative code with a message. name names the shard in
+ * messages; file_size is the file's (from the manifest). Everything else (the
+ * trailer, footer and block table checks; every chunk and block hash; decompression)
+ * is the same as for a file: the bytes are verified here, where they are used.
+ * Reads through io_read_batch are made one at a time, in the calling thread. */
+typedef int (*io_fetch_fn)(void *arg, void *buf, size_t len, uint64_t off);
+int  io_shard_reader_open_fetch(struct io_engine *e, const char *name, uint64_t file_size,
+                                const struct io_shard_index *index, io_fetch_fn fetch,
+                                void *arg, struct io_shard_reader **out);
 const struct io_shard_index *io_shard_reader_index(const struct io_shard_reader *r);
 const char *io_shard_reader_path(const struct io_shard_reader *r);
 /* The XXH3-128 of the footer as read from the file at open (which checked it against

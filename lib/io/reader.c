@@ -51,6 +51,8 @@ struct io_shard_reader {
 	const uint8_t    *blocks;         /* its hashes (inside blocks_buf) */
 	uint64_t         *first_block;    /* per chunk: index of its first block hash */
 	struct io_read_stats stats;
+	io_fetch_fn       fetch;          /* non-NULL: bytes come from it, not from fd */
+	void             *fetch_arg;
 };
 
 static int open_file(const char *path, int *fd)
@@ -66,6 +68,8 @@ static int open_file(const char *path, int *fd)
 /* Synchronous aligned read of [off, off+len) (open-time metadata only). */
 static int read_at(const struct io_shard_reader *r, void *buf, size_t len, uint64_t off)
 {
+	if (r->fetch)
+		return r->fetch(r->fetch_arg, buf, len, off);
 	size_t done = 0;
 	while (done < len) {
 		ssize_t n = pread(r->fd, (uint8_t *)buf + done, len - done, (off_t)(off + done));
@@ -277,6 +281,37 @@ int io_shard_reader_open(struct io_engine *e, const char *path,
 		else
 			r->ix = index;
 	}
+	if (rc) {
+		io_shard_reader_close(r);
+		return rc;
+	}
+	*out = r;
+	return 0;
+}
+
+int io_shard_reader_open_fetch(struct io_engine *e, const char *name, uint64_t file_size,
+                               const struct io_shard_index *index, io_fetch_fn fetch,
+                               void *arg, struct io_shard_reader **out)
+{
+	*out = NULL;
+	struct io_shard_reader *r = ckpt_calloc(1, sizeof *r);
+	if (!r || !(r->path = ckpt_strdup(name))) {
+		ckpt_free(r);
+		return ckpt_err(-ENOMEM, "%s: reader", name);
+	}
+	r->e = e;
+	r->fd = -1;
+	r->fetch = fetch;
+	r->fetch_arg = arg;
+	r->file_size = file_size;
+	int rc = 0;
+	if (!index)
+		rc = load_index(r);
+	else if (file_size < index->data_end)
+		rc = ckpt_err(CKPT_ECORRUPT, "%s: %llu bytes, the index needs %llu (truncated)",
+		              name, (unsigned long long)file_size, (unsigned long long)index->data_end);
+	else
+		r->ix = index;
 	if (rc) {
 		io_shard_reader_close(r);
 		return rc;
@@ -528,6 +563,19 @@ static int rd_start(struct rd_batch *b, size_t i)
 	s->len = len;
 	s->b0 = b0;
 	s->nb = nb;
+	if (r->fetch) {
+		/* Fetched bytes arrive whole or not at all, in this thread: the read is
+		 * done when the fetch returns. */
+		s->busy = true;
+		b->nbusy++;
+		b->inflight++;
+		r->stats.reads++;
+		r->stats.partial_reads += nb != 0;
+		r->stats.bytes += len;
+		rc = r->fetch(r->fetch_arg, s->in.p, len, off);
+		rd_done(b, si, rc ? rc : (int64_t)len);
+		return 0;
+	}
 	rc = io_engine_queue(b->e, IO_OP_READ, r->fd, s->in.p, len, off, rd_done, b, si);
 	if (rc < 0) {
 		mem_release(b, &s->in);
@@ -587,6 +635,9 @@ static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 	const struct io_chunk_entry *c = &r->ix->chunks[q->chunk];
 	const char *tname = r->ix->tensors[c->tensor].name;
 	unsigned long long off = (unsigned long long)c->file_offset;
+	if (s->res < 0 && r->fetch)     /* the fetch's message says what failed */
+		return ckpt_err_prefix((int)s->res, "tensor '%s' chunk %u (%s, offset %llu)", tname,
+		                       q->chunk, r->path, off);
 	if (s->res < 0)
 		return ckpt_err((int)s->res, "read %s at offset %llu (tensor '%s' chunk %u)",
 		                r->path, off, tname, q->chunk);

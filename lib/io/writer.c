@@ -515,12 +515,20 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	if (!raw)
 		return ckpt_err(-EINVAL, "%s: append of pool buffer %u (not in the pool)", w->path,
 		                buf);
+	bool encoded = opt && opt->codec != IO_CODEC_RAW;
+	if (encoded && (opt->codec != IO_CODEC_ZSTD || !h || ext || opt->stored_len == 0 ||
+	                opt->stored_len > io_pool_buf_bytes(w->pool))) {
+		io_pool_put(w->pool, buf);
+		return ckpt_err(-EINVAL, "%s: encoded chunk (codec %u, %zu bytes) without its hash, "
+		                "or of a size or codec the writer cannot take", w->path, opt->codec,
+		                opt->stored_len);
+	}
 	if (w->err) {
 		io_pool_put(w->pool, buf);
 		return w_error(w);
 	}
 	int rc = append_check(w, t, len);
-	uint64_t nb = io_nblocks(len, w->block_bytes);
+	uint64_t nb = encoded ? 0 : io_nblocks(len, w->block_bytes);
 	uint8_t *bdst = NULL;
 	if (!rc && nb && !(bdst = blocks_reserve(w, nb)))
 		rc = -ENOMEM;
@@ -548,10 +556,10 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 			io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, again, bdst);
 		}
 	}
-	c->codec = IO_CODEC_RAW;
-	c->stored_len = len;
+	c->codec = encoded ? opt->codec : IO_CODEC_RAW;
+	c->stored_len = encoded ? opt->stored_len : len;
 	unsigned wbuf = buf;
-	if (w->zstd_level > 0 && !ext) {
+	if (w->zstd_level > 0 && !ext && !encoded) {
 		size_t clen;
 		int ob = try_compress(w, raw, len, &clen);
 		if (ob >= 0) {

@@ -711,3 +711,14 @@ void manifest_shard_free(struct manifest_shard *s)
 	ckpt_free(s->owned_);
 	memset(s, 0, sizeof *s);
 }
+
+int manifest_copy_fd(struct manifest *m, int fd)
+{
+	pthread_rwlock_rdlock(&m->resize_lock);
+	int rc = mdb_env_copyfd2(m->env, fd, MDB_CP_COMPACT);
+	pthread_rwlock_unlock(&m->resize_lock);
+	if (rc)
+		return ckpt_err(rc > 0 ? -rc : -EIO, "%s: copy of the manifest: %s", m->root,
+		                mdb_strerror(rc));
+	return 0;
+}

@@ -165,6 +165,11 @@ int manifest_step_delete(struct manifest *m, uint64_t step);
 void manifest_attempts_lock(struct manifest *m);
 void manifest_attempts_unlock(struct manifest *m);
 
+/* Write a consistent, compacted copy of the manifest's LMDB file to fd (LMDB's own
+ * copy: a read transaction's view, which writers do not block). For serving a job's
+ * manifest to its readers (ckptd). */
+int manifest_copy_fd(struct manifest *m, int fd);
+
 /* Keep at least `slack` bytes of written zeros in data.mdb past LMDB's last page
  * (refilled to 2 x slack), so that commits do not extend the file: a commit that
  * extends it also syncs the file's size. Writes and syncs only when less than

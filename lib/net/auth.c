@@ -306,15 +306,20 @@ static bool hs_parse_hello(const struct net_msg *m, struct hs_hello *h)
 	return cur.ok && cur.left == 0;
 }
 
-int net_handshake_server(struct net_conn *c, const struct net_auth *a,
-                         net_rank_check_fn accept_rank, void *arg, uint32_t *rank,
-                         int timeout_ms)
+/* The server side, for one job (a given) or for the job the HELLO names (find). */
+static int hs_server(struct net_conn *c, const struct net_auth *fixed, net_job_find_fn find,
+                     void *find_arg, net_rank_check_fn accept_rank, void *arg,
+                     struct net_hello *out, int timeout_ms)
 {
-	int rc = hs_check_args(a);
+	int rc = fixed ? hs_check_args(fixed) : 0;
 	if (rc)
 		return rc;
 	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	char why[NET_REASON_MAX];
+	struct net_auth found = { 0 };
+	const struct net_auth *a = fixed;
+	/* The job id as the HELLO said it: a found job's id points here. */
+	char job_copy[NET_MAX_JOB_ID + 1];
 
 	/* 1. HELLO. Job, world and rank are checked before any proof is exchanged:
 	 * they are not secret, and a misconfigured rank should hear why at once. */
@@ -327,6 +332,26 @@ int net_handshake_server(struct net_conn *c, const struct net_auth *a,
 		         hs_type_name(hello.type), hello.type, hello.len);
 		net_msg_free(&hello);
 		return hs_reject(c, CKPT_EPROTO, why, deadline, NULL);
+	}
+	if (!a) {
+		/* A server of many jobs: which one, and its secret. The peer's bytes are
+		 * copied and handed over with their length (they may hold a NUL). */
+		char fwhy[NET_JOB_WHY_MAX] = "";
+		memcpy(job_copy, h.job, h.job_len);
+		job_copy[h.job_len] = '\0';
+		rc = find(find_arg, job_copy, h.job_len, h.world, &found, fwhy);
+		if (!rc && (!found.job_id || strlen(found.job_id) != h.job_len ||
+		            memcmp(found.job_id, h.job, h.job_len) || (rc = hs_check_args(&found))))
+			rc = rc ? rc : CKPT_EPEER;
+		if (rc) {
+			char theirs[80];
+			hs_printable(theirs, sizeof theirs, h.job, h.job_len);
+			fwhy[NET_JOB_WHY_MAX - 1] = '\0';
+			snprintf(why, sizeof why, "job '%s': %s", theirs, fwhy[0] ? fwhy : "not served here");
+			net_msg_free(&hello);
+			return hs_reject(c, rc > 0 || rc == -EINVAL ? CKPT_EPEER : rc, why, deadline, NULL);
+		}
+		a = &found;
 	}
 	size_t my_len = strlen(a->job_id);
 	if (h.job_len != my_len || memcmp(h.job, a->job_id, my_len) != 0) {
@@ -410,9 +435,31 @@ int net_handshake_server(struct net_conn *c, const struct net_auth *a,
 	}
 	if ((rc = hs_send(c, NET_MSG_WELCOME, NULL, 0, deadline, "WELCOME")))
 		return rc;
-	*rank = h.rank;
+	snprintf(out->job_id, sizeof out->job_id, "%s", a->job_id);
+	out->rank = h.rank;
+	out->world = h.world;
 	char suffix[24];
 	snprintf(suffix, sizeof suffix, "rank %u", h.rank);
 	net_conn_name_suffix(c, suffix);
 	return 0;
+}
+
+int net_handshake_server(struct net_conn *c, const struct net_auth *a,
+                         net_rank_check_fn accept_rank, void *arg, uint32_t *rank,
+                         int timeout_ms)
+{
+	struct net_hello h;
+	int rc = hs_server(c, a, NULL, NULL, accept_rank, arg, &h, timeout_ms);
+	if (!rc)
+		*rank = h.rank;
+	return rc;
+}
+
+int net_handshake_server_find(struct net_conn *c, net_job_find_fn find, void *find_arg,
+                              net_rank_check_fn accept_rank, void *arg,
+                              struct net_hello *hello, int timeout_ms)
+{
+	if (!find)
+		return ckpt_err(-EINVAL, "handshake: no job lookup");
+	return hs_server(c, NULL, find, find_arg, accept_rank, arg, hello, timeout_ms);
 }

@@ -19,7 +19,9 @@ void net_msg_free(struct net_msg *m)
 {
 	if (!m)
 		return;
-	ckpt_free(m->payload);
+	if (!m->borrowed)
+		ckpt_free(m->payload);
+	m->borrowed = false;
 	m->payload = NULL;
 	m->len = 0;
 }
@@ -30,7 +32,8 @@ static int rx_fail(struct net_conn *c, int code, const char *why)
 {
 	ckpt_log(CKPT_LOG_WARN, "%s: %s; closing the connection", c->name, why);
 	net_conn_break(c, code);
-	ckpt_free(c->rx.payload);
+	if (!c->rx.borrowed)
+		ckpt_free(c->rx.payload);
 	memset(&c->rx, 0, sizeof c->rx);
 	return ckpt_err(code, "%s: %s", c->name, why);
 }
@@ -53,7 +56,7 @@ static int fail_fast(const struct net_conn *c)
 }
 
 /* All 16 header bytes are in: check them, then allocate the payload. */
-static int rx_header_done(struct net_conn *c, size_t max)
+static int rx_header_done(struct net_conn *c, size_t max, net_payload_fn into, void *arg)
 {
 	struct net_rx *rx = &c->rx;
 	uint32_t magic = ckpt_get_le32(rx->hdr);
@@ -85,6 +88,20 @@ static int rx_header_done(struct net_conn *c, size_t max)
 	rx->flags = ckpt_get_le16(rx->hdr + 8);
 	rx->len = len;
 	rx->got = 0;
+	if (len > 0 && into) {
+		void *dst = NULL;
+		int rc = into(arg, rx->type, len, &dst);
+		if (rc) {
+			snprintf(why, sizeof why, "no place for a message of %u bytes (type %u): %s",
+			         len, rx->type, ckpt_err_msg());
+			return rx_fail(c, rc, why);
+		}
+		if (dst) {
+			rx->payload = dst;
+			rx->borrowed = true;
+			return 0;
+		}
+	}
 	if (len > 0) {
 		rx->payload = ckpt_malloc(len);
 		if (!rx->payload) {
@@ -96,6 +113,12 @@ static int rx_header_done(struct net_conn *c, size_t max)
 }
 
 int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_ms)
+{
+	return net_msg_recv_into(c, m, max, NULL, NULL, timeout_ms);
+}
+
+int net_msg_recv_into(struct net_conn *c, struct net_msg *m, size_t max,
+                      net_payload_fn into, void *arg, int timeout_ms)
 {
 	memset(m, 0, sizeof *m);
 	if (atomic_load(&c->broken))
@@ -121,7 +144,7 @@ int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_
 			if (rx->hdr_got < NET_HEADER_BYTES) {
 				rx->hdr_got += (size_t)n;
 				if (rx->hdr_got == NET_HEADER_BYTES) {
-					int rc = rx_header_done(c, max);
+					int rc = rx_header_done(c, max, into, arg);
 					if (rc)
 						return rc;
 				}
@@ -163,6 +186,7 @@ int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_
 	m->flags = rx->flags;
 	m->payload = rx->payload;   /* NULL for an empty payload */
 	m->len = rx->len;
+	m->borrowed = rx->borrowed;
 	memset(rx, 0, sizeof *rx);
 	return 0;
 }
@@ -170,6 +194,12 @@ int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_
 int net_recv(struct net_conn *c, struct net_msg *m, int timeout_ms)
 {
 	return net_msg_recv(c, m, c->max_msg, timeout_ms);
+}
+
+int net_recv_into(struct net_conn *c, struct net_msg *m, net_payload_fn into, void *arg,
+                  int timeout_ms)
+{
+	return net_msg_recv_into(c, m, c->max_msg, into, arg, timeout_ms);
 }
 
 int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t len,

@@ -94,6 +94,7 @@ struct net_msg {
 	uint16_t flags;
 	void    *payload;   /* malloc'd by net_recv (NULL when len is 0); caller frees (net_msg_free) */
 	size_t   len;
+	bool     borrowed;  /* payload is the caller's memory (net_recv_into): not freed */
 };
 void net_msg_free(struct net_msg *m);
 
@@ -106,6 +107,16 @@ int net_send(struct net_conn *c, uint16_t type, const void *payload, size_t len,
  * -EAGAIN, -ECONNRESET (peer closed; also a clean EOF), CKPT_EPROTO (bad header,
  * oversized length: the connection is then unusable). */
 int net_recv(struct net_conn *c, struct net_msg *m, int timeout_ms);
+/* net_recv whose payload goes where the caller says: once the header is checked
+ * (limit included), into(arg, type, len, &dst) is called, once per message; it
+ * returns 0 with dst (len bytes of the caller's memory, for a message it wants
+ * placed, e.g. a chunk into an I/O buffer; or NULL: allocated as by net_recv) or a
+ * negative code, which breaks the connection and is returned. A placed message has
+ * borrowed set and its payload is dst. into may block (the sender then waits: the
+ * backpressure of a bounded receiver). */
+typedef int (*net_payload_fn)(void *arg, uint16_t type, size_t len, void **dst);
+int net_recv_into(struct net_conn *c, struct net_msg *m, net_payload_fn into, void *arg,
+                  int timeout_ms);
 
 /* ------------------------------------------------------------------ handshake
  * Challenge-response over the job secret (HMAC-SHA256, OpenSSL libcrypto); the
@@ -137,5 +148,22 @@ typedef int (*net_rank_check_fn)(void *arg, uint32_t rank, const char **why);
 int net_handshake_server(struct net_conn *c, const struct net_auth *a,
                          net_rank_check_fn accept_rank, void *arg, uint32_t *rank,
                          int timeout_ms);
+/* Server side of a server of many jobs (ckptd): the job is the one the HELLO names.
+ * find(arg, job, job_len, world, a, why) is asked for it before any proof is
+ * exchanged: 0 with *a filled (job_id, world and the job's secret; valid until the
+ * handshake returns), or a negative code (the job is unknown to this server:
+ * CKPT_EPEER) with a reason in why (cap NET_JOB_WHY_MAX) for the client. On success
+ * *hello gets the client's job id (NUL-terminated; cap NET_MAX_JOB_ID + 1), rank and
+ * world. The rest is net_handshake_server's. */
+#define NET_JOB_WHY_MAX 256u
+typedef int (*net_job_find_fn)(void *arg, const char *job, size_t job_len, uint32_t world,
+                               struct net_auth *a, char *why);
+struct net_hello {
+	char     job_id[NET_MAX_JOB_ID + 1];
+	uint32_t rank, world;
+};
+int net_handshake_server_find(struct net_conn *c, net_job_find_fn find, void *find_arg,
+                              net_rank_check_fn accept_rank, void *arg,
+                              struct net_hello *hello, int timeout_ms);
 
 #endif /* CKPT_NET_H */

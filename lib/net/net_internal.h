@@ -122,6 +122,7 @@ struct net_rx {
 	uint16_t type, flags;
 	uint8_t *payload;
 	size_t   len, got;
+	bool     borrowed;       /* payload is the caller's (net_recv_into) */
 };
 
 struct net_conn {
@@ -142,6 +143,9 @@ int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t 
                  int timeout_ms);
 /* net_recv with an explicit payload limit (the handshake's small one). */
 int net_msg_recv(struct net_conn *c, struct net_msg *m, size_t max, int timeout_ms);
+/* The same with the payload's memory chosen by into (NULL: allocated). */
+int net_msg_recv_into(struct net_conn *c, struct net_msg *m, size_t max,
+                      net_payload_fn into, void *arg, int timeout_ms);
 /* Record the first fatal error and shut the stream down (the peer learns at once
  * that this connection is over); later calls fail fast with it. Returns code. */
 int net_conn_break(struct net_conn *c, int code);

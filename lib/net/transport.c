@@ -130,7 +130,8 @@ void net_close(struct net_conn *c)
 	if (!c)
 		return;
 	c->ops->close(c);
-	ckpt_free(c->rx.payload);
+	if (!c->rx.borrowed)
+		ckpt_free(c->rx.payload);
 	ckpt_free(c);
 }
 
