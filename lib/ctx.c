@@ -20,7 +20,8 @@
 
 bool glue_is_coordinator(const ckpt_ctx *c)
 {
-	return c->cfg.rank == 0 && !(c->cfg.flags & CKPT_OPEN_READONLY);
+	/* Saving through ckptd, the coordinator is the first instance's. */
+	return c->cfg.rank == 0 && !(c->cfg.flags & CKPT_OPEN_READONLY) && !c->cfg.nckptd;
 }
 
 int ckpt_rank(const ckpt_ctx *c)
@@ -250,10 +251,60 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+/* Through ckptd: a fresh copy of the job's manifest from its first instance, opened
+ * read-only from a private directory that is gone once it is open. */
+static int glue_manifest_remote(ckpt_ctx *c, struct manifest **out)
+{
+	struct manifest **old = ckpt_realloc(c->old_manifests,
+	                                     (c->nold_manifests + 1) * sizeof *old);
+	if (!old)
+		return ckpt_err(-ENOMEM, "manifest copy");
+	c->old_manifests = old;
+	int rc = c->fetch[0] ? 0 : glue_remote_conn(c, 0, &c->fetch[0]);
+	const char *tmp = ckpt_env("TMPDIR");
+	char dir[4200], mdir[4300];
+	snprintf(dir, sizeof dir, "%s/libckpt-manifest-XXXXXX", tmp ? tmp : "/tmp");
+	if (!rc && !mkdtemp(dir))
+		rc = ckpt_err(-errno, "private directory for the manifest copy (%s)", dir);
+	if (rc)
+		return rc;
+	snprintf(mdir, sizeof mdir, "%s/" CKPT_MANIFEST_DIR, dir);
+	if (mkdir(mdir, 0700) < 0)
+		rc = ckpt_err(-errno, "create %s", mdir);
+	if (!rc)
+		rc = remote_manifest_copy(c->fetch[0], mdir);
+	if (!rc)
+		rc = manifest_open(dir, MANIFEST_RDONLY, out);
+	/* The environment holds what it mapped and opened: the names can go. */
+	char p[4400];
+	snprintf(p, sizeof p, "%s/data.mdb", mdir);
+	unlink(p);
+	snprintf(p, sizeof p, "%s/lock.mdb", mdir);
+	unlink(p);
+	rmdir(mdir);
+	rmdir(dir);
+	if (rc) {
+		if (c->fetch[0] && rc != CKPT_ENOTFOUND) {
+			remote_close(c->fetch[0]);     /* connect again next time */
+			c->fetch[0] = NULL;
+		}
+		return rc;
+	}
+	if (c->manifest)
+		c->old_manifests[c->nold_manifests++] = c->manifest;
+	c->manifest = *out;
+	return 0;
+}
+
 int glue_manifest(ckpt_ctx *c, struct manifest **out)
 {
 	int rc = 0;
 	pthread_mutex_lock(&c->manifest_lock);
+	if (glue_remote(c)) {
+		rc = glue_manifest_remote(c, out);
+		pthread_mutex_unlock(&c->manifest_lock);
+		return rc;
+	}
 	if (!c->manifest) {
 		rc = manifest_open(c->cfg.root, MANIFEST_RDONLY, &c->manifest);
 		if (rc == -ENOENT)
@@ -276,6 +327,7 @@ static void ckpt_refuse_peers(ckpt_ctx *c, int rc)
 {
 	const struct glue_config *cfg = &c->cfg;
 	if (cfg->world <= 1 || (cfg->flags & CKPT_OPEN_READONLY) || !cfg->root || !cfg->job_id ||
+	    cfg->nckptd ||
 	    rc == CKPT_EAUTH || (cfg->rank != 0 && cfg->rank != cfg->node_first) ||
 	    (cfg->rank == 0 && c->coord) || (cfg->rank != 0 && !cfg->tree) || c->part)
 		return;
@@ -312,6 +364,59 @@ static void ckpt_refuse_peers(ckpt_ctx *c, int rc)
 		commit_refuse(&ro);
 	}
 	ckpt_err_restore(msg);
+}
+
+void glue_remote_auth(const ckpt_ctx *c, struct remote_auth *a)
+{
+	*a = (struct remote_auth){
+		.job_id = c->cfg.job_id, .rank = (uint32_t)c->cfg.rank, .world = (uint32_t)c->cfg.world,
+		.secret = c->cfg.secret, .secret_len = c->cfg.secret_len,
+		.transport = c->cfg.transport == CKPT_TRANSPORT_RDMA ? NET_RDMA : NET_TCP,
+		.rdma = &c->cfg.rdma, .timeout_ms = c->cfg.timeout_ms,
+	};
+}
+
+int glue_remote_conn(ckpt_ctx *c, unsigned inst, struct remote_conn **out)
+{
+	struct remote_auth a;
+	glue_remote_auth(c, &a);
+	return remote_connect(&c->inst[inst], &a, out);
+}
+
+/* Saving through ckptd: the job's coordinator is the first instance's; this rank
+ * streams to its own instance (rank mod N, docs/ckptd.md). */
+static int glue_remote_start(ckpt_ctx *c)
+{
+	unsigned n = c->cfg.nckptd;
+	c->inst = ckpt_calloc(n, sizeof *c->inst);
+	c->fetch = ckpt_calloc(n, sizeof *c->fetch);
+	if (!c->inst || !c->fetch)
+		return ckpt_err(-ENOMEM, "ckptd instances");
+	for (unsigned i = 0; i < n; i++) {
+		snprintf(c->inst[i].host, sizeof c->inst[i].host, "%s", c->cfg.ckptd[i].host);
+		c->inst[i].port = c->cfg.ckptd[i].port;
+	}
+	if (c->cfg.flags & CKPT_OPEN_READONLY)
+		return 0;
+	unsigned mine = (unsigned)c->cfg.rank % n;
+	int rc = glue_remote_conn(c, mine, &c->remote);
+	struct remote_conn *home = c->remote;
+	if (!rc && mine != 0)
+		rc = glue_remote_conn(c, 0, &home);
+	unsigned port = 0;
+	if (!rc)
+		rc = remote_coord(home, (uint32_t)c->cfg.world, c->inst, n, &port);
+	if (home != c->remote)
+		remote_close(home);
+	if (rc)
+		return rc;
+	struct commit_part_opts po = {
+		.transport = c->cfg.transport == CKPT_TRANSPORT_RDMA ? NET_RDMA : NET_TCP,
+		.rdma = &c->cfg.rdma, .addr = c->inst[0].host, .port = port,
+		.job_id = c->cfg.job_id, .rank = (uint32_t)c->cfg.rank, .world = (uint32_t)c->cfg.world,
+		.secret = c->cfg.secret, .secret_len = c->cfg.secret_len, .timeout_ms = c->cfg.timeout_ms,
+	};
+	return commit_part_connect(&po, &c->part);
 }
 
 /* A world of one takes part through its own local participant. World > 1: rank 0
@@ -391,6 +496,11 @@ void ckpt_close(ckpt_ctx *c)
 	/* The participant goes before its leader and the coordinator, so that this
 	 * rank's own connection does not count as a lost rank. */
 	commit_part_close(c->part);
+	remote_close(c->remote);
+	for (unsigned i = 0; c->fetch && i < c->cfg.nckptd; i++)
+		remote_close(c->fetch[i]);
+	ckpt_free(c->fetch);
+	ckpt_free(c->inst);
 	commit_leader_stop(c->leader);
 	commit_coord_stop(c->coord);
 	io_engine_destroy(c->load_engine);
@@ -398,6 +508,9 @@ void ckpt_close(ckpt_ctx *c)
 	/* After the pool: its memory is pinned through the snapshot object. */
 	snapshot_destroy(c->snap);
 	manifest_close(c->manifest);
+	for (size_t i = 0; i < c->nold_manifests; i++)
+		manifest_close(c->old_manifests[i]);
+	ckpt_free(c->old_manifests);
 	/* Last: the root is this coordinator's until everything above is closed. */
 	lock_release(c->lock_fd);
 	pthread_mutex_destroy(&c->lock);
@@ -434,11 +547,18 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	c->log.job_id = c->cfg.job_id;
 	c->log.rank = c->cfg.rank;
 	ckpt_fault_set_rank(c->cfg.rank);
-	bool create;
-	if ((rc = root_prepare(c, &create)))
-		goto fail;
+	bool create = false;
 	bool ro = c->cfg.flags & CKPT_OPEN_READONLY;
-	if (ro) {
+	if (glue_remote(c)) {
+		/* The shards and the manifest are ckptd's: nothing local to prepare. */
+		if ((rc = glue_remote_start(c)))
+			goto fail;
+	} else if ((rc = root_prepare(c, &create))) {
+		goto fail;
+	}
+	if (glue_remote(c)) {
+		/* nothing: no manifest here */
+	} else if (ro) {
 		if ((rc = glue_manifest(c, &c->manifest)))
 			goto fail;
 	} else if (glue_is_coordinator(c)) {
@@ -461,7 +581,7 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 				         c->cfg.root, (unsigned long long)removed);
 		}
 	}
-	if (!ro && (rc = glue_commit_start(c)))
+	if (!ro && !glue_remote(c) && (rc = glue_commit_start(c)))
 		goto fail;
 	/* A read-only context only loads: a few buffers are enough. */
 	size_t nbufs = c->cfg.pool_bytes / c->cfg.chunk_bytes;
@@ -492,7 +612,11 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	*out = c;
 	return 0;
 fail:
-	ckpt_err_prefix(rc, "open %s", c->cfg.root ? c->cfg.root : "checkpoint root");
+	if (glue_remote(c))
+		ckpt_err_prefix(rc, "open the job's target ckptd://%s:%u%s", c->cfg.ckptd[0].host,
+		                c->cfg.ckptd[0].port, c->cfg.nckptd > 1 ? ",..." : "");
+	else
+		ckpt_err_prefix(rc, "open %s", c->cfg.root ? c->cfg.root : "checkpoint root");
 	/* Telling the other ranks takes seconds: the root is free meanwhile, for the
 	 * operator's ckpt-inspect rebuild that the message may ask for. Not while a
 	 * coordinator of this context runs: it may still write the manifest until

@@ -15,6 +15,7 @@
 #include "io/io.h"
 #include "manifest/manifest.h"
 #include "net/net.h"
+#include "remote/remote.h"
 
 struct snapshot;   /* lib/snapshot/snapshot.h */
 
@@ -127,6 +128,20 @@ struct ckpt_ctx {
 	 * retention the save worker runs after a commit */
 	pthread_mutex_t    gc_lock;
 
+	/* a ckptd target (cfg.nckptd > 0): the connection the save worker streams this
+	 * rank's shards on (to its instance: rank mod the number of instances), made
+	 * again by the next save when a ckptd restart broke it; the instances as lib/remote
+	 * names them */
+	struct remote_conn     *remote;
+	struct remote_instance *inst;
+	/* and the connections loads fetch bytes on, one per instance, opened on first
+	 * use (under load_lock) */
+	struct remote_conn    **fetch;
+	/* the manifest copies loads read (glue_manifest takes a fresh one each time:
+	 * the previous ones stay open until ckpt_close, for whoever still reads them) */
+	struct manifest       **old_manifests;
+	size_t                  nold_manifests;
+
 	/* distributed commit (world > 1) */
 	struct commit_coord *coord;       /* rank 0 of the embedded default */
 	struct commit_part  *part;        /* every rank */
@@ -154,12 +169,18 @@ struct ckpt_load {
 	struct manifest_shard   *shards;     /* [world] */
 	struct io_shard_index  **ix;         /* [world] */
 	struct io_shard_reader **readers;    /* [world], opened on first use */
+	struct load_fetch       *fetch;      /* [world] through ckptd: where each shard is */
 	struct load_entry       *entries;    /* sorted by name */
 	uint32_t                 nentries;
 	struct load_piece       *piece_store;
 };
 
 bool glue_is_coordinator(const ckpt_ctx *c);
+/* Saving through ckptd (lib/ctx.c): the rank's instance, the auth it presents, and
+ * (re)connecting the save connection. */
+static inline bool glue_remote(const ckpt_ctx *c) { return c->cfg.nckptd > 0; }
+void glue_remote_auth(const ckpt_ctx *c, struct remote_auth *a);
+int  glue_remote_conn(ckpt_ctx *c, unsigned inst, struct remote_conn **out);
 /* The element-size rule of ckpt.h for output structs: -EINVAL (naming fn) when
  * elem_size is below min, the struct's size in the header's first version of it. */
 int  glue_elem_size_check(const char *fn, size_t elem_size, size_t min);
@@ -218,6 +239,11 @@ int  load_shard_reader(ckpt_load *l, uint32_t rank, struct io_shard_reader **out
 /* Open rank r's shard file on its own footer and hold that footer to the committed
  * record (hash and place): CKPT_ECORRUPT, naming the file, if it differs. */
 int  load_footer_open(const ckpt_load *l, uint32_t r, struct io_shard_reader **out);
+/* Through ckptd: where rank r's shard is fetched from (its record's holder). */
+struct load_fetch { ckpt_ctx *ctx; unsigned inst; const char *rel; };
+/* Open a reader of rank r's shard (index NULL: from its footer), local or fetched. */
+int  load_reader_open(const ckpt_load *l, uint32_t r, struct io_engine *e,
+                      const struct io_shard_index *index, struct io_shard_reader **out);
 /* Regular files and their bytes in a step directory (lib/gc.c). 0 or -errno. */
 int  gc_step_dir_usage(const char *root, uint64_t step, uint32_t *nfiles, uint64_t *bytes);
 

@@ -46,6 +46,7 @@ void ckpt_load_close(ckpt_load *l)
 			manifest_shard_free(&l->shards[r]);
 	}
 	ckpt_free(l->readers);
+	ckpt_free(l->fetch);
 	ckpt_free(l->ix);
 	ckpt_free(l->shards);
 	ckpt_free(l->entries);
@@ -106,13 +107,64 @@ static int load_build_catalog(ckpt_load *l)
 	return 0;
 }
 
+/* Bytes of a shard held by ckptd, in pieces a READ may ask for. */
+#define LOAD_FETCH_PIECE (8u << 20)
+static int load_fetch_bytes(void *arg, void *buf, size_t len, uint64_t off)
+{
+	struct load_fetch *f = arg;
+	ckpt_ctx *c = f->ctx;
+	pthread_mutex_lock(&c->manifest_lock);
+	int rc = c->fetch[f->inst] ? 0 : glue_remote_conn(c, f->inst, &c->fetch[f->inst]);
+	struct remote_conn *conn = c->fetch[f->inst];
+	pthread_mutex_unlock(&c->manifest_lock);
+	for (size_t done = 0; !rc && done < len; done += LOAD_FETCH_PIECE) {
+		size_t n = len - done < LOAD_FETCH_PIECE ? len - done : LOAD_FETCH_PIECE;
+		rc = remote_fetch(conn, f->rel, (uint8_t *)buf + done, n, off + done);
+	}
+	return rc;
+}
+
+int load_reader_open(const ckpt_load *l, uint32_t r, struct io_engine *e,
+                     const struct io_shard_index *index, struct io_shard_reader **out)
+{
+	const struct manifest_shard *sh = &l->shards[r];
+	ckpt_ctx *c = l->ctx;
+	if (!glue_remote(c)) {
+		char path[4400];
+		snprintf(path, sizeof path, "%s/%s", c->cfg.root, sh->path);
+		return io_shard_reader_open(e, path, index, out);
+	}
+	char holder[REMOTE_MAX_HOST + 8];
+	const char *rel;
+	int rc = remote_path_split(sh->path, holder, sizeof holder, &rel);
+	if (rc)
+		return rc;
+	unsigned inst = 0;
+	if (holder[0]) {
+		char name[REMOTE_MAX_HOST + 8];
+		for (inst = 0; inst < c->cfg.nckptd; inst++) {
+			snprintf(name, sizeof name, "%s:%u", c->inst[inst].host, c->inst[inst].port);
+			if (!strcmp(name, holder))
+				break;
+		}
+		if (inst == c->cfg.nckptd)
+			return ckpt_err(CKPT_ENOTFOUND, "the shard of rank %u is held by ckptd %s, which "
+			                "the target does not name", r, holder);
+	}
+	struct load_fetch *f = &l->fetch[r];
+	*f = (struct load_fetch){ .ctx = c, .inst = inst, .rel = rel };
+	char name[4400];
+	snprintf(name, sizeof name, "ckptd %s:%u: %s", c->inst[inst].host, c->inst[inst].port, rel);
+	return io_shard_reader_open_fetch(e, name, sh->file_size, index, load_fetch_bytes, f, out);
+}
+
 int load_footer_open(const ckpt_load *l, uint32_t r, struct io_shard_reader **out)
 {
 	char path[4400];
 	const struct manifest_shard *sh = &l->shards[r];
-	snprintf(path, sizeof path, "%s/%s", l->ctx->cfg.root, sh->path);
+	snprintf(path, sizeof path, "%s", sh->path);
 	struct io_shard_reader *rd;
-	int rc = io_shard_reader_open(NULL, path, NULL, &rd);
+	int rc = load_reader_open(l, r, NULL, NULL, &rd);
 	if (rc)
 		return rc;
 	uint8_t h[CKPT_HASH_BYTES];
@@ -174,7 +226,8 @@ int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 	l->shards = ckpt_calloc(world, sizeof *l->shards);
 	l->ix = ckpt_calloc(world, sizeof *l->ix);
 	l->readers = ckpt_calloc(world, sizeof *l->readers);
-	if (!l->shards || !l->ix || !l->readers) {
+	l->fetch = ckpt_calloc(world, sizeof *l->fetch);
+	if (!l->shards || !l->ix || !l->readers || !l->fetch) {
 		rc = ckpt_err(-ENOMEM, "load of step %llu", (unsigned long long)step);
 		goto fail;
 	}
@@ -406,9 +459,7 @@ void load_engine_release(ckpt_ctx *c)
 int load_shard_reader(ckpt_load *l, uint32_t rank, struct io_shard_reader **out)
 {
 	if (!l->readers[rank]) {
-		char path[4400];
-		snprintf(path, sizeof path, "%s/%s", l->ctx->cfg.root, l->shards[rank].path);
-		int rc = io_shard_reader_open(l->ctx->load_engine, path, l->ix[rank], &l->readers[rank]);
+		int rc = load_reader_open(l, rank, l->ctx->load_engine, l->ix[rank], &l->readers[rank]);
 		if (rc)
 			return rc;
 	}

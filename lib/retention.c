@@ -143,7 +143,9 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 
 void retention_after_commit(ckpt_ctx *c, uint64_t step)
 {
-	if (!c->cfg.keep_last && !c->cfg.keep_every && !c->cfg.keep_seconds)
+	/* Through ckptd the manifest is the first instance's: retention is not applied by
+	 * the job (ckpt_open said so). */
+	if (glue_remote(c) || (!c->cfg.keep_last && !c->cfg.keep_every && !c->cfg.keep_seconds))
 		return;
 	if (!glue_is_coordinator(c))
 		return;

@@ -655,8 +655,37 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 	return 0;
 }
 
+/* Where the shard goes: a file of this rank's (the writer), or a stream to its ckptd
+ * (lib/remote): the same calls, in the same order. */
+struct save_sink {
+	struct io_shard_writer *w;
+	struct remote_writer   *rw;
+	uint32_t                ntensors;    /* declared to rw */
+};
+
+static int sink_add_tensor(struct save_sink *k, const struct io_tensor_desc *d)
+{
+	if (!k->rw)
+		return io_shard_writer_add_tensor(k->w, d);
+	int rc = remote_writer_add_tensor(k->rw, d);
+	return rc ? rc : (int)k->ntensors++;
+}
+
+static bool sink_ready(struct save_sink *k)
+{
+	return k->rw ? remote_writer_ready(k->rw) : io_shard_writer_ready(k->w);
+}
+
+static int sink_append(struct save_sink *k, uint32_t t, unsigned b, size_t n,
+                       const struct io_append *a)
+{
+	if (k->rw)
+		return remote_writer_append(k->rw, t, b, n, a->hashes);
+	return io_shard_writer_append(k->w, t, b, n, a);
+}
+
 /* Declare items [cur->declared, upto) to the writer. */
-static int save_declare(struct io_shard_writer *w, ckpt_save *s, size_t upto,
+static int save_declare(struct save_sink *w, ckpt_save *s, size_t upto,
                         struct save_cursor *cur)
 {
 	for (; cur->declared < upto; cur->declared++) {
@@ -666,7 +695,7 @@ static int save_declare(struct io_shard_writer *w, ckpt_save *s, size_t upto,
 			.flags = it->flags, .ndim = it->ndim, .global_shape = it->global_shape,
 			.offset = it->offset, .extent = it->extent, .raw_bytes = it->raw_bytes,
 		};
-		int t = io_shard_writer_add_tensor(w, &d);
+		int t = sink_add_tensor(w, &d);
 		if (t < 0)
 			return t;
 		if ((size_t)t != cur->declared)
@@ -678,7 +707,7 @@ static int save_declare(struct io_shard_writer *w, ckpt_save *s, size_t upto,
 
 /* Take the oldest chunk out of the pipe once its copy landed, and append it. */
 static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
-                          struct io_shard_writer *w)
+                          struct save_sink *w)
 {
 	unsigned b;
 	size_t n;
@@ -703,15 +732,15 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		cur->out_src = (const uint8_t *)it->data + off;
 		cur->out_host = io_pool_addr(c->pool, b);
 		struct io_ext_write ext = { .write = save_gds_write, .arg = cur };
-		return io_shard_writer_append(w, (uint32_t)tag, b, n,
-		                              &(struct io_append){ .hashes = &h, .ext = &ext });
+		return sink_append(w, (uint32_t)tag, b, n,
+		                   &(struct io_append){ .hashes = &h, .ext = &ext });
 	}
-	return io_shard_writer_append(w, (uint32_t)tag, b, n, &(struct io_append){ .hashes = &h });
+	return sink_append(w, (uint32_t)tag, b, n, &(struct io_append){ .hashes = &h });
 }
 
 /* Stream the rest of the items through the pipe into the writer. */
 static int save_stream(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
-                       struct io_shard_writer *w)
+                       struct save_sink *w)
 {
 	int rc;
 	for (;;) {
@@ -720,7 +749,7 @@ static int save_stream(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		 * without waiting, so that copying and writing overlap, and go on copying
 		 * (up to the window) while it cannot. Device copies run on the stream
 		 * meanwhile and are taken out when the window is full. */
-		while (snapshot_pipe_head_ready(cur->pipe) && io_shard_writer_ready(w))
+		while (snapshot_pipe_head_ready(cur->pipe) && sink_ready(w))
 			if ((rc = save_drain_one(c, s, cur, w)))
 				return rc;
 		rc = save_issue(c, s, cur, 1);
@@ -742,7 +771,8 @@ static int save_stream(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 /* A GPUDirect Storage save: asked for, available, raw, and with device tensors. */
 static bool save_uses_gds(const ckpt_ctx *c, const ckpt_save *s)
 {
-	if (!(c->cfg.gds & CKPT_GDS_SAVE) || !snapshot_gds_on(c->snap) || c->cfg.zstd_level > 0)
+	if (!(c->cfg.gds & CKPT_GDS_SAVE) || !snapshot_gds_on(c->snap) || c->cfg.zstd_level > 0 ||
+	    glue_remote(c))
 		return false;
 	for (size_t i = 0; i < s->nitems; i++)
 		if (s->items[i].mem == CKPT_MEM_DEVICE && !s->items[i].source)
@@ -765,8 +795,8 @@ static uint64_t save_size_hint(const ckpt_ctx *c, const ckpt_save *s)
 
 void save_run(ckpt_ctx *c, ckpt_save *s)
 {
-	char dir[4200], path[4300];
-	struct io_shard_writer *w = NULL;
+	char dir[4200] = "", path[4300] = "";
+	struct save_sink sink = { 0 };
 	struct io_shard_result res;
 	memset(&res, 0, sizeof res);
 	ckpt_err_clear();
@@ -796,14 +826,20 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	         rc ? "failed" : "all issued and sealed");
 	if (rc && rc != -EAGAIN && rc != 1)
 		goto out;
-	if (!c->save_engine && (rc = io_engine_create(c->pool, c->cfg.queue_depth, &c->save_engine)))
-		goto out;
-	if ((rc = step_dir_create(c, s->step, dir, sizeof dir)))
-		goto out;
-	if ((rc = ckpt_path_shard(path, sizeof path, c->cfg.root, s->step, (uint32_t)c->cfg.rank,
-	                          s->save_id))) {
-		rc = ckpt_err(rc, "shard path");
-		goto out;
+	if (!glue_remote(c)) {
+		if (!c->save_engine &&
+		    (rc = io_engine_create(c->pool, c->cfg.queue_depth, &c->save_engine)))
+			goto out;
+		if ((rc = step_dir_create(c, s->step, dir, sizeof dir)))
+			goto out;
+		if ((rc = ckpt_path_shard(path, sizeof path, c->cfg.root, s->step,
+		                          (uint32_t)c->cfg.rank, s->save_id))) {
+			rc = ckpt_err(rc, "shard path");
+			goto out;
+		}
+	} else if (!c->remote &&
+	           (rc = glue_remote_conn(c, (unsigned)c->cfg.rank % c->cfg.nckptd, &c->remote))) {
+		goto out;           /* its ckptd is not back yet */
 	}
 	struct io_writer_opts wo = {
 		.step = s->step, .rank = (uint32_t)c->cfg.rank, .world = (uint32_t)c->cfg.world,
@@ -811,10 +847,11 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		.zstd_level = c->cfg.zstd_level, .block_bytes = IO_BLOCK_BYTES,
 		.mode = c->cfg.file_mode,
 	};
-	rc = io_shard_writer_open(c->save_engine, path, &wo, &w);
+	rc = glue_remote(c) ? remote_writer_open(c->remote, c->pool, &wo, c->cfg.chunk_bytes, &sink.rw)
+	                    : io_shard_writer_open(c->save_engine, path, &wo, &sink.w);
 	if (rc)
 		goto out;
-	if ((rc = save_stream(c, s, &cur, w)))
+	if ((rc = save_stream(c, s, &cur, &sink)))
 		goto out;
 	if (cur.gds) {
 		/* Every device byte is written: now the caller may change its tensors. */
@@ -831,9 +868,10 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	snapshot_pipe_close(cur.pipe);
 	cur.pipe = NULL;
 	/* Durability point of this rank: data, footer, fdatasync (the directory entry
-	 * since the file's creation). */
-	rc = io_shard_writer_finish(w, &res);
-	w = NULL;
+	 * since the file's creation); through ckptd, its DURABLE after the same. */
+	rc = sink.rw ? remote_writer_finish(sink.rw, &res) : io_shard_writer_finish(sink.w, &res);
+	sink.w = NULL;
+	sink.rw = NULL;
 	if (rc)
 		goto out;
 	pthread_mutex_lock(&c->lock);
@@ -869,12 +907,19 @@ out:
 	snapshot_gds_file_close(c->snap, cur.gds_file);
 	if (cur.gds_event)
 		save_publish_event(c, s, cur.gds_event);   /* the save owns it: freed with s */
-	if (w)
-		io_shard_writer_abort(w);
+	if (sink.w)
+		io_shard_writer_abort(sink.w);
+	remote_writer_abort(sink.rw);
+	/* A stream that failed may have left its connection unusable (a ckptd that
+	 * restarted): the next save connects again. */
+	if (rc && glue_remote(c) && !voted) {
+		remote_close(c->remote);
+		c->remote = NULL;
+	}
 	/* Not committed: this rank's file is garbage now; remove it (GC would too). In
 	 * doubt, the file stays: the step may be committed. The name is this attempt's
 	 * own: no other process's file is ever removed here. */
-	if (rc && rc != -EEXIST && rc != CKPT_EINDOUBT && res.index) {
+	if (rc && rc != -EEXIST && rc != CKPT_EINDOUBT && res.index && path[0]) {
 		if (unlink(path) == 0)
 			ckpt_fsync_dir(dir);
 	}

@@ -56,7 +56,7 @@ static int verify_chunk_cb(void *arg, const struct io_read_req *req, uint64_t of
  * (the reader has checked the trailer: magic, version, footer hash). */
 static int verify_footer(ckpt_load *l, uint32_t r)
 {
-	if (!l->shards[r].index_len) {
+	if (!l->shards[r].index_len || glue_remote(l->ctx)) {
 		struct io_shard_reader *named;
 		int rc = load_footer_open(l, r, &named);
 		if (!rc)

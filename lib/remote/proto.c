@@ -1,0 +1,272 @@
+/*
+ * proto.c — the messages of ckptd's protocol (remote.h): encoders into a ckpt_buf,
+ * and decoders of untrusted bytes through a bounded cursor, every length checked
+ * against what is left before it is used.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "remote/remote.h"
+
+static int bad(const char *msg, const char *field)
+{
+	return ckpt_err(CKPT_EPROTO, "%s message: bad or truncated %s", msg, field);
+}
+
+/* A length-prefixed string into out (cap bytes with the NUL); the bytes must be
+ * printable and free of NUL. */
+static bool take_str(struct ckpt_cursor *c, char *out, size_t cap)
+{
+	uint16_t n = ckpt_cursor_u16(c);
+	const uint8_t *p = ckpt_cursor_take(c, n);
+	if (!p || n == 0 || n >= cap || memchr(p, 0, n))
+		return false;
+	memcpy(out, p, n);
+	out[n] = '\0';
+	return true;
+}
+
+static void put_str(struct ckpt_buf *b, const char *s)
+{
+	size_t n = strlen(s);
+	ckpt_buf_u16(b, (uint16_t)n);
+	ckpt_buf_put(b, s, n);
+}
+
+int remote_coord_encode(struct ckpt_buf *b, uint32_t world, const struct remote_instance *in,
+                        unsigned n)
+{
+	if (n == 0 || n > REMOTE_MAX_INSTANCES)
+		return ckpt_err(-EINVAL, "COORD: %u instances", n);
+	ckpt_buf_u32(b, world);
+	ckpt_buf_u16(b, (uint16_t)n);
+	for (unsigned i = 0; i < n; i++) {
+		put_str(b, in[i].host);
+		ckpt_buf_u16(b, (uint16_t)in[i].port);
+	}
+	return b->ok ? 0 : ckpt_err(-ENOMEM, "COORD message");
+}
+
+int remote_coord_decode(const void *p, size_t n, uint32_t *world,
+                        struct remote_instance *in, unsigned cap, unsigned *count)
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	*world = ckpt_cursor_u32(&c);
+	unsigned k = ckpt_cursor_u16(&c);
+	if (!c.ok || *world == 0 || k == 0 || k > cap)
+		return bad("COORD", "world or instance count");
+	for (unsigned i = 0; i < k; i++) {
+		if (!take_str(&c, in[i].host, sizeof in[i].host))
+			return bad("COORD", "instance host");
+		in[i].port = ckpt_cursor_u16(&c);
+		if (!c.ok || in[i].port == 0)
+			return bad("COORD", "instance port");
+	}
+	if (c.left)
+		return bad("COORD", "length");
+	*count = k;
+	return 0;
+}
+
+void remote_open_encode(struct ckpt_buf *b, const struct remote_open *o)
+{
+	ckpt_buf_u64(b, o->step);
+	ckpt_buf_u64(b, o->save_id);
+	ckpt_buf_u32(b, o->block_bytes);
+	ckpt_buf_u64(b, o->size_hint);
+	ckpt_buf_u64(b, o->chunk_bytes);
+}
+
+int remote_open_decode(const void *p, size_t n, struct remote_open *o)
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	o->step = ckpt_cursor_u64(&c);
+	o->save_id = ckpt_cursor_u64(&c);
+	o->block_bytes = ckpt_cursor_u32(&c);
+	o->size_hint = ckpt_cursor_u64(&c);
+	o->chunk_bytes = ckpt_cursor_u64(&c);
+	return c.ok && !c.left ? 0 : bad("OPEN", "fields");
+}
+
+void remote_tensor_encode(struct ckpt_buf *b, const struct io_tensor_desc *t)
+{
+	put_str(b, t->name);
+	ckpt_buf_u8(b, t->kind);
+	ckpt_buf_u8(b, t->dtype);
+	ckpt_buf_u8(b, t->policy);
+	ckpt_buf_u8(b, t->flags);
+	ckpt_buf_u8(b, t->ndim);
+	for (unsigned i = 0; i < t->ndim; i++)
+		ckpt_buf_u64(b, t->global_shape[i]);
+	for (unsigned i = 0; i < t->ndim; i++)
+		ckpt_buf_u64(b, t->offset[i]);
+	for (unsigned i = 0; i < t->ndim; i++)
+		ckpt_buf_u64(b, t->extent[i]);
+	ckpt_buf_u64(b, t->raw_bytes);
+}
+
+int remote_tensor_decode(const void *p, size_t n, struct remote_tensor *t)
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	memset(t, 0, sizeof *t);
+	if (!take_str(&c, t->name, sizeof t->name))
+		return bad("TENSOR", "name");
+	t->kind = ckpt_cursor_u8(&c);
+	t->dtype = ckpt_cursor_u8(&c);
+	t->policy = ckpt_cursor_u8(&c);
+	t->flags = ckpt_cursor_u8(&c);
+	t->ndim = ckpt_cursor_u8(&c);
+	if (!c.ok || t->ndim > CKPT_MAX_NDIM)
+		return bad("TENSOR", "rank (ndim)");
+	for (unsigned i = 0; i < t->ndim; i++)
+		t->global_shape[i] = ckpt_cursor_u64(&c);
+	for (unsigned i = 0; i < t->ndim; i++)
+		t->offset[i] = ckpt_cursor_u64(&c);
+	for (unsigned i = 0; i < t->ndim; i++)
+		t->extent[i] = ckpt_cursor_u64(&c);
+	t->raw_bytes = ckpt_cursor_u64(&c);
+	/* The writer checks the rest (names, shapes, boxes, sizes) as for any caller. */
+	return c.ok && !c.left ? 0 : bad("TENSOR", "fields");
+}
+
+void remote_chunk_encode(struct ckpt_buf *b, const struct remote_chunk *c)
+{
+	ckpt_buf_u32(b, c->tensor);
+	ckpt_buf_u8(b, c->codec);
+	ckpt_buf_u64(b, c->raw_len);
+	ckpt_buf_u64(b, c->stored_len);
+	ckpt_buf_put(b, c->hash, CKPT_HASH_BYTES);
+	ckpt_buf_u32(b, c->block_bytes);
+	ckpt_buf_u32(b, c->nblocks);
+	ckpt_buf_put(b, c->blocks, (size_t)c->nblocks * CKPT_HASH_BYTES);
+}
+
+int remote_chunk_decode(const void *p, size_t n, struct remote_chunk *c)
+{
+	struct ckpt_cursor k;
+	ckpt_cursor_init(&k, p, n);
+	c->tensor = ckpt_cursor_u32(&k);
+	c->codec = ckpt_cursor_u8(&k);
+	c->raw_len = ckpt_cursor_u64(&k);
+	c->stored_len = ckpt_cursor_u64(&k);
+	const uint8_t *h = ckpt_cursor_take(&k, CKPT_HASH_BYTES);
+	c->block_bytes = ckpt_cursor_u32(&k);
+	c->nblocks = ckpt_cursor_u32(&k);
+	if (!k.ok || !h)
+		return bad("CHUNK", "fields");
+	memcpy(c->hash, h, CKPT_HASH_BYTES);
+	if (c->codec != IO_CODEC_RAW && c->codec != IO_CODEC_ZSTD)
+		return bad("CHUNK", "codec");
+	if (c->raw_len == 0 || c->stored_len == 0 || c->raw_len > IO_MAX_CHUNK_BYTES ||
+	    (c->codec == IO_CODEC_RAW && c->stored_len != c->raw_len))
+		return bad("CHUNK", "lengths");
+	/* The block hashes must be those a raw chunk of raw_len has at block_bytes. */
+	uint64_t want = c->codec == IO_CODEC_RAW ? io_nblocks(c->raw_len, c->block_bytes) : 0;
+	if (c->nblocks != want || (c->block_bytes && (c->block_bytes < IO_MIN_BLOCK_BYTES ||
+	                                              (c->block_bytes & (c->block_bytes - 1)))))
+		return bad("CHUNK", "block hashes");
+	c->blocks = ckpt_cursor_take(&k, (size_t)c->nblocks * CKPT_HASH_BYTES);
+	return k.ok && !k.left ? 0 : bad("CHUNK", "block hashes");
+}
+
+void remote_read_encode(struct ckpt_buf *b, const char *path, uint64_t off, uint64_t len)
+{
+	put_str(b, path);
+	ckpt_buf_u64(b, off);
+	ckpt_buf_u64(b, len);
+}
+
+int remote_read_decode(const void *p, size_t n, char *path, size_t cap, uint64_t *off,
+                       uint64_t *len)
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	if (!take_str(&c, path, cap))
+		return bad("READ", "path");
+	*off = ckpt_cursor_u64(&c);
+	*len = ckpt_cursor_u64(&c);
+	return c.ok && !c.left ? 0 : bad("READ", "range");
+}
+
+void remote_check_encode(struct ckpt_buf *b, const struct remote_check *k)
+{
+	put_str(b, k->path);
+	ckpt_buf_u64(b, k->file_size);
+	ckpt_buf_u64(b, k->footer_off);
+	ckpt_buf_u64(b, k->footer_len);
+	ckpt_buf_put(b, k->hash, CKPT_HASH_BYTES);
+}
+
+int remote_check_decode(const void *p, size_t n, struct remote_check *k)
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	if (!take_str(&c, k->path, sizeof k->path))
+		return bad("CHECK", "path");
+	k->file_size = ckpt_cursor_u64(&c);
+	k->footer_off = ckpt_cursor_u64(&c);
+	k->footer_len = ckpt_cursor_u64(&c);
+	const uint8_t *h = ckpt_cursor_take(&c, CKPT_HASH_BYTES);
+	if (!c.ok || c.left || !h)
+		return bad("CHECK", "fields");
+	memcpy(k->hash, h, CKPT_HASH_BYTES);
+	return 0;
+}
+
+void remote_error_encode(struct ckpt_buf *b, int code, const char *msg)
+{
+	size_t n = strlen(msg);
+	if (n > 1000)
+		n = 1000;
+	ckpt_buf_u32(b, (uint32_t)code);
+	ckpt_buf_u16(b, (uint16_t)n);
+	ckpt_buf_put(b, msg, n);
+}
+
+int remote_error_take(const void *p, size_t n, const char *who)
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	int code = (int)ckpt_cursor_u32(&c);
+	uint16_t len = ckpt_cursor_u16(&c);
+	const uint8_t *m = ckpt_cursor_take(&c, len);
+	if (!c.ok || code >= 0 || code < -100000)
+		return ckpt_err(CKPT_EPROTO, "%s: malformed ERROR message", who);
+	char text[1024];
+	size_t k = 0;
+	for (size_t i = 0; i < len && k + 1 < sizeof text; i++)
+		text[k++] = m[i] >= 0x20 && m[i] < 0x7f ? (char)m[i] : '?';
+	text[k] = '\0';
+	return ckpt_err(code, "%s: %s", who, text);
+}
+
+void remote_send_error(struct net_conn *c, int code, const char *msg, int timeout_ms)
+{
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_error_encode(&b, code, msg);
+	if (b.ok)
+		(void)net_send(c, REMOTE_MSG_ERROR, b.p, b.len, timeout_ms);
+	ckpt_buf_free(&b);
+}
+
+int remote_path_split(const char *path, char *holder, size_t cap, const char **rel)
+{
+	if (path[0] != '@') {
+		holder[0] = '\0';
+		*rel = path;
+		return 0;
+	}
+	const char *slash = strchr(path, '/');
+	size_t n = slash ? (size_t)(slash - path - 1) : 0;
+	if (!slash || n == 0 || n >= cap || !slash[1])
+		return ckpt_err(CKPT_EFORMAT, "shard path '%.80s': expected @HOST:PORT/<file>", path);
+	memcpy(holder, path + 1, n);
+	holder[n] = '\0';
+	*rel = slash + 1;
+	return 0;
+}
