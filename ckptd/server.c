@@ -1,0 +1,865 @@
+/*
+ * server.c — ckptd's connections and jobs (server.h, docs/ckptd.md).
+ *
+ * One thread per connection, at most max_conns at once (more wait in the
+ * listener's backlog). A connection is one rank of one job, authenticated against
+ * the jobs table; it may stream shards (OPEN .. FINISH), read shard bytes, copy the
+ * manifest, and ask for the job's coordinator. Everything it touches is under
+ * <data>/jobs/<job id>/, which is a checkpoint root of the normal layout.
+ *
+ * Memory: chunks are received straight into the fixed pool's buffers, and a buffer
+ * is taken before the chunk is read off the socket: when the disks fall behind,
+ * the pool empties, connections stop reading, and TCP slows the ranks down. A
+ * waiting connection reaps its own finished writes while it waits, so buffers
+ * always come back. Control messages are bounded (REMOTE_MAX_CONTROL); a failed
+ * stream gets one ERROR and the connection is closed, so nothing is buffered to
+ * be discarded.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "commit/commit.h"
+#include "io/io.h"
+#include "manifest/manifest.h"
+#include "remote/remote.h"
+#include "server.h"
+
+#define SRV_POLL_MS 200          /* how often an idle connection looks at the stop flag */
+#define SRV_LOCK_FILE "ckptd.lock"
+
+struct djob {
+	struct djob     *next;
+	char             id[129];
+	char             root[4200];
+	pthread_mutex_t  lock;           /* below */
+	struct manifest *manifest;       /* opened by the first COORD or MANIFEST */
+	struct commit_coord *coord;
+	uint32_t         coord_world;
+	unsigned         ninst;
+	char             holders[REMOTE_MAX_INSTANCES][REMOTE_MAX_HOST + 8];
+	struct remote_instance inst[REMOTE_MAX_INSTANCES];
+	struct ckptd_job auth;           /* id and secret, for asking other instances */
+	uint64_t         reserved;       /* size hints of the streams in flight */
+	_Atomic uint64_t bytes_received, committed, aborted;
+	struct ckptd_counters *counters;
+	struct ckpt_log_sink sink;       /* the job's lines (its coordinator's thread too) */
+};
+
+struct ckptd_server {
+	struct ckptd_server_opts o;
+	char                *data;
+	int                  lock_fd;
+	struct io_pool      *pool;
+	struct net_listener *lis;
+	int                  wake[2];
+	atomic_bool          stop;
+	uint64_t             stop_deadline;
+	pthread_mutex_t      lock;       /* jobs, nconns */
+	pthread_cond_t       cond;
+	struct djob         *jobs;
+	unsigned             nconns;
+};
+
+struct dconn {
+	struct ckptd_server *s;
+	struct net_conn     *net;
+	struct net_hello     hello;
+	struct djob         *job;
+	struct io_engine    *engine;
+	/* the shard stream */
+	struct io_shard_writer *w;
+	char                 path[4400], dir[4300];
+	uint64_t             step, reserve, used_at_open, quota;
+	uint64_t             written;
+	struct net_msg       chunk_msg;  /* the CHUNK whose DATA comes next */
+	struct remote_chunk  chunk;
+	bool                 want_data;
+	int                  data_buf;   /* the pool buffer DATA is read into, or -1 */
+	int64_t              queued;     /* chunks of the stream counted in queue_depth */
+	struct ckptd_job     auth;       /* during the handshake: the job's secret */
+	struct ckpt_log_sink sink;       /* this connection's lines: job and rank */
+};
+
+/* ------------------------------------------------------------------ jobs */
+
+static int job_find(struct ckptd_server *s, const char *id, struct djob **out)
+{
+	pthread_mutex_lock(&s->lock);
+	struct djob *j = s->jobs;
+	while (j && strcmp(j->id, id))
+		j = j->next;
+	if (!j && (j = ckpt_calloc(1, sizeof *j))) {
+		snprintf(j->id, sizeof j->id, "%s", id);
+		snprintf(j->root, sizeof j->root, "%s/jobs/%s", s->data, id);
+		pthread_mutex_init(&j->lock, NULL);
+		j->counters = s->o.counters;
+		j->sink = (struct ckpt_log_sink){ .fn = s->o.log_fn, .level = s->o.log_level,
+		                                  .job_id = j->id, .rank = CKPT_LOG_NO_RANK };
+		j->next = s->jobs;
+		s->jobs = j;
+	}
+	pthread_mutex_unlock(&s->lock);
+	*out = j;
+	return j ? 0 : ckpt_err(-ENOMEM, "job '%s'", id);
+}
+
+/* The job's directory (0700), created on first use. */
+static int job_dir(struct djob *j)
+{
+	if (mkdir(j->root, 0700) < 0 && errno != EEXIST)
+		return ckpt_err(-errno, "job '%s': create %s", j->id, j->root);
+	return 0;
+}
+
+/* Bytes of files under dir (the job's usage: what its quota counts). */
+static uint64_t du(const char *dir, int depth)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0;
+	uint64_t sum = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		char p[4400];
+		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+		struct stat st;
+		if (lstat(p, &st) < 0)
+			continue;
+		if (S_ISDIR(st.st_mode) && depth < 3)
+			sum += du(p, depth + 1);
+		else if (S_ISREG(st.st_mode))
+			sum += (uint64_t)st.st_blocks * 512u > (uint64_t)st.st_size
+				? (uint64_t)st.st_size : (uint64_t)st.st_blocks * 512u;
+	}
+	closedir(d);
+	return sum;
+}
+
+static const char *job_holder(void *arg, uint32_t rank)
+{
+	struct djob *j = arg;
+	unsigned i = rank % j->ninst;
+	return i == 0 ? NULL : j->holders[i];
+}
+
+/* The coordinator holds a vote for a shard on another instance to the file there. */
+static int job_remote_check(void *arg, const char *holder, const char *rel, uint64_t file_size,
+                            uint64_t footer_off, uint64_t footer_len, const uint8_t *hash)
+{
+	struct djob *j = arg;
+	unsigned i = 1;
+	while (i < j->ninst && strcmp(j->holders[i], holder))
+		i++;
+	if (i == j->ninst)
+		return ckpt_err(CKPT_EINVALID, "shard held by %s, which is not one of the job's "
+		                "instances", holder);
+	struct remote_auth a = { .job_id = j->id, .rank = 0, .world = j->coord_world,
+	                         .secret = j->auth.secret, .secret_len = j->auth.secret_len,
+	                         .transport = NET_TCP, .timeout_ms = 10000 };
+	struct remote_conn *c;
+	int rc = remote_connect(&j->inst[i], &a, &c);
+	if (!rc) {
+		struct remote_check k = { .file_size = file_size, .footer_off = footer_off,
+		                          .footer_len = footer_len };
+		snprintf(k.path, sizeof k.path, "%s", rel);
+		memcpy(k.hash, hash, CKPT_HASH_BYTES);
+		rc = remote_check(c, &k);
+		remote_close(c);
+	}
+	return rc;
+}
+
+static void job_decided(void *arg, uint64_t step, int code)
+{
+	struct djob *j = arg;
+	ckpt_log(code ? CKPT_LOG_WARN : CKPT_LOG_INFO, "job %s: step %llu %s", j->id,
+	         (unsigned long long)step, code ? "aborted" : "committed");
+	atomic_fetch_add(code ? &j->aborted : &j->committed, 1);
+	atomic_fetch_add_explicit(code ? &j->counters->saves_aborted : &j->counters->saves_committed,
+	                          1, memory_order_relaxed);
+}
+
+static int job_manifest(struct djob *j, bool create)
+{
+	if (j->manifest)
+		return 0;
+	int rc = job_dir(j);
+	if (!rc)
+		rc = manifest_open(j->root, create ? MANIFEST_CREATE : 0, &j->manifest);
+	if (rc == -ENOENT)
+		return ckpt_err(CKPT_ENOTFOUND, "job '%s' has no manifest on this ckptd (nothing "
+		                "committed here: is this the first instance of the job's target?)",
+		                j->id);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ requests */
+
+static int send_ok(struct dconn *d, uint16_t type, const void *p, size_t n)
+{
+	return net_send(d->net, type, p, n, (int)d->s->o.timeout_ms);
+}
+
+static int on_coord(struct dconn *d, const struct net_msg *m)
+{
+	struct remote_instance *in = ckpt_calloc(REMOTE_MAX_INSTANCES, sizeof *in);
+	if (!in)
+		return ckpt_err(-ENOMEM, "COORD");
+	uint32_t world;
+	unsigned n;
+	int rc = remote_coord_decode(m->payload, m->len, &world, in, REMOTE_MAX_INSTANCES, &n);
+	if (!rc && world != d->hello.world)
+		rc = ckpt_err(CKPT_EPROTO, "COORD for %u ranks from a rank of a world of %u", world,
+		              d->hello.world);
+	struct djob *j = d->job;
+	pthread_mutex_lock(&j->lock);
+	bool same = !rc && j->coord && j->coord_world == world && j->ninst == n &&
+	            !memcmp(j->inst, in, n * sizeof *in);
+	if (!rc && !same) {
+		/* A job that comes back with another world or other instances gets a new
+		 * coordinator; steps in flight under the old one are aborted by it. */
+		commit_coord_stop(j->coord);
+		j->coord = NULL;
+		if (!(rc = job_manifest(j, true))) {
+			j->ninst = n;
+			memcpy(j->inst, in, n * sizeof *in);
+			for (unsigned i = 0; i < n; i++)
+				snprintf(j->holders[i], sizeof j->holders[i], "%s:%u", in[i].host, in[i].port);
+			j->coord_world = world;
+			if (!(rc = ckptd_jobs_get(d->s->o.jobs, j->id, strlen(j->id), &j->auth))) {
+				struct commit_coord_opts co = {
+					.manifest = j->manifest, .root = j->root, .incarnation = ckpt_random_id(),
+					.job_id = j->id, .world = world, .secret = j->auth.secret,
+					.secret_len = j->auth.secret_len, .transport = d->s->o.transport,
+					.addr = d->s->o.listen_host, .port = 0, .timeout_ms = d->s->o.timeout_ms,
+					.shard_holder = n > 1 ? job_holder : NULL,
+					.remote_check = n > 1 ? job_remote_check : NULL,
+					.holder_arg = j, .on_decision = job_decided,
+				};
+				/* Its thread logs as the job, not as this connection. */
+				CKPT_LOG_SCOPE(&j->sink, CKPT_LOG_NO_STEP);
+				rc = commit_coord_start(&co, &j->coord);
+			}
+		}
+	}
+	uint8_t port[2];
+	if (!rc)
+		ckpt_put_le16(port, (uint16_t)commit_coord_port(j->coord));
+	pthread_mutex_unlock(&j->lock);
+	ckpt_free(in);
+	if (rc)
+		return rc;
+	ckpt_log(CKPT_LOG_INFO, "job %s rank %u: coordinator on port %u", j->id, d->hello.rank,
+	         ckpt_get_le16(port));
+	return send_ok(d, REMOTE_MSG_COORD_OK, port, sizeof port);
+}
+
+static int engine_get(struct dconn *d)
+{
+	if (d->engine)
+		return 0;
+	return io_engine_create(d->s->pool, d->s->o.queue_depth, &d->engine);
+}
+
+static void stream_end(struct dconn *d, bool abort)
+{
+	if (abort && d->w) {
+		io_shard_writer_abort(d->w);
+		ckpt_log(CKPT_LOG_WARN, "job %s rank %u: shard of step %llu aborted", d->job->id,
+		         d->hello.rank, (unsigned long long)d->step);
+	}
+	d->w = NULL;
+	if (d->want_data)
+		net_msg_free(&d->chunk_msg);
+	d->want_data = false;
+	pthread_mutex_lock(&d->job->lock);
+	d->job->reserved -= d->reserve;
+	pthread_mutex_unlock(&d->job->lock);
+	d->reserve = 0;
+	atomic_fetch_sub_explicit(&d->s->o.counters->queue_depth, d->queued, memory_order_relaxed);
+	d->queued = 0;
+}
+
+static int on_open(struct dconn *d, const struct net_msg *m)
+{
+	struct remote_open o;
+	int rc = remote_open_decode(m->payload, m->len, &o);
+	if (rc)
+		return rc;
+	if (d->w)
+		return ckpt_err(CKPT_EPROTO, "OPEN inside a shard stream");
+	struct djob *j = d->job;
+	struct ckptd_job auth;
+	if ((rc = ckptd_jobs_get(d->s->o.jobs, j->id, strlen(j->id), &auth)))
+		return ckpt_err(CKPT_EAUTH, "job '%s' is no longer in the jobs file", j->id);
+	explicit_bzero(auth.secret, sizeof auth.secret);
+	if ((rc = job_dir(j)) || (rc = engine_get(d)))
+		return rc;
+	/* The quota counts what the job holds here and what its streams in flight say
+	 * they will add. */
+	pthread_mutex_lock(&j->lock);
+	uint64_t used = du(j->root, 0) + j->reserved;
+	if (auth.quota_bytes && used + o.size_hint > auth.quota_bytes) {
+		pthread_mutex_unlock(&j->lock);
+		atomic_fetch_add_explicit(&d->s->o.counters->quota_refusals, 1, memory_order_relaxed);
+		return ckpt_err(-EDQUOT, "job '%s': quota of %llu bytes exceeded: it holds %llu, and "
+		                "the shard of rank %u for step %llu needs about %llu more", j->id,
+		                (unsigned long long)auth.quota_bytes, (unsigned long long)used,
+		                d->hello.rank, (unsigned long long)o.step,
+		                (unsigned long long)o.size_hint);
+	}
+	j->reserved += o.size_hint;
+	pthread_mutex_unlock(&j->lock);
+	d->reserve = o.size_hint;
+	d->used_at_open = used;
+	d->quota = auth.quota_bytes;
+	d->written = 0;
+	d->step = o.step;
+	if ((rc = ckpt_path_step_dir(d->dir, sizeof d->dir, j->root, o.step)) ||
+	    (rc = ckpt_path_shard(d->path, sizeof d->path, j->root, o.step, d->hello.rank,
+	                          o.save_id)))
+		goto fail;
+	if (mkdir(d->dir, 0700) == 0)
+		ckpt_fsync_dir(j->root);
+	else if (errno != EEXIST) {
+		rc = ckpt_err(-errno, "create %s", d->dir);
+		goto fail;
+	}
+	/* An earlier attempt of this rank at this step cannot commit any more: its
+	 * coordinator began a new one. Its file goes (its own, never another rank's). */
+	DIR *dd = opendir(d->dir);
+	struct dirent *e;
+	while (dd && (e = readdir(dd))) {
+		uint32_t r;
+		uint64_t sid;
+		if (ckpt_path_parse_shard(e->d_name, &r, &sid) && r == d->hello.rank && sid != o.save_id)
+			unlinkat(dirfd(dd), e->d_name, 0);
+	}
+	if (dd)
+		closedir(dd);
+	struct io_writer_opts wo = {
+		.step = o.step, .rank = d->hello.rank, .world = d->hello.world, .save_id = o.save_id,
+		.size_hint = o.size_hint, .block_bytes = o.block_bytes, .mode = 0600,
+	};
+	if ((rc = io_shard_writer_open(d->engine, d->path, &wo, &d->w)))
+		goto fail;
+	uint8_t max[8];
+	ckpt_put_le64(max, io_pool_buf_bytes(d->s->pool));
+	return send_ok(d, REMOTE_MSG_OPEN_OK, max, sizeof max);
+fail:
+	stream_end(d, false);
+	return rc;
+}
+
+static int on_tensor(struct dconn *d, const struct net_msg *m)
+{
+	struct remote_tensor t;
+	int rc = remote_tensor_decode(m->payload, m->len, &t);
+	if (rc)
+		return rc;
+	if (!d->w)
+		return ckpt_err(CKPT_EPROTO, "TENSOR outside a shard stream");
+	struct io_tensor_desc desc = {
+		.name = t.name, .kind = t.kind, .dtype = t.dtype, .policy = t.policy,
+		.flags = t.flags, .ndim = t.ndim, .global_shape = t.global_shape,
+		.offset = t.offset, .extent = t.extent, .raw_bytes = t.raw_bytes,
+	};
+	rc = io_shard_writer_add_tensor(d->w, &desc);
+	return rc < 0 ? rc : 0;
+}
+
+/* DATA goes into a pool buffer, taken before the bytes are read off the socket. */
+static int data_into(void *arg, uint16_t type, size_t len, void **dst)
+{
+	struct dconn *d = arg;
+	if (type != REMOTE_MSG_DATA)
+		return 0;
+	if (!d->want_data || len != d->chunk.stored_len || len > io_pool_buf_bytes(d->s->pool))
+		return ckpt_err(CKPT_EPROTO, "DATA of %zu bytes where %s", len,
+		                d->want_data ? "the CHUNK said otherwise" : "none was announced");
+	uint64_t deadline = ckpt_deadline_ms(d->s->o.timeout_ms);
+	int b;
+	while ((b = io_pool_get(d->s->pool, 10)) < 0) {
+		/* Our own finished writes give buffers back; others' connections do theirs. */
+		io_shard_writer_ready(d->w);
+		if (ckpt_deadline_passed(deadline))
+			return ckpt_err(-ETIMEDOUT, "no pool buffer free for %u ms (the disks are "
+			                "stalled)", d->s->o.timeout_ms);
+	}
+	d->data_buf = b;
+	*dst = io_pool_addr(d->s->pool, (unsigned)b);
+	return 0;
+}
+
+static int on_chunk(struct dconn *d, struct net_msg *m)
+{
+	if (!d->w || d->want_data)
+		return ckpt_err(CKPT_EPROTO, "CHUNK %s", d->w ? "before the last one's DATA" :
+		                "outside a shard stream");
+	int rc = remote_chunk_decode(m->payload, m->len, &d->chunk);
+	if (rc)
+		return rc;
+	d->chunk_msg = *m;            /* the block hashes point into it */
+	m->payload = NULL;
+	d->want_data = true;
+	return 0;
+}
+
+static int on_data(struct dconn *d, struct net_msg *m)
+{
+	struct djob *j = d->job;
+	unsigned b = (unsigned)d->data_buf;
+	d->data_buf = -1;
+	m->payload = NULL;
+	atomic_fetch_add_explicit(&d->s->o.counters->bytes_received, m->len, memory_order_relaxed);
+	atomic_fetch_add(&j->bytes_received, m->len);
+	struct io_hashes h = { .block_bytes = d->chunk.block_bytes, .blocks = d->chunk.blocks };
+	memcpy(h.chunk, d->chunk.hash, CKPT_HASH_BYTES);
+	int rc = 0;
+	d->written += ckpt_align_up(d->chunk.stored_len, CKPT_ALIGN);
+	d->queued++;
+	atomic_fetch_add_explicit(&d->s->o.counters->queue_depth, 1, memory_order_relaxed);
+	if (d->quota && d->used_at_open + d->written > d->quota) {
+		io_pool_put(d->s->pool, b);
+		atomic_fetch_add_explicit(&d->s->o.counters->quota_refusals, 1, memory_order_relaxed);
+		rc = ckpt_err(-EDQUOT, "job '%s': quota of %llu bytes exceeded while rank %u wrote "
+		              "step %llu", j->id, (unsigned long long)d->quota, d->hello.rank,
+		              (unsigned long long)d->step);
+	} else {
+		rc = io_shard_writer_append(d->w, d->chunk.tensor, b, (size_t)d->chunk.raw_len,
+		                            &(struct io_append){ .hashes = &h, .codec = d->chunk.codec,
+		                                                 .stored_len = d->chunk.stored_len });
+	}
+	net_msg_free(&d->chunk_msg);
+	d->want_data = false;
+	return rc;
+}
+
+static int on_finish(struct dconn *d)
+{
+	if (!d->w || d->want_data)
+		return ckpt_err(CKPT_EPROTO, "FINISH %s", d->w ? "before the last chunk's DATA" :
+		                "outside a shard stream");
+	struct io_shard_result res;
+	int rc = io_shard_writer_finish(d->w, &res);
+	d->w = NULL;
+	stream_end(d, false);
+	if (rc)
+		return rc;
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	ckpt_buf_u64(&b, res.file_size);
+	ckpt_buf_u64(&b, res.logical_bytes);
+	ckpt_buf_u64(&b, res.stored_bytes);
+	ckpt_buf_put(&b, res.footer_hash, CKPT_HASH_BYTES);
+	ckpt_buf_put(&b, res.footer, res.footer_len);
+	atomic_fetch_add_explicit(&d->s->o.counters->bytes_written, res.file_size,
+	                          memory_order_relaxed);
+	atomic_fetch_add_explicit(&d->s->o.counters->shards_written, 1, memory_order_relaxed);
+	ckpt_log(CKPT_LOG_INFO, "job %s rank %u: step %llu durable, %llu bytes", d->job->id,
+	         d->hello.rank, (unsigned long long)res.index->step,
+	         (unsigned long long)res.file_size);
+	io_index_free(res.index);
+	ckpt_free(res.footer);
+	rc = b.ok ? send_ok(d, REMOTE_MSG_DURABLE, b.p, b.len) : ckpt_err(-ENOMEM, "DURABLE");
+	ckpt_buf_free(&b);
+	return rc;
+}
+
+/* A shard path of the job's as a record names it: "step-<20 digits>/<shard file>". */
+static int rel_check(const char *rel, const char *what)
+{
+	const char *slash = strchr(rel, '/');
+	uint64_t step;
+	uint32_t rank;
+	uint64_t sid;
+	char dir[64];
+	size_t n = slash ? (size_t)(slash - rel) : 0;
+	if (!slash || n >= sizeof dir)
+		return ckpt_err(CKPT_EPROTO, "%s of '%.80s': not a shard path", what, rel);
+	memcpy(dir, rel, n);
+	dir[n] = '\0';
+	if (!ckpt_path_parse_step_dir(dir, &step) || !ckpt_path_parse_shard(slash + 1, &rank, &sid))
+		return ckpt_err(CKPT_EPROTO, "%s of '%.80s': not a shard path", what, rel);
+	return 0;
+}
+
+static int on_read(struct dconn *d, const struct net_msg *m)
+{
+	char rel[REMOTE_MAX_PATH + 1], path[4400 + REMOTE_MAX_PATH];
+	uint64_t off, len;
+	int rc = remote_read_decode(m->payload, m->len, rel, sizeof rel, &off, &len);
+	if (!rc)
+		rc = rel_check(rel, "READ");
+	if (rc)
+		return rc;
+	size_t max = io_pool_buf_bytes(d->s->pool);
+	if (len > max || len > REMOTE_MAX_READ)
+		return ckpt_err(-EINVAL, "READ of %llu bytes (at most %zu)", (unsigned long long)len,
+		                max < REMOTE_MAX_READ ? max : (size_t)REMOTE_MAX_READ);
+	snprintf(path, sizeof path, "%s/%s", d->job->root, rel);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return ckpt_err(errno == ENOENT ? CKPT_ENOTFOUND : -errno, "job '%s': %s",
+		                d->job->id, rel);
+	int b = io_pool_get(d->s->pool, (int)d->s->o.timeout_ms);
+	if (b < 0) {
+		close(fd);
+		return ckpt_err(-ETIMEDOUT, "READ: no pool buffer free");
+	}
+	uint8_t *p = io_pool_addr(d->s->pool, (unsigned)b);
+	size_t done = 0;
+	while (!rc && done < len) {
+		ssize_t k = pread(fd, p + done, (size_t)len - done, (off_t)(off + done));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			rc = ckpt_err(k < 0 ? -errno : CKPT_ECORRUPT, "job '%s': %s at %llu: %s",
+			              d->job->id, rel, (unsigned long long)(off + done),
+			              k < 0 ? strerror(errno) : "end of file (truncated?)");
+		else
+			done += (size_t)k;
+	}
+	close(fd);
+	if (!rc) {
+		atomic_fetch_add_explicit(&d->s->o.counters->bytes_read, len, memory_order_relaxed);
+		rc = send_ok(d, REMOTE_MSG_DATA, p, (size_t)len);
+	}
+	io_pool_put(d->s->pool, (unsigned)b);
+	return rc;
+}
+
+static int on_manifest(struct dconn *d)
+{
+	struct djob *j = d->job;
+	pthread_mutex_lock(&j->lock);
+	int rc = job_manifest(j, false);
+	int fd = rc ? -1 : memfd_create("ckptd-manifest", MFD_CLOEXEC);
+	if (!rc && fd < 0)
+		rc = ckpt_err(-errno, "memfd");
+	if (!rc)
+		rc = manifest_copy_fd(j->manifest, fd);
+	pthread_mutex_unlock(&j->lock);
+	off_t size = rc ? 0 : lseek(fd, 0, SEEK_END);
+	if (!rc && (size <= 0 || (uint64_t)size > REMOTE_MAX_MANIFEST))
+		rc = ckpt_err(-EFBIG, "job '%s': manifest copy of %lld bytes", j->id, (long long)size);
+	void *p = rc ? MAP_FAILED : mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (!rc && p == MAP_FAILED)
+		rc = ckpt_err(-errno, "map the manifest copy");
+	if (!rc)
+		rc = send_ok(d, REMOTE_MSG_MANIFEST_OK, p, (size_t)size);
+	if (p != MAP_FAILED)
+		munmap(p, (size_t)size);
+	if (fd >= 0)
+		close(fd);
+	return rc;
+}
+
+static int on_check(struct dconn *d, const struct net_msg *m)
+{
+	struct remote_check k;
+	int rc = remote_check_decode(m->payload, m->len, &k);
+	if (!rc)
+		rc = rel_check(k.path, "CHECK");
+	if (rc)
+		return rc;
+	char path[4400 + REMOTE_MAX_PATH];
+	snprintf(path, sizeof path, "%s/%s", d->job->root, k.path);
+	if ((rc = io_shard_trailer_check(path, k.file_size, k.footer_off, k.footer_len, k.hash)))
+		return rc;
+	return send_ok(d, REMOTE_MSG_CHECK_OK, NULL, 0);
+}
+
+static int dispatch(struct dconn *d, struct net_msg *m)
+{
+	switch (m->type) {
+	case REMOTE_MSG_COORD:    return on_coord(d, m);
+	case REMOTE_MSG_OPEN:     return on_open(d, m);
+	case REMOTE_MSG_TENSOR:   return on_tensor(d, m);
+	case REMOTE_MSG_CHUNK:    return on_chunk(d, m);
+	case REMOTE_MSG_DATA:     return on_data(d, m);
+	case REMOTE_MSG_FINISH:   return on_finish(d);
+	case REMOTE_MSG_ABORT:    stream_end(d, true); return 0;
+	case REMOTE_MSG_READ:     return on_read(d, m);
+	case REMOTE_MSG_MANIFEST: return on_manifest(d);
+	case REMOTE_MSG_CHECK:    return on_check(d, m);
+	default:
+		return ckpt_err(CKPT_EPROTO, "unexpected message type %u", m->type);
+	}
+}
+
+/* ------------------------------------------------------------------ connections */
+
+static int find_job(void *arg, const char *job, size_t len, uint32_t world, struct net_auth *a,
+                    char *why)
+{
+	struct dconn *d = arg;
+	struct ckptd_job *found = &d->auth;
+	int rc = ckptd_jobs_get(d->s->o.jobs, job, len, found);
+	if (rc) {
+		snprintf(why, NET_JOB_WHY_MAX, "not registered with this ckptd");
+		return CKPT_EPEER;
+	}
+	a->job_id = found->id;
+	a->world = world;
+	a->secret = found->secret;
+	a->secret_len = found->secret_len;
+	return 0;
+}
+
+static void *conn_main(void *arg)
+{
+	struct dconn *d = arg;
+	struct ckptd_server *s = d->s;
+	struct ckptd_counters *k = s->o.counters;
+	atomic_fetch_add_explicit(&k->active_connections, 1, memory_order_relaxed);
+	int rc = net_handshake_server_find(d->net, find_job, d, NULL, NULL, &d->hello,
+	                                   (int)s->o.timeout_ms);
+	explicit_bzero(&d->auth, sizeof d->auth);
+	if (!rc)
+		rc = job_find(s, d->hello.job_id, &d->job);
+	if (rc) {
+		atomic_fetch_add_explicit(&k->rejected, 1, memory_order_relaxed);
+		ckpt_log(CKPT_LOG_WARN, "%s: refused: %s", net_conn_name(d->net), ckpt_err_msg());
+	}
+	if (!rc) {
+		d->sink = (struct ckpt_log_sink){ .fn = s->o.log_fn, .level = s->o.log_level,
+		                                  .job_id = d->job->id, .rank = (int)d->hello.rank };
+		ckpt_log_enter(&d->sink, CKPT_LOG_NO_STEP);
+	}
+	size_t buf = io_pool_buf_bytes(s->pool);
+	net_conn_set_max_msg(d->net, buf > REMOTE_MAX_CONTROL ? buf : REMOTE_MAX_CONTROL);
+	uint64_t idle_since = ckpt_now_ns();
+	while (!rc) {
+		if (atomic_load(&s->stop) && (!d->w || ckpt_deadline_passed(s->stop_deadline)))
+			break;
+		struct net_msg m;
+		rc = net_recv_into(d->net, &m, data_into, d, SRV_POLL_MS);
+		if (rc == -ETIMEDOUT) {
+			/* A stream that stalls longer than the timeout is given up. */
+			rc = 0;
+			if (d->w && ckpt_now_ns() - idle_since > (uint64_t)s->o.timeout_ms * 1000000u)
+				rc = ckpt_err(-ETIMEDOUT, "shard stream idle for %u ms", s->o.timeout_ms);
+			if (!rc)
+				continue;
+		}
+		if (rc) {
+			if (d->data_buf >= 0)
+				io_pool_put(s->pool, (unsigned)d->data_buf);
+			d->data_buf = -1;
+			break;
+		}
+		idle_since = ckpt_now_ns();
+		rc = dispatch(d, &m);
+		if (!m.borrowed)
+			net_msg_free(&m);
+		if (rc) {
+			atomic_fetch_add_explicit(&k->rejected, 1, memory_order_relaxed);
+			ckpt_log(CKPT_LOG_WARN, "job %s rank %u: %s", d->job->id, d->hello.rank,
+			         ckpt_err_msg());
+			remote_send_error(d->net, rc, ckpt_err_msg(), 1000);
+		}
+	}
+	if (d->job && (rc != -ECONNRESET || d->w))
+		ckpt_log(d->w ? CKPT_LOG_WARN : CKPT_LOG_DEBUG, "job %s rank %u: connection ends%s",
+		         d->job->id, d->hello.rank, d->w ? " inside a shard stream" : "");
+	if (d->job)
+		stream_end(d, true);
+	io_engine_destroy(d->engine);
+	net_close(d->net);
+	atomic_fetch_sub_explicit(&k->active_connections, 1, memory_order_relaxed);
+	pthread_mutex_lock(&s->lock);
+	s->nconns--;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	ckpt_free(d);
+	return NULL;
+}
+
+/* ------------------------------------------------------------------ the server */
+
+int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **out)
+{
+	*out = NULL;
+	struct ckptd_server *s = ckpt_calloc(1, sizeof *s);
+	if (!s)
+		return ckpt_err(-ENOMEM, "server");
+	s->o = *o;
+	s->lock_fd = -1;
+	s->wake[0] = s->wake[1] = -1;
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	int rc = 0;
+	char p[4200];
+	if (!(s->data = realpath(o->data, NULL)))
+		rc = ckpt_err(-errno, "data directory %s", o->data);
+	struct stat st;
+	if (!rc && (stat(s->data, &st) < 0 || !S_ISDIR(st.st_mode)))
+		rc = ckpt_err(-ENOTDIR, "data directory %s: not a directory", s->data);
+	if (!rc && (st.st_mode & 077))
+		ckpt_log(CKPT_LOG_WARN, "data directory %s is open to group or others (mode %04o): "
+		         "make it 0700", s->data, (unsigned)(st.st_mode & 07777));
+	if (!rc) {
+		snprintf(p, sizeof p, "%s/%s", s->data, SRV_LOCK_FILE);
+		s->lock_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (s->lock_fd < 0)
+			rc = ckpt_err(-errno, "lock file %s", p);
+		else if (flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0)
+			rc = ckpt_err(-EBUSY, "%s: another ckptd serves this data directory", s->data);
+	}
+	if (!rc) {
+		snprintf(p, sizeof p, "%s/jobs", s->data);
+		if (mkdir(p, 0700) < 0 && errno != EEXIST)
+			rc = ckpt_err(-errno, "create %s", p);
+	}
+	unsigned nbufs = (unsigned)(o->pool_bytes / o->buf_bytes);
+	if (!rc && nbufs < 2)
+		rc = ckpt_err(-EINVAL, "pool of %zu bytes holds fewer than two buffers of %zu",
+		              o->pool_bytes, o->buf_bytes);
+	if (!rc)
+		rc = io_pool_create(o->buf_bytes, nbufs, NULL, &s->pool);
+	if (!rc && pipe2(s->wake, O_NONBLOCK | O_CLOEXEC) < 0)
+		rc = ckpt_err(-errno, "wake pipe");
+	if (!rc && (rc = net_listen(o->transport, NULL, o->listen_host, o->listen_port, &s->lis)))
+		ckpt_err_prefix(rc, "listen on %s:%u", o->listen_host, o->listen_port);
+	if (rc) {
+		ckptd_server_free(s);
+		return rc;
+	}
+	*out = s;
+	return 0;
+}
+
+unsigned ckptd_server_port(const struct ckptd_server *s) { return net_listener_port(s->lis); }
+
+int ckptd_server_run(struct ckptd_server *s)
+{
+	while (!atomic_load(&s->stop)) {
+		struct pollfd pf[2] = { { .fd = net_listener_fd(s->lis), .events = POLLIN },
+		                        { .fd = s->wake[0], .events = POLLIN } };
+		if (poll(pf, 2, 1000) < 0 && errno != EINTR)
+			return ckpt_err(-errno, "poll");
+		if (!(pf[0].revents & POLLIN))
+			continue;
+		pthread_mutex_lock(&s->lock);
+		while (s->nconns >= s->o.max_conns && !atomic_load(&s->stop))
+			pthread_cond_wait(&s->cond, &s->lock);
+		pthread_mutex_unlock(&s->lock);
+		struct net_conn *c;
+		if (net_accept(s->lis, 0, &c))
+			continue;
+		atomic_fetch_add_explicit(&s->o.counters->connections, 1, memory_order_relaxed);
+		struct dconn *d = ckpt_calloc(1, sizeof *d);
+		pthread_t t;
+		pthread_attr_t at;
+		pthread_attr_init(&at);
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		if (d) {
+			d->s = s;
+			d->net = c;
+			d->data_buf = -1;
+			pthread_mutex_lock(&s->lock);
+			s->nconns++;
+			pthread_mutex_unlock(&s->lock);
+		}
+		if (!d || ckpt_thread_create(&t, &at, conn_main, d)) {
+			ckpt_log(CKPT_LOG_WARN, "%s: no thread for it", net_conn_name(c));
+			net_close(c);
+			if (d) {
+				pthread_mutex_lock(&s->lock);
+				s->nconns--;
+				pthread_mutex_unlock(&s->lock);
+			}
+			ckpt_free(d);
+		}
+		pthread_attr_destroy(&at);
+	}
+	return 0;
+}
+
+void ckptd_server_stop(struct ckptd_server *s, unsigned grace_ms)
+{
+	s->stop_deadline = ckpt_deadline_ms(grace_ms);
+	atomic_store(&s->stop, true);
+	if (s->wake[1] >= 0) {
+		char b = 1;
+		ssize_t n = write(s->wake[1], &b, 1);
+		CKPT_UNUSED(n);
+	}
+	pthread_mutex_lock(&s->lock);
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+void ckptd_server_free(struct ckptd_server *s)
+{
+	if (!s)
+		return;
+	net_listener_close(s->lis);
+	pthread_mutex_lock(&s->lock);
+	while (s->nconns)
+		pthread_cond_wait(&s->cond, &s->lock);
+	pthread_mutex_unlock(&s->lock);
+	for (struct djob *j = s->jobs, *next; j; j = next) {
+		next = j->next;
+		commit_coord_stop(j->coord);
+		manifest_close(j->manifest);
+		explicit_bzero(&j->auth, sizeof j->auth);
+		pthread_mutex_destroy(&j->lock);
+		ckpt_free(j);
+	}
+	io_pool_destroy(s->pool);
+	if (s->wake[0] >= 0) {
+		close(s->wake[0]);
+		close(s->wake[1]);
+	}
+	if (s->lock_fd >= 0)
+		close(s->lock_fd);
+	free(s->data);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	ckpt_free(s);
+}
+
+void ckptd_server_gauges(void *arg, struct ckptd_gauges *out)
+{
+	struct ckptd_server *s = arg;
+	size_t bb = io_pool_buf_bytes(s->pool);
+	out->pool_bytes = (uint64_t)bb * io_pool_nbufs(s->pool);
+	out->pool_used_bytes = (uint64_t)bb * (io_pool_nbufs(s->pool) - io_pool_nfree(s->pool));
+	out->jobs = ckptd_jobs_count(s->o.jobs);
+}
+
+void ckptd_server_jobs(void *arg, void (*emit)(void *emit_arg, const struct ckptd_job_usage *u),
+                       void *emit_arg)
+{
+	struct ckptd_server *s = arg;
+	pthread_mutex_lock(&s->lock);
+	for (struct djob *j = s->jobs; j; j = j->next) {
+		struct ckptd_job auth;
+		uint64_t quota = 0;
+		if (!ckptd_jobs_get(s->o.jobs, j->id, strlen(j->id), &auth)) {
+			quota = auth.quota_bytes;
+			explicit_bzero(auth.secret, sizeof auth.secret);
+		}
+		struct ckptd_job_usage u = {
+			.job = j->id, .used_bytes = du(j->root, 0), .quota_bytes = quota,
+			.bytes_received = atomic_load(&j->bytes_received),
+			.saves_committed = atomic_load(&j->committed),
+			.saves_aborted = atomic_load(&j->aborted),
+		};
+		emit(emit_arg, &u);
+	}
+	pthread_mutex_unlock(&s->lock);
+}
