@@ -24,35 +24,53 @@
 #include "net/net.h"
 
 #define CKPTD_MAX_SECRET 4096u
+#define CKPTD_MAX_JOB_ID 128u           /* characters of a job id */
+#define CKPTD_MAX_JOBS   4096u          /* jobs of one jobs file */
 
 /* ------------------------------------------------------------------ jobs (jobs.c)
- * The jobs file: one job per line, "JOB_ID key=value ...", '#' comments, blank
- * lines ignored. Keys: secret-file=PATH (a file holding the job's secret, as
- * CKPT_JOB_SECRET_FILE: not readable by group or others), secret=TEXT (the secret
- * inline; then the jobs file itself must not be readable by group or others),
- * quota=SIZE (bytes the job may hold on this ckptd, with K/M/G/T suffixes (powers of
- * 1024); absent: no quota). Exactly one of secret-file and secret. A job id is 1 to
- * 128 characters of [A-Za-z0-9._-], not "." or "..": it names the job's directory
- * under --data. Every problem is refused with a message naming file and line. */
+ * The jobs file: one job per line, "JOB_ID key=value ...", fields separated by
+ * spaces or tabs; a field that starts with '#' starts a comment that runs to the end
+ * of the line (so a line whose first field does is a comment); blank lines are
+ * ignored. Keys: secret-file=PATH (a file holding the job's secret, as
+ * CKPT_JOB_SECRET_FILE: a regular file of ckptd's user that nobody else may read or
+ * write, its trailing newline dropped; a relative PATH is taken from the jobs file's
+ * directory), secret=TEXT (the secret inline, without spaces or tabs; then the jobs
+ * file itself must be such a file), quota=SIZE (bytes the job may hold on this
+ * ckptd, at least 1, with K/M/G/T suffixes (powers of 1024); absent: no quota).
+ * Exactly one of secret-file and secret, each key at most once. A job id is 1 to
+ * CKPTD_MAX_JOB_ID characters of [A-Za-z0-9._-], not "." or "..": it names the job's
+ * directory under --data. Ids are unique. Whoever may write the jobs file may add a
+ * job, so the file must be writable by its owner alone, and its owner ckptd's user
+ * or root. Control characters, lines over 16 KiB, files over 4 MiB and more than
+ * CKPTD_MAX_JOBS jobs are refused. Every problem is refused with a message naming
+ * file and line (ckpt_err_msg).
+ * Threads: every function may be called from any thread, except that free is
+ * called once no other call is running. */
 struct ckptd_job {
-	char     id[129];
+	char     id[CKPTD_MAX_JOB_ID + 1];  /* NUL-terminated */
 	uint8_t  secret[CKPTD_MAX_SECRET];
 	size_t   secret_len;
 	uint64_t quota_bytes;           /* 0: none */
 };
 struct ckptd_jobs;
-/* Read path. Errors: -ENOENT, -EACCES, CKPT_EFORMAT (a bad line: file:line and why),
- * -EPERM (secrets readable by others), -ENOMEM. */
+/* Read path into a new table; *out is NULL on failure. The errors: those of open
+ * and read for the jobs file or a secret file (-ENOENT, -EACCES, ...), CKPT_EFORMAT
+ * (a bad line: file:line and why; or not a regular file, or too large), -EPERM (a
+ * secret that others may read, or a jobs file that others may write), -EAGAIN (the
+ * file changed while it was read), -ENOMEM. */
 int  ckptd_jobs_load(const char *path, struct ckptd_jobs **out);
 /* Read the same file again and swap the table in only if it reads whole; on an error
- * the table in use is kept and the error returned (logged by the caller). */
+ * the table in use is kept and the error returned (logged by the caller): those of
+ * ckptd_jobs_load. Lookups running meanwhile see the old table or the new one. */
 int  ckptd_jobs_reload(struct ckptd_jobs *j);
 /* Copy job id (id_len bytes, not NUL-terminated: a peer's bytes) into *out: 0, or
  * CKPT_ENOTFOUND. Thread-safe against reload. The copy holds the secret: the caller
  * wipes it (explicit_bzero) when done. */
 int  ckptd_jobs_get(struct ckptd_jobs *j, const char *id, size_t id_len, struct ckptd_job *out);
 unsigned ckptd_jobs_count(struct ckptd_jobs *j);
-/* The ids of the jobs, for metrics: calls fn once per job under the table's lock. */
+/* The ids of the jobs, for metrics: calls fn once per job, in the order of their ids
+ * (bytewise), under the table's lock: fn must not call reload (it would wait for
+ * itself). job is valid during the call only. */
 void ckptd_jobs_each(struct ckptd_jobs *j, void (*fn)(void *arg, const struct ckptd_job *job),
                      void *arg);
 void ckptd_jobs_free(struct ckptd_jobs *j);      /* NULL: no-op; wipes the secrets */
