@@ -78,7 +78,8 @@ void ckptd_jobs_free(struct ckptd_jobs *j);      /* NULL: no-op; wipes the secre
 /* ------------------------------------------------------------------ metrics (metrics.c)
  * Process-wide counters, updated with relaxed atomics from any thread, and per-job
  * usage. Rendered as Prometheus text exposition format 0.0.4 by an HTTP server
- * (libmicrohttpd, its own thread) on GET /metrics; anything else is 404. */
+ * (libmicrohttpd, its own thread) on GET /metrics; another method is 405, anything
+ * else 404. */
 struct ckptd_counters {
 	_Atomic uint64_t bytes_received;     /* chunk bytes received from ranks */
 	_Atomic uint64_t bytes_written;      /* shard bytes made durable */
@@ -99,7 +100,7 @@ struct ckptd_gauges {
 };
 /* Per-job figures at render time: fn is called once per job (labels job="<id>"). */
 struct ckptd_job_usage {
-	const char *job;
+	const char *job;                     /* the id; valid during the call */
 	uint64_t used_bytes, quota_bytes;    /* quota 0: none */
 	uint64_t bytes_received;
 	uint64_t saves_committed, saves_aborted;
@@ -112,15 +113,36 @@ struct ckptd_metrics_source {
 	             void *emit_arg);
 	void *arg;
 };
-/* The whole exposition into b (ckpt_buf): # HELP / # TYPE lines, ckptd_* names. */
+/* The whole exposition into b (ckpt_buf): # HELP / # TYPE lines, ckptd_* names; the
+ * per-job families (ckptd_job_*, label job="<id>") only where src->jobs emits jobs,
+ * ckptd_job_quota_bytes only for jobs with a quota. NULL counters, gauges or jobs
+ * read as zero or none. On allocation failure b->ok is false. Calls src->gauges and
+ * src->jobs on the calling thread. */
 void ckptd_metrics_render(const struct ckptd_metrics_source *src, struct ckpt_buf *b);
+/* v as a label value of the text format (between its quotes): backslash, double
+ * quote and newline escaped, every other byte as it is. */
+void ckptd_metrics_label_value(struct ckpt_buf *b, const char *v);
+
+/* The endpoint's bounds: connections it serves at once (more wait in the listen
+ * backlog), and the seconds after which an idle one is closed. */
+#define CKPTD_HTTP_MAX_CONNECTIONS 16u
+#define CKPTD_HTTP_IDLE_TIMEOUT_S  10u
 struct ckptd_http;
-/* Serve src on addr ("HOST:PORT"; port 0: ephemeral, see ckptd_http_port).
- * Errors: -EINVAL (not HOST:PORT), -EADDRINUSE, -EIO (the library failed). */
+/* Serve src on addr ("HOST:PORT" or "[IPV6]:PORT", HOST a name or a numeric address;
+ * port 0: ephemeral, see ckptd_http_port): GET or HEAD /metrics is answered 200 with
+ * the exposition (Content-Type text/plain; version=0.0.4; charset=utf-8), another
+ * method on it 405, any other path 404. src is copied; what it points to (counters,
+ * arg) must outlive the endpoint, and its gauges and jobs functions are called on
+ * the endpoint's own thread, one request at a time. *out is NULL on failure.
+ * Errors: -EINVAL (not HOST:PORT, or a host that does not resolve), -EADDRINUSE,
+ * another errno of socket, bind or listen (-EACCES, -EADDRNOTAVAIL, ...), -ENOMEM,
+ * -EIO (libmicrohttpd failed to start). */
 int  ckptd_http_start(const char *addr, const struct ckptd_metrics_source *src,
                       struct ckptd_http **out);
-unsigned ckptd_http_port(const struct ckptd_http *h);
-void ckptd_http_stop(struct ckptd_http *h);       /* NULL: no-op */
+unsigned ckptd_http_port(const struct ckptd_http *h);   /* the port bound */
+/* Stop serving: waits for the endpoint's thread, closes its connections and socket.
+ * NULL: no-op. */
+void ckptd_http_stop(struct ckptd_http *h);
 
 /* ------------------------------------------------------------------ notify (notify.c)
  * systemd's notification protocol through libsystemd (sd_notify); no-ops when
