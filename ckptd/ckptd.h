@@ -145,11 +145,19 @@ unsigned ckptd_http_port(const struct ckptd_http *h);   /* the port bound */
 void ckptd_http_stop(struct ckptd_http *h);
 
 /* ------------------------------------------------------------------ notify (notify.c)
- * systemd's notification protocol through libsystemd (sd_notify); no-ops when
- * NOTIFY_SOCKET is not set. */
+ * systemd's notification protocol through libsystemd (sd_notify), for a unit of
+ * Type=notify; no-ops when NOTIFY_SOCKET is not set. A failure to notify is logged
+ * and otherwise ignored: the service runs on. Any thread. */
+/* READY=1 with a STATUS line (status may be NULL): after start-up, and again once a
+ * reload is done. */
 void ckptd_notify_ready(const char *status);
+/* STATUS=<printf>; a newline in it becomes a space (one status line, no other
+ * assignment smuggled in). */
 void ckptd_notify_status(const char *fmt, ...) CKPT_PRINTF(1, 2);
+/* RELOADING=1 (with MONOTONIC_USEC, which newer systemd wants with it): at SIGHUP,
+ * before re-reading the jobs; ckptd_notify_ready when done. */
 void ckptd_notify_reloading(void);
+/* STOPPING=1: at SIGTERM/SIGINT, before in-flight saves are finished. */
 void ckptd_notify_stopping(void);
 
 #endif /* CKPTD_H */
