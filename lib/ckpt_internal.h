@@ -261,6 +261,23 @@ const char *ckpt_env(const char *name);                     /* NULL if unset or 
 /* Parse a size with optional K/M/G/T suffix (binary). -EINVAL if malformed. */
 int ckpt_parse_size(const char *s, uint64_t *out);
 
+/* ------------------------------------------------------------------ secrets (secret.c)
+ * A secret kept in a file follows ssh's rule for private keys: the file is a regular
+ * file of this process's effective user that nobody else may read or write (mode
+ * 0600 or stricter); any other file is refused, since its secret is not one. These
+ * set no error message: each caller names the file in its own terms. */
+struct stat;
+/* Whether st describes such a file. */
+bool ckpt_secret_stat_ok(const struct stat *st);
+/* Read the secret in path into out: the file's bytes, a trailing run of CR and LF
+ * dropped, 1 to max of them. Returns 0 and *len; -errno of open, fstat or read;
+ * -EPERM when the file breaks the rule above; -EMSGSIZE when it holds no secret or
+ * more than max bytes. *mode: the file's permission bits (for a message), set once
+ * it could be opened. out may hold secret bytes after a failure too: the caller
+ * wipes it (explicit_bzero) in every case. */
+int ckpt_secret_file_read(const char *path, void *out, size_t max, size_t *len,
+                          unsigned *mode);
+
 /* ------------------------------------------------------------------ clocks
  * Time is monotonic: every timed wait of the library (poll, condition variables)
  * runs to a deadline on CLOCK_MONOTONIC, so that a wall clock set back or forward

@@ -7,12 +7,9 @@
  * an older caller (a smaller size): fields past its size take their defaults.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "glue.h"
 
@@ -270,32 +267,20 @@ static int resolve_tree(struct glue_config *cfg, const char *bad)
 
 /* The secret of CKPT_JOB_SECRET_FILE: the file's bytes (a trailing newline dropped),
  * 1..CONFIG_MAX_SECRET of them. Like ssh with a key, a file that others may read
- * is refused: its secret is not one. */
+ * is refused: its secret is not one (the rule: ckpt_secret_file_read). */
 static int secret_from_file(const char *path, char out[CONFIG_MAX_SECRET + 1], size_t *len)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return ckpt_err(-errno, "CKPT_JOB_SECRET_FILE=%s", path);
-	struct stat st;
-	int rc = 0;
-	ssize_t n = 0;
-	if (fstat(fd, &st) < 0)
-		rc = ckpt_err(-errno, "CKPT_JOB_SECRET_FILE=%s", path);
-	else if (!S_ISREG(st.st_mode) || (st.st_mode & 077) || st.st_uid != geteuid())
-		rc = ckpt_err(CKPT_EAUTH, "CKPT_JOB_SECRET_FILE=%s: must be a regular file of this "
-		              "user that only this user may read (mode %03o; chmod 600)", path,
-		              (unsigned)(st.st_mode & 0777));
-	else if ((n = read(fd, out, CONFIG_MAX_SECRET + 1)) < 0)
-		rc = ckpt_err(-errno, "CKPT_JOB_SECRET_FILE=%s", path);
-	close(fd);
-	if (rc)
-		return rc;
-	while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\r'))
-		n--;
-	if (n == 0 || n > (ssize_t)CONFIG_MAX_SECRET)
+	unsigned mode = 0;
+	int rc = ckpt_secret_file_read(path, out, CONFIG_MAX_SECRET, len, &mode);
+	if (rc == -EPERM)
+		return ckpt_err(CKPT_EAUTH, "CKPT_JOB_SECRET_FILE=%s: must be a regular file of this "
+		                "user that only this user may read (mode %03o; chmod 600)", path,
+		                mode & 0777);
+	if (rc == -EMSGSIZE)
 		return ckpt_err(CKPT_EAUTH, "CKPT_JOB_SECRET_FILE=%s: the secret must be 1..%u bytes",
 		                path, CONFIG_MAX_SECRET);
-	*len = (size_t)n;
+	if (rc)
+		return ckpt_err(rc, "CKPT_JOB_SECRET_FILE=%s", path);
 	return 0;
 }
 

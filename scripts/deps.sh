@@ -14,7 +14,9 @@ pkgs=(build-essential cmake pkg-config liburing-dev liblmdb-dev lmdb-utils libxx
       # the power-cut campaign (tests/crash): ext4 on a loop device (losetup, mount)
       e2fsprogs mount
       # the rdma guest (tests/rdma/run-rdma-tests.sh, tests/rdma/vm): qemu, soft-RoCE tools
-      qemu-system-x86 busybox-static ibverbs-utils rdmacm-utils ibverbs-providers iproute2)
+      qemu-system-x86 busybox-static ibverbs-utils rdmacm-utils ibverbs-providers iproute2
+      # ckptd's metrics endpoint and systemd notification
+      libmicrohttpd-dev libsystemd-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

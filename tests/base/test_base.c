@@ -5,8 +5,10 @@
 #include <check.h>
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -338,6 +340,57 @@ START_TEST(paths)
 }
 END_TEST
 
+/* Secret files: ssh's rule for private keys, the secret's bounds, and no wait on a
+ * FIFO put in the file's place. */
+START_TEST(secret_files)
+{
+	char *dir = tu_tmpdir("secret");
+	char f[4200], fifo[4200];
+	snprintf(f, sizeof f, "%s/s", dir);
+	snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+	uint8_t out[8];
+	size_t len = 0;
+	unsigned mode = 0;
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), -ENOENT);
+	ck_assert_int_eq(tu_write_file(f, "abc\r\n", 5), 0);
+	ck_assert_int_eq(chmod(f, 0644), 0);
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), -EPERM);
+	ck_assert_uint_eq(mode, 0644);
+	ck_assert_int_eq(chmod(f, 0620), 0);             /* others may write it: refused too */
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), -EPERM);
+	ck_assert_int_eq(chmod(f, 0600), 0);
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), 0);
+	ck_assert_uint_eq(len, 3);
+	ck_assert_mem_eq(out, "abc", 3);
+	/* Exactly max bytes, with or without a line end; an inner newline is the secret's. */
+	ck_assert_int_eq(tu_write_file(f, "12\n45678\r\n", 10), 0);
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), 0);
+	ck_assert_uint_eq(len, 8);
+	ck_assert_mem_eq(out, "12\n45678", 8);
+	ck_assert_int_eq(tu_write_file(f, "12345678", 8), 0);
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), 0);
+	ck_assert_uint_eq(len, 8);
+	/* One byte too many, or bytes after the line end, or nothing. */
+	ck_assert_int_eq(tu_write_file(f, "123456789", 9), 0);
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), -EMSGSIZE);
+	ck_assert_int_eq(tu_write_file(f, "12345678\nx", 10), 0);
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), -EMSGSIZE);
+	ck_assert_int_eq(tu_write_file(f, "12345678\r\n\n", 11), 0);
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), -EMSGSIZE);
+	ck_assert_int_eq(tu_write_file(f, "\r\n", 2), 0);
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), -EMSGSIZE);
+	ck_assert_int_eq(tu_write_file(f, "", 0), 0);
+	ck_assert_int_eq(ckpt_secret_file_read(f, out, sizeof out, &len, &mode), -EMSGSIZE);
+	/* Not a regular file: refused at once (opening a FIFO to read would wait for a
+	 * writer), and a directory likewise. */
+	ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+	ck_assert_int_eq(ckpt_secret_file_read(fifo, out, sizeof out, &len, &mode), -EPERM);
+	ck_assert_int_eq(ckpt_secret_file_read(dir, out, sizeof out, &len, &mode), -EPERM);
+	tu_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("base");
@@ -351,6 +404,7 @@ int main(void)
 	tcase_add_test(tc, alloc_failure);
 	tcase_add_test(tc, cursor_and_buf);
 	tcase_add_test(tc, paths);
+	tcase_add_test(tc, secret_files);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
