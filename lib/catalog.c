@@ -69,6 +69,8 @@ static uint64_t catalog_live_incarnation(const ckpt_ctx *c)
 {
 	if (glue_is_coordinator(c))
 		return c->incarnation;
+	if (glue_remote(c))
+		return 0;
 	uint64_t inc = 0;
 	return lock_probe(c->cfg.root, &inc) ? inc : 0;
 }
@@ -96,7 +98,11 @@ int catalog_list(ckpt_ctx *c, bool all, struct catalog_entry **out, size_t *coun
 	size_t nr = (size_t)(got < nrec ? got : nrec);
 	uint64_t *dirs;
 	size_t nd;
-	if ((rc = catalog_dirs(c->cfg.root, &dirs, &nd))) {
+	/* Through ckptd the directories are the storage node's: the records say it all. */
+	if (glue_remote(c)) {
+		dirs = NULL;
+		nd = 0;
+	} else if ((rc = catalog_dirs(c->cfg.root, &dirs, &nd))) {
 		ckpt_free(recs);
 		return rc;
 	}

@@ -148,7 +148,12 @@ static int open_root(const char *root, unsigned flags, ckpt_ctx **c)
 {
 	struct ckpt_opts o;
 	ckpt_opts_init(&o, sizeof o);
-	o.root = root;
+	/* A job held by ckptd: "ckptd://HOST:PORT[,...]" in place of the root (the job
+	 * id and secret from CKPT_JOB_ID and CKPT_JOB_SECRET, as for the job's ranks). */
+	if (!strncmp(root, "ckptd://", 8))
+		o.target = root;
+	else
+		o.root = root;
 	o.rank = 0;
 	o.world = 1;
 	o.flags = flags;
@@ -163,6 +168,8 @@ static int open_root(const char *root, unsigned flags, ckpt_ctx **c)
 /* The root must be an existing directory before anything may create files in it. */
 static int check_root_dir(const char *root)
 {
+	if (!strncmp(root, "ckptd://", 8))
+		return 0;
 	struct stat st;
 	if (stat(root, &st) < 0)
 		return tool_fail(EXIT_NOTROOT, -errno, "%s: %s", root, strerror(errno));

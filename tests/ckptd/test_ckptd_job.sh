@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# test_ckptd_job.sh — jobs saving through ckptd on loopback: two instances, a job
+# of 4 ranks spread over them (rank mod 2), restored onto 3 and 1 ranks and
+# verified bit for bit; ckpt-inspect against the job remotely and on the storage
+# node; a world of 7 through one instance; refusals: a wrong secret, an unknown
+# and a path-like job id, a quota exceeded — each with its specific error, nothing
+# written outside the job's directory, and the honest job unaffected.
+# usage: test_ckptd_job.sh BUILD_DIR
+set -u
+build=$1
+ckptd=$build/ckptd/ckptd synth=$build/tools/ckpt-synth/ckpt-synth
+inspect=$build/tools/ckpt-inspect/ckpt-inspect
+source "$(dirname "$0")/../cli/lib.sh"
+[ -x "$ckptd" ] || { echo "no ckptd in $build: skipped"; exit 77; }
+fail=0
+t=$(mktemp -d /tmp/ckptd-test.XXXXXX)
+pids=()
+trap 'for p in "${pids[@]}"; do kill -9 $p 2>/dev/null; done; rm -rf "$t"' EXIT
+umask 077
+mkdir -p "$t/a" "$t/b"
+printf 'secret-of-job-one-0123456789' > "$t/one.secret"
+printf 'secret-of-job-two-0123456789' > "$t/two.secret"
+cat > "$t/jobs" <<JOBS
+# the jobs of this test
+one secret-file=$t/one.secret
+two secret-file=$t/two.secret quota=1M
+JOBS
+start() {  # start NAME DATA: a ckptd on an ephemeral port; sets port_NAME
+  "$ckptd" --listen 127.0.0.1:0 --data "$2" --jobs "$t/jobs" --metrics 127.0.0.1:0 \
+    --log info > "$t/$1.out" 2> "$t/$1.log" &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q "listening on port" "$t/$1.out" 2>/dev/null && break; sleep 0.1; done
+  eval "port_$1=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$t/$1.out")"
+  eval "mport_$1=$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$t/$1.out")"
+}
+start a "$t/a"
+start b "$t/b"
+[ -n "$port_a" ] && [ -n "$port_b" ] || { cat "$t"/*.log; echo "FAIL: ckptd did not start"; exit 1; }
+export CKPT_JOB_ID=one CKPT_JOB_SECRET=secret-of-job-one-0123456789
+two="ckptd://127.0.0.1:$port_a,127.0.0.1:$port_b"
+one="ckptd://127.0.0.1:$port_a"
+
+expect_rc 0 "saved step 10: 4 rank" "4 ranks save through two instances" \
+  env CKPT_TARGET="$two" "$synth" save --root "$t/unused" --step 10 --bytes 24M --seed 3 --world 4
+[ -e "$t/unused" ] && bad "the root option was used with a target"
+n_a=$(ls "$t/a/jobs/one/step-00000000000000000010" | wc -l)
+n_b=$(ls "$t/b/jobs/one/step-00000000000000000010" | wc -l)
+[ "$n_a" = 2 ] && [ "$n_b" = 2 ] && ok "ranks spread 2 and 2 over the instances" \
+  || bad "ranks spread $n_a and $n_b"
+[ -d "$t/a/jobs/one/manifest" ] && [ ! -e "$t/b/jobs/one/manifest" ] \
+  && ok "the manifest is the first instance's" || bad "manifest placement"
+expect_rc 0 "0 mismatches" "restore onto 3 ranks, bit-exact" \
+  env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step latest --bytes 24M --seed 3 --world 3
+expect_rc 0 "0 mismatches" "restore onto 1 rank" \
+  env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step 10 --bytes 24M --seed 3 --world 1
+expect_rc 0 "committed" "ckpt-inspect list through ckptd" "$inspect" "$two" list
+expect_rc 0 "step 10: ok" "ckpt-inspect verify through ckptd" "$inspect" "$two" verify latest
+shard=$(ls "$t/b/jobs/one/step-00000000000000000010" | head -1)
+strings "$t/a/jobs/one/manifest/data.mdb" | grep -q "@127.0.0.1:$port_b/step-00000000000000000010/" \
+  && ok "shard records name the instance that holds them ($shard)" || bad "holder in records"
+expect_rc 0 "committed" "ckpt-inspect lists the job on the home storage node" \
+  "$inspect" "$t/a/jobs/one" list
+expect_rc 0 "saved step 20: 7 rank" "7 ranks through one instance" \
+  env CKPT_TARGET="$one" "$synth" save --root "$t/unused" --step 20 --bytes 16M --seed 5 --world 7
+expect_rc 0 "0 mismatches" "7 ranks restored onto 4" \
+  env CKPT_TARGET="$one" "$synth" verify --root "$t/unused" --step 20 --bytes 16M --seed 5 --world 4
+expect_rc 0 "saved step 30: 1 rank" "a world of 1" \
+  env CKPT_TARGET="$one" "$synth" save --root "$t/unused" --step 30 --bytes 8M --seed 6 --world 1
+
+# Refusals: each specific, nothing outside the job's directory, the job unaffected.
+expect_rc 1 "server failed to prove the job secret" "a wrong secret is refused" \
+  env CKPT_TARGET="$one" CKPT_JOB_SECRET=not-the-secret-0123456789 "$synth" save --root "$t/u" \
+  --step 40 --bytes 1M --seed 1 --world 1
+expect_rc 1 "not registered with this ckptd" "an unknown job is refused" \
+  env CKPT_TARGET="$one" CKPT_JOB_ID=three "$synth" save --root "$t/u" --step 40 --bytes 1M \
+  --seed 1 --world 1
+expect_rc 1 "not registered with this ckptd" "a path-like job id is refused" \
+  env CKPT_TARGET="$one" CKPT_JOB_ID=../one "$synth" save --root "$t/u" --step 40 --bytes 1M \
+  --seed 1 --world 1
+expect_rc 1 "quota of 1048576 bytes exceeded" "a quota exceeded says so" \
+  env CKPT_TARGET="$one" CKPT_JOB_ID=two CKPT_JOB_SECRET=secret-of-job-two-0123456789 \
+  "$synth" save --root "$t/u" --step 1 --bytes 8M --seed 1 --world 2
+extra=$(find "$t/a" "$t/b" -mindepth 1 -not -path "$t/a/jobs*" -not -path "$t/b/jobs*" \
+        -not -name ckptd.lock)
+others=$(ls "$t/a/jobs" "$t/b/jobs" | grep -v -e '^one$' -e '^two$' -e ':$' -e '^$')
+[ -z "$extra$others" ] && ok "nothing outside the jobs' directories" || bad "stray files" "$extra $others"
+expect_rc 0 "0 mismatches" "the honest job still restores" \
+  env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step 10 --bytes 24M --seed 3 --world 2
+mode=$(stat -c %a "$t/a/jobs/one" "$t/a/jobs/one/step-00000000000000000010"/* | sort -u | tr '\n' ' ')
+[ "$mode" = "600 700 " ] && ok "directories 0700, files 0600" || bad "modes: $mode"
+
+# Metrics: the endpoint counts what happened.
+if exec 3<>"/dev/tcp/127.0.0.1/$mport_a"; then
+  printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
+  m=$(cat <&3); exec 3<&-
+  grep -q '^ckptd_saves_committed_total [1-9]' <<<"$m" && grep -q 'ckptd_quota_refusals_total [1-9]' <<<"$m" \
+    && grep -q 'ckptd_job_used_bytes{job="one"} [1-9]' <<<"$m" \
+    && ok "metrics: commits, refusals, per-job usage" || bad "metrics" "$m"
+fi
+# SIGTERM: a clean stop.
+kill -TERM "${pids[0]}"; wait "${pids[0]}"; rc=$?
+[ $rc = 0 ] && ok "SIGTERM stops ckptd cleanly" || bad "ckptd exit $rc after SIGTERM" "$(tail "$t/a.log")"
+[ $fail = 0 ] || { echo "--- logs"; tail -n 20 "$t/a.log" "$t/b.log"; }
+exit $fail
