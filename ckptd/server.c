@@ -51,6 +51,7 @@ struct djob {
 	uint64_t         reserved;       /* size hints of the streams in flight */
 	_Atomic uint64_t bytes_received, committed, aborted;
 	struct ckptd_counters *counters;
+	int              transport;      /* the instances' (ckptd's own, enum net_transport) */
 	struct ckpt_log_sink sink;       /* the job's lines (its coordinator's thread too) */
 };
 
@@ -102,6 +103,7 @@ static int job_find(struct ckptd_server *s, const char *id, struct djob **out)
 		snprintf(j->root, sizeof j->root, "%s/jobs/%s", s->data, id);
 		pthread_mutex_init(&j->lock, NULL);
 		j->counters = s->o.counters;
+		j->transport = s->o.transport;
 		j->sink = (struct ckpt_log_sink){ .fn = s->o.log_fn, .level = s->o.log_level,
 		                                  .job_id = j->id, .rank = CKPT_LOG_NO_RANK };
 		j->next = s->jobs;
@@ -166,7 +168,7 @@ static int job_remote_check(void *arg, const char *holder, const char *rel, uint
 		                "instances", holder);
 	struct remote_auth a = { .job_id = j->id, .rank = 0, .world = j->coord_world,
 	                         .secret = j->auth.secret, .secret_len = j->auth.secret_len,
-	                         .transport = NET_TCP, .timeout_ms = 10000 };
+	                         .transport = j->transport, .timeout_ms = 10000 };
 	struct remote_conn *c;
 	int rc = remote_connect(&j->inst[i], &a, &c);
 	if (!rc) {

@@ -60,6 +60,19 @@ strings "$t/a/jobs/one/manifest/data.mdb" | grep -q "@127.0.0.1:$port_b/step-000
   && ok "shard records name the instance that holds them ($shard)" || bad "holder in records"
 expect_rc 0 "committed" "ckpt-inspect lists the job on the home storage node" \
   "$inspect" "$t/a/jobs/one" list
+expect_rc 0 "saved step 11: 7 rank" "7 ranks through two instances" \
+  env CKPT_TARGET="$two" "$synth" save --root "$t/unused" --step 11 --bytes 16M --seed 4 --world 7
+expect_rc 0 "0 mismatches" "7 ranks restored onto 5" \
+  env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step 11 --bytes 16M --seed 4 --world 5
+expect_rc 0 "saved step 12: 1 rank" "a world of 1 through two instances" \
+  env CKPT_TARGET="$two" "$synth" save --root "$t/unused" --step 12 --bytes 8M --seed 2 --world 1
+expect_rc 0 "0 mismatches" "restored onto 2" \
+  env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step 12 --bytes 8M --seed 2 --world 2
+reshard=$build/tools/ckpt-reshard/ckpt-reshard
+expect_rc 0 "" "ckpt-reshard reads a job held by ckptd (4 -> 2 ranks into a local root)" \
+  "$reshard" "$two" 10 --world 2 --out "$t/resharded" --drop-rank-bound --quiet
+expect_rc 0 "0 mismatches" "the resharded copy restores onto 3" \
+  "$synth" verify --root "$t/resharded" --step 10 --bytes 24M --seed 3 --world 3 --no-rng
 expect_rc 0 "saved step 20: 7 rank" "7 ranks through one instance" \
   env CKPT_TARGET="$one" "$synth" save --root "$t/unused" --step 20 --bytes 16M --seed 5 --world 7
 expect_rc 0 "0 mismatches" "7 ranks restored onto 4" \

@@ -32,7 +32,12 @@ int reshard_open_ctx(const char *root, int rank, int world, unsigned flags,
 {
 	struct ckpt_opts o;
 	ckpt_opts_init(&o, sizeof o);
-	o.root = root;
+	/* A source held by ckptd: "ckptd://HOST:PORT[,...]" in place of the root (the job
+	 * id and secret from CKPT_JOB_ID and CKPT_JOB_SECRET). */
+	if ((flags & CKPT_OPEN_READONLY) && !strncmp(root, "ckptd://", 8))
+		o.target = root;
+	else
+		o.root = root;
 	o.rank = rank;
 	o.world = world;
 	o.flags = flags;
@@ -52,7 +57,7 @@ int reshard_open_source(const struct reshard_args *a, ckpt_ctx **c)
 {
 	struct stat st;
 	*c = NULL;
-	if (stat(a->root, &st) < 0) {
+	if (strncmp(a->root, "ckptd://", 8) && stat(a->root, &st) < 0) {
 		int rc = -errno;
 		return tool_fail(reshard_exit_for(rc), rc, "%s: %s", a->root, strerror(-rc));
 	}
