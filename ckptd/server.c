@@ -25,6 +25,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "commit/commit.h"
@@ -48,10 +49,14 @@ struct djob {
 	char             holders[REMOTE_MAX_INSTANCES][REMOTE_MAX_HOST + 8];
 	struct remote_instance inst[REMOTE_MAX_INSTANCES];
 	struct ckptd_job auth;           /* id and secret, for asking other instances */
+	struct remote_keep keep;         /* the job's retention rules (its COORD's) */
+	bool             gc_done;        /* this process collected the job's dead attempts */
+	uint64_t         incarnation;    /* its coordinator's */
 	uint64_t         reserved;       /* size hints of the streams in flight */
 	_Atomic uint64_t bytes_received, committed, aborted;
 	struct ckptd_counters *counters;
 	int              transport;      /* the instances' (ckptd's own, enum net_transport) */
+	struct ckptd_server *srv;
 	struct ckpt_log_sink sink;       /* the job's lines (its coordinator's thread too) */
 };
 
@@ -68,6 +73,19 @@ struct ckptd_server {
 	pthread_cond_t       cond;
 	struct djob         *jobs;
 	unsigned             nconns;
+	/* the janitor: one thread removing what the jobs' coordinators gave up */
+	pthread_t            janitor;
+	bool                 janitor_started;
+	struct chore        *chores;     /* under lock */
+};
+
+/* Work for the janitor, after a coordinator's decision or its start. */
+enum chore_kind { CHORE_ABORTED, CHORE_COMMITTED, CHORE_GC };
+struct chore {
+	struct chore   *next;
+	struct djob    *job;
+	enum chore_kind kind;
+	uint64_t        step;
 };
 
 struct dconn {
@@ -104,6 +122,7 @@ static int job_find(struct ckptd_server *s, const char *id, struct djob **out)
 		pthread_mutex_init(&j->lock, NULL);
 		j->counters = s->o.counters;
 		j->transport = s->o.transport;
+		j->srv = s;
 		j->sink = (struct ckpt_log_sink){ .fn = s->o.log_fn, .level = s->o.log_level,
 		                                  .job_id = j->id, .rank = CKPT_LOG_NO_RANK };
 		j->next = s->jobs;
@@ -182,9 +201,29 @@ static int job_remote_check(void *arg, const char *holder, const char *rel, uint
 	return rc;
 }
 
+static void chore_add(struct djob *j, enum chore_kind kind, uint64_t step)
+{
+	struct chore *c = ckpt_calloc(1, sizeof *c);
+	if (!c) {
+		ckpt_log(CKPT_LOG_WARN, "job %s: step %llu: no memory to queue its clean-up (the "
+		         "next start collects it)", j->id, (unsigned long long)step);
+		return;
+	}
+	*c = (struct chore){ .job = j, .kind = kind, .step = step };
+	struct ckptd_server *s = j->srv;
+	pthread_mutex_lock(&s->lock);
+	struct chore **pp = &s->chores;
+	while (*pp)
+		pp = &(*pp)->next;
+	*pp = c;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
 static void job_decided(void *arg, uint64_t step, int code)
 {
 	struct djob *j = arg;
+	chore_add(j, code ? CHORE_ABORTED : CHORE_COMMITTED, step);
 	ckpt_log(code ? CKPT_LOG_WARN : CKPT_LOG_INFO, "job %s: step %llu %s", j->id,
 	         (unsigned long long)step, code ? "aborted" : "committed");
 	atomic_fetch_add(code ? &j->aborted : &j->committed, 1);
@@ -220,7 +259,9 @@ static int on_coord(struct dconn *d, const struct net_msg *m)
 		return ckpt_err(-ENOMEM, "COORD");
 	uint32_t world;
 	unsigned n;
-	int rc = remote_coord_decode(m->payload, m->len, &world, in, REMOTE_MAX_INSTANCES, &n);
+	struct remote_keep keep;
+	int rc = remote_coord_decode(m->payload, m->len, &world, in, REMOTE_MAX_INSTANCES, &n,
+	                             &keep);
 	if (!rc && world != d->hello.world)
 		rc = ckpt_err(CKPT_EPROTO, "COORD for %u ranks from a rank of a world of %u", world,
 		              d->hello.world);
@@ -228,6 +269,8 @@ static int on_coord(struct dconn *d, const struct net_msg *m)
 	pthread_mutex_lock(&j->lock);
 	bool same = !rc && j->coord && j->coord_world == world && j->ninst == n &&
 	            !memcmp(j->inst, in, n * sizeof *in);
+	if (!rc)
+		j->keep = keep;
 	if (!rc && !same) {
 		/* A job that comes back with another world or other instances gets a new
 		 * coordinator; steps in flight under the old one are aborted by it. */
@@ -240,8 +283,9 @@ static int on_coord(struct dconn *d, const struct net_msg *m)
 				snprintf(j->holders[i], sizeof j->holders[i], "%s:%u", in[i].host, in[i].port);
 			j->coord_world = world;
 			if (!(rc = ckptd_jobs_get(d->s->o.jobs, j->id, strlen(j->id), &j->auth))) {
+				j->incarnation = ckpt_random_id();
 				struct commit_coord_opts co = {
-					.manifest = j->manifest, .root = j->root, .incarnation = ckpt_random_id(),
+					.manifest = j->manifest, .root = j->root, .incarnation = j->incarnation,
 					.job_id = j->id, .world = world, .secret = j->auth.secret,
 					.secret_len = j->auth.secret_len, .transport = d->s->o.transport,
 					.addr = d->s->o.listen_host, .port = 0, .timeout_ms = d->s->o.timeout_ms,
@@ -252,6 +296,12 @@ static int on_coord(struct dconn *d, const struct net_msg *m)
 				/* Its thread logs as the job, not as this connection. */
 				CKPT_LOG_SCOPE(&j->sink, CKPT_LOG_NO_STEP);
 				rc = commit_coord_start(&co, &j->coord);
+			}
+			/* What the job left unfinished before this process knew it (a crash, a
+			 * restart): collected once, now that its instances are known. */
+			if (!rc && !j->gc_done) {
+				j->gc_done = true;
+				chore_add(j, CHORE_GC, 0);
 			}
 		}
 	}
@@ -583,6 +633,27 @@ static int on_check(struct dconn *d, const struct net_msg *m)
 	return send_ok(d, REMOTE_MSG_CHECK_OK, NULL, 0);
 }
 
+static int on_remove(struct dconn *d, const struct net_msg *m)
+{
+	uint64_t step, save_id;
+	int rc = remote_remove_decode(m->payload, m->len, &step, &save_id);
+	uint32_t removed = 0;
+	bool empty = false;
+	if (!rc)
+		rc = ckpt_step_remove_attempt(d->job->root, step, save_id, &removed, &empty);
+	if (rc)
+		return rc;
+	if (empty) {
+		char dir[4300];
+		if (!ckpt_path_step_dir(dir, sizeof dir, d->job->root, step) && rmdir(dir) == 0)
+			ckpt_fsync_dir(d->job->root);
+	}
+	if (removed)
+		ckpt_log(CKPT_LOG_INFO, "step %llu: %u shard file(s) of attempt %016llx removed",
+		         (unsigned long long)step, removed, (unsigned long long)save_id);
+	return send_ok(d, REMOTE_MSG_REMOVE_OK, NULL, 0);
+}
+
 static int dispatch(struct dconn *d, struct net_msg *m)
 {
 	switch (m->type) {
@@ -596,6 +667,7 @@ static int dispatch(struct dconn *d, struct net_msg *m)
 	case REMOTE_MSG_READ:     return on_read(d, m);
 	case REMOTE_MSG_MANIFEST: return on_manifest(d);
 	case REMOTE_MSG_CHECK:    return on_check(d, m);
+	case REMOTE_MSG_REMOVE:   return on_remove(d, m);
 	default:
 		return ckpt_err(CKPT_EPROTO, "unexpected message type %u", m->type);
 	}
@@ -689,6 +761,153 @@ static void *conn_main(void *arg)
 	return NULL;
 }
 
+/* ------------------------------------------------------------------ the janitor
+ * The coordinator gives an attempt up, or retention removes a committed step: the
+ * files go, here and on the job's other instances (REMOVE), in the order that never
+ * leaves a visible step without its files (lib/retention.c's order). Best effort: an
+ * instance that cannot be reached keeps the files of an attempt that did not commit
+ * until a later attempt of the same step and rank replaces them. */
+
+/* Remove attempt save_id of step everywhere the job's shards are. */
+static void janitor_remove(struct djob *j, uint64_t step, uint64_t save_id)
+{
+	uint32_t removed;
+	bool empty;
+	if (ckpt_step_remove_attempt(j->root, step, save_id, &removed, &empty))
+		ckpt_log(CKPT_LOG_WARN, "step %llu: %s", (unsigned long long)step, ckpt_err_msg());
+	else if (empty) {
+		char dir[4300];
+		if (!ckpt_path_step_dir(dir, sizeof dir, j->root, step) && rmdir(dir) == 0)
+			ckpt_fsync_dir(j->root);
+	}
+	pthread_mutex_lock(&j->lock);
+	unsigned n = j->ninst;
+	uint32_t world = j->coord_world;
+	struct remote_instance *in = ckpt_malloc((n ? n : 1) * sizeof *in);
+	if (in)
+		memcpy(in, j->inst, n * sizeof *in);
+	struct ckptd_job auth = j->auth;
+	pthread_mutex_unlock(&j->lock);
+	for (unsigned i = 1; in && i < n; i++) {
+		struct remote_auth a = { .job_id = j->id, .rank = 0, .world = world ? world : 1,
+		                         .secret = auth.secret, .secret_len = auth.secret_len,
+		                         .transport = j->transport, .timeout_ms = 10000 };
+		struct remote_conn *c;
+		int rc = remote_connect(&in[i], &a, &c);
+		if (!rc)
+			rc = remote_remove(c, step, save_id);
+		remote_close(c);
+		if (rc)
+			ckpt_log(CKPT_LOG_WARN, "step %llu: the files of attempt %016llx on %s:%u stay: %s",
+			         (unsigned long long)step, (unsigned long long)save_id, in[i].host,
+			         in[i].port, ckpt_err_msg());
+	}
+	explicit_bzero(&auth, sizeof auth);
+	ckpt_free(in);
+}
+
+/* Committed steps the job's rules no longer keep: invisible first (still naming
+ * their files), then the files, then the record. */
+static void janitor_retain(struct djob *j)
+{
+	struct remote_keep k = j->keep;
+	if (!k.last && !k.every && !k.seconds)
+		return;
+	int n = manifest_steps_list(j->manifest, false, NULL, 0);
+	uint64_t *steps = n > 0 ? ckpt_malloc((size_t)n * sizeof *steps) : NULL;
+	int got = steps ? manifest_steps_list(j->manifest, false, steps, (size_t)n) : 0;
+	if (got > n)
+		got = n;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	for (int i = 0; i < got; i++) {
+		struct manifest_step rec;
+		if (manifest_step_get(j->manifest, steps[i], &rec) || rec.state != CKPT_STATE_COMMITTED)
+			continue;
+		struct commit_keep ck = { k.last, k.every, k.seconds };
+		if (commit_keep_step(&ck, steps[i], steps[got - 1], (uint64_t)(got - 1 - i),
+		                     rec.commit_time_ns, now))
+			continue;
+		manifest_attempts_lock(j->manifest);
+		int rc = manifest_step_retire(j->manifest, steps[i], "removed by retention");
+		manifest_attempts_unlock(j->manifest);
+		if (rc) {
+			ckpt_log(CKPT_LOG_WARN, "retention: step %llu kept: %s",
+			         (unsigned long long)steps[i], ckpt_err_msg());
+			continue;
+		}
+		janitor_remove(j, steps[i], rec.save_id);
+		manifest_step_delete(j->manifest, steps[i]);
+		ckpt_log(CKPT_LOG_INFO, "retention: step %llu removed", (unsigned long long)steps[i]);
+	}
+	ckpt_free(steps);
+}
+
+/* Attempts that cannot commit any more: ABORTED ones, and INFLIGHT ones of an
+ * earlier coordinator (this process's coordinator has begun nothing yet when this
+ * is queued: it runs before the job's first BEGIN is answered... or races it, which
+ * the record's save id settles: an attempt begun since is not the one listed). */
+static void janitor_gc(struct djob *j, uint64_t incarnation)
+{
+	int n = manifest_steps_list(j->manifest, true, NULL, 0);
+	uint64_t *steps = n > 0 ? ckpt_malloc((size_t)n * sizeof *steps) : NULL;
+	int got = steps ? manifest_steps_list(j->manifest, true, steps, (size_t)n) : 0;
+	for (int i = 0; i < got && i < n; i++) {
+		struct manifest_step rec;
+		if (manifest_step_get(j->manifest, steps[i], &rec) ||
+		    rec.state == CKPT_STATE_COMMITTED ||
+		    (rec.state == CKPT_STATE_INFLIGHT && rec.incarnation == incarnation))
+			continue;
+		manifest_attempts_lock(j->manifest);
+		struct manifest_step cur;
+		bool same = !manifest_step_get(j->manifest, steps[i], &cur) &&
+		            cur.save_id == rec.save_id && cur.state == rec.state;
+		if (same && rec.state == CKPT_STATE_INFLIGHT)
+			commit_decide(j->manifest, &rec, &(struct commit_decision){ .abort = true,
+			              .why = "presumed aborted: the coordinator that began it is gone" });
+		manifest_attempts_unlock(j->manifest);
+		if (same && rec.save_id)
+			janitor_remove(j, steps[i], rec.save_id);
+	}
+	ckpt_free(steps);
+}
+
+static void *janitor_main(void *arg)
+{
+	struct ckptd_server *s = arg;
+	pthread_mutex_lock(&s->lock);
+	for (;;) {
+		while (!s->chores && !atomic_load(&s->stop))
+			pthread_cond_wait(&s->cond, &s->lock);
+		struct chore *c = s->chores;
+		if (!c)
+			break;
+		s->chores = c->next;
+		pthread_mutex_unlock(&s->lock);
+		struct djob *j = c->job;
+		CKPT_LOG_SCOPE(&j->sink, c->step);
+		struct manifest_step rec;
+		switch (c->kind) {
+		case CHORE_ABORTED:
+			if (!manifest_step_get(j->manifest, c->step, &rec) &&
+			    rec.state == CKPT_STATE_ABORTED && rec.save_id)
+				janitor_remove(j, c->step, rec.save_id);
+			break;
+		case CHORE_COMMITTED:
+			janitor_retain(j);
+			break;
+		case CHORE_GC:
+			janitor_gc(j, j->incarnation);
+			break;
+		}
+		ckpt_free(c);
+		pthread_mutex_lock(&s->lock);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
 /* ------------------------------------------------------------------ the server */
 
 int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **out)
@@ -735,6 +954,12 @@ int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **
 		rc = ckpt_err(-errno, "wake pipe");
 	if (!rc && (rc = net_listen(o->transport, NULL, o->listen_host, o->listen_port, &s->lis)))
 		ckpt_err_prefix(rc, "listen on %s:%u", o->listen_host, o->listen_port);
+	if (!rc) {
+		if ((rc = ckpt_thread_create(&s->janitor, NULL, janitor_main, s)))
+			rc = ckpt_err(-rc, "janitor thread");
+		else
+			s->janitor_started = true;
+	}
 	if (rc) {
 		ckptd_server_free(s);
 		return rc;
@@ -813,9 +1038,26 @@ void ckptd_server_free(struct ckptd_server *s)
 	while (s->nconns)
 		pthread_cond_wait(&s->cond, &s->lock);
 	pthread_mutex_unlock(&s->lock);
+	/* The coordinators first (they queue chores), then the janitor, which finishes
+	 * what is queued. */
+	for (struct djob *j = s->jobs; j; j = j->next) {
+		commit_coord_stop(j->coord);
+		j->coord = NULL;
+	}
+	if (s->janitor_started) {
+		atomic_store(&s->stop, true);
+		pthread_mutex_lock(&s->lock);
+		pthread_cond_broadcast(&s->cond);
+		pthread_mutex_unlock(&s->lock);
+		pthread_join(s->janitor, NULL);
+	}
+	/* Chores queued after the janitor stopped: the next start's collection does them. */
+	for (struct chore *c = s->chores, *next; c; c = next) {
+		next = c->next;
+		ckpt_free(c);
+	}
 	for (struct djob *j = s->jobs, *next; j; j = next) {
 		next = j->next;
-		commit_coord_stop(j->coord);
 		manifest_close(j->manifest);
 		explicit_bzero(&j->auth, sizeof j->auth);
 		pthread_mutex_destroy(&j->lock);

@@ -405,7 +405,9 @@ static int glue_remote_start(ckpt_ctx *c)
 		rc = glue_remote_conn(c, 0, &home);
 	unsigned port = 0;
 	if (!rc)
-		rc = remote_coord(home, (uint32_t)c->cfg.world, c->inst, n, &port);
+		rc = remote_coord(home, (uint32_t)c->cfg.world, c->inst, n,
+		                  &(struct remote_keep){ c->cfg.keep_last, c->cfg.keep_every,
+		                                         c->cfg.keep_seconds }, &port);
 	if (home != c->remote)
 		remote_close(home);
 	if (rc)

@@ -65,20 +65,9 @@ static int gc_reason(const struct catalog_entry *x, const struct ckpt_gc_opts *o
 		/* No record: never collected unless the operator asks (gc.c says why). */
 		return o->flags & CKPT_GC_UNRECORDED ? CKPT_GC_ORPHAN : 0;
 	if (x->rec.state == CKPT_STATE_COMMITTED) {
-		if (x->step == latest)
-			return 0;
-		if (!o->keep_last && !o->keep_every && !o->keep_seconds)
-			return 0;
-		if (o->keep_last && ncommitted_newer < o->keep_last)
-			return 0;
-		if (o->keep_every && x->step % o->keep_every == 0)
-			return 0;
-		/* Its age by the record's commit time (wall clock, as the record keeps it): a
-		 * commit time in the future (a clock set back) keeps the step. */
-		if (o->keep_seconds && (x->rec.commit_time_ns >= now_ns ||
-		                        (now_ns - x->rec.commit_time_ns) / 1000000000u < o->keep_seconds))
-			return 0;
-		return CKPT_GC_RETENTION;
+		struct commit_keep k = { o->keep_last, o->keep_every, o->keep_seconds };
+		return commit_keep_step(&k, x->step, latest, ncommitted_newer, x->rec.commit_time_ns,
+		                        now_ns) ? 0 : CKPT_GC_RETENTION;
 	}
 	/* A save in flight is never a candidate, whoever asks. */
 	if (x->live)
@@ -143,8 +132,8 @@ int ckpt_catalog_gc(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_r
 
 void retention_after_commit(ckpt_ctx *c, uint64_t step)
 {
-	/* Through ckptd the manifest is the first instance's: retention is not applied by
-	 * the job (ckpt_open said so). */
+	/* Through ckptd the manifest is the first instance's, and so is retention: the
+	 * rules went there with the job's COORD. */
 	if (glue_remote(c) || (!c->cfg.keep_last && !c->cfg.keep_every && !c->cfg.keep_seconds))
 		return;
 	if (!glue_is_coordinator(c))

@@ -131,6 +131,17 @@ void commit_shard_record(uint64_t step, const struct commit_vote *v,
  */
 int commit_attempt_begin(struct manifest *m, const char *root, const struct manifest_step *id);
 
+/* ------------------------------------------------------------------ retention
+ * The job's rules for keeping committed steps (ckpt_opts.keep_*; 0: no such rule).
+ * Does a committed step survive them? latest: the latest committed step (always
+ * kept); newer: how many committed steps are newer than it; commit_ns: its record's
+ * commit time, now_ns the wall clock (a commit time in the future keeps it). Without
+ * any rule every step is kept. For the embedded default's retention (lib/retention.c)
+ * and ckptd's, which must agree. */
+struct commit_keep { uint64_t last, every, seconds; };
+bool commit_keep_step(const struct commit_keep *k, uint64_t step, uint64_t latest,
+                      uint64_t newer, uint64_t commit_ns, uint64_t now_ns);
+
 /* ------------------------------------------------------------------ coordinator
  * Listens for the W participants of a job, gathers BEGIN and PREPARE per step,
  * decides with commit_decide() in step order, and broadcasts the decision. Runs

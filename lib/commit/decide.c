@@ -196,3 +196,16 @@ int commit_decide(struct manifest *m, const struct manifest_step *id,
 		rc = committed_after_all(m, id, rc);
 	return rc;
 }
+
+bool commit_keep_step(const struct commit_keep *k, uint64_t step, uint64_t latest,
+                      uint64_t newer, uint64_t commit_ns, uint64_t now_ns)
+{
+	if (step == latest || (!k->last && !k->every && !k->seconds))
+		return true;
+	if (k->last && newer < k->last)
+		return true;
+	if (k->every && step % k->every == 0)
+		return true;
+	/* Its age by the record's commit time (wall clock, as the record keeps it). */
+	return k->seconds && (commit_ns >= now_ns || (now_ns - commit_ns) / 1000000000u < k->seconds);
+}

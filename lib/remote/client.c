@@ -91,11 +91,11 @@ static int request(struct remote_conn *c, uint16_t type, const struct ckpt_buf *
 }
 
 int remote_coord(struct remote_conn *c, uint32_t world, const struct remote_instance *in,
-                 unsigned n, unsigned *port)
+                 unsigned n, const struct remote_keep *keep, unsigned *port)
 {
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
-	int rc = remote_coord_encode(&b, world, in, n);
+	int rc = remote_coord_encode(&b, world, in, n, keep);
 	struct net_msg m = { 0 };
 	pthread_mutex_lock(&c->lock);
 	if (!rc)
@@ -191,6 +191,22 @@ int remote_check(struct remote_conn *c, const struct remote_check *chk)
 	int rc = request(c, REMOTE_MSG_CHECK, &b);
 	if (!rc)
 		rc = answer(c, REMOTE_MSG_CHECK_OK, &m, REMOTE_MAX_CONTROL, NULL, NULL);
+	pthread_mutex_unlock(&c->lock);
+	ckpt_buf_free(&b);
+	net_msg_free(&m);
+	return rc;
+}
+
+int remote_remove(struct remote_conn *c, uint64_t step, uint64_t save_id)
+{
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_remove_encode(&b, step, save_id);
+	struct net_msg m = { 0 };
+	pthread_mutex_lock(&c->lock);
+	int rc = request(c, REMOTE_MSG_REMOVE, &b);
+	if (!rc)
+		rc = answer(c, REMOTE_MSG_REMOVE_OK, &m, REMOTE_MAX_CONTROL, NULL, NULL);
 	pthread_mutex_unlock(&c->lock);
 	ckpt_buf_free(&b);
 	net_msg_free(&m);

@@ -35,7 +35,7 @@ static void put_str(struct ckpt_buf *b, const char *s)
 }
 
 int remote_coord_encode(struct ckpt_buf *b, uint32_t world, const struct remote_instance *in,
-                        unsigned n)
+                        unsigned n, const struct remote_keep *keep)
 {
 	if (n == 0 || n > REMOTE_MAX_INSTANCES)
 		return ckpt_err(-EINVAL, "COORD: %u instances", n);
@@ -45,12 +45,19 @@ int remote_coord_encode(struct ckpt_buf *b, uint32_t world, const struct remote_
 		put_str(b, in[i].host);
 		ckpt_buf_u16(b, (uint16_t)in[i].port);
 	}
+	if (keep) {
+		ckpt_buf_u64(b, keep->last);
+		ckpt_buf_u64(b, keep->every);
+		ckpt_buf_u64(b, keep->seconds);
+	}
 	return b->ok ? 0 : ckpt_err(-ENOMEM, "COORD message");
 }
 
 int remote_coord_decode(const void *p, size_t n, uint32_t *world,
-                        struct remote_instance *in, unsigned cap, unsigned *count)
+                        struct remote_instance *in, unsigned cap, unsigned *count,
+                        struct remote_keep *keep)
 {
+	memset(keep, 0, sizeof *keep);
 	struct ckpt_cursor c;
 	ckpt_cursor_init(&c, p, n);
 	*world = ckpt_cursor_u32(&c);
@@ -63,6 +70,11 @@ int remote_coord_decode(const void *p, size_t n, uint32_t *world,
 		in[i].port = ckpt_cursor_u16(&c);
 		if (!c.ok || in[i].port == 0)
 			return bad("COORD", "instance port");
+	}
+	if (c.left == 24) {
+		keep->last = ckpt_cursor_u64(&c);
+		keep->every = ckpt_cursor_u64(&c);
+		keep->seconds = ckpt_cursor_u64(&c);
 	}
 	if (c.left)
 		return bad("COORD", "length");
@@ -269,4 +281,20 @@ int remote_path_split(const char *path, char *holder, size_t cap, const char **r
 	holder[n] = '\0';
 	*rel = slash + 1;
 	return 0;
+}
+
+void remote_remove_encode(struct ckpt_buf *b, uint64_t step, uint64_t save_id)
+{
+	ckpt_buf_u64(b, step);
+	ckpt_buf_u64(b, save_id);
+}
+
+int remote_remove_decode(const void *p, size_t n, uint64_t *step, uint64_t *save_id)
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	*step = ckpt_cursor_u64(&c);
+	*save_id = ckpt_cursor_u64(&c);
+	/* An attempt is named by its save id: 0 would name every shard of the step. */
+	return c.ok && !c.left && *save_id ? 0 : bad("REMOVE", "step or save id");
 }

@@ -11,7 +11,8 @@
  * shard files and verify them here (io_shard_reader_open_fetch).
  *
  * Messages (lib/net framing, after the handshake as the job's rank; types 64..95):
- *   COORD{u32 world, u16 n, n x (u16 len, host, u16 port)}  -> COORD_OK{u16 port}
+ *   COORD{u32 world, u16 n, n x (u16 len, host, u16 port)
+ *         [, u64 keep_last, keep_every, keep_seconds]}     -> COORD_OK{u16 port}
  *   OPEN{u64 step, u64 save_id, u32 block_bytes, u64 size_hint, u64 chunk_bytes}
  *                                                           -> OPEN_OK{u64 max_chunk}
  *   TENSOR{u16 len, name, u8 kind, dtype, policy, flags, ndim,
@@ -25,6 +26,9 @@
  *   READ{u16 len, path, u64 off, u64 len}                   -> DATA{len bytes}
  *   CHECK{u16 len, path, u64 file_size, u64 footer_off, u64 footer_len, hash[16]}
  *                                                           -> CHECK_OK{}
+ *   REMOVE{u64 step, u64 save_id}                           -> REMOVE_OK{}
+ *     (the home instance, about an attempt that did not commit or a step its
+ *     retention removes: the shard files of that attempt go)
  * Any request may be answered ERROR{i32 code, u16 len, message}. During a shard
  * stream ERROR may come at any time; the rank stops sending and ckptd discards
  * what still arrives until FINISH or ABORT.
@@ -45,6 +49,7 @@ enum remote_msg_type {
 	REMOTE_MSG_TENSOR, REMOTE_MSG_CHUNK, REMOTE_MSG_DATA, REMOTE_MSG_FINISH,
 	REMOTE_MSG_DURABLE, REMOTE_MSG_ABORT, REMOTE_MSG_ERROR, REMOTE_MSG_MANIFEST,
 	REMOTE_MSG_MANIFEST_OK, REMOTE_MSG_READ, REMOTE_MSG_CHECK, REMOTE_MSG_CHECK_OK,
+	REMOTE_MSG_REMOVE, REMOTE_MSG_REMOVE_OK,
 };
 #define REMOTE_MAX_HOST       255u
 #define REMOTE_MAX_INSTANCES  256u
@@ -78,10 +83,15 @@ struct remote_check {
 	uint64_t file_size, footer_off, footer_len;
 	uint8_t  hash[CKPT_HASH_BYTES];
 };
+/* The job's retention rules travel with COORD: the home instance applies them. */
+struct remote_keep { uint64_t last, every, seconds; };
 int  remote_coord_encode(struct ckpt_buf *b, uint32_t world, const struct remote_instance *in,
-                         unsigned n);
+                         unsigned n, const struct remote_keep *keep);
 int  remote_coord_decode(const void *p, size_t n, uint32_t *world,
-                         struct remote_instance *in, unsigned cap, unsigned *count);
+                         struct remote_instance *in, unsigned cap, unsigned *count,
+                         struct remote_keep *keep);
+void remote_remove_encode(struct ckpt_buf *b, uint64_t step, uint64_t save_id);
+int  remote_remove_decode(const void *p, size_t n, uint64_t *step, uint64_t *save_id);
 void remote_open_encode(struct ckpt_buf *b, const struct remote_open *o);
 int  remote_open_decode(const void *p, size_t n, struct remote_open *o);
 void remote_tensor_encode(struct ckpt_buf *b, const struct io_tensor_desc *t);
@@ -125,7 +135,9 @@ const char *remote_name(const struct remote_conn *c); /* "ckptd HOST:PORT" */
 /* Ask the job's home ckptd for its commit coordinator's port, starting it for a job
  * of world ranks whose shards are spread over the n instances. */
 int  remote_coord(struct remote_conn *c, uint32_t world, const struct remote_instance *in,
-                  unsigned n, unsigned *port);
+                  unsigned n, const struct remote_keep *keep, unsigned *port);
+/* Remove the shard files of attempt save_id of step on this instance. */
+int  remote_remove(struct remote_conn *c, uint64_t step, uint64_t save_id);
 /* Bytes [off, off+len) of the shard file at path (a record's path without its
  * holder). Thread-safe (one request at a time per connection). */
 int  remote_fetch(struct remote_conn *c, const char *rel, void *buf, size_t len, uint64_t off);

@@ -25,8 +25,10 @@ cat > "$t/jobs" <<JOBS
 one secret-file=$t/one.secret
 two secret-file=$t/two.secret quota=1M
 JOBS
-start() {  # start NAME DATA: a ckptd on an ephemeral port; sets port_NAME
-  "$ckptd" --listen 127.0.0.1:0 --data "$2" --jobs "$t/jobs" --metrics 127.0.0.1:0 \
+# The second instance gives job two less room: a save of two fails on rank 1 only.
+sed 's/quota=1M/quota=256K/' "$t/jobs" > "$t/jobs_b"
+start() {  # start NAME DATA [JOBS]: a ckptd on an ephemeral port; sets port_NAME
+  "$ckptd" --listen 127.0.0.1:0 --data "$2" --jobs "${3:-$t/jobs}" --metrics 127.0.0.1:0 \
     --log info > "$t/$1.out" 2> "$t/$1.log" &
   pids+=($!)
   for _ in $(seq 100); do grep -q "listening on port" "$t/$1.out" 2>/dev/null && break; sleep 0.1; done
@@ -34,7 +36,7 @@ start() {  # start NAME DATA: a ckptd on an ephemeral port; sets port_NAME
   eval "mport_$1=$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$t/$1.out")"
 }
 start a "$t/a"
-start b "$t/b"
+start b "$t/b" "$t/jobs_b"
 [ -n "$port_a" ] && [ -n "$port_b" ] || { cat "$t"/*.log; echo "FAIL: ckptd did not start"; exit 1; }
 export CKPT_JOB_ID=one CKPT_JOB_SECRET=secret-of-job-one-0123456789
 two="ckptd://127.0.0.1:$port_a,127.0.0.1:$port_b"
@@ -110,6 +112,35 @@ if exec 3<>"/dev/tcp/127.0.0.1/$mport_a"; then
     && grep -q 'ckptd_job_used_bytes{job="one"} [1-9]' <<<"$m" \
     && ok "metrics: commits, refusals, per-job usage" || bad "metrics" "$m"
 fi
+# A save that fails on one rank is aborted, and the home instance removes the files
+# that the other ranks made durable, on every instance.
+expect_rc 1 "quota of 262144 bytes exceeded" "rank 1 of job two over its quota on the second instance" \
+  env CKPT_TARGET="$two" CKPT_JOB_ID=two CKPT_JOB_SECRET=secret-of-job-two-0123456789 \
+  "$synth" save --root "$t/u" --step 7 --bytes 1M --seed 1 --world 2
+left=
+for _ in $(seq 50); do
+  left=$(find "$t/a/jobs/two" "$t/b/jobs/two" -name '*.shard' 2>/dev/null)
+  [ -z "$left" ] && break; sleep 0.1
+done
+[ -z "$left" ] && ok "the aborted attempt's durable shards are removed" || bad "left: $left"
+# Retention through ckptd: the job's rules go to the home instance with its COORD.
+for st in 50 51 52; do
+  expect_rc 0 "saved step $st" "step $st with CKPT_KEEP_LAST=2" \
+    env CKPT_TARGET="$two" CKPT_KEEP_LAST=2 "$synth" save --root "$t/unused" --step $st \
+    --bytes 4M --seed $st --world 2
+done
+steps=
+for _ in $(seq 50); do
+  steps=$("$inspect" "$two" list 2>/dev/null | awk 'NR > 1 {print $1}' | tr '\n' ' ')
+  [ "$steps" = "51 52 " ] && break; sleep 0.1
+done
+[ "$steps" = "51 52 " ] && ok "retention kept the newest two committed steps" || bad "steps: $steps"
+gone=$(ls -d "$t/a/jobs/one/step-00000000000000000010" "$t/b/jobs/one/step-00000000000000000010" \
+       "$t/b/jobs/one/step-00000000000000000050" 2>/dev/null)
+[ -z "$gone" ] && ok "their files are gone from both instances" || bad "still there: $gone"
+expect_rc 0 "0 mismatches" "a kept step restores" \
+  env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step 52 --bytes 4M --seed 52 --world 3
+
 # SIGTERM: a clean stop.
 kill -TERM "${pids[0]}"; wait "${pids[0]}"; rc=$?
 [ $rc = 0 ] && ok "SIGTERM stops ckptd cleanly" || bad "ckptd exit $rc after SIGTERM" "$(tail "$t/a.log")"
