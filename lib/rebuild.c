@@ -290,6 +290,11 @@ int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn rep
 	if (ures && ures->size < sizeof(size_t))
 		return ckpt_err(-EINVAL, "ckpt_catalog_rebuild: result size %zu", ures->size);
 	ckpt_err_clear();
+	if (glue_remote(c))
+		return ckpt_err(CKPT_ESTATE, "rebuild of a job held by ckptd is its home instance's: it "
+		                "applies the job's retention rules (CKPT_KEEP_*) after each commit and "
+		                "collects what did not commit; on the storage node, ckpt-inspect "
+		                "DATA/jobs/<job id> rebuild runs it by hand");
 	if (!glue_is_coordinator(c))
 		return ckpt_err(CKPT_ESTATE, "rebuild of %s needs the context that owns the manifest "
 		                "(rank 0, not read-only)", c->cfg.root);

@@ -177,6 +177,11 @@ static int gc_run(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_res
 		return ckpt_err(-EINVAL, "ckpt_catalog_gc: result size %zu", ures->size);
 	ckpt_err_clear();
 	bool dry = o.flags & CKPT_GC_DRY_RUN;
+	if (glue_remote(c))
+		return ckpt_err(CKPT_ESTATE, "gc of a job held by ckptd is its home instance's: it "
+		                "applies the job's retention rules (CKPT_KEEP_*) after each commit and "
+		                "collects what did not commit; on the storage node, ckpt-inspect "
+		                "DATA/jobs/<job id> gc runs it by hand");
 	if (!glue_is_coordinator(c))
 		return ckpt_err(CKPT_ESTATE, "gc of %s needs the context that owns the manifest "
 		                "(rank 0, not read-only)", c->cfg.root);
