@@ -431,6 +431,14 @@ static int on_tensor(struct dconn *d, const struct net_msg *m)
 	return rc < 0 ? rc : 0;
 }
 
+static int data_unexpected(const struct dconn *d, size_t len)
+{
+	if (!d->want_data)
+		return ckpt_err(CKPT_EPROTO, "DATA of %zu bytes where none was announced", len);
+	return ckpt_err(CKPT_EPROTO, "DATA of %zu bytes where the CHUNK said %llu", len,
+	                (unsigned long long)d->chunk.stored_len);
+}
+
 /* DATA goes into a pool buffer, taken before the bytes are read off the socket. */
 static int data_into(void *arg, uint16_t type, size_t len, void **dst)
 {
@@ -438,8 +446,7 @@ static int data_into(void *arg, uint16_t type, size_t len, void **dst)
 	if (type != REMOTE_MSG_DATA)
 		return 0;
 	if (!d->want_data || len != d->chunk.stored_len || len > io_pool_buf_bytes(d->s->pool))
-		return ckpt_err(CKPT_EPROTO, "DATA of %zu bytes where %s", len,
-		                d->want_data ? "the CHUNK said otherwise" : "none was announced");
+		return data_unexpected(d, len);
 	uint64_t deadline = ckpt_deadline_ms(d->s->o.timeout_ms);
 	int b;
 	while ((b = io_pool_get(d->s->pool, 10)) < 0) {
@@ -470,6 +477,9 @@ static int on_chunk(struct dconn *d, struct net_msg *m)
 
 static int on_data(struct dconn *d, struct net_msg *m)
 {
+	/* An empty DATA asks data_into for no place, so it arrives here unchecked. */
+	if (d->data_buf < 0)
+		return data_unexpected(d, m->len);
 	struct djob *j = d->job;
 	unsigned b = (unsigned)d->data_buf;
 	d->data_buf = -1;
