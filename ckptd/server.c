@@ -439,13 +439,21 @@ static int data_unexpected(const struct dconn *d, size_t len)
 	                (unsigned long long)d->chunk.stored_len);
 }
 
-/* DATA goes into a pool buffer, taken before the bytes are read off the socket. */
+/* DATA goes into a pool buffer, taken before the bytes are read off the socket
+ * (on_chunk saw that it fits one). Any other message is allocated by lib/net: the
+ * connection's limit is a pool buffer, for DATA, so control messages are held to
+ * their own bound here, before anything is allocated. */
 static int data_into(void *arg, uint16_t type, size_t len, void **dst)
 {
 	struct dconn *d = arg;
-	if (type != REMOTE_MSG_DATA)
+	if (type != REMOTE_MSG_DATA) {
+		if (len > REMOTE_MAX_CONTROL)
+			return ckpt_err(CKPT_EPROTO, "%s message (type %u) of %zu bytes: control "
+			                "messages are at most %u", remote_msg_name(type), type, len,
+			                REMOTE_MAX_CONTROL);
 		return 0;
-	if (!d->want_data || len != d->chunk.stored_len || len > io_pool_buf_bytes(d->s->pool))
+	}
+	if (!d->want_data || len != d->chunk.stored_len)
 		return data_unexpected(d, len);
 	uint64_t deadline = ckpt_deadline_ms(d->s->o.timeout_ms);
 	int b;
@@ -469,6 +477,11 @@ static int on_chunk(struct dconn *d, struct net_msg *m)
 	int rc = remote_chunk_decode(m->payload, m->len, &d->chunk);
 	if (rc)
 		return rc;
+	size_t max = io_pool_buf_bytes(d->s->pool);
+	if (d->chunk.stored_len > max)
+		return ckpt_err(CKPT_EPROTO, "CHUNK of %llu bytes: a pool buffer holds %zu (the "
+		                "chunks are larger than this ckptd takes)",
+		                (unsigned long long)d->chunk.stored_len, max);
 	d->chunk_msg = *m;            /* the block hashes point into it */
 	m->payload = NULL;
 	d->want_data = true;

@@ -229,6 +229,18 @@ int remote_check_decode(const void *p, size_t n, struct remote_check *k)
 	return 0;
 }
 
+const char *remote_msg_name(unsigned type)
+{
+	static const char *const names[] = {
+		"COORD", "COORD_OK", "OPEN", "OPEN_OK", "TENSOR", "CHUNK", "DATA", "FINISH",
+		"DURABLE", "ABORT", "ERROR", "MANIFEST", "MANIFEST_OK", "READ", "CHECK", "CHECK_OK",
+		"REMOVE", "REMOVE_OK",
+	};
+	if (type < REMOTE_MSG_COORD || type - REMOTE_MSG_COORD >= sizeof names / sizeof names[0])
+		return "unknown";
+	return names[type - REMOTE_MSG_COORD];
+}
+
 void remote_error_encode(struct ckpt_buf *b, int code, const char *msg)
 {
 	size_t n = strlen(msg);

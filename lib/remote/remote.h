@@ -104,6 +104,9 @@ int  remote_read_decode(const void *p, size_t n, char *path, size_t cap, uint64_
 void remote_check_encode(struct ckpt_buf *b, const struct remote_check *c);
 int  remote_check_decode(const void *p, size_t n, struct remote_check *c);
 void remote_error_encode(struct ckpt_buf *b, int code, const char *msg);
+/* "CHUNK", "READ", ... for a type of enum remote_msg_type; "unknown" for others.
+ * Static storage. */
+const char *remote_msg_name(unsigned type);
 /* An ERROR message as this thread's error: its code (a negative code of ours or an
  * errno), the message prefixed with who said it. */
 int  remote_error_take(const void *p, size_t n, const char *who);
