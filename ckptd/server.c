@@ -361,8 +361,12 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	/* The quota counts what the job holds here and what its streams in flight say
 	 * they will add. */
 	pthread_mutex_lock(&j->lock);
-	uint64_t used = du(j->root, 0) + j->reserved;
-	if (auth.quota_bytes && used + o.size_hint > auth.quota_bytes) {
+	uint64_t used;
+	if (!ckpt_add_u64(du(j->root, 0), j->reserved, &used))
+		used = UINT64_MAX;
+	/* Compared without a sum: a hint near 2^64 must not wrap around the quota. */
+	if (auth.quota_bytes && (o.size_hint > auth.quota_bytes ||
+	                         used > auth.quota_bytes - o.size_hint)) {
 		pthread_mutex_unlock(&j->lock);
 		atomic_fetch_add_explicit(&d->s->o.counters->quota_refusals, 1, memory_order_relaxed);
 		return ckpt_err(-EDQUOT, "job '%s': quota of %llu bytes exceeded: it holds %llu, and "
