@@ -585,8 +585,12 @@ static int on_read(struct dconn *d, const struct net_msg *m)
 		return rc;
 	size_t max = io_pool_buf_bytes(d->s->pool);
 	if (len > max || len > REMOTE_MAX_READ)
-		return ckpt_err(-EINVAL, "READ of %llu bytes (at most %zu)", (unsigned long long)len,
+		return ckpt_err(-EINVAL, "READ of %llu bytes of %s (at most %zu)",
+		                (unsigned long long)len, rel,
 		                max < REMOTE_MAX_READ ? max : (size_t)REMOTE_MAX_READ);
+	if (off > (uint64_t)INT64_MAX - len)
+		return ckpt_err(-EINVAL, "READ of %llu bytes of %s at %llu: past the largest file "
+		                "offset", (unsigned long long)len, rel, (unsigned long long)off);
 	snprintf(path, sizeof path, "%s/%s", d->job->root, rel);
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0)
