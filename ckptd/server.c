@@ -687,6 +687,10 @@ static int on_remove(struct dconn *d, const struct net_msg *m)
 
 static int dispatch(struct dconn *d, struct net_msg *m)
 {
+	if (m->len && (m->type == REMOTE_MSG_FINISH || m->type == REMOTE_MSG_ABORT ||
+	               m->type == REMOTE_MSG_MANIFEST))
+		return ckpt_err(CKPT_EPROTO, "%s message of %zu bytes: it has none",
+		                remote_msg_name(m->type), m->len);
 	switch (m->type) {
 	case REMOTE_MSG_COORD:    return on_coord(d, m);
 	case REMOTE_MSG_OPEN:     return on_open(d, m);
