@@ -426,6 +426,13 @@ static int on_tensor(struct dconn *d, const struct net_msg *m)
 		return rc;
 	if (!d->w)
 		return ckpt_err(CKPT_EPROTO, "TENSOR outside a shard stream");
+	/* Checked here too, so that the message quotes the peer's bytes escaped. */
+	const char *why = ckpt_name_problem(t.name, strlen(t.name), true);
+	if (why) {
+		char q[CKPT_NAME_QUOTE_CAP];
+		return ckpt_err(CKPT_ENAME, "invalid tensor name '%s': %s",
+		                ckpt_name_quote(t.name, strlen(t.name), q, sizeof q), why);
+	}
 	struct io_tensor_desc desc = {
 		.name = t.name, .kind = t.kind, .dtype = t.dtype, .policy = t.policy,
 		.flags = t.flags, .ndim = t.ndim, .global_shape = t.global_shape,

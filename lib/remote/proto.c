@@ -15,13 +15,18 @@ static int bad(const char *msg, const char *field)
 }
 
 /* A length-prefixed string into out (cap bytes with the NUL); the bytes must be
- * printable and free of NUL. */
+ * printable: no NUL, no control byte (a host, path or name goes into log lines and
+ * error messages as it is). Bytes from 0x80 up are left to the field's own check
+ * (names are UTF-8). */
 static bool take_str(struct ckpt_cursor *c, char *out, size_t cap)
 {
 	uint16_t n = ckpt_cursor_u16(c);
 	const uint8_t *p = ckpt_cursor_take(c, n);
-	if (!p || n == 0 || n >= cap || memchr(p, 0, n))
+	if (!p || n == 0 || n >= cap)
 		return false;
+	for (size_t i = 0; i < n; i++)
+		if (p[i] < 0x20 || p[i] == 0x7f)
+			return false;
 	memcpy(out, p, n);
 	out[n] = '\0';
 	return true;
