@@ -765,17 +765,17 @@ static void *conn_main(void *arg)
 		if (rc == -ETIMEDOUT) {
 			/* A stream that stalls longer than the timeout is given up. */
 			rc = 0;
-			if (d->w && ckpt_now_ns() - idle_since > (uint64_t)s->o.timeout_ms * 1000000u)
+			if (d->w && ckpt_now_ns() - idle_since > (uint64_t)s->o.timeout_ms * 1000000u) {
 				rc = ckpt_err(-ETIMEDOUT, "shard stream idle for %u ms", s->o.timeout_ms);
+				ckpt_log(CKPT_LOG_WARN, "job %s rank %u: %s", d->job->id, d->hello.rank,
+				         ckpt_err_msg());
+				remote_send_error(d->net, rc, ckpt_err_msg(), 1000);
+			}
 			if (!rc)
 				continue;
 		}
-		if (rc) {
-			if (d->data_buf >= 0)
-				io_pool_put(s->pool, (unsigned)d->data_buf);
-			d->data_buf = -1;
+		if (rc)
 			break;
-		}
 		idle_since = ckpt_now_ns();
 		rc = dispatch(d, &m);
 		if (!m.borrowed)
@@ -787,6 +787,10 @@ static void *conn_main(void *arg)
 			remote_send_error(d->net, rc, ckpt_err_msg(), 1000);
 		}
 	}
+	/* A DATA cut short (the peer gone, an idle stream, a stop) gives its buffer back. */
+	if (d->data_buf >= 0)
+		io_pool_put(s->pool, (unsigned)d->data_buf);
+	d->data_buf = -1;
 	if (d->job && (rc != -ECONNRESET || d->w))
 		ckpt_log(d->w ? CKPT_LOG_WARN : CKPT_LOG_DEBUG, "job %s rank %u: connection ends%s",
 		         d->job->id, d->hello.rank, d->w ? " inside a shard stream" : "");
