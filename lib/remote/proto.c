@@ -263,13 +263,18 @@ int remote_error_take(const void *p, size_t n, const char *who)
 	int code = (int)ckpt_cursor_u32(&c);
 	uint16_t len = ckpt_cursor_u16(&c);
 	const uint8_t *m = ckpt_cursor_take(&c, len);
-	if (!c.ok || code >= 0 || code < -100000)
+	if (!c.ok || c.left || code >= 0 || code < -100000)
 		return ckpt_err(CKPT_EPROTO, "%s: malformed ERROR message", who);
 	char text[1024];
 	size_t k = 0;
 	for (size_t i = 0; i < len && k + 1 < sizeof text; i++)
 		text[k++] = m[i] >= 0x20 && m[i] < 0x7f ? (char)m[i] : '?';
 	text[k] = '\0';
+	/* The peer's message ends with its words for the code, as ours will: once. */
+	char tail[160];
+	int t = snprintf(tail, sizeof tail, " (%s)", ckpt_strerror(code));
+	if (t > 0 && (size_t)t < sizeof tail && k >= (size_t)t && !strcmp(text + k - (size_t)t, tail))
+		text[k - (size_t)t] = '\0';
 	return ckpt_err(code, "%s: %s", who, text);
 }
 
