@@ -1,0 +1,967 @@
+/*
+ * test_ckptd_hostile.c — ckptd under hostile input. A server runs in this process
+ * (ckptd_server_run in a thread, a pool of four buffers so that one lost on an
+ * error path shows) and is attacked over raw lib/net connections: garbage and
+ * oversized frames before and after the handshake, wrong secrets and path-like job
+ * ids, a CHUNK whose DATA has another length or none, DATA beyond a pool buffer or
+ * with no CHUNK, bad TENSORs, streams out of order, READ and CHECK of paths outside
+ * the job's root or of another job's files, ranges that overflow, bad COORDs, ERROR
+ * from a client, every message truncated or with a byte too many, streams abandoned
+ * or stalled while they hold pool buffers, and one job writing and removing where
+ * another job's file is.
+ *
+ * After each attack: the answer is an ERROR with its specific code and a message
+ * naming the object, or (where the frame itself is bad) the connection is closed
+ * and ckptd's log names the cause; nothing exists outside <data>/jobs/<job>/; job
+ * B's files are byte for byte what B saved; every pool buffer is free once the
+ * connections are gone; and honest ranks of jobs A and B, saving through the
+ * library (ckpt_open with a ckptd:// target), save and load bit-exact. The server,
+ * the peers and those checks are ckptd_fixture.c's.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include "ckpt/ckpt.h"
+#include "ckptd_fixture.h"
+#include "manifest/manifest.h"
+#include "testutil.h"
+
+/* ------------------------------------------------------------------ before the handshake */
+
+START_TEST(garbage_before_handshake)
+{
+	uint64_t rejected = atomic_load(&counters.rejected);
+	/* Something else's protocol. */
+	int fd = raw_connect();
+	static const char http[] = "GET /metrics HTTP/1.1\r\nHost: ckptd\r\n\r\n";
+	raw_write(fd, http, sizeof http - 1);
+	raw_expect_closed(fd, "HTTP request");
+	ck_assert(log_has("bad magic"));
+	/* Random bytes. */
+	uint8_t junk[512];
+	tu_fill(junk, sizeof junk, tu_seed(), 1);
+	fd = raw_connect();
+	raw_write(fd, junk, sizeof junk);
+	raw_expect_closed(fd, "random bytes");
+	/* Our magic with another version. */
+	uint8_t h[NET_HEADER_BYTES];
+	raw_header(h, 7, NET_MSG_HELLO, 10);
+	fd = raw_connect();
+	raw_write(fd, h, sizeof h);
+	raw_expect_closed(fd, "version 7");
+	ck_assert(log_has("protocol version 7"));
+	/* Lengths beyond the handshake's limit, and the largest a header can say. */
+	raw_header(h, NET_PROTO_VERSION, NET_MSG_HELLO, 4097);
+	fd = raw_connect();
+	raw_write(fd, h, sizeof h);
+	raw_expect_closed(fd, "HELLO of 4097 bytes");
+	ck_assert(log_has("message of 4097 bytes exceeds the limit"));
+	raw_header(h, NET_PROTO_VERSION, NET_MSG_HELLO, UINT32_MAX);
+	fd = raw_connect();
+	raw_write(fd, h, sizeof h);
+	raw_expect_closed(fd, "HELLO of 4 GiB");
+	/* Half a header, and a HELLO cut short: the peer leaves. */
+	fd = raw_connect();
+	raw_write(fd, h, 7);
+	close(fd);
+	raw_header(h, NET_PROTO_VERSION, NET_MSG_HELLO, 100);
+	fd = raw_connect();
+	raw_write(fd, h, sizeof h);
+	raw_write(fd, junk, 50);
+	close(fd);
+	/* Well framed, but not a HELLO: REJECT with the reason, then closed. */
+	struct net_conn *c;
+	ck_assert_int_eq(net_connect(NET_TCP, NULL, "127.0.0.1", port, WAIT_MS, &c), 0);
+	send_msg(c, NET_MSG_HELLO, junk, 10);
+	struct net_msg m;
+	ck_assert_int_eq(net_recv(c, &m, WAIT_MS), 0);
+	ck_assert_uint_eq(m.type, NET_MSG_REJECT);
+	net_msg_free(&m);
+	expect_closed(c, "expected HELLO");
+	ck_assert_int_eq(net_connect(NET_TCP, NULL, "127.0.0.1", port, WAIT_MS, &c), 0);
+	send_msg(c, REMOTE_MSG_READ, junk, 10);
+	ck_assert_int_eq(net_recv(c, &m, WAIT_MS), 0);
+	ck_assert_uint_eq(m.type, NET_MSG_REJECT);
+	net_msg_free(&m);
+	expect_closed(c, NULL);
+	/* A silent peer is dropped when the handshake's time is up. */
+	fd = raw_connect();
+	time_t t0 = time(NULL);
+	raw_expect_closed(fd, "silent peer");
+	ck_assert_int_le(time(NULL) - t0, TIMEOUT_MS / 1000 + 3);
+	ck_assert_uint_gt(atomic_load(&counters.rejected), rejected);
+	after_attack();
+}
+END_TEST
+
+START_TEST(refused_jobs)
+{
+	expect_refused("joba", "not-the-secret-0123456789", CKPT_EAUTH,
+	               "server failed to prove the job secret");
+	/* Another job's secret, both ways round. */
+	expect_refused("joba", SECRET_B, CKPT_EAUTH, "server failed to prove");
+	expect_refused("jobb", SECRET_A, CKPT_EAUTH, "server failed to prove");
+	expect_refused("nosuch", SECRET_A, CKPT_EPEER, "not registered with this ckptd");
+	/* Path-like ids name no job: nothing is created for them. */
+	static const char *const ids[] = { "../joba", "../../x", "/etc", "joba/../jobb", ".", "..",
+	                                   "jobs/joba", "joba/" };
+	for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+		expect_refused(ids[i], SECRET_A, CKPT_EPEER, "not registered with this ckptd");
+	char longid[NET_MAX_JOB_ID + 1];
+	memset(longid, 'a', NET_MAX_JOB_ID);
+	longid[NET_MAX_JOB_ID] = '\0';
+	expect_refused(longid, SECRET_A, CKPT_EPEER, "not registered");
+	/* A job id with a NUL inside, which no client library would send: a HELLO by
+	 * hand (job id, rank, world, a 32-byte nonce; protocol.md §1.2). */
+	struct net_conn *c;
+	ck_assert_int_eq(net_connect(NET_TCP, NULL, "127.0.0.1", port, WAIT_MS, &c), 0);
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	ckpt_buf_u16(&b, 9);
+	ckpt_buf_put(&b, "joba\0jobb", 9);
+	ckpt_buf_u32(&b, 0);
+	ckpt_buf_u32(&b, 1);
+	uint8_t nonce[32] = { 0 };
+	ckpt_buf_put(&b, nonce, sizeof nonce);
+	send_buf(c, NET_MSG_HELLO, &b);
+	struct net_msg m;
+	ck_assert_int_eq(net_recv(c, &m, WAIT_MS), 0);
+	ck_assert_uint_eq(m.type, NET_MSG_REJECT);
+	ck_assert_uint_ge(m.len, 6);
+	ck_assert_int_eq((int32_t)ckpt_get_le32(m.payload), CKPT_EPEER);
+	ck_assert(memmem(m.payload, m.len, "not registered", 14) != NULL);
+	net_msg_free(&m);
+	expect_closed(c, NULL);
+	after_attack();
+}
+END_TEST
+
+/* ------------------------------------------------------------------ frames after it */
+
+START_TEST(oversized_after_handshake)
+{
+	/* The largest length a header can say. */
+	struct net_conn *c = conn_a();
+	send_header(c, REMOTE_MSG_COORD, UINT32_MAX);
+	expect_closed(c, "exceeds the limit");
+	/* A control message over REMOTE_MAX_CONTROL, though a pool buffer would hold it:
+	 * refused at its header, before anything is allocated or read. */
+	c = conn_a();
+	send_header(c, REMOTE_MSG_TENSOR, REMOTE_MAX_CONTROL + 1);
+	expect_closed(c, "TENSOR message (type 68) of 1048577 bytes");
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_header(c, REMOTE_MSG_CHUNK, BUF_BYTES);
+	expect_closed(c, "CHUNK message (type 69) of 2097152 bytes");
+	after_attack();
+}
+END_TEST
+
+START_TEST(data_mismatch)
+{
+	/* A CHUNK of 4096 bytes, then DATA of 4095 and of 4097. */
+	struct net_conn *c = conn_a();
+	start_stream(c, 7, 8192);
+	send_chunk(c, 0, 4096);
+	send_data(c, 4095, 1);
+	expect_closed(c, "DATA of 4095 bytes where the CHUNK said 4096");
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_chunk(c, 0, 4096);
+	send_data(c, 4097, 1);
+	expect_closed(c, "DATA of 4097 bytes where the CHUNK said 4096");
+	/* DATA with no CHUNK: in a stream, and outside one. */
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_data(c, 100, 1);
+	expect_closed(c, "DATA of 100 bytes where none was announced");
+	c = conn_a();
+	send_data(c, 100, 1);
+	expect_closed(c, "none was announced");
+	/* DATA longer than a pool buffer: announced by its CHUNK, which is refused, and
+	 * where the CHUNK said less. */
+	c = conn_a();
+	start_stream(c, 7, 2 * (uint64_t)BUF_BYTES);
+	send_chunk(c, 0, BUF_BYTES + 4096);
+	expect_error(c, CKPT_EPROTO, "CHUNK of 2101248 bytes: a pool buffer holds 2097152");
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_chunk(c, 0, 4096);
+	send_header(c, REMOTE_MSG_DATA, BUF_BYTES);
+	expect_closed(c, "DATA of 2097152 bytes where the CHUNK said 4096");
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_chunk(c, 0, 4096);
+	send_header(c, REMOTE_MSG_DATA, BUF_BYTES + 4096);
+	expect_closed(c, "message of 2101248 bytes exceeds the limit of 2097152");
+	after_attack();
+}
+END_TEST
+
+START_TEST(data_empty)
+{
+	/* Empty DATA asks for no buffer, so it never meets the check at the header. */
+	struct net_conn *c = conn_a();
+	send_data(c, 0, 0);
+	expect_error(c, CKPT_EPROTO, "DATA of 0 bytes where none was announced");
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_data(c, 0, 0);
+	expect_error(c, CKPT_EPROTO, "DATA of 0 bytes where none was announced");
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_chunk(c, 0, 4096);
+	send_data(c, 0, 0);
+	expect_error(c, CKPT_EPROTO, "DATA of 0 bytes where the CHUNK said 4096");
+	/* And in a job with a quota, whose refusal puts the buffer back itself. */
+	c = conn_as("jobq", SECRET_Q, 1);
+	start_stream(c, 7, 8192);
+	send_chunk(c, 0, 4096);
+	send_data(c, 0, 0);
+	expect_error(c, CKPT_EPROTO, "DATA of 0 bytes");
+	after_attack();
+}
+END_TEST
+
+START_TEST(chunks_out_of_place)
+{
+	struct net_conn *c = conn_a();
+	send_chunk(c, 0, 4096);
+	expect_error(c, CKPT_EPROTO, "CHUNK outside a shard stream");
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_chunk(c, 0, 4096);
+	send_chunk(c, 0, 4096);
+	expect_error(c, CKPT_EPROTO, "CHUNK before the last one's DATA");
+	/* A tensor that was never declared, and more bytes than the tensor has. */
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_chunk(c, 5, 4096);
+	send_data(c, 4096, 1);
+	expect_error(c, -EINVAL, "append to tensor 5 of 1");
+	c = conn_a();
+	start_stream(c, 7, 4096);
+	send_chunk(c, 0, 8192);
+	send_data(c, 8192, 1);
+	expect_error(c, -EINVAL, "tensor 'w': 8192 more bytes past its 4096");
+	/* A codec that does not exist; a raw chunk that says it is compressed. */
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	struct ckpt_buf b;
+	chunk_msg(&b, 0, 4096);
+	b.p[4] = 9;
+	send_buf(c, REMOTE_MSG_CHUNK, &b);
+	expect_error(c, CKPT_EPROTO, "CHUNK message: bad or truncated codec");
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	chunk_msg(&b, 0, 4096);
+	ckpt_put_le64(b.p + 13, 4000);                  /* stored_len != raw_len, raw codec */
+	send_buf(c, REMOTE_MSG_CHUNK, &b);
+	expect_error(c, CKPT_EPROTO, "CHUNK message: bad or truncated lengths");
+	after_attack();
+}
+END_TEST
+
+/* A TENSOR message by hand: name bytes, ndim and the dims as given. */
+static void send_raw_tensor(struct net_conn *c, const void *name, uint16_t name_len,
+                            uint8_t dtype, uint8_t ndim, const uint64_t *shape,
+                            const uint64_t *extent, uint64_t raw_bytes)
+{
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	ckpt_buf_u16(&b, name_len);
+	ckpt_buf_put(&b, name, name_len);
+	ckpt_buf_u8(&b, CKPT_KIND_MODEL);
+	ckpt_buf_u8(&b, dtype);
+	ckpt_buf_u8(&b, CKPT_SHARDED);
+	ckpt_buf_u8(&b, 0);
+	ckpt_buf_u8(&b, ndim);
+	for (unsigned i = 0; i < ndim; i++)
+		ckpt_buf_u64(&b, shape[i]);
+	for (unsigned i = 0; i < ndim; i++)
+		ckpt_buf_u64(&b, 0);
+	for (unsigned i = 0; i < ndim; i++)
+		ckpt_buf_u64(&b, extent[i]);
+	ckpt_buf_u64(&b, raw_bytes);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+}
+
+static void expect_tensor_error(const void *name, uint16_t name_len, uint8_t dtype, uint8_t ndim,
+                                const uint64_t *shape, const uint64_t *extent,
+                                uint64_t raw_bytes, int code, const char *needle)
+{
+	struct net_conn *c = conn_a();
+	start_stream(c, 7, 8192);
+	send_raw_tensor(c, name, name_len, dtype, ndim, shape, extent, raw_bytes);
+	expect_error(c, code, needle);
+}
+
+START_TEST(bad_tensors)
+{
+	uint64_t shape[255], one[1] = { 4 };
+	for (unsigned i = 0; i < 255; i++)
+		shape[i] = 1;
+	expect_tensor_error("x", 1, CKPT_F32, 17, shape, shape, 4, CKPT_EPROTO,
+	                    "TENSOR message: bad or truncated rank (ndim)");
+	expect_tensor_error("x", 1, CKPT_F32, 255, shape, shape, 4, CKPT_EPROTO, "rank (ndim)");
+	expect_tensor_error("a\0b", 3, CKPT_F32, 1, one, one, 16, CKPT_EPROTO,
+	                    "TENSOR message: bad or truncated name");
+	expect_tensor_error("", 0, CKPT_F32, 1, one, one, 16, CKPT_EPROTO, "bad or truncated name");
+	expect_tensor_error("a\nb", 3, CKPT_F32, 1, one, one, 16, CKPT_EPROTO,
+	                    "bad or truncated name");
+	expect_tensor_error("w\xff\xfe", 3, CKPT_F32, 1, one, one, 16, CKPT_ENAME,
+	                    "invalid tensor name 'w\\xff\\xfe'");
+	expect_tensor_error("\xc0\xaf", 2, CKPT_F32, 1, one, one, 16, CKPT_ENAME,
+	                    "invalid tensor name");
+	expect_tensor_error("a/../b", 6, CKPT_F32, 1, one, one, 16, CKPT_ENAME,
+	                    "invalid tensor name 'a/../b'");
+	static char longname[CKPT_MAX_NAME + 1];
+	memset(longname, 'n', sizeof longname);
+	expect_tensor_error(longname, CKPT_MAX_NAME + 1, CKPT_F32, 1, one, one, 16, CKPT_EPROTO,
+	                    "bad or truncated name");
+	/* Shapes whose size overflows 64 bits, a box outside its shape, a size that lies. */
+	uint64_t huge[2] = { 1ull << 40, 1ull << 40 };
+	expect_tensor_error("h", 1, CKPT_F32, 2, huge, huge, 0, CKPT_ESHAPE,
+	                    "tensor 'h': size overflows 64 bits");
+	uint64_t big[1] = { UINT64_MAX };
+	expect_tensor_error("h", 1, CKPT_F32, 1, big, big, 0, CKPT_ESHAPE, "overflows 64 bits");
+	uint64_t wide[1] = { 8 };
+	expect_tensor_error("h", 1, CKPT_F32, 1, one, wide, 32, CKPT_ESHAPE, "outside shape 4");
+	expect_tensor_error("h", 1, CKPT_F32, 1, one, one, 17, CKPT_ESHAPE,
+	                    "raw_bytes 17, extent holds 16");
+	expect_tensor_error("h", 1, 0, 1, one, one, 16, -EINVAL, "tensor 'h': kind");
+	/* The same name twice; a TENSOR with no stream. */
+	struct net_conn *c = conn_a();
+	start_stream(c, 7, 8192);
+	struct ckpt_buf b;
+	tensor_msg(&b, "w", 8192);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+	expect_error(c, -EEXIST, "tensor 'w' added twice");
+	c = conn_a();
+	tensor_msg(&b, "w", 8192);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+	expect_error(c, CKPT_EPROTO, "TENSOR outside a shard stream");
+	after_attack();
+}
+END_TEST
+
+START_TEST(streams_out_of_order)
+{
+	struct net_conn *c = conn_a();
+	start_stream(c, 7, 8192);
+	send_open(c, 8, STREAM_SID, 1u << 20, 0);
+	expect_error(c, CKPT_EPROTO, "OPEN inside a shard stream");
+	c = conn_a();
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	expect_error(c, CKPT_EPROTO, "FINISH outside a shard stream");
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_chunk(c, 0, 4096);
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	expect_error(c, CKPT_EPROTO, "FINISH before the last chunk's DATA");
+	/* A shard cut short: FINISH with a tensor half sent. */
+	c = conn_a();
+	start_stream(c, 7, 8192);
+	send_chunk(c, 0, 4096);
+	send_data(c, 4096, 1);
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	struct net_msg m;
+	ck_assert_int_eq(net_recv(c, &m, WAIT_MS), 0);
+	ck_assert_uint_eq(m.type, REMOTE_MSG_ERROR);
+	int rc = remote_error_take(m.payload, m.len, "ckptd");
+	net_msg_free(&m);
+	ck_assert_msg(rc < 0 && strstr(ckpt_err_msg(), "'w'"), "%d: %s", rc, ckpt_err_msg());
+	expect_closed(c, NULL);
+	/* Block sizes the writer does not take; a size hint no file can have. */
+	c = conn_a();
+	send_open(c, 7, STREAM_SID, 3000, 0);
+	expect_error(c, -EINVAL, "block");
+	c = conn_a();
+	send_open(c, 7, 0, 0, UINT64_MAX);
+	struct net_msg e;
+	ck_assert_int_eq(net_recv(c, &e, WAIT_MS), 0);
+	ck_assert_uint_eq(e.type, REMOTE_MSG_ERROR);
+	rc = remote_error_take(e.payload, e.len, "ckptd");
+	net_msg_free(&e);
+	ck_assert_msg(rc < 0 && strstr(ckpt_err_msg(), "18446744073709551615"), "%d: %s", rc,
+	              ckpt_err_msg());
+	expect_closed(c, NULL);
+	/* A quota cannot be slipped past with a hint that wraps around what the job
+	 * holds (here: what a stream in flight reserved). */
+	struct net_conn *q = conn_as("jobq", SECRET_Q, 1);
+	send_open(q, 7, STREAM_SID, 1u << 20, 8192);
+	expect_answer(q, REMOTE_MSG_OPEN_OK, &m);
+	net_msg_free(&m);
+	c = conn_as("jobq", SECRET_Q, 1);
+	send_open(c, 8, STREAM_SID, 1u << 20, UINT64_MAX - 4095);
+	expect_error(c, -EDQUOT, "quota of 1048576 bytes exceeded");
+	c = conn_as("jobq", SECRET_Q, 1);
+	send_open(c, 8, STREAM_SID, 1u << 20, UINT64_MAX);
+	expect_error(c, -EDQUOT, "quota of 1048576 bytes exceeded");
+	net_close(q);
+	/* ABORT with nothing open is harmless; the connection goes on. */
+	c = conn_a();
+	send_msg(c, REMOTE_MSG_ABORT, NULL, 0);
+	start_stream(c, 7, 4096);
+	send_chunk(c, 0, 4096);
+	send_data(c, 4096, 1);
+	send_msg(c, REMOTE_MSG_ABORT, NULL, 0);
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	expect_error(c, CKPT_EPROTO, "FINISH outside a shard stream");
+	after_attack();
+}
+END_TEST
+
+/* ------------------------------------------------------------------ READ and CHECK */
+
+static const char *const bad_paths[] = {
+	"../x",
+	"/etc/passwd",
+	"step-00000000000000000001/../../jobs/jobb/step-00000000000000000001/rank-000000.shard",
+	"step-00000000000000000001/../../../jobb/manifest/data.mdb",
+	"../jobb/step-00000000000000000001/rank-000000.shard",
+	"step-00000000000000000001/rank-000000.shard/../../../../etc/passwd",
+	"step-00000000000000000001//rank-000000.shard",
+	"step-00000000000000000001/./rank-000000.shard",
+	"step-1/rank-000000.shard",
+	"manifest/data.mdb",
+	"ckptd.lock",
+	"step-00000000000000000001/rank-000000.shardx",
+	"step-00000000000000000001/rank-0.shard",
+	"@127.0.0.1:1/step-00000000000000000001/rank-000000.shard",
+	"step-00000000000000000001",
+	"/",
+};
+
+START_TEST(read_paths)
+{
+	for (size_t i = 0; i < sizeof bad_paths / sizeof bad_paths[0]; i++)
+		expect_read_error(bad_paths[i], 0, 16, CKPT_EPROTO, "not a shard path");
+	/* Bytes a path may not hold; a path longer than any shard path. */
+	expect_read_error("step-00000000000000000001/rank-000000\n.shard", 0, 16, CKPT_EPROTO,
+	                  "READ message: bad or truncated path");
+	static char longpath[REMOTE_MAX_PATH + 2];
+	memset(longpath, 'a', REMOTE_MAX_PATH + 1);
+	expect_read_error(longpath, 0, 16, CKPT_EPROTO, "READ message: bad or truncated path");
+	/* A shard path of job B's: job A has no such file, and B's is never read. */
+	expect_read_error(b_rel, 0, 16, CKPT_ENOTFOUND, b_rel);
+	/* Ranges: past the end of A's file, beyond what one READ may ask, overflowing. */
+	honest_save("joba", SECRET_A, 50);
+	char dir[4400], rel[128] = "";
+	snprintf(dir, sizeof dir, "%s/jobs/joba/step-00000000000000000050", data_dir);
+	DIR *d = opendir(dir);
+	ck_assert(d != NULL);
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			snprintf(rel, sizeof rel, "step-00000000000000000050/%s", e->d_name);
+	closedir(d);
+	char path[4600];
+	snprintf(path, sizeof path, "%s/jobs/joba/%s", data_dir, rel);
+	void *file;
+	size_t size;
+	ck_assert_int_eq(tu_read_file(path, &file, &size), 0);
+	expect_read_error(rel, size, 16, CKPT_ECORRUPT, "end of file");
+	expect_read_error(rel, size - 8, 16, CKPT_ECORRUPT, "end of file");
+	expect_read_error(rel, 0, BUF_BYTES + 1, -EINVAL, "READ of 2097153 bytes");
+	expect_read_error(rel, 0, REMOTE_MAX_READ + 1ull, -EINVAL, "READ of");
+	expect_read_error(rel, 0, UINT64_MAX, -EINVAL, "READ of");
+	expect_read_error(rel, UINT64_MAX - 8, 16, -EINVAL, rel);
+	expect_read_error(rel, UINT64_MAX, 1, -EINVAL, rel);
+	expect_read_error(rel, 1ull << 63, 16, -EINVAL, rel);
+	/* The control: a READ in range answers the file's bytes. */
+	struct net_conn *c = conn_a();
+	struct ckpt_buf b;
+	read_msg(&b, rel, 4096, 1000);
+	send_buf(c, REMOTE_MSG_READ, &b);
+	struct net_msg m;
+	expect_answer(c, REMOTE_MSG_DATA, &m);
+	ck_assert_uint_eq(m.len, 1000);
+	ck_assert(memcmp(m.payload, (uint8_t *)file + 4096, 1000) == 0);
+	net_msg_free(&m);
+	net_close(c);
+	free(file);
+	after_attack();
+}
+END_TEST
+
+START_TEST(check_paths)
+{
+	for (size_t i = 0; i < sizeof bad_paths / sizeof bad_paths[0]; i++)
+		expect_check_error(bad_paths[i], 8192, CKPT_EPROTO, "not a shard path");
+	static char longpath[REMOTE_MAX_PATH + 2];
+	memset(longpath, 'a', REMOTE_MAX_PATH + 1);
+	expect_check_error(longpath, 8192, CKPT_EPROTO, "CHECK message: bad or truncated path");
+	/* Job B's shard, with its real size: not A's to vouch for. */
+	char bpath[4400];
+	snprintf(bpath, sizeof bpath, "%s/jobs/jobb/%s", data_dir, b_rel);
+	struct stat st;
+	ck_assert_int_eq(stat(bpath, &st), 0);
+	expect_check_error(b_rel, (uint64_t)st.st_size, CKPT_ECORRUPT, "no such shard file");
+	/* A's own shard with sizes that are not its own. */
+	honest_save("joba", SECRET_A, 51);
+	char rel[128];
+	snprintf(rel, sizeof rel, "%s", b_rel);
+	char dir[4400];
+	snprintf(dir, sizeof dir, "%s/jobs/joba/step-00000000000000000051", data_dir);
+	DIR *d = opendir(dir);
+	ck_assert(d != NULL);
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			snprintf(rel, sizeof rel, "step-00000000000000000051/%s", e->d_name);
+	closedir(d);
+	expect_check_error(rel, 8192, CKPT_ECORRUPT, "not the 8192 of the shard voted for");
+	expect_check_error(rel, UINT64_MAX, CKPT_ECORRUPT, "of the shard voted for");
+	char apath[4400];
+	snprintf(apath, sizeof apath, "%s/jobs/joba/%s", data_dir, rel);
+	ck_assert_int_eq(stat(apath, &st), 0);
+	expect_check_error(rel, (uint64_t)st.st_size, CKPT_ECORRUPT, "names another footer");
+	after_attack();
+}
+END_TEST
+
+/* ------------------------------------------------------------------ COORD, ERROR, types */
+
+static void expect_coord_error(const struct ckpt_buf *b, int code, const char *needle)
+{
+	struct net_conn *c = conn_a();
+	send_msg(c, REMOTE_MSG_COORD, b->p, b->len);
+	expect_error(c, code, needle);
+}
+
+START_TEST(bad_coord)
+{
+	struct ckpt_buf b;
+	/* No instances; 300 (the limit is 256); hosts that are no host names. */
+	ckpt_buf_init(&b);
+	ckpt_buf_u32(&b, 1);
+	ckpt_buf_u16(&b, 0);
+	expect_coord_error(&b, CKPT_EPROTO, "COORD message: bad or truncated world or instance count");
+	ckpt_buf_free(&b);
+	ckpt_buf_init(&b);
+	ckpt_buf_u32(&b, 1);
+	ckpt_buf_u16(&b, 300);
+	for (unsigned i = 0; i < 300; i++) {
+		ckpt_buf_u16(&b, 9);
+		ckpt_buf_put(&b, "127.0.0.1", 9);
+		ckpt_buf_u16(&b, (uint16_t)(1000 + i));
+	}
+	expect_coord_error(&b, CKPT_EPROTO, "world or instance count");
+	ckpt_buf_free(&b);
+	struct remote_instance in[2] = { { "127.0.0.1", 0 }, { "127.0.0.1", 0 } };
+	in[0].port = port;
+	in[1].port = port;
+	/* A world other than the one the handshake proved. */
+	ckpt_buf_init(&b);
+	ck_assert_int_eq(remote_coord_encode(&b, 5, in, 1, NULL), 0);
+	expect_coord_error(&b, CKPT_EPROTO, "COORD for 5 ranks from a rank of a world of 1");
+	ckpt_buf_free(&b);
+	ckpt_buf_init(&b);
+	ckpt_buf_u32(&b, 0);
+	ckpt_buf_u16(&b, 1);
+	ckpt_buf_u16(&b, 9);
+	ckpt_buf_put(&b, "127.0.0.1", 9);
+	ckpt_buf_u16(&b, 1);
+	expect_coord_error(&b, CKPT_EPROTO, "world or instance count");
+	ckpt_buf_free(&b);
+	/* Port 0; a host with a control byte; an empty host. */
+	in[0].port = 0;
+	ckpt_buf_init(&b);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 1, NULL), 0);
+	expect_coord_error(&b, CKPT_EPROTO, "instance port");
+	ckpt_buf_free(&b);
+	in[0].port = port;
+	snprintf(in[1].host, sizeof in[1].host, "evil\nhost");
+	ckpt_buf_init(&b);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 2, NULL), 0);
+	expect_coord_error(&b, CKPT_EPROTO, "instance host");
+	ckpt_buf_free(&b);
+	in[1].host[0] = '\0';
+	ckpt_buf_init(&b);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 2, NULL), 0);
+	expect_coord_error(&b, CKPT_EPROTO, "instance host");
+	ckpt_buf_free(&b);
+	/* Retention rules one byte short, and one byte too many. */
+	struct remote_keep keep = { .last = 1 };
+	ckpt_buf_init(&b);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 1, &keep), 0);
+	b.len--;
+	expect_coord_error(&b, CKPT_EPROTO, "COORD message: bad or truncated length");
+	ckpt_buf_u16(&b, 0);
+	expect_coord_error(&b, CKPT_EPROTO, "COORD message: bad or truncated length");
+	ckpt_buf_free(&b);
+	after_attack();
+}
+END_TEST
+
+START_TEST(unexpected_types)
+{
+	/* ERROR from a client; answers a client never sends; lib/net's own types; one
+	 * nobody defines. */
+	static const uint16_t types[] = { REMOTE_MSG_ERROR, REMOTE_MSG_COORD_OK, REMOTE_MSG_OPEN_OK,
+	                                  REMOTE_MSG_DURABLE, REMOTE_MSG_MANIFEST_OK,
+	                                  REMOTE_MSG_CHECK_OK, REMOTE_MSG_REMOVE_OK, NET_MSG_HELLO,
+	                                  NET_MSG_WELCOME,
+	                                  NET_MSG_REJECT, 0, 31, 200, 65535 };
+	for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+		struct net_conn *c = conn_a();
+		struct ckpt_buf b;
+		ckpt_buf_init(&b);
+		remote_error_encode(&b, CKPT_ECORRUPT, "a client that says ckptd is broken");
+		send_buf(c, types[i], &b);
+		char want[64];
+		snprintf(want, sizeof want, "unexpected message type %u", types[i]);
+		expect_error(c, CKPT_EPROTO, want);
+	}
+	after_attack();
+}
+END_TEST
+
+/* Every prefix of a valid message, and the message with a byte too many: each is
+ * answered ERROR (CKPT_EPROTO) naming the message. */
+static void truncations(uint16_t type, const struct ckpt_buf *valid, const char *needle,
+                        bool in_stream)
+{
+	for (size_t k = 0; k <= valid->len + 1; k++) {
+		if (k == valid->len)
+			continue;
+		uint8_t *p = malloc(valid->len + 1);
+		memcpy(p, valid->p, valid->len);
+		p[valid->len] = 0;
+		struct net_conn *c = conn_a();
+		if (in_stream)
+			start_stream(c, 7, 8192);
+		send_msg(c, type, p, k);
+		free(p);
+		expect_error(c, CKPT_EPROTO, needle);
+	}
+}
+
+START_TEST(truncated_messages)
+{
+	struct ckpt_buf b;
+	struct remote_instance in = { "127.0.0.1", 0 };
+	in.port = port;
+	ckpt_buf_init(&b);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, &in, 1, NULL), 0);
+	truncations(REMOTE_MSG_COORD, &b, "COORD message", false);
+	ckpt_buf_free(&b);
+	ckpt_buf_init(&b);
+	remote_open_encode(&b, &(struct remote_open){ .step = 7, .save_id = 1,
+	                   .block_bytes = 1u << 20, .chunk_bytes = 65536 });
+	truncations(REMOTE_MSG_OPEN, &b, "OPEN message", false);
+	ckpt_buf_free(&b);
+	tensor_msg(&b, "w", 8192);
+	truncations(REMOTE_MSG_TENSOR, &b, "TENSOR message", false);
+	ckpt_buf_free(&b);
+	chunk_msg(&b, 0, 4096);
+	truncations(REMOTE_MSG_CHUNK, &b, "CHUNK message", true);
+	ckpt_buf_free(&b);
+	chunk_msg(&b, 0, 3u << 20);         /* with block hashes */
+	truncations(REMOTE_MSG_CHUNK, &b, "CHUNK message", true);
+	ckpt_buf_free(&b);
+	read_msg(&b, b_rel, 0, 16);
+	truncations(REMOTE_MSG_READ, &b, "READ message", false);
+	ckpt_buf_free(&b);
+	struct remote_check k = { .file_size = 8192, .footer_off = 4096, .footer_len = 100 };
+	snprintf(k.path, sizeof k.path, "%s", b_rel);
+	ckpt_buf_init(&b);
+	remote_check_encode(&b, &k);
+	truncations(REMOTE_MSG_CHECK, &b, "CHECK message", false);
+	ckpt_buf_free(&b);
+	ckpt_buf_init(&b);
+	remote_remove_encode(&b, 7, 1);
+	truncations(REMOTE_MSG_REMOVE, &b, "REMOVE message", false);
+	ckpt_buf_free(&b);
+	/* A REMOVE of save id 0 would name every attempt of the step. */
+	struct net_conn *c = conn_a();
+	ckpt_buf_init(&b);
+	remote_remove_encode(&b, 7, 0);
+	send_buf(c, REMOTE_MSG_REMOVE, &b);
+	expect_error(c, CKPT_EPROTO, "REMOVE message: bad or truncated step or save id");
+	/* The requests without a payload, with one. */
+	static const struct { uint16_t type; const char *name; } empty[] = {
+		{ REMOTE_MSG_FINISH, "FINISH message" }, { REMOTE_MSG_ABORT, "ABORT message" },
+		{ REMOTE_MSG_MANIFEST, "MANIFEST message" },
+	};
+	for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
+		c = conn_a();
+		send_msg(c, empty[i].type, "x", 1);
+		expect_error(c, CKPT_EPROTO, empty[i].name);
+	}
+	after_attack();
+}
+END_TEST
+
+/* ------------------------------------------------------------------ one job, another's files */
+
+START_TEST(namespace)
+{
+	uint32_t rank;
+	uint64_t b_sid;
+	ck_assert(ckpt_path_parse_shard(strchr(b_rel, '/') + 1, &rank, &b_sid));
+	/* Job A has no manifest yet: it gets none, and never B's. */
+	struct net_conn *c = conn_a();
+	send_msg(c, REMOTE_MSG_MANIFEST, NULL, 0);
+	expect_error(c, CKPT_ENOTFOUND, "job 'joba' has no manifest on this ckptd");
+	/* A writes its own shard under the very name B's file has: it lands in A's root. */
+	c = conn_a();
+	send_open(c, 1, b_sid, 1u << 20, 0);
+	struct net_msg m;
+	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
+	net_msg_free(&m);
+	struct ckpt_buf b;
+	tensor_msg(&b, "w", 8192);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+	send_chunk(c, 0, 8192);
+	send_data(c, 8192, 0xa5);
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	expect_answer(c, REMOTE_MSG_DURABLE, &m);
+	net_msg_free(&m);
+	/* What A reads under that name is A's. */
+	read_msg(&b, b_rel, 4096, 8192);
+	send_buf(c, REMOTE_MSG_READ, &b);
+	expect_answer(c, REMOTE_MSG_DATA, &m);
+	ck_assert_uint_eq(m.len, 8192);
+	for (size_t i = 0; i < m.len; i++)
+		ck_assert_uint_eq(((uint8_t *)m.payload)[i], 0xa5);
+	net_msg_free(&m);
+	net_close(c);
+	char apath[4400];
+	snprintf(apath, sizeof apath, "%s/jobs/joba/%s", data_dir, b_rel);
+	struct stat st;
+	ck_assert_msg(stat(apath, &st) == 0, "A's shard is not in A's root: %s", apath);
+	/* A REMOVE of that attempt removes A's file, never B's (after_attack compares B's
+	 * files with what B saved). */
+	c = conn_a();
+	ckpt_buf_init(&b);
+	remote_remove_encode(&b, 1, b_sid);
+	send_buf(c, REMOTE_MSG_REMOVE, &b);
+	expect_answer(c, REMOTE_MSG_REMOVE_OK, &m);
+	net_msg_free(&m);
+	net_close(c);
+	ck_assert_msg(stat(apath, &st) < 0 && errno == ENOENT, "A's shard %s is still there", apath);
+	char bpath[4400];
+	snprintf(bpath, sizeof bpath, "%s/jobs/jobb/%s", data_dir, b_rel);
+	ck_assert_msg(stat(bpath, &st) == 0, "B's shard %s is gone", bpath);
+	/* A's manifest, once it has one, holds nothing of B's. */
+	honest_save("joba", SECRET_A, 60);
+	c = conn_a();
+	send_msg(c, REMOTE_MSG_MANIFEST, NULL, 0);
+	net_conn_set_max_msg(c, REMOTE_MAX_MANIFEST);
+	expect_answer(c, REMOTE_MSG_MANIFEST_OK, &m);
+	char copy[4400];
+	snprintf(copy, sizeof copy, "%s/copy", top);
+	ck_assert_int_eq(mkdir(copy, 0700), 0);
+	snprintf(copy, sizeof copy, "%s/copy/manifest", top);
+	ck_assert_int_eq(mkdir(copy, 0700), 0);
+	snprintf(copy, sizeof copy, "%s/copy/manifest/data.mdb", top);
+	ck_assert_int_eq(tu_write_file(copy, m.payload, m.len), 0);
+	net_msg_free(&m);
+	net_close(c);
+	snprintf(copy, sizeof copy, "%s/copy", top);
+	struct manifest *man;
+	ck_assert_msg(manifest_open(copy, MANIFEST_RDONLY, &man) == 0, "%s", ckpt_err_msg());
+	uint64_t steps[8];
+	int n = manifest_steps_list(man, true, steps, 8);
+	manifest_close(man);
+	ck_assert_msg(n == 1 && steps[0] == 60, "job A's manifest lists %d steps (%llu): not A's", n,
+	              n > 0 ? (unsigned long long)steps[0] : 0ull);
+	tu_rmtree(copy);
+	after_attack();
+}
+END_TEST
+
+/* ------------------------------------------------------------------ the pool */
+
+START_TEST(pool_not_leaked)
+{
+	/* Streams that die inside a DATA (its buffer taken), after whole chunks (their
+	 * writes in flight), at a chunk the writer refuses, at a quota: twice as many
+	 * as the pool has buffers, each kind. */
+	for (unsigned i = 0; i < 2 * NBUFS; i++) {
+		/* A step each: a stream the peer dropped may still be aborting its file. */
+		uint64_t step = 1000 + 10 * i;
+		struct net_conn *c = conn_a();
+		start_stream(c, step, 1u << 20);
+		send_chunk(c, 0, 65536);
+		send_header(c, REMOTE_MSG_DATA, 65536);
+		uint8_t part[100] = { 0 };
+		raw_write(net_conn_fd(c), part, sizeof part);
+		net_close(c);
+
+		c = conn_a();
+		start_stream(c, step + 1, 1u << 20);
+		for (unsigned k = 0; k < 3; k++) {
+			send_chunk(c, 0, 65536);
+			send_data(c, 65536, (uint8_t)k);
+		}
+		net_close(c);
+
+		c = conn_a();
+		start_stream(c, step + 2, 8192);
+		send_chunk(c, 3, 4096);
+		send_data(c, 4096, 0);
+		expect_error(c, -EINVAL, "append to tensor 3");
+
+		c = conn_as("jobq", SECRET_Q, 1);
+		start_stream(c, 7, 2u << 20);
+		send_chunk(c, 0, (1u << 20) + 4096);
+		send_data(c, (1u << 20) + 4096, 0);
+		expect_error(c, -EDQUOT, "quota of 1048576 bytes exceeded while rank 0 wrote step 7");
+	}
+	wait_idle();
+	/* Streams that stall inside a DATA hold every buffer until ckptd gives up on
+	 * them (its timeout); then the buffers are back. */
+	struct net_conn *held[NBUFS];
+	for (unsigned i = 0; i < NBUFS; i++) {
+		held[i] = conn_a();
+		start_stream(held[i], 2000 + i, 1u << 20);
+		send_chunk(held[i], 0, 65536);
+		send_header(held[i], REMOTE_MSG_DATA, 65536);
+	}
+	struct ckptd_gauges g = { 0 };
+	for (int i = 0; i < 500 && g.pool_used_bytes < (uint64_t)NBUFS * BUF_BYTES; i++) {
+		usleep(10000);
+		ckptd_server_gauges(srv, &g);
+	}
+	ck_assert_uint_eq(g.pool_used_bytes, (uint64_t)NBUFS * BUF_BYTES);
+	for (unsigned i = 0; i < NBUFS; i++)
+		expect_error(held[i], -ETIMEDOUT, "shard stream idle for 2000 ms");
+	after_attack();
+}
+END_TEST
+
+/* A stop with a stream stalled inside a DATA: the stream is aborted after its grace
+ * and its buffer is back before the pool goes. */
+START_TEST(stop_while_stalled)
+{
+	struct net_conn *c = conn_a();
+	start_stream(c, 7, 1u << 20);
+	send_chunk(c, 0, 65536);
+	send_header(c, REMOTE_MSG_DATA, 65536);
+	struct ckptd_gauges g = { 0 };
+	for (int i = 0; i < 500 && !g.pool_used_bytes; i++) {
+		usleep(10000);
+		ckptd_server_gauges(srv, &g);
+	}
+	ck_assert_uint_eq(g.pool_used_bytes, BUF_BYTES);
+	ckptd_server_stop(srv, 0);
+	pthread_join(runner, NULL);
+	ckptd_server_free(srv);
+	srv = NULL;
+	ck_assert_msg(!log_has("buffers still out"), "a buffer was lost at the stop");
+	char path[4400];
+	snprintf(path, sizeof path, "%s/jobs/joba/step-00000000000000000007", data_dir);
+	ck_assert_int_eq(tu_count_files(path), 0);
+	net_close(c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ honest jobs meanwhile */
+
+static atomic_bool attacking;
+
+static void *attacker(void *arg)
+{
+	(void)arg;
+	uint64_t s = tu_seed();
+	uint8_t junk[256];
+	while (atomic_load(&attacking)) {
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+		a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+			if (fd >= 0)
+				close(fd);
+			continue;
+		}
+		tu_fill(junk, sizeof junk, s, tu_rand(&s));
+		if (tu_rand(&s) % 2)
+			raw_header(junk, NET_PROTO_VERSION, (uint16_t)(tu_rand(&s) % 100),
+			           (uint32_t)tu_rand(&s));
+		raw_write(fd, junk, 1 + tu_rand(&s) % sizeof junk);
+		close(fd);
+		struct net_conn *c;
+		if (net_connect(NET_TCP, NULL, "127.0.0.1", port, 1000, &c))
+			continue;
+		struct net_auth au = { .job_id = "joba", .world = 1, .secret = SECRET_A,
+		                       .secret_len = strlen(SECRET_A) };
+		if (!net_handshake_client(c, &au, WAIT_MS)) {
+			tu_fill(junk, sizeof junk, s, tu_rand(&s));
+			(void)net_send(c, (uint16_t)(REMOTE_MSG_COORD + tu_rand(&s) % 16), junk,
+			               tu_rand(&s) % sizeof junk, 1000);
+			struct net_msg m;
+			if (!net_recv(c, &m, 1000))
+				net_msg_free(&m);
+		}
+		net_close(c);
+	}
+	return NULL;
+}
+
+START_TEST(honest_under_fire)
+{
+	atomic_store(&attacking, true);
+	pthread_t t[2];
+	for (unsigned i = 0; i < 2; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, attacker, NULL), 0);
+	for (uint64_t step = 10; step < 13; step++) {
+		honest_save("jobb", SECRET_B, step);
+		honest_load("jobb", SECRET_B, step);
+		honest_load("jobb", SECRET_B, 1);
+	}
+	atomic_store(&attacking, false);
+	for (unsigned i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	after_attack();
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("ckptd_hostile");
+	TCase *tc = tcase_create("attacks");
+	tcase_add_checked_fixture(tc, hostile_setup, hostile_teardown);
+	tcase_add_test(tc, garbage_before_handshake);
+	tcase_add_test(tc, refused_jobs);
+	tcase_add_test(tc, oversized_after_handshake);
+	tcase_add_test(tc, data_mismatch);
+	tcase_add_test(tc, data_empty);
+	tcase_add_test(tc, chunks_out_of_place);
+	tcase_add_test(tc, bad_tensors);
+	tcase_add_test(tc, streams_out_of_order);
+	tcase_add_test(tc, read_paths);
+	tcase_add_test(tc, check_paths);
+	tcase_add_test(tc, bad_coord);
+	tcase_add_test(tc, unexpected_types);
+	tcase_add_test(tc, truncated_messages);
+	tcase_add_test(tc, namespace);
+	tcase_add_test(tc, pool_not_leaked);
+	tcase_add_test(tc, stop_while_stalled);
+	tcase_add_test(tc, honest_under_fire);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *r = srunner_create(suite());
+	srunner_run_all(r, CK_NORMAL);
+	int failed = srunner_ntests_failed(r);
+	srunner_free(r);
+	return failed ? 1 : 0;
+}
