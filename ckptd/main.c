@@ -28,7 +28,8 @@
 struct cfg {
 	char    *listen, *data, *metrics, *jobs, *transport;
 	uint64_t pool, buf;
-	unsigned max_conns, timeout_ms, grace_ms, queue_depth;
+	unsigned max_conns, timeout_ms, grace_ms, idle_ms, queue_depth;
+	uint64_t max_index;
 	int      log_level;
 };
 
@@ -50,6 +51,8 @@ static void usage(FILE *f)
 "  --max-conns N        connections served at once (default 1024)\n"
 "  --timeout-ms MS      handshakes, stalled streams and commits (default 120000)\n"
 "  --grace-ms MS        at SIGTERM, how long streams in flight may finish (default 30000)\n"
+"  --idle-ms MS         a connection without a stream closes after MS (default 600000)\n"
+"  --max-index BYTES    the index one shard stream may build (default 64M)\n"
 "  --transport tcp|rdma the ranks' transport (default tcp)\n"
 "  --config FILE        options as 'key = value' lines (keys as above, without --)\n"
 "  --log LEVEL          error, warn, info or debug (default info)\n"
@@ -65,14 +68,15 @@ static int set(struct cfg *c, const char *key, const char *val, const char *wher
 	else if (!strcmp(key, "metrics")) { free(c->metrics); c->metrics = strdup(val); }
 	else if (!strcmp(key, "jobs")) { free(c->jobs); c->jobs = strdup(val); }
 	else if (!strcmp(key, "transport")) { free(c->transport); c->transport = strdup(val); }
-	else if (!strcmp(key, "pool") || !strcmp(key, "chunk-max")) {
+	else if (!strcmp(key, "pool") || !strcmp(key, "chunk-max") || !strcmp(key, "max-index")) {
 		if (ckpt_parse_size(val, &v) || v == 0) {
 			fprintf(stderr, "ckptd: %s%s: '%s' is not a size\n", where, key, val);
 			return -1;
 		}
-		*(!strcmp(key, "pool") ? &c->pool : &c->buf) = v;
+		*(!strcmp(key, "pool") ? &c->pool : !strcmp(key, "chunk-max") ? &c->buf
+		  : &c->max_index) = v;
 	} else if (!strcmp(key, "max-conns") || !strcmp(key, "timeout-ms") ||
-	           !strcmp(key, "grace-ms")) {
+	           !strcmp(key, "grace-ms") || !strcmp(key, "idle-ms")) {
 		errno = 0;
 		unsigned long n = strtoul(val, &end, 10);
 		if (errno || *end || end == val || n == 0 || n > 1000000000ul) {
@@ -80,7 +84,8 @@ static int set(struct cfg *c, const char *key, const char *val, const char *wher
 			return -1;
 		}
 		*(!strcmp(key, "max-conns") ? &c->max_conns : !strcmp(key, "timeout-ms")
-		  ? &c->timeout_ms : &c->grace_ms) = (unsigned)n;
+		  ? &c->timeout_ms : !strcmp(key, "idle-ms") ? &c->idle_ms : &c->grace_ms) =
+			(unsigned)n;
 	} else if (!strcmp(key, "log")) {
 		static const char *lv[] = { "error", "warn", "info", "debug" };
 		c->log_level = -1;
@@ -217,6 +222,7 @@ int main(int argc, char **argv)
 		{ "listen", 1, 0, 0 }, { "data", 1, 0, 0 }, { "metrics", 1, 0, 0 },
 		{ "jobs", 1, 0, 0 }, { "pool", 1, 0, 0 }, { "chunk-max", 1, 0, 0 },
 		{ "max-conns", 1, 0, 0 }, { "timeout-ms", 1, 0, 0 }, { "grace-ms", 1, 0, 0 },
+		{ "idle-ms", 1, 0, 0 }, { "max-index", 1, 0, 0 },
 		{ "transport", 1, 0, 0 }, { "log", 1, 0, 0 }, { "config", 1, 0, 'c' },
 		{ "help", 0, 0, 'h' }, { "version", 0, 0, 'V' }, { 0, 0, 0, 0 },
 	};
@@ -295,6 +301,7 @@ int main(int argc, char **argv)
 			.listen_host = host, .listen_port = port, .data = c.data,
 			.pool_bytes = (size_t)c.pool, .buf_bytes = (size_t)c.buf,
 			.max_conns = c.max_conns, .timeout_ms = c.timeout_ms, .queue_depth = 8,
+			.idle_ms = c.idle_ms, .max_index = (size_t)c.max_index,
 			.transport = transport, .jobs = jobs, .counters = &counters,
 			.log_fn = log_line, .log_level = c.log_level,
 		};

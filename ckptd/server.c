@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -104,6 +105,8 @@ struct dconn {
 	bool                 want_data;
 	int                  data_buf;   /* the pool buffer DATA is read into, or -1 */
 	int64_t              queued;     /* chunks of the stream counted in queue_depth */
+	size_t               index_bytes;/* what the stream's index holds, about */
+	bool                 sent_error; /* an ERROR went out: the connection ends */
 	struct ckptd_job     auth;       /* during the handshake: the job's secret */
 	struct ckpt_log_sink sink;       /* this connection's lines: job and rank */
 };
@@ -381,6 +384,7 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	d->used_at_open = used;
 	d->quota = auth.quota_bytes;
 	d->written = 0;
+	d->index_bytes = 0;
 	d->step = o.step;
 	if ((rc = ckpt_path_step_dir(d->dir, sizeof d->dir, j->root, o.step)) ||
 	    (rc = ckpt_path_shard(d->path, sizeof d->path, j->root, o.step, d->hello.rank,
@@ -418,6 +422,16 @@ fail:
 	return rc;
 }
 
+static int index_grow(struct dconn *d, size_t n, const char *what)
+{
+	d->index_bytes += n;
+	if (d->index_bytes <= d->s->o.max_index)
+		return 0;
+	return ckpt_err(-EMSGSIZE, "the shard of rank %u for step %llu: its index (%s) grows past "
+	                "the %zu bytes a stream may hold (--max-index)", d->hello.rank,
+	                (unsigned long long)d->step, what, d->s->o.max_index);
+}
+
 static int on_tensor(struct dconn *d, const struct net_msg *m)
 {
 	struct remote_tensor t;
@@ -433,6 +447,10 @@ static int on_tensor(struct dconn *d, const struct net_msg *m)
 		return ckpt_err(CKPT_ENAME, "invalid tensor name '%s': %s",
 		                ckpt_name_quote(t.name, strlen(t.name), q, sizeof q), why);
 	}
+	/* The index a stream builds is held in memory until FINISH: bounded, so that a
+	 * peer cannot grow it without end with tensors or tiny chunks. */
+	if ((rc = index_grow(d, sizeof(struct io_tensor_entry) + strlen(t.name) + 1, "tensors")))
+		return rc;
 	struct io_tensor_desc desc = {
 		.name = t.name, .kind = t.kind, .dtype = t.dtype, .policy = t.policy,
 		.flags = t.flags, .ndim = t.ndim, .global_shape = t.global_shape,
@@ -486,6 +504,9 @@ static int on_chunk(struct dconn *d, struct net_msg *m)
 		return ckpt_err(CKPT_EPROTO, "CHUNK %s", d->w ? "before the last one's DATA" :
 		                "outside a shard stream");
 	int rc = remote_chunk_decode(m->payload, m->len, &d->chunk);
+	if (!rc)
+		rc = index_grow(d, sizeof(struct io_chunk_entry) +
+		                   (size_t)d->chunk.nblocks * CKPT_HASH_BYTES, "chunks");
 	if (rc)
 		return rc;
 	size_t max = io_pool_buf_bytes(d->s->pool);
@@ -734,6 +755,26 @@ static int find_job(void *arg, const char *job, size_t len, uint32_t world, stru
 	return 0;
 }
 
+/* This thread's error to the peer: where the job's files lie on this node is the
+ * node's business, so the data directory is named "<data>" (the log has it whole). */
+static void send_error(struct dconn *d, int rc)
+{
+	char msg[1200];
+	const char *m = ckpt_err_msg(), *data = d->s->data;
+	size_t dl = strlen(data), o = 0;
+	while (*m && o + 8 < sizeof msg) {
+		if (dl && !strncmp(m, data, dl)) {
+			o += (size_t)snprintf(msg + o, sizeof msg - o, "<data>");
+			m += dl;
+		} else {
+			msg[o++] = *m++;
+		}
+	}
+	msg[o < sizeof msg ? o : sizeof msg - 1] = '\0';
+	remote_send_error(d->net, rc, msg, 1000);
+	d->sent_error = true;
+}
+
 static void *conn_main(void *arg)
 {
 	struct dconn *d = arg;
@@ -765,11 +806,17 @@ static void *conn_main(void *arg)
 		if (rc == -ETIMEDOUT) {
 			/* A stream that stalls longer than the timeout is given up. */
 			rc = 0;
+			if (!d->w && ckpt_now_ns() - idle_since > (uint64_t)s->o.idle_ms * 1000000u) {
+				/* An idle connection holds a thread: the rank connects again when it
+				 * next needs one. */
+				ckpt_log(CKPT_LOG_INFO, "closed: idle for %u ms (--idle-ms)", s->o.idle_ms);
+				break;
+			}
 			if (d->w && ckpt_now_ns() - idle_since > (uint64_t)s->o.timeout_ms * 1000000u) {
 				rc = ckpt_err(-ETIMEDOUT, "shard stream idle for %u ms", s->o.timeout_ms);
 				ckpt_log(CKPT_LOG_WARN, "job %s rank %u: %s", d->job->id, d->hello.rank,
 				         ckpt_err_msg());
-				remote_send_error(d->net, rc, ckpt_err_msg(), 1000);
+				send_error(d, rc);
 			}
 			if (!rc)
 				continue;
@@ -784,7 +831,7 @@ static void *conn_main(void *arg)
 			atomic_fetch_add_explicit(&k->rejected, 1, memory_order_relaxed);
 			ckpt_log(CKPT_LOG_WARN, "job %s rank %u: %s", d->job->id, d->hello.rank,
 			         ckpt_err_msg());
-			remote_send_error(d->net, rc, ckpt_err_msg(), 1000);
+			send_error(d, rc);
 		}
 	}
 	/* A DATA cut short (the peer gone, an idle stream, a stop) gives its buffer back. */
@@ -796,6 +843,24 @@ static void *conn_main(void *arg)
 		         d->job->id, d->hello.rank, d->w ? " inside a shard stream" : "");
 	if (d->job)
 		stream_end(d, true);
+	/* After an ERROR the peer may still be sending (a stream's chunks): closing with
+	 * its bytes unread would reset the connection and lose the ERROR before the peer
+	 * read it. Over tcp: end our side, and read what comes until the peer closes (a
+	 * few seconds at most, into a small scratch buffer). */
+	if (d->sent_error && s->o.transport == NET_TCP) {
+		int fd = net_conn_fd(d->net);
+		shutdown(fd, SHUT_WR);
+		uint64_t deadline = ckpt_deadline_ms(2000);
+		char scratch[16384];
+		while (!ckpt_deadline_passed(deadline)) {
+			struct pollfd pf = { .fd = fd, .events = POLLIN };
+			if (poll(&pf, 1, 100) < 0 && errno != EINTR)
+				break;
+			ssize_t n = pf.revents ? recv(fd, scratch, sizeof scratch, MSG_DONTWAIT) : -1;
+			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR && pf.revents))
+				break;
+		}
+	}
 	io_engine_destroy(d->engine);
 	net_close(d->net);
 	atomic_fetch_sub_explicit(&k->active_connections, 1, memory_order_relaxed);
@@ -963,6 +1028,10 @@ int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **
 	if (!s)
 		return ckpt_err(-ENOMEM, "server");
 	s->o = *o;
+	if (!s->o.idle_ms)
+		s->o.idle_ms = 600000;
+	if (!s->o.max_index)
+		s->o.max_index = 64u << 20;
 	s->lock_fd = -1;
 	s->wake[0] = s->wake[1] = -1;
 	pthread_mutex_init(&s->lock, NULL);

@@ -16,6 +16,10 @@ struct ckptd_server_opts {
 	unsigned    max_conns;           /* connections served at once */
 	unsigned    timeout_ms;          /* handshakes, idle streams, commits */
 	unsigned    queue_depth;         /* io_uring writes in flight per stream */
+	unsigned    idle_ms;             /* a connection without a stream closes after this
+	                                    (the rank connects again); 0: 10 minutes */
+	size_t      max_index;           /* a shard's index (its tensors and chunks) held
+	                                    while it streams, bytes; 0: 64 MiB */
 	int         transport;           /* enum net_transport */
 	struct ckptd_jobs *jobs;         /* borrowed */
 	struct ckptd_counters *counters; /* borrowed */

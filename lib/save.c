@@ -847,8 +847,25 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		.zstd_level = c->cfg.zstd_level, .block_bytes = IO_BLOCK_BYTES,
 		.mode = c->cfg.file_mode,
 	};
-	rc = glue_remote(c) ? remote_writer_open(c->remote, c->pool, &wo, c->cfg.chunk_bytes, &sink.rw)
-	                    : io_shard_writer_open(c->save_engine, path, &wo, &sink.w);
+	if (!glue_remote(c)) {
+		rc = io_shard_writer_open(c->save_engine, path, &wo, &sink.w);
+	} else {
+		rc = remote_writer_open(c->remote, c->pool, &wo, c->cfg.chunk_bytes, &sink.rw);
+		/* ckptd closes a connection idle past its --idle-ms, and a restarted ckptd has
+		 * forgotten it: such a connection is over before the stream began. Once more
+		 * on a new one. */
+		if (rc && remote_broken(c->remote)) {
+			ckpt_log(CKPT_LOG_INFO, "step %llu: %s closed this rank's connection (%s); "
+			         "connecting again", (unsigned long long)s->step,
+			         remote_name(c->remote), ckpt_err_msg());
+			remote_close(c->remote);
+			c->remote = NULL;
+			rc = glue_remote_conn(c, (unsigned)c->cfg.rank % c->cfg.nckptd, &c->remote);
+			if (!rc)
+				rc = remote_writer_open(c->remote, c->pool, &wo, c->cfg.chunk_bytes,
+				                        &sink.rw);
+		}
+	}
 	if (rc)
 		goto out;
 	if ((rc = save_stream(c, s, &cur, &sink)))

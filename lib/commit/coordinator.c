@@ -402,9 +402,16 @@ static void on_prepare(struct commit_coord *c, uint32_t l, uint32_t rank, struct
 			frc = io_shard_trailer_check(path, v.file_size, ix->data_end, v.index_len,
 			                             v.footer_hash);
 		}
-		if (frc) {
+		if (frc == CKPT_ECORRUPT || frc == CKPT_EFORMAT || (frc && !holder)) {
 			step_abort(s, CKPT_EABORTED, "step %llu: the vote of rank %u does not match the "
 			           "shard it names: %s", (unsigned long long)v.step, rank, ckpt_err_msg());
+			io_index_free(ix);
+		} else if (frc) {
+			/* The holder could not answer: nothing is known against the vote, but it
+			 * cannot be held to its file either. */
+			step_abort(s, CKPT_EABORTED, "step %llu: the shard of rank %u could not be checked "
+			           "on %s, which holds it: %s", (unsigned long long)v.step, rank, holder,
+			           ckpt_err_msg());
 			io_index_free(ix);
 		} else if (commit_gather_add(s->gather, ix)) {
 			step_abort(s, CKPT_EABORTED, "%s", ckpt_err_msg());

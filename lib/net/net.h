@@ -82,6 +82,8 @@ void net_close(struct net_conn *c);                     /* NULL: no-op */
  * and every later call fails. c stays valid until net_close (by its owner). Used to
  * end a handshake that a silent peer would hold for its whole timeout. */
 void net_conn_shutdown(struct net_conn *c);
+/* Has an error made c unusable (every later call fails)? */
+bool net_conn_broken(const struct net_conn *c);
 /* "tcp 127.0.0.1:4242 rank 3" — for messages. */
 const char *net_conn_name(const struct net_conn *c);
 /* An fd that polls readable when net_recv may make progress. */

@@ -135,6 +135,8 @@ void net_close(struct net_conn *c)
 	ckpt_free(c);
 }
 
+bool net_conn_broken(const struct net_conn *c) { return atomic_load(&c->broken) != 0; }
+
 const char *net_conn_name(const struct net_conn *c) { return c ? c->name : "(no connection)"; }
 int net_conn_fd(const struct net_conn *c) { return c->ops->fd(c); }
 

@@ -63,6 +63,8 @@ void remote_close(struct remote_conn *c)
 
 const char *remote_name(const struct remote_conn *c) { return c->name; }
 
+bool remote_broken(const struct remote_conn *c) { return net_conn_broken(c->net); }
+
 /* Receive the answer to a request: want, or ERROR (its code and message), or
  * anything else (CKPT_EPROTO). The payload is the caller's on success. */
 static int answer(struct remote_conn *c, uint16_t want, struct net_msg *m, size_t max,

@@ -135,6 +135,9 @@ int  remote_connect(const struct remote_instance *to, const struct remote_auth *
                     struct remote_conn **out);
 void remote_close(struct remote_conn *c);             /* NULL: no-op */
 const char *remote_name(const struct remote_conn *c); /* "ckptd HOST:PORT" */
+/* Is the connection over (ckptd closed it: it restarted, or the connection was idle
+ * past its --idle-ms)? Then connect again. */
+bool remote_broken(const struct remote_conn *c);
 /* Ask the job's home ckptd for its commit coordinator's port, starting it for a job
  * of world ranks whose shards are spread over the n instances. */
 int  remote_coord(struct remote_conn *c, uint32_t world, const struct remote_instance *in,

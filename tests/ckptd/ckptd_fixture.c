@@ -70,7 +70,7 @@ static void honest_data(const char *job, uint64_t step, float *w)
 	tu_fill(w, sizeof(float) * HN, tu_seed() ^ (uint64_t)job[3], step);
 }
 
-static ckpt_ctx *honest_open(const char *job, const char *secret, unsigned flags)
+ckpt_ctx *honest_open(const char *job, const char *secret, unsigned flags)
 {
 	static char target[64];
 	snprintf(target, sizeof target, "ckptd://127.0.0.1:%u", port);
@@ -93,9 +93,15 @@ static ckpt_ctx *honest_open(const char *job, const char *secret, unsigned flags
 
 void honest_save(const char *job, const char *secret, uint64_t step)
 {
+	ckpt_ctx *c = honest_open(job, secret, 0);
+	honest_save_with(c, job, step);
+	ckpt_close(c);
+}
+
+void honest_save_with(ckpt_ctx *c, const char *job, uint64_t step)
+{
 	static float w[HN];
 	honest_data(job, step, w);
-	ckpt_ctx *c = honest_open(job, secret, 0);
 	ckpt_save *s;
 	ck_assert_msg(ckpt_save_begin(c, step, &s) == 0, "job %s: %s", job, ckpt_last_error());
 	uint64_t shape[1] = { HN };
@@ -106,7 +112,6 @@ void honest_save(const char *job, const char *secret, uint64_t step)
 	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "job %s step %llu: save: %s", job,
 	              (unsigned long long)step, ckpt_last_error());
 	ckpt_save_free(s);
-	ckpt_close(c);
 }
 
 void honest_load(const char *job, const char *secret, uint64_t step)
@@ -257,6 +262,7 @@ void hostile_setup(void)
 		.pool_bytes = (size_t)NBUFS * BUF_BYTES, .buf_bytes = BUF_BYTES, .max_conns = 64,
 		.timeout_ms = TIMEOUT_MS, .queue_depth = 4, .transport = NET_TCP, .jobs = jobs,
 		.counters = &counters, .log_fn = log_collect, .log_level = CKPT_LOG_INFO,
+		.idle_ms = IDLE_MS, .max_index = MAX_INDEX,
 	};
 	ck_assert_msg(ckptd_server_start(&so, &srv) == 0, "%s", ckpt_err_msg());
 	port = ckptd_server_port(srv);

@@ -32,6 +32,8 @@
 #define BUF_BYTES  (2u << 20)   /* a pool buffer: above REMOTE_MAX_CONTROL on purpose */
 #define NBUFS      4u
 #define TIMEOUT_MS 2000u        /* ckptd's: handshakes and idle streams */
+#define IDLE_MS    3000u        /* ckptd's: a connection without a stream */
+#define MAX_INDEX  (256u << 10) /* ckptd's: what one stream's index may hold */
 #define WAIT_MS    15000        /* how long a test waits for an answer or a close */
 #define SECRET_A   "secret-of-job-a-0123456789"
 #define SECRET_B   "secret-of-job-b-9876543210"
@@ -52,7 +54,11 @@ void hostile_teardown(void);
 /* Whether ckptd's log (or the library's) so far holds needle. */
 bool log_has(const char *needle);
 
-/* Honest ranks: rank 0 of a world of 1 of job, through the library. */
+/* Honest ranks: rank 0 of a world of 1 of job, through the library. honest_save_with
+ * saves step on an open context c (honest_open's), so that one context can save
+ * several times. */
+ckpt_ctx *honest_open(const char *job, const char *secret, unsigned flags);
+void honest_save_with(ckpt_ctx *c, const char *job, uint64_t step);
 void honest_save(const char *job, const char *secret, uint64_t step);
 void honest_load(const char *job, const char *secret, uint64_t step);
 /* Every connection gone (also those ckptd closes itself), then every buffer free. */

@@ -785,6 +785,48 @@ START_TEST(namespace)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ bounds per connection */
+
+START_TEST(index_bounded)
+{
+	/* Tensors without end in one stream: the index it builds is held to MAX_INDEX,
+	 * then the stream is refused. */
+	struct net_conn *c = conn_a();
+	start_stream(c, 900, 4096);
+	char name[128];
+	unsigned n = MAX_INDEX / 100 + 16;
+	int rc = 0;
+	for (unsigned i = 0; i < n && !rc; i++) {
+		snprintf(name, sizeof name, "t/%0100u", i);
+		struct ckpt_buf b;
+		tensor_msg(&b, name, 4096);
+		/* ckptd may have refused and closed already: the sends then fail. */
+		rc = net_send(c, REMOTE_MSG_TENSOR, b.p, b.len, WAIT_MS);
+		ckpt_buf_free(&b);
+	}
+	expect_error(c, -EMSGSIZE, "--max-index");
+	after_attack();
+}
+END_TEST
+
+START_TEST(idle_closed_and_rank_reconnects)
+{
+	/* A connection without a stream is closed once idle past IDLE_MS ... */
+	struct net_conn *idle = conn_a();
+	usleep((IDLE_MS + 1500) * 1000u);
+	expect_closed(idle, "idle for");
+	/* ... and a rank whose connection was closed so connects again at its next save. */
+	ckpt_ctx *c = honest_open("joba", SECRET_A, 0);
+	honest_save_with(c, "joba", 40);
+	usleep((IDLE_MS + 1500) * 1000u);
+	honest_save_with(c, "joba", 41);
+	ckpt_close(c);
+	honest_load("joba", SECRET_A, 40);
+	honest_load("joba", SECRET_A, 41);
+	after_attack();
+}
+END_TEST
+
 /* ------------------------------------------------------------------ the pool */
 
 START_TEST(pool_not_leaked)
@@ -950,6 +992,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, unexpected_types);
 	tcase_add_test(tc, truncated_messages);
 	tcase_add_test(tc, namespace);
+	tcase_add_test(tc, index_bounded);
+	tcase_add_test(tc, idle_closed_and_rank_reconnects);
 	tcase_add_test(tc, pool_not_leaked);
 	tcase_add_test(tc, stop_while_stalled);
 	tcase_add_test(tc, honest_under_fire);

@@ -85,7 +85,7 @@ rank() { nsx "$nr" env CKPT_TARGET="$target" "$synth" "$@" --root "$t/unused"; }
 
 # A cannot reach B: the votes of ranks 1 and 3 name files on B that A cannot check.
 nsx "$na" ip route add unreachable 10.77.0.2/32
-expect_rc 1 "does not match the shard it names: ckptd 10.77.0.2:$port_b" \
+expect_rc 1 "could not be checked on 10.77.0.2:$port_b, which holds it: ckptd 10.77.0.2:$port_b" \
   "A refuses votes for B's shards it cannot check" \
   rank save --step 5 --bytes 8M --seed 2 --world 4
 nsx "$na" ip route del unreachable 10.77.0.2/32
