@@ -118,7 +118,7 @@ expect_rc 1 "quota of 262144 bytes exceeded" "rank 1 of job two over its quota o
   env CKPT_TARGET="$two" CKPT_JOB_ID=two CKPT_JOB_SECRET=secret-of-job-two-0123456789 \
   "$synth" save --root "$t/u" --step 7 --bytes 1M --seed 1 --world 2
 left=
-for _ in $(seq 50); do
+for _ in $(seq 300); do
   left=$(find "$t/a/jobs/two" "$t/b/jobs/two" -name '*.shard' 2>/dev/null)
   [ -z "$left" ] && break; sleep 0.1
 done
@@ -130,7 +130,7 @@ for st in 50 51 52; do
     --bytes 4M --seed $st --world 2
 done
 steps=
-for _ in $(seq 50); do
+for _ in $(seq 300); do
   steps=$("$inspect" "$two" list 2>/dev/null | awk 'NR > 1 {print $1}' | tr '\n' ' ')
   [ "$steps" = "51 52 " ] && break; sleep 0.1
 done
