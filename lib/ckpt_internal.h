@@ -309,10 +309,16 @@ uint64_t ckpt_random_id(void);
 
 /* ------------------------------------------------------------------ paths */
 /* Layout of a checkpoint root (docs/format.md §1). Return -ENAMETOOLONG on overflow. */
-#define CKPT_MANIFEST_DIR "manifest"
-#define MANIFEST_NEW_PREFIX     "manifest.new-"      /* a manifest being created */
-#define MANIFEST_DAMAGED_PREFIX "manifest.damaged-"  /* a damaged one, set aside */
+#define CKPT_MANIFEST_NAME      "manifest"           /* the manifest in its root (the default) */
+/* Beside a manifest directory D, in D's parent: D.new-* is a manifest being created,
+ * D.damaged-* a damaged one set aside. In a root: manifest.new-*, manifest.damaged-*. */
+#define MANIFEST_NEW_SUFFIX     ".new-"
+#define MANIFEST_DAMAGED_SUFFIX ".damaged-"
+#define MANIFEST_NEW_PREFIX     CKPT_MANIFEST_NAME MANIFEST_NEW_SUFFIX
+#define MANIFEST_DAMAGED_PREFIX CKPT_MANIFEST_NAME MANIFEST_DAMAGED_SUFFIX
 #define CKPT_LOCK_FILE          "coordinator.lock"   /* held by the root's one coordinator */
+/* The manifest directory of root when none is set apart from it: <root>/manifest. */
+int ckpt_path_manifest_dir(char *out, size_t cap, const char *root);
 int ckpt_path_step_dir(char *out, size_t cap, const char *root, uint64_t step);
 /* Shard files: save_id names the attempt that wrote it (0: a format-1/2 file, named
  * without one). _name is the file's name in its step directory; _rel the path

@@ -8,6 +8,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,10 +72,28 @@ static int mkdir_p(const char *path, unsigned mode)
 	return 0;
 }
 
+/* The context's manifest directory, once: every open, check, set-aside and creation
+ * of the manifest goes there. */
+static int manifest_path_resolve(ckpt_ctx *c)
+{
+	char own[PATH_MAX];
+	const char *p = c->cfg.manifest_dir;
+	if (!p) {
+		if (ckpt_path_manifest_dir(own, sizeof own, c->cfg.root))
+			return ckpt_err(-ENAMETOOLONG, "checkpoint root %.200s...: path too long",
+			                c->cfg.root);
+		p = own;
+	}
+	if (!(c->manifest_path = ckpt_strdup(p)))
+		return ckpt_err(-ENOMEM, "open");
+	return 0;
+}
+
 /* What a root holds, for the checks at open (docs/operations.md, "What each refusal
  * means"). */
 struct root_state {
-	bool     manifest;          /* <root>/manifest exists */
+	bool     embedded;          /* <root>/manifest exists */
+	bool     manifest;          /* the context's manifest directory exists */
 	uint64_t nsteps;            /* step directories */
 	char     foreign[256];      /* an entry that is not libckpt's ("" if none) */
 };
@@ -82,14 +101,15 @@ struct root_state {
 static bool root_entry_ours(const char *name)
 {
 	uint64_t step;
-	return !strcmp(name, CKPT_MANIFEST_DIR) || !strcmp(name, CKPT_LOCK_FILE) ||
+	return !strcmp(name, CKPT_MANIFEST_NAME) || !strcmp(name, CKPT_LOCK_FILE) ||
 	       ckpt_path_parse_step_dir(name, &step) ||
 	       !strncmp(name, MANIFEST_NEW_PREFIX, strlen(MANIFEST_NEW_PREFIX)) ||
 	       !strncmp(name, MANIFEST_DAMAGED_PREFIX, strlen(MANIFEST_DAMAGED_PREFIX));
 }
 
-static int root_scan(const char *root, struct root_state *st)
+static int root_scan(const ckpt_ctx *c, struct root_state *st)
 {
+	const char *root = c->cfg.root;
 	memset(st, 0, sizeof *st);
 	DIR *d = opendir(root);
 	if (!d)
@@ -99,30 +119,87 @@ static int root_scan(const char *root, struct root_state *st)
 		uint64_t step;
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
-		if (!strcmp(e->d_name, CKPT_MANIFEST_DIR))
-			st->manifest = true;
+		if (!strcmp(e->d_name, CKPT_MANIFEST_NAME))
+			st->embedded = true;
 		else if (ckpt_path_parse_step_dir(e->d_name, &step))
 			st->nsteps++;
 		else if (!root_entry_ours(e->d_name) && !st->foreign[0])
 			snprintf(st->foreign, sizeof st->foreign, "%s", e->d_name);
 	}
 	closedir(d);
+	struct stat sb;
+	st->manifest = c->cfg.manifest_dir ? lstat(c->manifest_path, &sb) == 0 : st->embedded;
 	return 0;
 }
 
 /* The refusal of a populated root without a usable manifest: the code that says
  * "run rebuild", with the cause and the command in the message. */
-static int root_refuse(const char *root, uint64_t nsteps, int cause)
+static int root_refuse(const ckpt_ctx *c, uint64_t nsteps, int cause)
 {
+	const char *root = c->cfg.root;
 	const char *fmt = "checkpoint root %s holds %llu step director%s and no usable manifest, "
 	                  "so nothing was changed; to recover the steps from their shard files "
-	                  "run: ckpt-inspect %s rebuild%s";
+	                  "run: ckpt-inspect %s rebuild%s%s%s";
 	/* The cause's message (its own code's words at its end) follows ours. */
 	if (cause)
 		return ckpt_err_prefix(CKPT_ENOMANIFEST, fmt, root, (unsigned long long)nsteps,
-		                       nsteps == 1 ? "y" : "ies", root, "");
+		                       nsteps == 1 ? "y" : "ies", root, GLUE_MANIFEST_OPT(c), "");
 	return ckpt_err(CKPT_ENOMANIFEST, fmt, root, (unsigned long long)nsteps,
-	                nsteps == 1 ? "y" : "ies", root, " (there is no manifest)");
+	                nsteps == 1 ? "y" : "ies", root, GLUE_MANIFEST_OPT(c),
+	                " (there is no manifest; if it is kept apart from the root, name its "
+	                "directory: CKPT_MANIFEST_DIR, or --manifest-dir for the tools)");
+}
+
+/* A manifest kept apart from its root that is not on this host: what stands to
+ * reason (it is on the node of the coordinator that saved) and what to do. what
+ * says who could not go on. */
+static int manifest_absent(const ckpt_ctx *c, const char *what)
+{
+	char host[256] = "?";
+	gethostname(host, sizeof host - 1);
+	host[sizeof host - 1] = '\0';
+	return ckpt_err(CKPT_ENOMANIFEST, "%s: its manifest directory %s does not exist on host "
+	                "%s. A manifest kept apart from its root (CKPT_MANIFEST_DIR) is read only "
+	                "where it is, on the coordinator's node when it is on rank 0's local disk: "
+	                "open the root there, move the manifest directory here while no job runs, "
+	                "or save through ckptd for loads on every node (docs/operations.md, "
+	                "\"Multi-node deployments\"); if it was lost, `ckpt-inspect %s rebuild "
+	                "--manifest-dir %s` recreates it from the shard files", what,
+	                c->manifest_path, host, c->cfg.root, c->manifest_path);
+}
+
+/* With a manifest directory apart, a manifest of the root's own (<root>/manifest)
+ * is refused rather than passed over: one root has one manifest, and the steps that
+ * one records would look lost to the other. Both the same directory is no conflict. */
+static int root_own_manifest_check(const ckpt_ctx *c, const struct root_state *rs)
+{
+	if (!c->cfg.manifest_dir || !rs->embedded)
+		return 0;
+	char own[PATH_MAX];
+	struct stat a, b;
+	if (ckpt_path_manifest_dir(own, sizeof own, c->cfg.root))
+		return ckpt_err(-ENAMETOOLONG, "checkpoint root %s: path too long", c->cfg.root);
+	if (stat(own, &a) == 0 && stat(c->manifest_path, &b) == 0 && a.st_dev == b.st_dev &&
+	    a.st_ino == b.st_ino)
+		return 0;
+	return ckpt_err(-EEXIST, "checkpoint root %s has a manifest of its own (%s) and the "
+	                "manifest directory is set to %s: one root has one manifest; to keep it "
+	                "apart, move %s to %s while no job runs, or leave the manifest directory "
+	                "unset", c->cfg.root, own, c->manifest_path, own, c->manifest_path);
+}
+
+/* mkdir -p of the directory that holds path (a manifest directory's parent). */
+static int mkdir_parent(const char *path, unsigned mode)
+{
+	char parent[PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	if (!slash || slash == path)
+		return 0;
+	if ((size_t)(slash - path) >= sizeof parent)
+		return ckpt_err(-ENAMETOOLONG, "manifest directory %s: path too long", path);
+	memcpy(parent, path, (size_t)(slash - path));
+	parent[slash - path] = '\0';
+	return mkdir_p(parent, mode);
 }
 
 /*
@@ -137,7 +214,11 @@ static int root_refuse(const char *root, uint64_t nsteps, int cause)
  *   - step directories without a manifest: CKPT_ENOMANIFEST (the manifest was lost:
  *     the steps are recoverable with rebuild, and GC must not see them as orphans);
  *   - a non-empty directory with entries that are not libckpt's and no manifest:
- *     CKPT_ENOTROOT (somebody else's data).
+ *     CKPT_ENOTROOT (somebody else's data);
+ *   - a manifest directory apart (cfg.manifest_dir) and a manifest in the root too:
+ *     -EEXIST. A manifest apart may be on rank 0's local disk only: the other ranks
+ *     of a saving job, which need no manifest to save, leave its checks to rank 0
+ *     when it is not on their host (rank 0 tells them of a refusal at once).
  * *create: the coordinator role may create the manifest.
  */
 static int root_prepare(ckpt_ctx *c, bool *create)
@@ -163,12 +244,14 @@ static int root_prepare(ckpt_ctx *c, bool *create)
 	/* A directory that is plainly not a root (someone's files, no manifest, no step)
 	 * is refused before anything is created in it, the lock file included. */
 	struct root_state rs;
-	int rc = root_scan(cfg->root, &rs);
+	int rc = root_scan(c, &rs);
 	if (rc)
 		return rc;
 	if (!rs.manifest && !rs.nsteps && rs.foreign[0])
 		return ckpt_err(CKPT_ENOTROOT, "%s is not empty and has no manifest: not a "
 		                "checkpoint root (found '%s')", cfg->root, rs.foreign);
+	if ((rc = root_own_manifest_check(c, &rs)))
+		return rc;
 	/* The coordinator holds the root from here on: nobody else creates, moves or
 	 * collects anything in it while it decides; what it decides on is scanned again
 	 * under the lock. */
@@ -176,32 +259,41 @@ static int root_prepare(ckpt_ctx *c, bool *create)
 		c->incarnation = ckpt_random_id();
 		if ((rc = lock_take(cfg, c->incarnation, &c->lock_fd)))
 			return rc;
-		if ((rc = root_scan(cfg->root, &rs)))
+		if ((rc = root_scan(c, &rs)))
 			return rc;
 	}
 	if (rs.manifest) {
-		rc = manifest_check_file(cfg->root);
+		rc = manifest_check_file(c->manifest_path);
 		if (rc == -ENOENT)
-			rc = ckpt_err(CKPT_ENOMANIFEST, "%s/%s has no data.mdb", cfg->root,
-			              CKPT_MANIFEST_DIR);
+			rc = ckpt_err(CKPT_ENOMANIFEST, "%s has no data.mdb", c->manifest_path);
 		if (rc == CKPT_ENOMANIFEST && coord && recover) {
 			char moved[4300];
 			ckpt_log(CKPT_LOG_WARN, "%s; setting it aside for a rebuild", ckpt_err_msg());
-			if ((rc = manifest_set_aside(cfg->root, moved, sizeof moved)))
+			if ((rc = manifest_set_aside(c->manifest_path, moved, sizeof moved)))
 				return rc;
 			ckpt_log(CKPT_LOG_WARN, "damaged manifest kept as %s", moved);
 			*create = true;
 			return 0;
 		}
 		if (rc == CKPT_ENOMANIFEST)
-			return root_refuse(cfg->root, rs.nsteps, rc);
+			return root_refuse(c, rs.nsteps, rc);
 		return rc;
 	}
-	if (rs.nsteps && !(coord && recover))
-		return root_refuse(cfg->root, rs.nsteps, 0);
+	if (cfg->manifest_dir && !coord && !ro)
+		return 0;            /* rank 0's node may be the only one that has it */
+	if (rs.nsteps && !(coord && recover)) {
+		if (!cfg->manifest_dir)
+			return root_refuse(c, rs.nsteps, 0);
+		char what[PATH_MAX + 64];
+		snprintf(what, sizeof what, "checkpoint root %s holds %llu step director%s",
+		         cfg->root, (unsigned long long)rs.nsteps, rs.nsteps == 1 ? "y" : "ies");
+		return manifest_absent(c, what);
+	}
 	if (rs.foreign[0])
 		return ckpt_err(CKPT_ENOTROOT, "%s is not empty and has no manifest: not a "
 		                "checkpoint root (found '%s')", cfg->root, rs.foreign);
+	if (coord && cfg->manifest_dir && (rc = mkdir_parent(c->manifest_path, cfg->dir_mode)))
+		return rc;
 	*create = coord;
 	return 0;
 }
@@ -216,11 +308,23 @@ static int root_check_records(ckpt_ctx *c)
 	if (n != 0)
 		return n < 0 ? n : 0;
 	struct root_state rs;
-	int rc = root_scan(c->cfg.root, &rs);
+	int rc = root_scan(c, &rs);
 	if (rc || !rs.nsteps)
 		return rc;
 	ckpt_err(CKPT_ENOMANIFEST, "its manifest holds no record of any step");
-	return root_refuse(c->cfg.root, rs.nsteps, CKPT_ENOMANIFEST);
+	return root_refuse(c, rs.nsteps, CKPT_ENOMANIFEST);
+}
+
+/* A manifest kept apart belongs to one root: recorded by the first coordinator that
+ * opens it, checked by every opener (manifest_root_bind). */
+static int manifest_bind(ckpt_ctx *c, struct manifest *m)
+{
+	if (!c->cfg.manifest_dir)
+		return 0;
+	char real[PATH_MAX];
+	if (!realpath(c->cfg.root, real))
+		return ckpt_err(-errno, "checkpoint root %s", c->cfg.root);
+	return manifest_root_bind(m, real);
 }
 
 static void *worker_main(void *arg)
@@ -268,7 +372,7 @@ static int glue_manifest_remote(ckpt_ctx *c, struct manifest **out)
 		rc = ckpt_err(-errno, "private directory for the manifest copy (%s)", dir);
 	if (rc)
 		return rc;
-	snprintf(mdir, sizeof mdir, "%s/" CKPT_MANIFEST_DIR, dir);
+	ckpt_path_manifest_dir(mdir, sizeof mdir, dir);   /* fits: dir is short */
 	if (mkdir(mdir, 0700) < 0)
 		rc = ckpt_err(-errno, "create %s", mdir);
 	if (!rc)
@@ -306,10 +410,21 @@ int glue_manifest(ckpt_ctx *c, struct manifest **out)
 		return rc;
 	}
 	if (!c->manifest) {
-		rc = manifest_open(c->cfg.root, MANIFEST_RDONLY, &c->manifest);
-		if (rc == -ENOENT)
+		struct manifest *m;
+		rc = manifest_open_dir(c->manifest_path, MANIFEST_RDONLY, &m);
+		if (rc == -ENOENT && c->cfg.manifest_dir) {
+			char what[PATH_MAX + 64];
+			snprintf(what, sizeof what, "rank %d cannot read checkpoint root %s",
+			         c->cfg.rank, c->cfg.root);
+			rc = manifest_absent(c, what);
+		} else if (rc == -ENOENT) {
 			rc = ckpt_err(CKPT_ENOTROOT, "%s has no manifest: not a checkpoint root "
 			              "(or nothing was ever committed there)", c->cfg.root);
+		}
+		if (!rc && (rc = manifest_bind(c, m)))
+			manifest_close(m);
+		if (!rc)
+			c->manifest = m;
 	}
 	*out = c->manifest;
 	pthread_mutex_unlock(&c->manifest_lock);
@@ -520,6 +635,7 @@ void ckpt_close(ckpt_ctx *c)
 	pthread_mutex_destroy(&c->load_lock);
 	pthread_mutex_destroy(&c->manifest_lock);
 	pthread_mutex_destroy(&c->gc_lock);
+	ckpt_free(c->manifest_path);
 	config_free(&c->cfg);
 	ckpt_free(c);
 }
@@ -550,6 +666,8 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	c->log.rank = c->cfg.rank;
 	ckpt_fault_set_rank(c->cfg.rank);
 	bool create = false;
+	if (!glue_remote(c) && (rc = manifest_path_resolve(c)))
+		goto fail;
 	bool ro = c->cfg.flags & CKPT_OPEN_READONLY;
 	if (glue_remote(c)) {
 		/* The shards and the manifest are ckptd's: nothing local to prepare. */
@@ -566,9 +684,11 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	} else if (glue_is_coordinator(c)) {
 		unsigned mflags = (create ? MANIFEST_CREATE : 0u) |
 		                  (c->cfg.flags & CKPT_OPEN_GROUP_ACCESS ? MANIFEST_GROUP_ACCESS : 0u);
-		rc = manifest_open(c->cfg.root, mflags, &c->manifest);
+		rc = manifest_open_dir(c->manifest_path, mflags, &c->manifest);
 		if (rc == CKPT_ENOMANIFEST)
-			rc = root_refuse(c->cfg.root, 0, rc);
+			rc = root_refuse(c, 0, rc);
+		if (!rc)
+			rc = manifest_bind(c, c->manifest);
 		if (rc)
 			goto fail;
 		if (!(c->cfg.flags & CKPT_OPEN_RECOVER) && (rc = root_check_records(c)))

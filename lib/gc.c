@@ -73,14 +73,14 @@ int gc_open(ckpt_ctx *c, uint64_t *removed)
 {
 	*removed = 0;
 	const char *root = c->cfg.root;
-	manifest_creation_leftovers_remove(root);
+	manifest_creation_leftovers_remove(c->manifest_path);
 	uint64_t bad[8];
 	int nbad = manifest_steps_damaged(c->manifest, bad, CKPT_ARRAY_SIZE(bad));
 	if (nbad > 0)
 		ckpt_log(CKPT_LOG_WARN, "%s: %d damaged record(s) in the manifest (the first under "
-		         "step %llu): their steps are left alone; `ckpt-inspect %s rebuild --merge` "
+		         "step %llu): their steps are left alone; `ckpt-inspect %s rebuild --merge%s%s` "
 		         "removes the damaged records and recovers the steps from their files",
-		         root, nbad, (unsigned long long)bad[0], root);
+		         root, nbad, (unsigned long long)bad[0], root, GLUE_MANIFEST_OPT(c));
 	DIR *d = opendir(root);
 	if (!d)
 		return ckpt_err(-errno, "gc: open %s", root);
@@ -117,10 +117,11 @@ int gc_open(ckpt_ctx *c, uint64_t *removed)
 	closedir(d);
 	if (unrecorded)
 		ckpt_log(CKPT_LOG_WARN, "%s: %llu step director%s without a record in the manifest "
-		         "(the first: step %llu) kept: `ckpt-inspect %s rebuild --merge` recovers "
-		         "what they hold, `ckpt-inspect %s gc --unrecorded` removes them", root,
+		         "(the first: step %llu) kept: `ckpt-inspect %s rebuild --merge%s%s` recovers "
+		         "what they hold, `ckpt-inspect %s gc --unrecorded%s%s` removes them", root,
 		         (unsigned long long)unrecorded, unrecorded == 1 ? "y" : "ies",
-		         (unsigned long long)first_unrecorded, root, root);
+		         (unsigned long long)first_unrecorded, root, GLUE_MANIFEST_OPT(c), root,
+		         GLUE_MANIFEST_OPT(c));
 	return rc;
 }
 

@@ -102,6 +102,7 @@ struct ckpt_ctx {
 	struct glue_config cfg;
 	struct ckpt_log_sink log;         /* where this context's lines go (ckpt_log_enter) */
 	struct manifest   *manifest;      /* RW on the coordinator; opened RDONLY lazily elsewhere */
+	char              *manifest_path; /* its directory: cfg.manifest_dir, or <root>/manifest */
 	pthread_mutex_t    manifest_lock; /* lazy open */
 	struct io_pool    *pool;
 	struct snapshot   *snap;          /* device detection, pinned allocator, CUDA streams */
@@ -197,8 +198,15 @@ int  lock_take(const struct glue_config *cfg, uint64_t incarnation, int *fd);
 int  lock_probe(const char *root, uint64_t *incarnation);
 void lock_release(int fd);
 /* The manifest, opening it read-only on first use where this process is not the
- * coordinator. */
+ * coordinator. A manifest kept apart from the root (cfg.manifest_dir) that is not
+ * on this host is CKPT_ENOMANIFEST naming its directory and the host; one of
+ * another root is CKPT_ENOMANIFEST naming both roots (manifest_root_bind). */
 int  glue_manifest(ckpt_ctx *c, struct manifest **out);
+/* For messages that give a ckpt-inspect command: two arguments for "%s%s", the
+ * option that names the context's manifest directory when it is kept apart
+ * (" --manifest-dir DIR"), or two empty strings. */
+#define GLUE_MANIFEST_OPT(c) ((c)->cfg.manifest_dir ? " --manifest-dir " : ""), \
+                             ((c)->cfg.manifest_dir ? (c)->cfg.manifest_dir : "")
 /* Run the save worker's job for one save (lib/save.c). */
 void save_run(ckpt_ctx *c, struct ckpt_save *s);
 /* What a root holds (lib/catalog.c): the manifest's records merged with the step

@@ -302,9 +302,9 @@ int ckpt_catalog_rebuild(ckpt_ctx *c, unsigned flags, ckpt_rebuild_report_fn rep
 	if (nrec < 0)
 		return nrec;
 	if (nrec > 0 && !(flags & CKPT_REBUILD_MERGE))
-		return ckpt_err(-EEXIST, "the manifest of %s holds %d record(s): rebuild recreates a "
-		                "lost manifest (move it away first, or merge explicitly)", c->cfg.root,
-		                nrec);
+		return ckpt_err(-EEXIST, "the manifest of %s (%s) holds %d record(s): rebuild "
+		                "recreates a lost manifest (move it away first, or merge explicitly)",
+		                c->cfg.root, c->manifest_path, nrec);
 	struct ckpt_rebuild_result res;
 	memset(&res, 0, sizeof res);
 	/* Merge repairs: a damaged record says nothing true (not even its step: a flipped

@@ -105,7 +105,8 @@ enum ckpt_error {
 	CKPT_EINVALID   = -1016, /* validation of a gathered index failed (gaps, overlaps, mismatch) */
 	CKPT_ENODEV     = -1017, /* requested transport/device/feature not available */
 	CKPT_ENOMANIFEST = -1018, /* the root's manifest is missing or unusable while the root
-	                           * holds checkpoint data: run ckpt-inspect rebuild */
+	                           * holds checkpoint data (run ckpt-inspect rebuild), kept
+	                           * apart on another host, or another root's */
 };
 
 /* A static, never-NULL description of any code returned by this library. */
@@ -255,8 +256,10 @@ struct ckpt_opts {
 	uint64_t    keep_seconds;  /* keep the steps committed within the last S seconds */
 	/* Where the manifest lives, apart from the shard files: on the coordinator's
 	 * (rank 0's) local disk while the shards go to a shared file system, where an
-	 * LMDB manifest must never be (docs/operations.md, "multi-node deployments").
-	 * NULL: CKPT_MANIFEST_DIR, then <root>/manifest. */
+	 * LMDB manifest must never be (docs/operations.md, "Multi-node deployments").
+	 * An absolute path; its parent is created when missing. The manifest records the
+	 * root it belongs to: another root is refused it. Ranks other than rank 0 need
+	 * it only to load. NULL: CKPT_MANIFEST_DIR, then <root>/manifest. */
 	const char *manifest_dir;
 	/* Save to and load from ckptd, the snapshot service of storage nodes, instead of
 	 * the root: "ckptd://HOST:PORT[,HOST:PORT...]" (docs/ckptd.md). NULL:
@@ -309,13 +312,16 @@ CKPT_API int ckpt_gds_stats(const ckpt_ctx *c, struct ckpt_gds_stats *st);
  * whose manifest is missing, emptied or damaged while it holds step directories is
  * refused by every rank with CKPT_ENOMANIFEST — nothing in it is changed — and
  * CKPT_OPEN_RECOVER opens it for ckpt_catalog_rebuild (a damaged manifest is moved
- * aside to manifest.damaged-<time> first). A job of several ranks needs a job secret
+ * aside to manifest.damaged-<time>, beside it, first). The manifest is <root>/manifest,
+ * or the directory manifest_dir names (kept apart; rank 0 of a saving job alone needs
+ * it at open). A job of several ranks needs a job secret
  * (CKPT_EAUTH otherwise) unless CKPT_OPEN_NO_AUTH or CKPT_AUTH=off says to run
  * without one; with several ranks every rank connects to the coordinator before
  * ckpt_open returns.
  * Errors:
  *   -EINVAL            bad options: size not set, no root, unknown flag bits, rank
- *                      outside the world, chunk or pool size, zstd level, queue
+ *                      outside the world, a manifest directory that is not an
+ *                      absolute path, chunk or pool size, zstd level, queue
  *                      depth, gds bits, job id too long, log_level above
  *                      CKPT_LOG_DEBUG, or a malformed environment variable
  *   -ENOENT            CKPT_OPEN_READONLY and the root (or its manifest) is missing
@@ -323,7 +329,13 @@ CKPT_API int ckpt_gds_stats(const ckpt_ctx *c, struct ckpt_gds_stats *st);
  *   -ENAMETOOLONG      the root path
  *   -EBUSY             another coordinator holds the root (the message names it)
  *   CKPT_ENOTROOT      a non-empty directory, or not a directory, without a manifest
- *   CKPT_ENOMANIFEST   step directories but no usable manifest (see above)
+ *   CKPT_ENOMANIFEST   step directories but no usable manifest (see above); with a
+ *                      manifest directory apart (manifest_dir): one that holds the
+ *                      manifest of another root (the message names both), or one
+ *                      that is not on this host where the context needs it (a
+ *                      read-only context, or rank 0 of a root that holds steps)
+ *   -EEXIST            a manifest directory apart, and the root has a manifest of
+ *                      its own (<root>/manifest)
  *   CKPT_EVERSION      the manifest is of a newer format
  *   CKPT_EFORMAT, CKPT_ECORRUPT  the manifest is not one, or is damaged
  *   CKPT_EAUTH         no secret for a job of several ranks, a bad secret file, or a
@@ -471,9 +483,14 @@ CKPT_API int ckpt_save_stats(const ckpt_save *s, struct ckpt_save_stats *st);
 
 /* ------------------------------------------------------------------ load */
 
-/* Open a committed step (or CKPT_LATEST).
+/* Open a committed step (or CKPT_LATEST). A rank other than the coordinator reads the
+ * manifest itself: with a manifest directory kept apart (ckpt_opts.manifest_dir) that
+ * is on rank 0's local disk, only ranks on rank 0's node can load (docs/operations.md,
+ * "Multi-node deployments").
  * Errors: CKPT_ENOTFOUND (no such committed step, or none at all), CKPT_ENOTROOT (no
- * manifest), CKPT_ECORRUPT / CKPT_EFORMAT / CKPT_EVERSION (a manifest record),
+ * manifest), CKPT_ENOMANIFEST (the manifest directory kept apart is not on this host,
+ * naming it and the host; or it holds another root's manifest),
+ * CKPT_ECORRUPT / CKPT_EFORMAT / CKPT_EVERSION (a manifest record),
  * -EIO. On failure *out is NULL. */
 CKPT_API int  ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out);
 /* NULL: no-op. */

@@ -36,7 +36,7 @@ const char *ckpt_strerror(int err)
 	case CKPT_ESTATE:     return "operation not valid in the current state";
 	case CKPT_EINVALID:   return "gathered checkpoint index failed validation";
 	case CKPT_ENODEV:     return "requested transport, device or feature is not available";
-	case CKPT_ENOMANIFEST: return "the root holds checkpoint data but no usable manifest (run ckpt-inspect rebuild)";
+	case CKPT_ENOMANIFEST: return "no usable manifest for the root here (a lost or damaged one: ckpt-inspect rebuild)";
 	default:
 		break;
 	}

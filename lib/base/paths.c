@@ -1,7 +1,8 @@
 /*
  * paths.c — the names of things inside a checkpoint root (docs/format.md §1).
  *
- *   <root>/manifest/                     LMDB environment (data.mdb, lock.mdb)
+ *   <root>/manifest/                     LMDB environment (data.mdb, lock.mdb), unless
+ *                                        the job keeps it apart (CKPT_MANIFEST_DIR)
  *   <root>/coordinator.lock              held by the root's one coordinator
  *   <root>/step-<20-digit step>/         one directory per step
  *   <root>/step-<step>/rank-<6+ digit rank>-<16 hex digit save id>.shard
@@ -25,6 +26,11 @@
 static int path_fmt(size_t cap, int n)
 {
 	return (n < 0 || (size_t)n >= cap) ? -ENAMETOOLONG : 0;
+}
+
+int ckpt_path_manifest_dir(char *out, size_t cap, const char *root)
+{
+	return path_fmt(cap, snprintf(out, cap, "%s/%s", root, CKPT_MANIFEST_NAME));
 }
 
 int ckpt_path_step_dir(char *out, size_t cap, const char *root, uint64_t step)

@@ -1,6 +1,6 @@
 /*
  * manifest.c — the operations of manifest.h: the commit, aborted steps, trust,
- * deletion and the readers.
+ * deletion, the readers, and the root a manifest kept apart belongs to.
  *
  * The manifest decides visibility (docs/format.md §8.6): a step is visible iff its COMMITTED
  * step record is here, and manifest_commit writes that record together with every
@@ -27,13 +27,13 @@ static int step_read(struct manifest *m, MDB_txn *txn, uint64_t step,
 	MDB_val key = { sizeof k, k }, val;
 	int rc = mdb_get(txn, m->dbi_steps, &key, &val);
 	if (rc == MDB_NOTFOUND)
-		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->root,
+		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->dir,
 		                (unsigned long long)step);
 	if (rc)
 		return manifest_fail(m, rc, "step %llu: read step record", (unsigned long long)step);
 	rc = manifest_step_decode(val.mv_data, val.mv_size, step, out, NULL, 0);
 	if (rc)
-		return ckpt_err_prefix(rc, "manifest %s", m->root);
+		return ckpt_err_prefix(rc, "manifest %s", m->dir);
 	/* It would point into a page of txn: the metadata is read by manifest_step_meta
 	 * (or copied, by a write that keeps it). */
 	out->meta = NULL;
@@ -56,11 +56,11 @@ static int step_meta_copy(struct manifest *m, MDB_txn *txn, uint64_t step, char 
 		return manifest_fail(m, rc, "step %llu: read step record", (unsigned long long)step);
 	struct manifest_step r;
 	if ((rc = manifest_step_decode(val.mv_data, val.mv_size, step, &r, NULL, 0)))
-		return ckpt_err_prefix(rc, "manifest %s", m->root);
+		return ckpt_err_prefix(rc, "manifest %s", m->dir);
 	if (!r.meta_len)
 		return 0;
 	if (!(*copy = ckpt_malloc(r.meta_len)))
-		return ckpt_err(-ENOMEM, "manifest %s: step %llu: metadata", m->root,
+		return ckpt_err(-ENOMEM, "manifest %s: step %llu: metadata", m->dir,
 		                (unsigned long long)step);
 	memcpy(*copy, r.meta, r.meta_len);
 	*len = r.meta_len;
@@ -138,7 +138,7 @@ static int commit_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	struct manifest_step old;
 	int rc = step_read(m, txn, step, &old);
 	if (rc == 0 && old.state == CKPT_STATE_COMMITTED)
-		return ckpt_err(-EEXIST, "manifest %s: step %llu is already committed", m->root, s);
+		return ckpt_err(-EEXIST, "manifest %s: step %llu is already committed", m->dir, s);
 	if (rc != 0 && rc != CKPT_ENOTFOUND)
 		return ckpt_err_prefix(rc, "cannot commit over the existing record");
 	/* Only the attempt the record names may commit: never one that was aborted, and
@@ -148,7 +148,7 @@ static int commit_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	    ((old.state == CKPT_STATE_INFLIGHT && old.save_id != a->rec->save_id) ||
 	     (old.state == CKPT_STATE_ABORTED && old.save_id == a->rec->save_id)))
 		return ckpt_err(-ESTALE, "manifest %s: step %llu: attempt %016llx cannot commit: the "
-		                "record says attempt %016llx is %s", m->root, s,
+		                "record says attempt %016llx is %s", m->dir, s,
 		                (unsigned long long)a->rec->save_id, (unsigned long long)old.save_id,
 		                old.state == CKPT_STATE_INFLIGHT ? "in flight" : "aborted");
 
@@ -222,25 +222,25 @@ int manifest_commit(struct manifest *m, const struct manifest_step *rec,
 		r.commit_time_ns = ckpt_wall_ns();
 	int rc = manifest_step_check(&r);
 	if (rc)
-		return ckpt_err_prefix(rc, "manifest %s", m->root);
+		return ckpt_err_prefix(rc, "manifest %s", m->dir);
 	if (r.world == 0 || nshards != r.world)
 		return ckpt_err(-EINVAL, "manifest %s: step %llu: %u shard records for world %u",
-		                m->root, s, nshards, r.world);
+		                m->dir, s, nshards, r.world);
 
 	/* Every rank 0..world-1 exactly once: a bitmap, since world may be large. */
 	uint8_t *seen = ckpt_calloc((size_t)r.world / 8 + 1, 1);
 	if (!seen)
-		return ckpt_err(-ENOMEM, "manifest %s: step %llu: out of memory", m->root, s);
+		return ckpt_err(-ENOMEM, "manifest %s: step %llu: out of memory", m->dir, s);
 	for (uint32_t i = 0; i < nshards && !rc; i++) {
 		uint32_t rank = shards[i].rank;
 		if (rank >= r.world)
 			rc = ckpt_err(-EINVAL, "manifest %s: step %llu: rank %u outside world %u",
-			              m->root, s, rank, r.world);
+			              m->dir, s, rank, r.world);
 		else if (seen[rank / 8] & (1u << (rank % 8)))
 			rc = ckpt_err(-EINVAL, "manifest %s: step %llu: rank %u given twice",
-			              m->root, s, rank);
+			              m->dir, s, rank);
 		else if ((rc = manifest_shard_check(r.step, &shards[i])) != 0)
-			rc = ckpt_err_prefix(rc, "manifest %s", m->root);
+			rc = ckpt_err_prefix(rc, "manifest %s", m->dir);
 		else
 			seen[rank / 8] |= (uint8_t)(1u << (rank % 8));
 	}
@@ -267,7 +267,7 @@ static int attempt_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	struct manifest_step old;
 	int rc = step_read(m, txn, step, &old);
 	if (rc == 0 && old.state == CKPT_STATE_COMMITTED)
-		return ckpt_err(-EEXIST, "manifest %s: step %llu is already committed", m->root,
+		return ckpt_err(-EEXIST, "manifest %s: step %llu is already committed", m->dir,
 		                (unsigned long long)step);
 	/* A damaged record is not replaced: it may be a committed step's. */
 	if (rc != 0 && rc != CKPT_ENOTFOUND)
@@ -275,7 +275,7 @@ static int attempt_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	if (rc == 0 && !a->begin && old.save_id && a->rec->save_id &&
 	    old.save_id != a->rec->save_id)
 		return ckpt_err(-ESTALE, "manifest %s: step %llu: the record names attempt %016llx, "
-		                "not the aborted %016llx: left as it is", m->root,
+		                "not the aborted %016llx: left as it is", m->dir,
 		                (unsigned long long)step, (unsigned long long)old.save_id,
 		                (unsigned long long)a->rec->save_id);
 	struct manifest_step r;
@@ -308,7 +308,7 @@ int manifest_begin(struct manifest *m, const struct manifest_step *rec)
 	r.trust = 0;
 	int rc = manifest_step_check(&r);
 	if (rc)
-		return ckpt_err_prefix(rc, "manifest %s", m->root);
+		return ckpt_err_prefix(rc, "manifest %s", m->dir);
 	struct abort_arg a = { rec, NULL, true };
 	return manifest_write(m, attempt_txn, &a, "record a step in flight");
 }
@@ -322,7 +322,7 @@ static int committed_read(struct manifest *m, MDB_txn *txn, uint64_t step,
 		return rc;
 	if (r->state != CKPT_STATE_COMMITTED)
 		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu is not committed",
-		                m->root, (unsigned long long)step);
+		                m->dir, (unsigned long long)step);
 	return 0;
 }
 
@@ -351,7 +351,7 @@ int manifest_set_trust(struct manifest *m, uint64_t step, uint32_t trust)
 	if (!m)
 		return ckpt_err(-EINVAL, "manifest_set_trust: NULL manifest");
 	if (trust != CKPT_TRUST_COMMITTED && trust != CKPT_TRUST_VERIFIED)
-		return ckpt_err(-EINVAL, "manifest %s: step %llu: bad trust level %u", m->root,
+		return ckpt_err(-EINVAL, "manifest %s: step %llu: bad trust level %u", m->dir,
 		                (unsigned long long)step, trust);
 	struct trust_arg a = { step, trust };
 	return manifest_write(m, trust_txn, &a, "set trust");
@@ -397,7 +397,7 @@ static int delete_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	if (n < 0)
 		return n;
 	if (!had_step && n == 0)
-		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->root,
+		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->dir,
 		                (unsigned long long)step);
 	return 0;
 }
@@ -449,11 +449,11 @@ int manifest_step_meta(struct manifest *m, uint64_t step, void *dst, size_t cap,
 	struct manifest_step r;
 	rc = mdb_get(txn, m->dbi_steps, &key, &val);
 	if (rc == MDB_NOTFOUND)
-		rc = ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->root, s);
+		rc = ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->dir, s);
 	else if (rc)
 		rc = manifest_fail(m, rc, "step %llu: read step record", s);
 	else if ((rc = manifest_step_decode(val.mv_data, val.mv_size, step, &r, NULL, 0)))
-		ckpt_err_prefix(rc, "manifest %s", m->root);
+		ckpt_err_prefix(rc, "manifest %s", m->dir);
 	else if ((*len = r.meta_len) > cap)
 		rc = ckpt_err(-ENOSPC, "step %llu: metadata of %u bytes, room for %zu", s,
 		              r.meta_len, cap);
@@ -496,7 +496,7 @@ static int steps_walk(struct manifest *m, bool descending, step_visit_fn fn, voi
 		op = descending ? MDB_PREV : MDB_NEXT;
 		if (key.mv_size != MANIFEST_STEP_KEY_BYTES) {
 			ret = ckpt_err(CKPT_EFORMAT, "manifest %s: steps database holds a key of %zu bytes",
-			               m->root, key.mv_size);
+			               m->dir, key.mv_size);
 			break;
 		}
 		struct manifest_step r;
@@ -505,7 +505,7 @@ static int steps_walk(struct manifest *m, bool descending, step_visit_fn fn, voi
 		 * skipped: skipping could make "latest" silently roll back training. */
 		ret = manifest_step_decode(val.mv_data, val.mv_size, step, &r, NULL, 0);
 		if (ret) {
-			ckpt_err_prefix(ret, "manifest %s", m->root);
+			ckpt_err_prefix(ret, "manifest %s", m->dir);
 			break;
 		}
 		r.meta = NULL;        /* as step_read: nothing points into the transaction */
@@ -543,7 +543,7 @@ int manifest_step_latest(struct manifest *m, uint64_t *step)
 	if (rc < 0)
 		return ckpt_err_prefix(rc, "latest step");
 	if (!a.found)
-		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: no committed step", m->root);
+		return ckpt_err(CKPT_ENOTFOUND, "manifest %s: no committed step", m->dir);
 	*step = a.step;
 	return 0;
 }
@@ -596,7 +596,7 @@ int manifest_steps_damaged(struct manifest *m, uint64_t *steps, size_t cap)
 	if (rc != MDB_NOTFOUND)
 		return manifest_fail(m, rc, "walk steps database");
 	if (n > INT_MAX)
-		return ckpt_err(-EOVERFLOW, "manifest %s: %zu damaged records", m->root, n);
+		return ckpt_err(-EOVERFLOW, "manifest %s: %zu damaged records", m->dir, n);
 	return (int)n;
 }
 
@@ -622,7 +622,7 @@ int manifest_steps_list(struct manifest *m, bool all, uint64_t *steps, size_t ca
 	if (rc < 0)
 		return rc;
 	if (a.count > INT_MAX)
-		return ckpt_err(-EOVERFLOW, "manifest %s: %zu steps do not fit an int", m->root,
+		return ckpt_err(-EOVERFLOW, "manifest %s: %zu steps do not fit an int", m->dir,
 		                a.count);
 	return (int)a.count;
 }
@@ -651,10 +651,10 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
 		rc = manifest_table_entry(val.mv_data, val.mv_size, step, rank, &sh, &save_id);
 		manifest_txn_abort(m, txn);
 		if (rc)
-			return ckpt_err_prefix(rc, "manifest %s", m->root);
+			return ckpt_err_prefix(rc, "manifest %s", m->dir);
 		char *path = ckpt_malloc(MANIFEST_TABLE_PREFIX + 48);
 		if (!path)
-			return ckpt_err(-ENOMEM, "manifest %s: step %llu rank %u", m->root, s, rank);
+			return ckpt_err(-ENOMEM, "manifest %s: step %llu rank %u", m->dir, s, rank);
 		ckpt_path_shard_rel(path, MANIFEST_TABLE_PREFIX + 48, step, rank, save_id);
 		sh.path = path;
 		sh.owned_ = path;
@@ -673,7 +673,7 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
 		manifest_txn_abort(m, txn);
 		if (rc == MDB_NOTFOUND)
 			return ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu rank %u: no shard record",
-			                m->root, s, rank);
+			                m->dir, s, rank);
 		return manifest_fail(m, rc, "step %llu rank %u: read shard record", s, rank);
 	}
 	struct manifest_shard sh;
@@ -681,7 +681,7 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
 	rc = manifest_shard_decode(val.mv_data, val.mv_size, step, rank, &sh, &pl);
 	if (rc) {
 		manifest_txn_abort(m, txn);
-		return ckpt_err_prefix(rc, "manifest %s", m->root);
+		return ckpt_err_prefix(rc, "manifest %s", m->dir);
 	}
 	/* LMDB's pointers die with the transaction: copy index and path out, into one
 	 * block (index first, so it keeps malloc's alignment). Sizes are bounded by
@@ -690,7 +690,7 @@ int manifest_shard_get(struct manifest *m, uint64_t step, uint32_t rank,
 	if (!block) {
 		manifest_txn_abort(m, txn);
 		return ckpt_err(-ENOMEM, "manifest %s: step %llu rank %u: %zu bytes for the shard "
-		                "index", m->root, s, rank, sh.index_len);
+		                "index", m->dir, s, rank, sh.index_len);
 	}
 	if (sh.index_len)
 		memcpy(block, sh.index, sh.index_len);
@@ -718,7 +718,75 @@ int manifest_copy_fd(struct manifest *m, int fd)
 	int rc = mdb_env_copyfd2(m->env, fd, MDB_CP_COMPACT);
 	pthread_rwlock_unlock(&m->resize_lock);
 	if (rc)
-		return ckpt_err(rc > 0 ? -rc : -EIO, "%s: copy of the manifest: %s", m->root,
+		return ckpt_err(rc > 0 ? -rc : -EIO, "%s: copy of the manifest: %s", m->dir,
 		                mdb_strerror(rc));
 	return 0;
+}
+
+/* ------------------------------------------------------------------ the root it belongs to */
+
+#define ROOT_KEY "root"
+
+struct bind_arg {
+	const char *root;
+	size_t      len;
+};
+
+/* The root record in txn against a->root: 0 (the same), 1 (none), or the refusal. */
+static int root_compare(struct manifest *m, MDB_txn *txn, const struct bind_arg *a)
+{
+	MDB_val key = { sizeof ROOT_KEY - 1, (void *)ROOT_KEY }, val;
+	int rc = mdb_get(txn, m->dbi_meta, &key, &val);
+	if (rc == MDB_NOTFOUND)
+		return 1;
+	if (rc)
+		return manifest_fail(m, rc, "read the root record");
+	if (val.mv_size == a->len && !memcmp(val.mv_data, a->root, a->len))
+		return 0;
+	if (val.mv_size == 0 || val.mv_size >= PATH_MAX)
+		return ckpt_err(CKPT_ENOMANIFEST, "manifest %s: its root record is %zu bytes, not a "
+		                "path: a damaged manifest", m->dir, val.mv_size);
+	/* Another process's bytes, for a message: printable only. */
+	char other[PATH_MAX];
+	memcpy(other, val.mv_data, val.mv_size);
+	other[val.mv_size] = '\0';
+	for (char *p = other; *p; p++)
+		if ((unsigned char)*p < 0x20 || (unsigned char)*p == 0x7f)
+			*p = '?';
+	return ckpt_err(CKPT_ENOMANIFEST, "manifest directory %s holds the manifest of checkpoint "
+	                "root %s, not of %s: two roots never share one manifest directory (each "
+	                "would take the other's steps for its own); give this root a manifest "
+	                "directory of its own", m->dir, other, a->root);
+}
+
+static int bind_txn(struct manifest *m, MDB_txn *txn, void *varg)
+{
+	const struct bind_arg *a = varg;
+	/* Compared again inside the write transaction: of two roots binding a new
+	 * manifest at once, the second sees the first's record and is refused. */
+	int rc = root_compare(m, txn, a);
+	if (rc <= 0)
+		return rc;
+	MDB_val key = { sizeof ROOT_KEY - 1, (void *)ROOT_KEY }, val = { a->len, (void *)a->root };
+	rc = mdb_put(txn, m->dbi_meta, &key, &val, 0);
+	return rc ? manifest_fail(m, rc, "write the root record") : 0;
+}
+
+int manifest_root_bind(struct manifest *m, const char *root)
+{
+	if (!m || !root || root[0] != '/')
+		return ckpt_err(-EINVAL, "manifest_root_bind: NULL or relative root");
+	struct bind_arg a = { root, strlen(root) };
+	MDB_txn *txn;
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
+	if (rc)
+		return manifest_fail(m, rc, "begin read transaction");
+	rc = root_compare(m, txn, &a);
+	manifest_txn_abort(m, txn);
+	if (rc <= 0 || m->rdonly)
+		return rc < 0 ? rc : 0;
+	rc = manifest_write(m, bind_txn, &a, "record its root");
+	if (rc == 0)
+		ckpt_log(CKPT_LOG_INFO, "manifest %s: the manifest of checkpoint root %s", m->dir, root);
+	return rc;
 }

@@ -12,7 +12,7 @@
  * This module depends on nothing of ours but the base tier.
  *
  * Threads: a struct manifest may be used from any number of threads; LMDB
- * serialises writers. One process opens a given root once (an LMDB rule).
+ * serialises writers. One process opens a given manifest once (an LMDB rule).
  */
 #ifndef CKPT_MANIFEST_H
 #define CKPT_MANIFEST_H
@@ -39,28 +39,51 @@ enum manifest_open_flags {
 struct manifest;
 
 /*
- * Open <root>/manifest; with MANIFEST_CREATE, create it first when the directory is
- * absent (atomically: a complete environment or none). An existing manifest is
- * never initialised or changed by opening it. Errors: -ENOENT (absent and not
- * MANIFEST_CREATE), CKPT_ENOTROOT (the root is not a directory), CKPT_ENOMANIFEST
- * (the manifest directory exists but holds no usable environment: no data.mdb, a
- * damaged one — manifest_check_file — or not a libckpt manifest), CKPT_EVERSION
- * (written by a newer format), -EACCES, -ENOMEM. Messages name the path.
+ * Where a manifest lives: a directory of its own, <root>/manifest by default
+ * (ckpt_path_manifest_dir), or a directory kept apart from the root — on the
+ * coordinator's local disk when the shard files go to a shared file system (docs/
+ * operations.md, "Multi-node deployments"). Its creations and damaged copies go
+ * beside it, in its parent: <dir>.new-*, <dir>.damaged-* (docs/format.md §8.1).
  */
+
+/*
+ * Open the manifest in dir; with MANIFEST_CREATE, create it first when dir is absent
+ * (atomically: a complete environment or none; dir's parent must exist). An existing
+ * manifest is never initialised or changed by opening it. Errors: -ENOENT (absent
+ * and not MANIFEST_CREATE, or dir's parent absent), CKPT_ENOTROOT (dir's parent is
+ * not a directory), CKPT_ENOMANIFEST (dir exists but holds no usable environment: no
+ * data.mdb, a damaged one — manifest_check_file — or not a libckpt manifest),
+ * CKPT_EVERSION (written by a newer format), -EINVAL (dir empty or "/"), -EACCES,
+ * -ENOMEM. Messages name dir.
+ */
+int  manifest_open_dir(const char *dir, unsigned flags, struct manifest **out);
+/* manifest_open_dir on <root>/manifest, the manifest of root in the default layout. */
 int  manifest_open(const char *root, unsigned flags, struct manifest **out);
-/* Check <root>/manifest/data.mdb without mapping it (LMDB would SIGBUS on a file cut
- * short, and would initialise an empty one): 0 when it looks usable, -ENOENT when
- * there is no manifest directory or no data.mdb, CKPT_ENOMANIFEST naming what is
- * wrong (empty, cut short, not LMDB's). Reads only; any process may call it. */
-int  manifest_check_file(const char *root);
-/* Move <root>/manifest aside to <root>/manifest.damaged-<UTC time> (never over an
- * earlier one) and sync the root; moved_to gets the new path. For recovery only:
- * the caller must be the root's only writer. */
-int  manifest_set_aside(const char *root, char *moved_to, size_t cap);
-/* Remove what creations that stopped left in root (<root>/manifest.new-*: manifest_open
- * creates the environment there, then renames it into place); nothing reads them.
- * Only for the holder of the root's coordinator lock, under which creations run. */
-void manifest_creation_leftovers_remove(const char *root);
+/* Check <dir>/data.mdb without mapping it (LMDB would SIGBUS on a file cut short,
+ * and would initialise an empty one): 0 when it looks usable, -ENOENT when there is
+ * no directory dir or no data.mdb in it, CKPT_ENOMANIFEST naming what is wrong
+ * (empty, cut short, not LMDB's). Reads only; any process may call it. */
+int  manifest_check_file(const char *dir);
+/* Move dir aside to <dir>.damaged-<UTC time> (never over an earlier one) and sync
+ * its parent; moved_to gets the new path. For recovery only: the caller must be the
+ * manifest's only writer. */
+int  manifest_set_aside(const char *dir, char *moved_to, size_t cap);
+/* Remove what creations of dir that stopped left beside it (<dir>.new-*:
+ * manifest_open_dir creates the environment there, then renames it into place);
+ * nothing reads them. Only for the manifest's one writer (the holder of its root's
+ * coordinator lock), under which creations run. */
+void manifest_creation_leftovers_remove(const char *dir);
+/*
+ * The checkpoint root a manifest kept apart belongs to (meta/root, docs/format.md
+ * §8.2): root is the root's absolute path without symbolic links (realpath). 0 when
+ * the manifest's root record names root; when it has none (a new manifest, or one
+ * moved out of its root), a writable handle records root in one durable transaction
+ * and a read-only one accepts it. CKPT_ENOMANIFEST, naming both roots, when it names
+ * another: the manifest of one root holds records of that root's step directories,
+ * which another root would take for its own (and its GC would act on). A manifest
+ * in its root's own directory needs no record: the caller does not call this.
+ */
+int  manifest_root_bind(struct manifest *m, const char *root);
 void manifest_close(struct manifest *m);            /* NULL: no-op */
 
 /* One checkpoint (step) record. */

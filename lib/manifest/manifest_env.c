@@ -50,7 +50,7 @@ static int mdb_code(int rc)
 	}
 }
 
-/* Record an LMDB failure with the root named, and return the converted code. */
+/* Record an LMDB failure with the manifest named, and return the converted code. */
 int manifest_fail(const struct manifest *m, int rc, const char *fmt, ...)
 {
 	char what[256];
@@ -61,7 +61,7 @@ int manifest_fail(const struct manifest *m, int rc, const char *fmt, ...)
 	int code = mdb_code(rc);
 	/* mdb_strerror of an errno calls strerror (not thread-safe): name errnos ourselves. */
 	const char *why = rc > 0 ? ckpt_strerror(-rc) : mdb_strerror(rc);
-	return ckpt_err(code, "manifest %s: %s: %s", m->root, what, why);
+	return ckpt_err(code, "manifest %s: %s: %s", m->dir, what, why);
 }
 
 /* ------------------------------------------------------------------ transactions */
@@ -110,7 +110,7 @@ static int m_grow(struct manifest *m)
 		size_t next = info.me_mapsize > SIZE_MAX / 2 ? 0 : info.me_mapsize * 2;
 		rc = next ? mdb_env_set_mapsize(m->env, next) : MDB_MAP_FULL;
 		if (rc == 0)
-			ckpt_log(CKPT_LOG_INFO, "manifest %s: map grown to %zu bytes", m->root, next);
+			ckpt_log(CKPT_LOG_INFO, "manifest %s: map grown to %zu bytes", m->dir, next);
 	}
 	pthread_rwlock_unlock(&m->resize_lock);
 	return rc;
@@ -125,7 +125,7 @@ static int m_grow(struct manifest *m)
 int manifest_write(struct manifest *m, manifest_write_fn fn, void *arg, const char *what)
 {
 	if (m->rdonly)
-		return ckpt_err(CKPT_ESTATE, "manifest %s: opened read-only, cannot %s", m->root, what);
+		return ckpt_err(CKPT_ESTATE, "manifest %s: opened read-only, cannot %s", m->dir, what);
 	for (int attempt = 0;; attempt++) {
 		MDB_txn *txn;
 		int rc = manifest_txn_begin(m, 0, &txn);
@@ -193,7 +193,7 @@ static int space_get(struct manifest *m, uint64_t *used, uint64_t *size, uint64_
 	    (rc = mdb_env_get_fd(m->env, &fd)))
 		return manifest_fail(m, rc, "size of data.mdb");
 	if (fstat(fd, &fst) < 0)
-		return ckpt_err(-errno, "manifest %s: stat data.mdb", m->root);
+		return ckpt_err(-errno, "manifest %s: stat data.mdb", m->dir);
 	*used = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
 	*size = (uint64_t)fst.st_size;
 	if (mapsize)
@@ -229,12 +229,12 @@ int manifest_reserve(struct manifest *m, uint64_t slack)
 		return ckpt_err(-EINVAL, "manifest_reserve: NULL manifest");
 	if (m->rdonly)
 		return ckpt_err(CKPT_ESTATE, "manifest %s: opened read-only, cannot reserve space",
-		                m->root);
+		                m->dir);
 	if (slack == 0)
 		return 0;
 	if (slack > MANIFEST_MAX_RESERVE)
 		return ckpt_err(-EINVAL, "manifest %s: reserve of %llu bytes is more than the %llu "
-		                "allowed", m->root, (unsigned long long)slack,
+		                "allowed", m->dir, (unsigned long long)slack,
 		                (unsigned long long)MANIFEST_MAX_RESERVE);
 	MDB_txn *txn;
 	int rc = manifest_txn_begin(m, 0, &txn);
@@ -257,12 +257,12 @@ int manifest_reserve(struct manifest *m, uint64_t slack)
 			if (w <= 0)
 				code = ckpt_err(w < 0 ? -errno : -EIO,
 				                "manifest %s: reserve %llu bytes in data.mdb",
-				                m->root, (unsigned long long)(want - size));
+				                m->dir, (unsigned long long)(want - size));
 			else
 				off += (uint64_t)w;
 		}
 		if (!code && fdatasync(fd) < 0)
-			code = ckpt_err(-errno, "manifest %s: sync reserved space", m->root);
+			code = ckpt_err(-errno, "manifest %s: sync reserved space", m->dir);
 		/* A failure leaves zeros past LMDB's last page: harmless. */
 	}
 	manifest_txn_abort(m, txn);

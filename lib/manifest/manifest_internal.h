@@ -46,17 +46,17 @@ struct manifest {
 	uint32_t         format;           /* meta/format (1..3); a write raises it to 3 */
 	pthread_rwlock_t resize_lock;
 	pthread_mutex_t  attempts_lock;    /* manifest_attempts_lock */
-	char             root[];           /* the checkpoint root, for messages */
+	char             dir[];            /* the manifest directory, for messages */
 };
 
-/* manifest_open with the initial map size chosen (0: the default, 64 GiB on a
+/* manifest_open_dir with the initial map size chosen (0: the default, 64 GiB on a
  * 64-bit build). For tests of map growth; the map still grows on MDB_MAP_FULL. */
-int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct manifest **out);
+int manifest_open_map(const char *dir, unsigned flags, size_t map_bytes, struct manifest **out);
 
 /* ------------------------------------------------------------------ transactions
  * (manifest_env.c) */
 
-/* Record an LMDB failure (rc: an MDB_* code or positive errno) with the root and
+/* Record an LMDB failure (rc: an MDB_* code or positive errno) with the manifest and
  * what was being done; returns the converted ckpt code. */
 int manifest_fail(const struct manifest *m, int rc, const char *fmt, ...) CKPT_PRINTF(3, 4);
 /* Begin a transaction (flags: 0 or MDB_RDONLY). On success the read side of

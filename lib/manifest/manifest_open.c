@@ -11,11 +11,12 @@
  * checked against the file's size first; a file that fails is CKPT_ENOMANIFEST,
  * never mapped.
  *
- * Why create atomically: a new environment is made in a directory of its own
- * (<root>/manifest.new-*), its databases and meta records committed and synced, and
- * only then renamed to <root>/manifest. A manifest directory therefore always holds
- * a complete environment, and one that does not is damage, never a creation that
- * stopped half-way: nothing here ever initialises an existing directory.
+ * Why create atomically: a new environment is made in a directory of its own beside
+ * the manifest directory D (D.new-*; D is <root>/manifest by default), its databases
+ * and meta records committed and synced, and only then renamed to D. A manifest
+ * directory therefore always holds a complete environment, and one that does not is
+ * damage, never a creation that stopped half-way: nothing here ever initialises an
+ * existing directory.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -90,20 +91,54 @@ static int meta_read(int fd, off_t off, struct lmdb_meta *m, char *why, size_t c
 	return 0;
 }
 
-int manifest_check_file(const char *root)
+/* ------------------------------------------------------------------ the directory */
+
+/* A manifest directory as this file uses it: without trailing slashes, its parent
+ * (where creations and damaged copies go, and whose entry for it is synced) and its
+ * last component. */
+struct m_path {
+	char        dir[PATH_MAX];
+	char        parent[PATH_MAX];
+	const char *base;               /* into dir */
+};
+
+/* 0, -EINVAL (empty, "/", or ending in "." or ".."), -ENAMETOOLONG. */
+static int m_path_split(const char *dir, struct m_path *p)
+{
+	size_t n = dir ? strlen(dir) : 0;
+	while (n > 1 && dir[n - 1] == '/')
+		n--;
+	if (n >= sizeof p->dir)
+		return ckpt_err(-ENAMETOOLONG, "manifest %.200s...: path too long", dir);
+	memcpy(p->dir, dir ? dir : "", n);
+	p->dir[n] = '\0';
+	char *slash = strrchr(p->dir, '/');
+	p->base = slash ? slash + 1 : p->dir;
+	if (!*p->base || !strcmp(p->base, ".") || !strcmp(p->base, ".."))
+		return ckpt_err(-EINVAL, "manifest directory '%s': not a directory that can hold "
+		                "a manifest", dir ? dir : "");
+	if (!slash)
+		snprintf(p->parent, sizeof p->parent, ".");
+	else if (slash == p->dir)
+		snprintf(p->parent, sizeof p->parent, "/");
+	else
+		snprintf(p->parent, sizeof p->parent, "%.*s", (int)(slash - p->dir), p->dir);
+	return 0;
+}
+
+int manifest_check_file(const char *dir)
 {
 	char path[PATH_MAX];
-	if (snprintf(path, sizeof path, "%s/%s/data.mdb", root, CKPT_MANIFEST_DIR) >=
-	    (int)sizeof path)
-		return ckpt_err(-ENAMETOOLONG, "manifest %s: path too long", root);
+	if (snprintf(path, sizeof path, "%s/data.mdb", dir) >= (int)sizeof path)
+		return ckpt_err(-ENAMETOOLONG, "manifest %s: path too long", dir);
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0) {
 		if (errno == ENOENT || errno == ENOTDIR)
 			return -ENOENT;
 		if (errno == ELOOP)
-			return ckpt_err(CKPT_ENOMANIFEST, "manifest %s: %s is a symbolic link", root,
+			return ckpt_err(CKPT_ENOMANIFEST, "manifest %s: %s is a symbolic link", dir,
 			                path);
-		return ckpt_err(-errno, "manifest %s: open %s", root, path);
+		return ckpt_err(-errno, "manifest %s: open %s", dir, path);
 	}
 	struct stat st;
 	char why[160] = "";
@@ -145,9 +180,9 @@ int manifest_check_file(const char *root)
 		rc = 0;                     /* meta_read: the reason is in why */
 	close(fd);
 	if (rc < 0)
-		return ckpt_err(rc, "manifest %s: read %s", root, path);
+		return ckpt_err(rc, "manifest %s: read %s", dir, path);
 	if (why[0])
-		return ckpt_err(CKPT_ENOMANIFEST, "manifest %s: %s is damaged: %s", root, path, why);
+		return ckpt_err(CKPT_ENOMANIFEST, "manifest %s: %s is damaged: %s", dir, path, why);
 	return 0;
 }
 
@@ -184,7 +219,7 @@ static int m_env_open(struct manifest *m, const char *dir, size_t mapsize, mode_
 			eflags |= MDB_NOLOCK;
 			m->nolock = true;
 			ckpt_log(CKPT_LOG_WARN, "manifest %s: lock file not writable; reading without "
-			         "locks (safe only while no process writes this manifest)", m->root);
+			         "locks (safe only while no process writes this manifest)", m->dir);
 			continue;
 		}
 		if (rc == ENOMEM && mapsize > MAP_SIZE_FALLBACK) {
@@ -193,7 +228,7 @@ static int m_env_open(struct manifest *m, const char *dir, size_t mapsize, mode_
 		}
 		if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH || rc == MDB_CORRUPTED)
 			return ckpt_err(CKPT_ENOMANIFEST, "manifest %s: %s is not a usable LMDB "
-			                "environment: %s", m->root, dir, mdb_strerror(rc));
+			                "environment: %s", m->dir, dir, mdb_strerror(rc));
 		return manifest_fail(m, rc, "open LMDB environment %s", dir);
 	}
 }
@@ -230,7 +265,7 @@ static int m_dbs_open(struct manifest *m, bool create)
 		if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE)
 			code = ckpt_err(CKPT_ENOMANIFEST, "manifest %s: LMDB environment without a "
 			                "'%s' database: not a libckpt manifest, or a damaged one",
-			                m->root, names[i]);
+			                m->dir, names[i]);
 		else if (rc)
 			code = manifest_fail(m, rc, "open database '%s'", names[i]);
 	}
@@ -241,19 +276,19 @@ static int m_dbs_open(struct manifest *m, bool create)
 	} else if (!code) {
 		rc = mdb_get(txn, m->dbi_meta, &key, &val);
 		if (rc == MDB_NOTFOUND)
-			code = ckpt_err(CKPT_ENOMANIFEST, "manifest %s: no format record", m->root);
+			code = ckpt_err(CKPT_ENOMANIFEST, "manifest %s: no format record", m->dir);
 		else if (rc)
 			code = manifest_fail(m, rc, "read format record");
 		else if (val.mv_size != 4)
 			code = ckpt_err(CKPT_ENOMANIFEST, "manifest %s: format record of %zu bytes",
-			                m->root, val.mv_size);
+			                m->dir, val.mv_size);
 		else {
 			uint32_t v = ckpt_get_le32(val.mv_data);
 			if (v == 0)
-				code = ckpt_err(CKPT_ENOMANIFEST, "manifest %s: format version 0", m->root);
+				code = ckpt_err(CKPT_ENOMANIFEST, "manifest %s: format version 0", m->dir);
 			else if (v > MANIFEST_FORMAT_VERSION)
 				code = ckpt_err(CKPT_EVERSION, "manifest %s: format version %u (this build "
-				                "reads <= %u)", m->root, v, MANIFEST_FORMAT_VERSION);
+				                "reads <= %u)", m->dir, v, MANIFEST_FORMAT_VERSION);
 			else
 				m->format = v;   /* raised by the first write (manifest_write) */
 		}
@@ -269,13 +304,13 @@ static int m_dbs_open(struct manifest *m, bool create)
 	return rc ? manifest_fail(m, rc, "commit opening transaction") : 0;
 }
 
-static struct manifest *m_alloc(const char *root, bool rdonly)
+static struct manifest *m_alloc(const char *dir, bool rdonly)
 {
-	size_t rl = strlen(root);
-	struct manifest *m = ckpt_calloc(1, sizeof *m + rl + 1);
+	size_t dl = strlen(dir);
+	struct manifest *m = ckpt_calloc(1, sizeof *m + dl + 1);
 	if (!m)
 		return NULL;
-	memcpy(m->root, root, rl + 1);
+	memcpy(m->dir, dir, dl + 1);
 	m->rdonly = rdonly;
 	/* Writer-preferring, so that growing the map is not starved by a steady
 	 * stream of readers (nothing here takes the read side recursively). */
@@ -327,24 +362,24 @@ static void m_env_dir_remove(const char *dir)
 }
 
 /*
- * Create <root>/manifest atomically (see the top of the file): a complete, synced
- * environment in <root>/manifest.new-<pid>-<random>, renamed into place, then
- * <root> synced so that the name is durable before any commit can be reported.
+ * Create the manifest directory p->dir atomically (see the top of the file): a
+ * complete, synced environment in <dir>.new-<pid>-<random>, renamed into place, then
+ * the parent synced so that the name is durable before any commit can be reported.
  * Another creator that wins the rename is not an error: its manifest is opened.
  */
-static int m_create(const char *root, const char *dir, mode_t fmode, mode_t dmode)
+static int m_create(const struct m_path *p, mode_t fmode, mode_t dmode)
 {
 	char tmp[PATH_MAX];
 	uint32_t r = 0;
 	if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
 		r = (uint32_t)ckpt_now_ns();
-	if (snprintf(tmp, sizeof tmp, "%s/%s%d-%08x", root, MANIFEST_NEW_PREFIX, (int)getpid(),
+	if (snprintf(tmp, sizeof tmp, "%s%s%d-%08x", p->dir, MANIFEST_NEW_SUFFIX, (int)getpid(),
 	             r) >= (int)sizeof tmp)
-		return ckpt_err(-ENAMETOOLONG, "manifest %s: path too long", root);
+		return ckpt_err(-ENAMETOOLONG, "manifest %s: path too long", p->dir);
 	if (mkdir(tmp, dmode) < 0)
-		return ckpt_err(-errno, "manifest %s: create %s", root, tmp);
-	struct manifest *m = m_alloc(root, false);
-	int rc = m ? 0 : ckpt_err(-ENOMEM, "manifest %s: out of memory", root);
+		return ckpt_err(-errno, "manifest %s: create %s", p->dir, tmp);
+	struct manifest *m = m_alloc(p->dir, false);
+	int rc = m ? 0 : ckpt_err(-ENOMEM, "manifest %s: out of memory", p->dir);
 	if (!rc)
 		rc = m_env_open(m, tmp, MAP_SIZE_FALLBACK, fmode);
 	if (!rc)
@@ -354,28 +389,33 @@ static int m_create(const char *root, const char *dir, mode_t fmode, mode_t dmod
 	if (!rc)
 		rc = ckpt_fsync_dir(tmp);
 	manifest_close(m);
-	if (!rc && rename(tmp, dir) < 0) {
+	if (!rc && rename(tmp, p->dir) < 0) {
 		if (errno != EEXIST && errno != ENOTEMPTY)
-			rc = ckpt_err(-errno, "manifest %s: rename %s to %s", root, tmp, dir);
+			rc = ckpt_err(-errno, "manifest %s: rename %s to %s", p->dir, tmp, p->dir);
 		m_env_dir_remove(tmp);       /* another creator won: its manifest stands */
 	} else if (rc) {
 		m_env_dir_remove(tmp);
 	}
 	if (!rc)
-		rc = ckpt_fsync_dir(root);
+		rc = ckpt_fsync_dir(p->parent);
 	return rc;
 }
 
-void manifest_creation_leftovers_remove(const char *root)
+void manifest_creation_leftovers_remove(const char *dir)
 {
-	DIR *d = opendir(root);
+	struct m_path p;
+	char prefix[NAME_MAX + sizeof MANIFEST_NEW_SUFFIX];
+	if (m_path_split(dir, &p) ||
+	    snprintf(prefix, sizeof prefix, "%s%s", p.base, MANIFEST_NEW_SUFFIX) >= (int)sizeof prefix)
+		return;
+	DIR *d = opendir(p.parent);
 	if (!d)
 		return;
 	struct dirent *e;
 	char path[PATH_MAX];
 	while ((e = readdir(d))) {
-		if (strncmp(e->d_name, MANIFEST_NEW_PREFIX, strlen(MANIFEST_NEW_PREFIX)) ||
-		    snprintf(path, sizeof path, "%s/%s", root, e->d_name) >= (int)sizeof path)
+		if (strncmp(e->d_name, prefix, strlen(prefix)) ||
+		    snprintf(path, sizeof path, "%s/%s", p.parent, e->d_name) >= (int)sizeof path)
 			continue;
 		m_env_dir_remove(path);
 		if (access(path, F_OK) < 0 && errno == ENOENT)
@@ -384,84 +424,97 @@ void manifest_creation_leftovers_remove(const char *root)
 	closedir(d);
 }
 
-int manifest_set_aside(const char *root, char *moved_to, size_t cap)
+int manifest_set_aside(const char *dir, char *moved_to, size_t cap)
 {
-	char dir[PATH_MAX], stamp[32];
+	struct m_path p;
+	int rc = m_path_split(dir, &p);
+	if (rc)
+		return rc;
+	char stamp[32];
 	time_t now = time(NULL);
 	struct tm tm;
 	gmtime_r(&now, &tm);
 	strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
-	if (snprintf(dir, sizeof dir, "%s/%s", root, CKPT_MANIFEST_DIR) >= (int)sizeof dir)
-		return ckpt_err(-ENAMETOOLONG, "manifest %s: path too long", root);
 	for (int i = 0; i < 100; i++) {
-		int n = i ? snprintf(moved_to, cap, "%s/%s%s-%d", root, MANIFEST_DAMAGED_PREFIX, stamp, i)
-		          : snprintf(moved_to, cap, "%s/%s%s", root, MANIFEST_DAMAGED_PREFIX, stamp);
+		int n = i ? snprintf(moved_to, cap, "%s%s%s-%d", p.dir, MANIFEST_DAMAGED_SUFFIX, stamp, i)
+		          : snprintf(moved_to, cap, "%s%s%s", p.dir, MANIFEST_DAMAGED_SUFFIX, stamp);
 		if (n < 0 || (size_t)n >= cap)
-			return ckpt_err(-ENAMETOOLONG, "manifest %s: path too long", root);
+			return ckpt_err(-ENAMETOOLONG, "manifest %s: path too long", p.dir);
 		/* RENAME_NOREPLACE: never over an earlier damaged copy. */
-		if (renameat2(AT_FDCWD, dir, AT_FDCWD, moved_to, RENAME_NOREPLACE) == 0)
-			return ckpt_fsync_dir(root);
+		if (renameat2(AT_FDCWD, p.dir, AT_FDCWD, moved_to, RENAME_NOREPLACE) == 0)
+			return ckpt_fsync_dir(p.parent);
 		if (errno != EEXIST)
-			return ckpt_err(-errno, "manifest %s: move %s aside to %s", root, dir, moved_to);
+			return ckpt_err(-errno, "manifest %s: move it aside to %s", p.dir, moved_to);
 	}
-	return ckpt_err(-EEXIST, "manifest %s: too many damaged manifests set aside", root);
+	return ckpt_err(-EEXIST, "manifest %s: too many damaged manifests set aside", p.dir);
 }
 
 /* ------------------------------------------------------------------ open, close */
 
 int manifest_open(const char *root, unsigned flags, struct manifest **out)
 {
-	return manifest_open_map(root, flags, 0, out);
+	char dir[PATH_MAX];
+	if (!root || !*root)
+		return manifest_open_map(root, flags, 0, out);   /* its -EINVAL */
+	if (ckpt_path_manifest_dir(dir, sizeof dir, root))
+		return ckpt_err(-ENAMETOOLONG, "manifest of %s: path too long", root);
+	return manifest_open_map(dir, flags, 0, out);
 }
 
-int manifest_open_map(const char *root, unsigned flags, size_t map_bytes, struct manifest **out)
+int manifest_open_dir(const char *dir, unsigned flags, struct manifest **out)
+{
+	return manifest_open_map(dir, flags, 0, out);
+}
+
+int manifest_open_map(const char *dir, unsigned flags, size_t map_bytes, struct manifest **out)
 {
 	if (!out)
 		return ckpt_err(-EINVAL, "manifest_open: out is NULL");
 	*out = NULL;
 	bool rdonly = flags & MANIFEST_RDONLY, create = flags & MANIFEST_CREATE;
-	if (!root || !*root || (rdonly && create) ||
+	if (!dir || !*dir || (rdonly && create) ||
 	    (flags & ~(unsigned)(MANIFEST_RDONLY | MANIFEST_CREATE | MANIFEST_GROUP_ACCESS)))
-		return ckpt_err(-EINVAL, "manifest_open: bad root or flags 0x%x", flags);
+		return ckpt_err(-EINVAL, "manifest_open: bad directory or flags 0x%x", flags);
 	mode_t fmode = flags & MANIFEST_GROUP_ACCESS ? 0640 : 0600;
 	mode_t dmode = flags & MANIFEST_GROUP_ACCESS ? 0750 : 0700;
 
-	char dir[PATH_MAX];
-	if (snprintf(dir, sizeof dir, "%s/%s", root, CKPT_MANIFEST_DIR) >= (int)sizeof dir)
-		return ckpt_err(-ENAMETOOLONG, "manifest %s: path too long", root);
+	struct m_path p;
+	int rc = m_path_split(dir, &p);
+	if (rc)
+		return rc;
 	struct stat st;
-	if (create && lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && m_dir_is_fresh(dir))
+	if (create && lstat(p.dir, &st) == 0 && S_ISDIR(st.st_mode) && m_dir_is_fresh(p.dir))
 		/* An older build's creation that stopped before data.mdb (it created the
 		 * environment in place): nothing to lose; create it anew. */
-		m_env_dir_remove(dir);
-	if (lstat(dir, &st) < 0) {
+		m_env_dir_remove(p.dir);
+	if (lstat(p.dir, &st) < 0) {
 		int e = errno;
 		if (e == ENOTDIR)
-			return ckpt_err(CKPT_ENOTROOT, "manifest %s: the root is not a directory", root);
+			return ckpt_err(CKPT_ENOTROOT, "manifest %s: its parent %s is not a directory",
+			                p.dir, p.parent);
 		if (e != ENOENT || !create)
-			return ckpt_err(-e, "manifest %s: %s", root, e == ENOENT ?
-			                "no manifest (missing root or manifest directory)" : "stat");
-		int rc = m_create(root, dir, fmode, dmode);
-		if (rc)
+			return ckpt_err(-e, "manifest %s: %s", p.dir, e == ENOENT ?
+			                "no manifest (no such directory)" : "stat");
+		if ((rc = m_create(&p, fmode, dmode)))
 			return rc;
 	} else if (!S_ISDIR(st.st_mode)) {
-		return ckpt_err(CKPT_ENOMANIFEST, "manifest %s: %s exists and is not a directory",
-		                root, dir);
+		return ckpt_err(CKPT_ENOMANIFEST, "manifest %s: it exists and is not a directory",
+		                p.dir);
 	}
 	/* Never mapped before it is checked (see the top of the file). */
-	int rc = manifest_check_file(root);
+	rc = manifest_check_file(p.dir);
 	if (rc == -ENOENT)
-		return ckpt_err(CKPT_ENOMANIFEST, "manifest %s: %s has no data.mdb", root, dir);
+		return ckpt_err(CKPT_ENOMANIFEST, "manifest %s: no data.mdb in it", p.dir);
 	if (rc)
 		return rc;
 
-	struct manifest *m = m_alloc(root, rdonly);
+	struct manifest *m = m_alloc(p.dir, rdonly);
 	if (!m)
-		return ckpt_err(-ENOMEM, "manifest %s: out of memory", root);
+		return ckpt_err(-ENOMEM, "manifest %s: out of memory", p.dir);
 	/* LMDB wants a multiple of the page size; it raises a map smaller than the
 	 * data already in data.mdb to fit. */
 	size_t mapsize = map_bytes ? (size_t)ckpt_align_up(map_bytes, 4096) : MAP_SIZE_INITIAL;
-	rc = m_env_open(m, dir, mapsize, fmode);
+	rc = m_env_open(m, p.dir, mapsize, fmode);
 	if (!rc && !rdonly)
 		mdb_reader_check(m->env, NULL);   /* drop slots of dead readers: they pin pages */
 	if (!rc)

@@ -129,8 +129,10 @@ class NoDeviceError(CheckpointError):
 
 
 class NoManifestError(CheckpointError):
-    """The root holds checkpoint data but no usable manifest: run
-    `ckpt-inspect ROOT rebuild` (CKPT_ENOMANIFEST)."""
+    """No usable manifest for the root here (CKPT_ENOMANIFEST): the root holds
+    checkpoint data but its manifest was lost or damaged (run `ckpt-inspect ROOT
+    rebuild`), or the manifest directory kept apart (manifest_dir) is on another
+    host, or holds another root's manifest; the message says which."""
     code = -1018
 
 

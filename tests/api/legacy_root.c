@@ -132,7 +132,7 @@ int legacy_root_make(const char *root, uint64_t step)
 	if ((rc = tu_shard_path(root, step, 0, path, sizeof path)) || (rc = rewrite_footer(path)))
 		return rc;
 	/* The manifest named the old footer by its hash: rebuild it from the shard. */
-	snprintf(path, sizeof path, "%s/%s", root, CKPT_MANIFEST_DIR);
+	snprintf(path, sizeof path, "%s/%s", root, CKPT_MANIFEST_NAME);
 	tu_rmtree(path);
 	struct ckpt_opts o;
 	ckpt_opts_init(&o, sizeof o);

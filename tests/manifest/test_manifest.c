@@ -24,6 +24,14 @@
 #include "manifest/manifest_internal.h"
 #include "testutil.h"
 
+/* manifest_open_map on root's own manifest directory. */
+static int open_map(const char *root, unsigned flags, size_t map_bytes, struct manifest **m)
+{
+	char dir[4096];
+	ck_assert_int_eq(ckpt_path_manifest_dir(dir, sizeof dir, root), 0);
+	return manifest_open_map(dir, flags, map_bytes, m);
+}
+
 /* ------------------------------------------------------------------ generated data */
 
 /* An aborted attempt's record of (step, world), for manifest_record_abort. */
@@ -1031,7 +1039,7 @@ START_TEST(map_full_grows_then_enospc)
 	char *root = tu_tmpdir("manifest");
 	struct manifest *m = NULL;
 	/* A 256 KiB map: a 200 KiB index needs the one retry with a doubled map. */
-	ck_assert_int_eq(manifest_open_map(root, MANIFEST_CREATE, 256 << 10, &m), 0);
+	ck_assert_int_eq(open_map(root, MANIFEST_CREATE, 256 << 10, &m), 0);
 	ck_assert_int_eq(commit_gen(m, 1, 1, 100 << 10), 0);
 	ck_assert_int_eq(commit_gen(m, 2, 1, 200 << 10), 0);
 	step_verify(m, 2, 1, 200 << 10);
@@ -1643,7 +1651,7 @@ START_TEST(reserve_within_map)
 {
 	char *root = tu_tmpdir("manifest");
 	struct manifest *m = NULL;
-	ck_assert_int_eq(manifest_open_map(root, MANIFEST_CREATE, 256 << 10, &m), 0);
+	ck_assert_int_eq(open_map(root, MANIFEST_CREATE, 256 << 10, &m), 0);
 	ck_assert_int_eq(commit_gen(m, 1, 1, 0), 0);
 	ck_assert_int_eq(manifest_reserve(m, 1u << 20), 0);
 	ck_assert_int_eq(data_size(root, NULL), 256 << 10);
@@ -1719,7 +1727,7 @@ static void run_concurrent(size_t map_bytes, size_t fixed_len)
 {
 	char *root = tu_tmpdir("manifest");
 	struct manifest *m = NULL;
-	ck_assert_int_eq(manifest_open_map(root, MANIFEST_CREATE, map_bytes, &m), 0);
+	ck_assert_int_eq(open_map(root, MANIFEST_CREATE, map_bytes, &m), 0);
 	volatile int done = 0;
 	struct reader_arg args[4];
 	pthread_t th[4];
