@@ -412,14 +412,20 @@ int glue_manifest(ckpt_ctx *c, struct manifest **out)
 	if (!c->manifest) {
 		struct manifest *m;
 		rc = manifest_open_dir(c->manifest_path, MANIFEST_RDONLY, &m);
-		if (rc == -ENOENT && c->cfg.manifest_dir) {
+		/* A manifest kept apart is absent here while the root holds steps: it is on
+		 * another host (or lost), which the message says; else, as for a root without
+		 * one, nothing was saved yet. */
+		struct root_state rs;
+		if (rc == -ENOENT && c->cfg.manifest_dir && root_scan(c, &rs) == 0 && rs.nsteps) {
 			char what[PATH_MAX + 64];
 			snprintf(what, sizeof what, "rank %d cannot read checkpoint root %s",
 			         c->cfg.rank, c->cfg.root);
 			rc = manifest_absent(c, what);
 		} else if (rc == -ENOENT) {
-			rc = ckpt_err(CKPT_ENOTROOT, "%s has no manifest: not a checkpoint root "
-			              "(or nothing was ever committed there)", c->cfg.root);
+			rc = ckpt_err(CKPT_ENOTROOT, "%s has no manifest%s%s: not a checkpoint root "
+			              "(or nothing was ever committed there)", c->cfg.root,
+			              c->cfg.manifest_dir ? " in " : "", c->cfg.manifest_dir ?
+			              c->cfg.manifest_dir : "");
 		}
 		if (!rc && (rc = manifest_bind(c, m)))
 			manifest_close(m);

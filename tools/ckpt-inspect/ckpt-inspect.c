@@ -9,6 +9,8 @@
  *                        [--min-age S] [--dry-run] [--unrecorded] [--json]
  *   ckpt-inspect ROOT rebuild [--merge] [--json]
  *
+ * Every command takes --manifest-dir DIR, the root's manifest directory when it is
+ * kept apart from the root (the library's CKPT_MANIFEST_DIR otherwise).
  * Every option and exit code is documented in docs/ckpt-inspect.md; --help prints
  * the same summary. Under --json stdout holds exactly one JSON document whatever
  * happens (toolutil.h: the failure rule). Reading commands open the root read-only; verify (to record the
@@ -39,6 +41,7 @@ enum exit_code {
 
 struct args {
 	const char *root, *cmd;
+	const char *manifest_dir;      /* --manifest-dir; NULL: the library's default */
 	const char *pos[2];
 	int         npos;
 	bool        json, all, chunks, dry_run, no_mark, merge, quiet, unrecorded;
@@ -71,6 +74,9 @@ static void usage(FILE *f)
 	"                                  files (--merge: add to a manifest that has records)\n"
 	"\n"
 	"options:\n"
+	"  --manifest-dir DIR  the root's manifest directory, when it is kept apart from\n"
+	"              the root (an absolute path; default: CKPT_MANIFEST_DIR, then\n"
+	"              ROOT/manifest)\n"
 	"  --json      machine-readable output on stdout: one JSON document, also on\n"
 	"              failure ({\"ok\":false,\"error\",\"code\",\"exit\"})\n"
 	"  --help      this text\n"
@@ -78,7 +84,8 @@ static void usage(FILE *f)
 	"\n"
 	"exit status: 0 ok; 1 failure (damage found by verify, or an operation failed);\n"
 	"2 usage; 3 no such step; 4 not a checkpoint root; 5 root not writable (gc, rebuild);\n"
-	"6 no usable manifest (run rebuild); 7 root in use by a running job's coordinator.\n"
+	"6 no usable manifest (run rebuild; or the manifest directory is on another host,\n"
+	"or another root's); 7 root in use by a running job's coordinator.\n"
 	"See docs/ckpt-inspect.md.\n");
 }
 
@@ -144,16 +151,17 @@ static void doc_drop(struct doc *d)
 	d->buf = NULL;
 }
 
-static int open_root(const char *root, unsigned flags, ckpt_ctx **c)
+static int open_root(const struct args *a, unsigned flags, ckpt_ctx **c)
 {
 	struct ckpt_opts o;
 	ckpt_opts_init(&o, sizeof o);
 	/* A job held by ckptd: "ckptd://HOST:PORT[,...]" in place of the root (the job
 	 * id and secret from CKPT_JOB_ID and CKPT_JOB_SECRET, as for the job's ranks). */
-	if (!strncmp(root, "ckptd://", 8))
-		o.target = root;
+	if (!strncmp(a->root, "ckptd://", 8))
+		o.target = a->root;
 	else
-		o.root = root;
+		o.root = a->root;
+	o.manifest_dir = a->manifest_dir;
 	o.rank = 0;
 	o.world = 1;
 	o.flags = flags;
@@ -189,14 +197,14 @@ static int open_for(const struct args *a, bool write, bool ro_ok, ckpt_ctx **c, 
 	int x = check_root_dir(a->root);
 	if (x)
 		return -x;
-	int rc = open_root(a->root, CKPT_OPEN_READONLY, c);
+	int rc = open_root(a, CKPT_OPEN_READONLY, c);
 	if (rc)
 		return -fail(rc, a->root);
 	if (!write)
 		return 0;
 	ckpt_close(*c);
 	*c = NULL;
-	rc = open_root(a->root, CKPT_OPEN_NO_GC, c);
+	rc = open_root(a, CKPT_OPEN_NO_GC, c);
 	if (rc == 0)
 		return 0;
 	if (ro_ok && (rc == -EROFS || rc == -EACCES || rc == -EPERM || rc == -EBUSY)) {
@@ -205,7 +213,7 @@ static int open_for(const struct args *a, bool write, bool ro_ok, ckpt_ctx **c, 
 		 * the job's manifest owner's business. */
 		fprintf(stderr, "ckpt-inspect: %s %s: verifying without recording the result\n",
 		        a->root, rc == -EBUSY ? "is in use by a running job" : "is not writable");
-		rc = open_root(a->root, CKPT_OPEN_READONLY, c);
+		rc = open_root(a, CKPT_OPEN_READONLY, c);
 		if (!rc)
 			return 0;
 	}
@@ -996,7 +1004,7 @@ static int cmd_rebuild(const struct args *a)
 		return x;
 	ckpt_ctx *c;
 	/* RECOVER: a lost manifest is recreated, a damaged one set aside first. */
-	int rc = open_root(a->root, CKPT_OPEN_RECOVER, &c);
+	int rc = open_root(a, CKPT_OPEN_RECOVER, &c);
 	if (rc)
 		return fail(rc, a->root);
 	struct rb_out o = { a, 0 };
@@ -1087,6 +1095,7 @@ int main(int argc, char **argv)
 		{ "min-age", required_argument, 0, 'A' }, { "help", no_argument, 0, 'h' },
 		{ "unrecorded", no_argument, 0, 'U' },
 		{ "keep-seconds", required_argument, 0, 'S' },
+		{ "manifest-dir", required_argument, 0, 'M' },
 		{ 0, 0, 0, 0 },
 	};
 	/* --json anywhere: every error, usage errors included, is then a JSON object. */
@@ -1105,8 +1114,8 @@ int main(int argc, char **argv)
 	a.json = json;
 	/* Which options each command accepts. */
 	static const struct { const char *cmd, *opts; } allowed[] = {
-		{ "list", "ja" }, { "show", "jc" }, { "verify", "jNq" }, { "diff", "j" },
-		{ "gc", "jnLESAU" }, { "rebuild", "jm" },
+		{ "list", "jaM" }, { "show", "jcM" }, { "verify", "jNqM" }, { "diff", "jM" },
+		{ "gc", "jnLESAUM" }, { "rebuild", "jmM" },
 	};
 	const char *ok = NULL;
 	for (size_t k = 0; k < sizeof allowed / sizeof *allowed; k++)
@@ -1144,6 +1153,15 @@ int main(int argc, char **argv)
 		case 'E': if (parse_count("--keep-every", optarg, &a.keep_every)) return EXIT_USAGE; break;
 		case 'A': if (parse_count("--min-age", optarg, &a.min_age)) return EXIT_USAGE; break;
 		case 'S': if (parse_duration("--keep-seconds", optarg, &a.keep_seconds)) return EXIT_USAGE; break;
+		case 'M':
+			/* The library refuses it too; said here as the usage error it is. */
+			if (optarg[0] != '/') {
+				char q[256];
+				return tool_usage("--manifest-dir '%s': an absolute path",
+				                  tool_quote(optarg, q, sizeof q));
+			}
+			a.manifest_dir = optarg;
+			break;
 		}
 	}
 	for (; optind < sargc; optind++) {

@@ -11,6 +11,9 @@
  *   ckpt-reshard ROOT --import-safetensors PATH --step S [--name-map FILE]
  *                [--chunk SIZE] [--compress C] [--pool SIZE] [--quiet] [--json]
  *
+ * Each form takes --manifest-dir MDIR, ROOT's manifest directory when it is kept
+ * apart from the root; the reshard also --out-manifest-dir MDIR2, ROOT2's.
+ *
  * Writing N shard files means N ranks saving: the tool forks N rank processes (rank
  * r of world N, the environment a launcher would give), each of which loads its new
  * box of every sharded tensor from the source — resharding is a property of load —
@@ -45,12 +48,14 @@ static void usage(FILE *f)
 	fprintf(f,
 	"usage: ckpt-reshard ROOT STEP|latest --world N --out ROOT2 [--step S2] [--chunk SIZE]\n"
 	"                    [--compress none|zstd[:L]] [--pool SIZE]\n"
-	"                    [--rank-map LIST | --drop-rank-bound] [--port P] [--quiet] [--json]\n"
+	"                    [--rank-map LIST | --drop-rank-bound] [--port P]\n"
+	"                    [--manifest-dir MDIR] [--out-manifest-dir MDIR2] [--quiet] [--json]\n"
 	"       ckpt-reshard ROOT STEP|latest --export-safetensors DIR [--max-shard-size SIZE]\n"
 	"                    [--kind LIST] [--name-map FILE] [--dtype bf16|fp16|fp32]\n"
-	"                    [--buffer SIZE] [--quiet] [--json]\n"
+	"                    [--buffer SIZE] [--manifest-dir MDIR] [--quiet] [--json]\n"
 	"       ckpt-reshard ROOT --import-safetensors PATH --step S [--name-map FILE]\n"
-	"                    [--chunk SIZE] [--compress C] [--pool SIZE] [--quiet] [--json]\n"
+	"                    [--chunk SIZE] [--compress C] [--pool SIZE] [--manifest-dir MDIR]\n"
+	"                    [--quiet] [--json]\n"
 	"\n"
 	"  --world N              new number of ranks; every sharded tensor is split evenly\n"
 	"                         along its first dimension (one shard file per new rank)\n"
@@ -83,6 +88,11 @@ static void usage(FILE *f)
 	"  --import-safetensors PATH  create step --step in ROOT from a safetensors file or a\n"
 	"                         Hugging Face model directory (tensors become model/NAME)\n"
 	"  --buffer SIZE          export read buffer (default 64M; at least one row of a tensor)\n"
+	"  --manifest-dir MDIR    ROOT's manifest directory, when it is kept apart from the\n"
+	"                         root (an absolute path; default: CKPT_MANIFEST_DIR, then\n"
+	"                         ROOT/manifest)\n"
+	"  --out-manifest-dir MDIR2  ROOT2's, the same way (with CKPT_MANIFEST_DIR set, give\n"
+	"                         it: two roots never share one manifest directory)\n"
 	"  --quiet                no progress display\n"
 	"  --json                 one JSON document on stdout, also on failure\n"
 	"  --help                 this text\n"
@@ -171,7 +181,9 @@ int main(int argc, char **argv)
 		{ "import-safetensors", required_argument, 0, 'I' },
 		{ "max-shard-size", required_argument, 0, 'M' },
 		{ "name-map", required_argument, 0, 'n' }, { "dtype", required_argument, 0, 't' },
-		{ "json", no_argument, 0, 'j' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+		{ "json", no_argument, 0, 'j' }, { "help", no_argument, 0, 'h' },
+		{ "manifest-dir", required_argument, 0, 'D' },
+		{ "out-manifest-dir", required_argument, 0, 'O' }, { 0, 0, 0, 0 },
 	};
 	/* --json anywhere: every error, usage errors included, is then a JSON object, whose
 	 * op says which job was asked for. */
@@ -248,6 +260,16 @@ int main(int argc, char **argv)
 				return tool_usage("--kind '%s': comma-separated model, optimizer, rng, "
 				                  "scheduler, extra, or all", optarg);
 			break;
+		case 'D':
+		case 'O':
+			/* The library refuses it too; said here as the usage error it is. */
+			if (optarg[0] != '/') {
+				char q[256];
+				return tool_usage("--%s '%s': an absolute path", ch == 'D' ? "manifest-dir" :
+				                  "out-manifest-dir", tool_quote(optarg, q, sizeof q));
+			}
+			*(ch == 'D' ? &a.manifest_dir : &a.out_manifest_dir) = optarg;
+			break;
 		case 'q': a.quiet = true; break;
 		case 'j': a.json = true; break;
 		case '?':
@@ -265,10 +287,11 @@ int main(int argc, char **argv)
 	}
 	if (a.import_path) {
 		if (a.export_dir || have_world || a.out || map || a.drop_rank_bound || a.port ||
-		    a.kinds || a.buffer || a.max_shard || a.cast)
+		    a.kinds || a.buffer || a.max_shard || a.cast || a.out_manifest_dir)
 			return tool_usage("--import-safetensors does not combine with --export-safetensors, "
-			                  "--world, --out, --rank-map, --drop-rank-bound, --port, --kind, "
-			                  "--buffer, --max-shard-size or --dtype");
+			                  "--world, --out, --out-manifest-dir, --rank-map, "
+			                  "--drop-rank-bound, --port, --kind, --buffer, --max-shard-size "
+			                  "or --dtype");
 		if (npos != 1)
 			return tool_usage("--import-safetensors takes ROOT only (the step is --step S)");
 		if (!a.have_out_step)
@@ -294,10 +317,10 @@ int main(int argc, char **argv)
 	if (a.export_dir) {
 		/* Options of the reshard job would be ignored here: refused instead. */
 		if (have_world || a.out || map || a.drop_rank_bound || a.have_out_step || a.chunk ||
-		    a.port || compress)
+		    a.port || compress || a.out_manifest_dir)
 			return tool_usage("--export-safetensors does not combine with --world, --out, "
-			                  "--step, --chunk, --compress, --port, --rank-map or "
-			                  "--drop-rank-bound");
+			                  "--out-manifest-dir, --step, --chunk, --compress, --port, "
+			                  "--rank-map or --drop-rank-bound");
 		return reshard_export_safetensors(&a);
 	}
 	if (!have_world || !a.out)

@@ -167,7 +167,8 @@ int plan_preflight(const struct reshard_args *a, const struct plan *p)
 	struct stat st;
 	if (stat(a->out, &st) == 0) {
 		ckpt_ctx *c;
-		int rc = reshard_open_ctx(a->out, 0, 1, CKPT_OPEN_READONLY, a, &c);
+		int rc = reshard_open_ctx(a->out, a->out_manifest_dir, 0, 1, CKPT_OPEN_READONLY, a,
+		                          &c);
 		if (rc == CKPT_ENOTROOT) {
 			/* No manifest yet: an empty directory becomes a root; anything else is
 			 * somebody's data, and the rank processes would be refused anyway. */

@@ -48,7 +48,7 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 	stage = "open the source";
 	if (!rc)
 		/* A reader of the source: rank-bound items are named by their saved rank. */
-		rc = reshard_open_ctx(a->root, 0, 1, CKPT_OPEN_READONLY, a, &src);
+		rc = reshard_open_ctx(a->root, a->manifest_dir, 0, 1, CKPT_OPEN_READONLY, a, &src);
 	if (!rc)
 		rc = ckpt_load_open(src, p->src_step, &l);
 	/* Blobs: their size is known only by asking. */
@@ -89,7 +89,8 @@ static int rank_run(const struct reshard_args *a, const struct plan *p, unsigned
 	}
 	stage = "open the output";
 	if (!rc)
-		rc = reshard_open_ctx(a->out, (int)r, (int)a->world, CKPT_OPEN_NO_GC, a, &dst);
+		rc = reshard_open_ctx(a->out, a->out_manifest_dir, (int)r, (int)a->world,
+		                      CKPT_OPEN_NO_GC, a, &dst);
 	stage = "save";
 	if (!rc)
 		rc = ckpt_save_begin(dst, a->have_out_step ? a->out_step : p->src_step, &s);

@@ -29,6 +29,10 @@ enum reshard_exit {
 
 struct reshard_args {
 	const char *root, *out, *export_dir, *import_path, *name_map;
+	/* --manifest-dir and --out-manifest-dir: the manifest directories of root and out
+	 * when they are kept apart (NULL: the library's default, CKPT_MANIFEST_DIR, then
+	 * <root>/manifest) */
+	const char *manifest_dir, *out_manifest_dir;
 	uint64_t    step, out_step;
 	bool        latest, have_out_step, json, quiet, drop_rank_bound;
 	unsigned    world;
@@ -44,10 +48,11 @@ struct reshard_args {
 
 /* Exit code for a library error code. */
 int reshard_exit_for(int rc);
-/* ckpt_open root as rank of world with flags, with the output options of a (chunk,
- * compression, coordinator, job id; --pool for both): a library error code. */
-int reshard_open_ctx(const char *root, int rank, int world, unsigned flags,
-                     const struct reshard_args *a, ckpt_ctx **c);
+/* ckpt_open root (its manifest in manifest_dir; NULL: the library's default) as rank
+ * of world with flags, with the output options of a (chunk, compression, coordinator,
+ * job id; --pool for both): a library error code. */
+int reshard_open_ctx(const char *root, const char *manifest_dir, int rank, int world,
+                     unsigned flags, const struct reshard_args *a, ckpt_ctx **c);
 /* Open a->root read-only as rank 0 of 1; reports its failure (tool_fail) and returns
  * the exit code, 0 on success. */
 int reshard_open_source(const struct reshard_args *a, ckpt_ctx **c);

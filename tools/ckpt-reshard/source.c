@@ -27,8 +27,8 @@ int reshard_exit_for(int rc)
 	}
 }
 
-int reshard_open_ctx(const char *root, int rank, int world, unsigned flags,
-                    const struct reshard_args *a, ckpt_ctx **c)
+int reshard_open_ctx(const char *root, const char *manifest_dir, int rank, int world,
+                     unsigned flags, const struct reshard_args *a, ckpt_ctx **c)
 {
 	struct ckpt_opts o;
 	ckpt_opts_init(&o, sizeof o);
@@ -38,6 +38,7 @@ int reshard_open_ctx(const char *root, int rank, int world, unsigned flags,
 		o.target = root;
 	else
 		o.root = root;
+	o.manifest_dir = manifest_dir;
 	o.rank = rank;
 	o.world = world;
 	o.flags = flags;
@@ -61,7 +62,7 @@ int reshard_open_source(const struct reshard_args *a, ckpt_ctx **c)
 		int rc = -errno;
 		return tool_fail(reshard_exit_for(rc), rc, "%s: %s", a->root, strerror(-rc));
 	}
-	int rc = reshard_open_ctx(a->root, 0, 1, CKPT_OPEN_READONLY, a, c);
+	int rc = reshard_open_ctx(a->root, a->manifest_dir, 0, 1, CKPT_OPEN_READONLY, a, c);
 	if (rc)
 		return tool_fail(reshard_exit_for(rc), rc, "%s", ckpt_last_error());
 	return 0;

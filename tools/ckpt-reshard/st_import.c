@@ -467,6 +467,7 @@ int reshard_import_safetensors(const struct reshard_args *a)
 	struct ckpt_opts o;
 	ckpt_opts_init(&o, sizeof o);
 	o.root = a->root;
+	o.manifest_dir = a->manifest_dir;
 	o.rank = 0;
 	o.world = 1;
 	o.pool_bytes = a->pool;
