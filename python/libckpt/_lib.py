@@ -133,6 +133,8 @@ class Opts(Structure):
         ("keep_last", c_uint64),
         ("keep_every", c_uint64),
         ("keep_seconds", c_uint64),
+        ("manifest_dir", c_char_p),
+        ("target", c_char_p),
     ]
 
 

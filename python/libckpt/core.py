@@ -201,6 +201,12 @@ class Checkpointer(_Closing):
     when all of them have reached the coordinator (rank 0). Use as a context
     manager, or call close().
 
+    manifest_dir: where the manifest lives when it is kept apart from the root (an
+    absolute path; default CKPT_MANIFEST_DIR, then <root>/manifest): on rank 0's
+    local disk while the shards go to a shared file system (docs/operations.md,
+    "Multi-node deployments"). target: "ckptd://HOST:PORT[,HOST:PORT...]" to save
+    through ckptd (default CKPT_TARGET), passed to the library as it is.
+
     log: a logging.Logger that receives this context's log lines instead of stderr
     (at the matching level, with ckpt_job, ckpt_rank and ckpt_step as extra
     attributes), or a callable(level, message, where); log_level filters them
@@ -221,7 +227,9 @@ class Checkpointer(_Closing):
                  group_access: bool = False, no_auth: bool = False,
                  log_level: Optional[str] = None, log: Any = None,
                  keep_last: Optional[int] = None, keep_every: Optional[int] = None,
-                 keep_seconds: Optional[float] = None):
+                 keep_seconds: Optional[float] = None,
+                 manifest_dir: Optional[Union[str, os.PathLike]] = None,
+                 target: Optional[str] = None):
         self._ctx: Optional[int] = None
         self._lock = threading.Lock()
         self._handles: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -232,6 +240,14 @@ class Checkpointer(_Closing):
             r = os.fsencode(root)
             keep.append(r)
             o.root = r
+        if manifest_dir is not None:
+            md = os.fsencode(manifest_dir)
+            keep.append(md)
+            o.manifest_dir = md
+        if target is not None:
+            t = target.encode()
+            keep.append(t)
+            o.target = t
         o.flags = ((_OPEN_READONLY if read_only else 0) | (_OPEN_NO_GC if no_gc else 0)
                    | (_OPEN_GROUP_ACCESS if group_access else 0)
                    | (_OPEN_NO_AUTH if no_auth else 0))

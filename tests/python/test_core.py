@@ -509,6 +509,37 @@ def test_read_only(tmp_path):
         libckpt.Checkpointer(tmp_path / "absent", read_only=True)
 
 
+def test_manifest_dir_apart(tmp_path, rng):
+    """manifest_dir= keeps the manifest out of the root (its own field of struct
+    ckpt_opts: the library honours it, so the field sits where the C struct has it);
+    another root is refused it, naming both; a relative one is refused."""
+    root, mdir = tmp_path / "shared" / "root", tmp_path / "local" / "m"
+    a = random_array(rng, np.float32, (33, 17))
+    with libckpt.Checkpointer(root, manifest_dir=mdir) as ck:
+        ck.save(1, {"a": a}, wait=True)
+    assert (mdir / "data.mdb").is_file()
+    assert not (root / "manifest").exists(), sorted(os.listdir(root))
+    with libckpt.Checkpointer(root, manifest_dir=mdir, read_only=True) as ro:
+        assert ro.latest == 1
+        with ro.load() as ld:
+            assert same_bits(ld.read("a"), a)
+    other = tmp_path / "shared" / "other"
+    with pytest.raises(libckpt.NoManifestError) as ei:
+        libckpt.Checkpointer(other, manifest_dir=mdir)
+    assert str(root) in str(ei.value) and str(other) in str(ei.value), str(ei.value)
+    with pytest.raises(ValueError, match="absolute"):
+        libckpt.Checkpointer(root, manifest_dir="local/m")
+
+
+def test_target_passed_through(tmp_path):
+    """target= reaches the library as it is: its own checks answer."""
+    with pytest.raises(ValueError, match="ckptd://HOST:PORT"):
+        libckpt.Checkpointer(tmp_path / "root", target="tcp://h:1")
+    with pytest.raises(ValueError, match="with a ckptd target"):
+        libckpt.Checkpointer(tmp_path / "root", target="ckptd://h:1",
+                             manifest_dir=tmp_path / "m")
+
+
 def test_corrupt_shard(tmp_path, rng):
     root = tmp_path / "root"
     a = random_array(rng, np.float32, (64, 1024))          # 256 KiB of data
