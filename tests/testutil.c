@@ -3,13 +3,16 @@
  */
 #include "testutil.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +41,24 @@ void tu_rmtree(const char *path)
 {
 	if (path)
 		nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+unsigned tu_free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof a;
+	unsigned p = 0;
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		p = ntohs(a.sin_port);
+	if (fd >= 0)
+		close(fd);
+	if (!p) {
+		fprintf(stderr, "tu_free_port: no TCP port on 127.0.0.1: %s\n", strerror(errno));
+		abort();
+	}
+	return p;
 }
 
 uint64_t tu_rand(uint64_t *s)

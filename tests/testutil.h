@@ -14,6 +14,10 @@
 char *tu_tmpdir(const char *tag);
 /* rm -rf path (used on success; failed tests keep their root for inspection). */
 void tu_rmtree(const char *path);
+/* A TCP port on 127.0.0.1 that nobody listens on now (the kernel's choice; the race
+ * until a coordinator binds it shows as a failed connect, never as a wrong result).
+ * Aborts the test when no socket can be had. */
+unsigned tu_free_port(void);
 /* The run's seed: CKPT_TEST_SEED or time-based, printed once to stderr. */
 uint64_t tu_seed(void);
 /* Deterministic bytes from (seed, stream). */

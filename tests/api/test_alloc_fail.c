@@ -31,11 +31,9 @@
  * CKPT_TEST_ALLOC_N=<n> CK_RUN_CASE=<case>; CKPT_TEST_ALLOC_VERBOSE=1 prints every
  * run's outcome; CKPT_TEST_ALLOC_STRIDE=<s> takes every s-th N.
  */
-#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -43,7 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "ckpt/ckpt.h"
@@ -238,22 +235,6 @@ static ckpt_ctx *ctx_open(uint32_t rank, uint32_t world, unsigned flags, int zst
 	int rc = ctx_try_open(rank, world, flags, zstd, port, &c, msg, sizeof msg);
 	ck_assert_msg(rc == 0, "%s: open as rank %u of %u: %s", where, rank, world, msg);
 	return c;
-}
-
-/* A port nobody listens on now (the kernel's choice). */
-static unsigned free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof a;
-	unsigned p = 0;
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-		p = ntohs(a.sin_port);
-	if (fd >= 0)
-		close(fd);
-	ck_assert_uint_ne(p, 0);
-	return p;
 }
 
 /* ------------------------------------------------------------------ save and check */
@@ -644,7 +625,7 @@ static void load_loop(unsigned flags)
 	ckpt_ctx *w[WORLD];
 	struct rank_job j[WORLD];
 	setenv("CKPT_COMMIT_TREE", "off", 1);
-	world_open(w, free_port(), 3);
+	world_open(w, tu_free_port(), 3);
 	world_save(w, j, &d[2]);
 	for (uint32_t r = 0; r < WORLD; r++)
 		ck_assert_msg(j[r].out.rc == 0, "%s: rank %u: %s", where, r, j[r].out.msg);
@@ -743,7 +724,7 @@ static void commit_loop(bool tree)
 		unsetenv("CKPT_NODE_SIZE");
 		setenv("CKPT_COMMIT_TREE", "off", 1);
 	}
-	unsigned port = free_port();
+	unsigned port = tu_free_port();
 	uint64_t prev = 1;
 	struct step_data cur, last;
 	ckpt_ctx *c[WORLD];

@@ -16,9 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -648,25 +645,13 @@ START_TEST(secret_required)
 }
 END_TEST
 
-/* A TCP port on 127.0.0.1 that nobody listens on now. */
-static unsigned free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-	socklen_t len = sizeof a;
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	close(fd);
-	return ntohs(a.sin_port);
-}
-
 /* Rank 0 cannot start the coordinator (another process holds the root): the other
  * rank learns why within seconds, not after its 60 s connect timeout. */
 START_TEST(ranks_learn_why_rank0_failed)
 {
 	save_step(1);
 	pid_t holder = spawn_holder();                 /* another job's coordinator */
-	unsigned port = free_port();
+	unsigned port = tu_free_port();
 	pid_t pids[2];
 	for (int r = 0; r < 2; r++) {
 		pids[r] = fork();
@@ -711,7 +696,7 @@ START_TEST(root_free_while_rank0_refuses)
 	char p[4200];
 	snprintf(p, sizeof p, "%s/manifest", root);
 	tu_rmtree(p);
-	unsigned port = free_port();
+	unsigned port = tu_free_port();
 	pid_t pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
