@@ -315,8 +315,15 @@ static int root_check_records(ckpt_ctx *c)
 	return root_refuse(c, rs.nsteps, CKPT_ENOMANIFEST);
 }
 
-/* A manifest kept apart belongs to one root: recorded by the first coordinator that
- * opens it, checked by every opener (manifest_root_bind). */
+/*
+ * A manifest kept apart belongs to one root: recorded by the first coordinator that
+ * opens it, checked by every opener (manifest_root_bind). And it is the one the
+ * root's coordinator writes: each coordinator records its incarnation in it, which
+ * its lock file names too, so that a rank of the running job that finds a copy at
+ * the same path on its own node (left there when rank 0 moved, or restored from a
+ * backup) refuses it instead of loading older steps than the other ranks. (Its
+ * ranks load only after they joined the coordinator, which recorded itself first.)
+ */
 static int manifest_bind(ckpt_ctx *c, struct manifest *m)
 {
 	if (!c->cfg.manifest_dir)
@@ -324,7 +331,29 @@ static int manifest_bind(ckpt_ctx *c, struct manifest *m)
 	char real[PATH_MAX];
 	if (!realpath(c->cfg.root, real))
 		return ckpt_err(-errno, "checkpoint root %s", c->cfg.root);
-	return manifest_root_bind(m, real);
+	int rc = manifest_root_bind(m, real);
+	if (rc)
+		return rc;
+	if (glue_is_coordinator(c))
+		return manifest_coordinator_set(m, c->incarnation);
+	uint64_t live = 0, seen = 0;
+	if ((c->cfg.flags & CKPT_OPEN_READONLY) || !lock_probe(c->cfg.root, &live) || !live)
+		return 0;
+	rc = manifest_coordinator_get(m, &seen);
+	if (rc && rc != CKPT_ENOTFOUND)
+		return rc;
+	if (seen == live)
+		return 0;
+	char host[256] = "?";
+	gethostname(host, sizeof host - 1);
+	host[sizeof host - 1] = '\0';
+	return ckpt_err(CKPT_ENOMANIFEST, "rank %d cannot read checkpoint root %s: the manifest "
+	                "directory %s on host %s is not the one the root's coordinator writes "
+	                "(its incarnation %016llx, this copy's %016llx): a stale copy at the same "
+	                "path, which would give older steps than rank 0's; remove it, and load on "
+	                "rank 0's node (docs/operations.md, \"Multi-node deployments\")",
+	                c->cfg.rank, c->cfg.root, c->manifest_path, host,
+	                (unsigned long long)live, (unsigned long long)seen);
 }
 
 static void *worker_main(void *arg)

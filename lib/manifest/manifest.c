@@ -790,3 +790,45 @@ int manifest_root_bind(struct manifest *m, const char *root)
 		ckpt_log(CKPT_LOG_INFO, "manifest %s: the manifest of checkpoint root %s", m->dir, root);
 	return rc;
 }
+
+#define COORDINATOR_KEY "coordinator"
+
+static int coordinator_txn(struct manifest *m, MDB_txn *txn, void *varg)
+{
+	uint8_t v[8];
+	ckpt_put_le64(v, *(const uint64_t *)varg);
+	MDB_val key = { sizeof COORDINATOR_KEY - 1, (void *)COORDINATOR_KEY }, val = { 8, v };
+	int rc = mdb_put(txn, m->dbi_meta, &key, &val, 0);
+	return rc ? manifest_fail(m, rc, "write the coordinator record") : 0;
+}
+
+int manifest_coordinator_set(struct manifest *m, uint64_t incarnation)
+{
+	if (!m)
+		return ckpt_err(-EINVAL, "manifest_coordinator_set: manifest is NULL");
+	return manifest_write(m, coordinator_txn, &incarnation, "record its coordinator");
+}
+
+int manifest_coordinator_get(struct manifest *m, uint64_t *incarnation)
+{
+	if (!m || !incarnation)
+		return ckpt_err(-EINVAL, "manifest_coordinator_get: NULL argument");
+	*incarnation = 0;
+	MDB_txn *txn;
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
+	if (rc)
+		return manifest_fail(m, rc, "begin read transaction");
+	MDB_val key = { sizeof COORDINATOR_KEY - 1, (void *)COORDINATOR_KEY }, val;
+	rc = mdb_get(txn, m->dbi_meta, &key, &val);
+	if (rc == MDB_NOTFOUND)
+		rc = CKPT_ENOTFOUND;
+	else if (rc)
+		rc = manifest_fail(m, rc, "read the coordinator record");
+	else if (val.mv_size != 8)
+		rc = ckpt_err(CKPT_ENOMANIFEST, "manifest %s: its coordinator record is %zu bytes, "
+		              "not 8: a damaged manifest", m->dir, val.mv_size);
+	else
+		*incarnation = ckpt_get_le64(val.mv_data);
+	manifest_txn_abort(m, txn);
+	return rc;
+}

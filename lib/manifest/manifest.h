@@ -84,6 +84,13 @@ void manifest_creation_leftovers_remove(const char *dir);
  * in its root's own directory needs no record: the caller does not call this.
  */
 int  manifest_root_bind(struct manifest *m, const char *root);
+/* The incarnation of the coordinator that opened a manifest kept apart last
+ * (meta/coordinator): _set records it (one durable transaction; CKPT_ESTATE when
+ * read-only), _get reads it (CKPT_ENOTFOUND: none recorded). A rank compares it with
+ * the live coordinator's (its lock file) to tell the manifest the coordinator writes
+ * from a stale copy at the same path on another node. */
+int  manifest_coordinator_set(struct manifest *m, uint64_t incarnation);
+int  manifest_coordinator_get(struct manifest *m, uint64_t *incarnation);
 void manifest_close(struct manifest *m);            /* NULL: no-op */
 
 /* One checkpoint (step) record. */

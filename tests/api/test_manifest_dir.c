@@ -4,7 +4,7 @@
  * processes leave no <root>/manifest and load bit-exact through the option and
  * through the variable; a rank whose manifest directory is not on its host (rank 0's
  * local disk, seen from another node) saves its part and is refused loads with the
- * directory named; a relative directory, a second root on a used manifest directory
+ * directory named, and so is one that finds a stale copy of it; a relative directory, a second root on a used manifest directory
  * and a root with a manifest of its own are refused, naming what is wrong; a lost
  * manifest is rebuilt into a new directory and a damaged one is set aside beside
  * its directory; creation leftovers beside it are removed.
@@ -484,6 +484,57 @@ START_TEST(rank_without_the_manifest)
 }
 END_TEST
 
+/*
+ * A copy of the manifest directory at the same path on another node — left there
+ * when rank 0 moved, or restored from a backup — is stale: a rank that loaded from it
+ * would resume from older steps than rank 0. Here rank 1 is given a copy taken before
+ * the job's save; its load is refused (the copy is not the coordinator's), rank 0's
+ * loads the new step.
+ */
+static int rank_with_a_copy(int rank, int world, void *arg)
+{
+	const struct job *j = arg;
+	ckpt_ctx *c;
+	if (open_rank(j, rank, world, &c))
+		return 1;
+	int rc = save_part(c, j->step);
+	if (rc) {
+		fprintf(stderr, "rank %d: save: %s\n", rank, ckpt_last_error());
+		ckpt_close(c);
+		return 2;
+	}
+	rc = load_check(c, CKPT_LATEST, j->step);
+	const char *m = ckpt_last_error();
+	int bad = 0;
+	if (rank == 0 && rc)
+		bad = 3;
+	if (rank == 1 && (rc != CKPT_ENOMANIFEST || !strstr(m, j->mdir_of[1]) ||
+	                  !strstr(m, "stale copy") || !strstr(m, "not the one the root's coordinator")))
+		bad = 4;
+	if (bad)
+		fprintf(stderr, "rank %d: load returned %d: %s\n", rank, rc, m);
+	ckpt_close(c);
+	return bad;
+}
+
+START_TEST(rank_with_a_stale_copy)
+{
+	save_one(root, mdir, 8);
+	char copy[PATH_MAX + 16], cmd[3 * PATH_MAX];
+	snprintf(copy, sizeof copy, "%s/node1-local/manifest", base);
+	snprintf(cmd, sizeof cmd, "mkdir -p '%s/node1-local' && cp -a '%s' '%s'", base, mdir, copy);
+	ck_assert_int_eq(system(cmd), 0);
+	struct job j = { .port = tu_free_port(), .mdir_of = { mdir, copy }, .step = 9 };
+	run_ranks(2, rank_with_a_copy, &j);
+	check_one(root, mdir, 9);
+	/* Read-only contexts (the tools) are not a running job's ranks: a copy reads as
+	 * what it is, here the state before step 9. */
+	ckpt_ctx *c = open_one(root, copy, CKPT_OPEN_READONLY);
+	ck_assert_int_eq(load_check(c, CKPT_LATEST, 8), 0);
+	ckpt_close(c);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("manifest_dir");
@@ -499,6 +550,7 @@ static Suite *suite(void)
 	tcase_add_test(t, creation_leftovers_removed);
 	tcase_add_test(t, three_ranks);
 	tcase_add_test(t, rank_without_the_manifest);
+	tcase_add_test(t, rank_with_a_stale_copy);
 	suite_add_tcase(s, t);
 	return s;
 }
