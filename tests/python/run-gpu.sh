@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 build=${1:-build-gpu}
 py=${PYTHON:-python3}
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S . -B "$build" -DCKPT_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  cmake -S . -B "$build" -DCKPT_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPT_BUILD_CKPTD=OFF \
         -DCKPT_BUILD_TESTS=OFF >/dev/null || exit 1
 fi
 cmake --build "$build" -j"$(nproc)" --target ckpt ckpt-inspect ckpt-reshard ckpt-synth \
