@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,10 +35,12 @@
 #include "model.h"
 #include "toolutil.h"
 
-/* A barrier in shared memory for forked rank processes. It polls and gives up after a
- * minute, so that a rank that died cannot hang the others (a pthread barrier would). */
+/* A barrier in shared memory for forked rank processes. It polls, so that a rank that
+ * died cannot hang the others (a pthread barrier would): the parent, which sees its
+ * children die, breaks it, and a waiter gives up after a minute in any case. */
 struct shared_barrier {
 	atomic_uint count, generation;
+	atomic_bool broken;         /* a rank died before it reported: wait no more */
 	unsigned    n;
 };
 
@@ -49,7 +52,8 @@ static void shared_barrier_wait(struct shared_barrier *b)
 		atomic_fetch_add(&b->generation, 1);
 		return;
 	}
-	for (int i = 0; i < 120000 && atomic_load(&b->generation) == gen; i++)
+	for (int i = 0; i < 120000 && atomic_load(&b->generation) == gen &&
+	                !atomic_load(&b->broken); i++)
 		usleep(500);
 }
 
@@ -59,7 +63,8 @@ struct args {
 	bool        latest, json, have_step, have_bytes;
 	bool        no_rng;        /* verify: the rank-bound RNG state must be absent */
 	const char *meta;          /* save: the step's metadata (a JSON object), or NULL */
-	struct shared_barrier *load_barrier; /* verify as forked ranks: load together, then compare */
+	struct shared_barrier *barrier; /* forked ranks: save begins together; verify loads
+	                                  * together, then compares */
 	unsigned    world;
 	int         zstd_level;
 	bool        launched;      /* RANK and WORLD_SIZE set by a launcher: run as that rank */
@@ -144,6 +149,17 @@ static int open_ctx(const struct args *a, int rank, int world, unsigned flags, c
 	return ckpt_open(&o, c);
 }
 
+/* Forked ranks wait for each other: save's ranks begin together, verify's load at
+ * the same time and compare only once all have loaded, so that the timed phase is
+ * the save, or the resharded restore, and nothing else. Every rank passes each
+ * barrier on every path (passes counts them). */
+static void rank_barrier(const struct args *a, int *passes)
+{
+	if (a->barrier)
+		shared_barrier_wait(a->barrier);
+	(*passes)++;
+}
+
 /* ------------------------------------------------------------------ save */
 
 static int save_rank(const struct args *a, int rank, int world, struct rank_result *res)
@@ -152,9 +168,11 @@ static int save_rank(const struct args *a, int rank, int world, struct rank_resu
 	ckpt_ctx *c = NULL;
 	ckpt_save *s = NULL;
 	void **bufs = NULL;
+	int passes = 0;
 	int rc = synth_model_build(&m, a->bytes, a->seed);
 	if (rc) {
 		snprintf(res->msg, sizeof res->msg, "the model's tensor list: out of memory");
+		rank_barrier(a, &passes);
 		return rc;
 	}
 	/* This rank's state, generated before the clock starts and before the library
@@ -194,6 +212,9 @@ static int save_rank(const struct args *a, int rank, int world, struct rank_resu
 	res->rss_before = proc_status_kb("VmRSS:");
 	if ((rc = open_ctx(a, rank, world, 0, &c)))
 		goto out_free;
+	/* The ranks of a job reach a checkpoint together (after the same training step);
+	 * forked ranks built their state at different speeds, so they start here. */
+	rank_barrier(a, &passes);
 	double t0 = now_s();
 	if ((rc = ckpt_save_begin(c, a->step, &s)))
 		goto out_free;
@@ -230,6 +251,8 @@ static int save_rank(const struct args *a, int rank, int world, struct rank_resu
 	}
 	res->tensors = m.n + 2;
 out_free:
+	if (!passes)
+		rank_barrier(a, &passes);
 	if (rc && !res->msg[0])
 		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error());
 	ckpt_save_free(s);
@@ -247,16 +270,6 @@ out_free:
 
 /* ------------------------------------------------------------------ verify */
 
-/* The forked ranks of verify load at the same time and compare only once all have
- * loaded, so the timed phase is a resharded restore and nothing else. Every rank
- * passes both barriers on every path (passes counts them). */
-static void load_barrier(const struct args *a, int *passes)
-{
-	if (a->load_barrier)
-		shared_barrier_wait(a->load_barrier);
-	(*passes)++;
-}
-
 static int verify_rank(const struct args *a, int rank, int world, struct rank_result *res)
 {
 	struct synth_model m;
@@ -267,7 +280,7 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 	if (rc) {
 		snprintf(res->msg, sizeof res->msg, "the model's tensor list: out of memory");
 		while (passes < 2)
-			load_barrier(a, &passes);
+			rank_barrier(a, &passes);
 		return rc;
 	}
 	if ((rc = open_ctx(a, rank, world, CKPT_OPEN_READONLY, &c)))
@@ -309,13 +322,13 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 		                                  .offset = off[i], .extent = ext[i], .dst = dst,
 		                                  .mem = CKPT_MEM_HOST, .saved_rank = -1 };
 	}
-	load_barrier(a, &passes);
+	rank_barrier(a, &passes);
 	if (!rc) {
 		double t0 = now_s();
 		rc = ckpt_load_tensors(l, reqs, m.n, results);
 		res->seconds += now_s() - t0;
 	}
-	load_barrier(a, &passes);
+	rank_barrier(a, &passes);
 	for (size_t i = 0; i < m.n && !rc; i++) {
 		const struct synth_tensor *t = &m.t[i];
 		uint8_t *want = malloc(blen[i] ? blen[i] : 1);
@@ -391,7 +404,7 @@ static int verify_rank(const struct args *a, int rank, int world, struct rank_re
 	}
 out:
 	while (passes < 2)
-		load_barrier(a, &passes);
+		rank_barrier(a, &passes);
 	if (rc && !res->msg[0])
 		snprintf(res->msg, sizeof res->msg, "%s", ckpt_last_error());
 	if (rc && !res->msg[0])
@@ -405,6 +418,20 @@ out:
 /* ------------------------------------------------------------------ ranks */
 
 typedef int (*rank_fn)(const struct args *, int, int, struct rank_result *);
+
+/* Whether a rank process that has not reported has exited (it stays waitable). */
+static bool rank_died(const pid_t *pids, const bool *reported, unsigned w)
+{
+	for (unsigned r = 0; r < w; r++) {
+		siginfo_t si;
+		memset(&si, 0, sizeof si);
+		if ((!reported || !reported[r]) &&
+		    waitid(P_PID, (id_t)pids[r], &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+		    si.si_pid == pids[r])
+			return true;
+	}
+	return false;
+}
 
 /* Run fn as every rank: in this process if a launcher already made us one rank,
  * else as W forked processes with a launcher's environment. */
@@ -477,7 +504,19 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 	unsigned got = 0;
 	bool *reported = calloc(w, sizeof *reported);
 	struct rank_result rr;
-	while (got < w && read(fds[0], &rr, sizeof rr) == (ssize_t)sizeof rr) {
+	while (got < w) {
+		/* While ranks may wait at the barrier, look for one that died without a
+		 * report (kill -9, a crash fault): it will never arrive, so release them. */
+		if (a->barrier && !atomic_load(&a->barrier->broken)) {
+			struct pollfd pf = { .fd = fds[0], .events = POLLIN };
+			if (poll(&pf, 1, 100) == 0) {
+				if (rank_died(pids, reported, w))
+					atomic_store(&a->barrier->broken, true);
+				continue;
+			}
+		}
+		if (read(fds[0], &rr, sizeof rr) != (ssize_t)sizeof rr)
+			break;
 		if (rr.rank >= 0 && (unsigned)rr.rank < w && reported && !reported[rr.rank]) {
 			reported[rr.rank] = true;
 			res[rr.rank] = rr;
@@ -512,6 +551,26 @@ static int run_ranks(const struct args *a, rank_fn fn, struct rank_result *res, 
 	return failed ? 1 : 0;
 }
 
+/* A barrier shared by the forked ranks (none under an outside launcher, or for one
+ * rank; nor when the mapping fails: the ranks then run unsynchronised). */
+static struct shared_barrier *barrier_create(const struct args *a)
+{
+	if (a->launched || a->world < 2)
+		return NULL;
+	struct shared_barrier *b = mmap(NULL, sizeof *b, PROT_READ | PROT_WRITE,
+	                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (b == MAP_FAILED)
+		return NULL;
+	b->n = a->world;
+	return b;
+}
+
+static void barrier_free(struct shared_barrier *b)
+{
+	if (b)
+		munmap(b, sizeof *b);
+}
+
 /* The JSON document of save and verify: on failure it carries the error fields. */
 static void json_end(int rc, const char *msg, int exit)
 {
@@ -526,7 +585,10 @@ static int cmd_save(const struct args *a)
 	if (!res)
 		return tool_fail(1, -ENOMEM, "save: out of memory");
 	unsigned n = 0;
-	int failed = run_ranks(a, save_rank, res, &n);
+	struct args sa = *a;
+	sa.barrier = barrier_create(a);
+	int failed = run_ranks(&sa, save_rank, res, &n);
+	barrier_free(sa.barrier);
 	if (failed < 0) {
 		free(res);
 		return tool_fail(1, failed, "save: cannot start %u rank process(es): %s", a->world,
@@ -583,19 +645,9 @@ static int cmd_verify(const struct args *a)
 		return tool_fail(1, -ENOMEM, "verify: out of memory");
 	unsigned n = 0;
 	struct args va = *a;
-	/* A barrier shared by the forked ranks (not under an outside launcher). */
-	struct shared_barrier *bar = NULL;
-	if (!a->launched && a->world > 1) {
-		bar = mmap(NULL, sizeof *bar, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-		if (bar == MAP_FAILED)
-			bar = NULL;
-		else
-			bar->n = a->world;
-	}
-	va.load_barrier = bar;
+	va.barrier = barrier_create(a);
 	int started = run_ranks(&va, verify_rank, res, &n);
-	if (bar)
-		munmap(bar, sizeof *bar);
+	barrier_free(va.barrier);
 	if (started < 0) {
 		free(res);
 		return tool_fail(1, started, "verify: cannot start %u rank process(es): %s", a->world,
