@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# bench-ckptd.sh — ckptd against the limits of the same machine, measured in the same
+# run: W rank processes (ckpt-synth) save through one ckptd on loopback.
+#
+#   bench/ckptd/bench-ckptd.sh [BUILD_DIR] [WORLD] [SIZE]
+#       env: BENCH_DIR (/var/tmp/ckptd-bench: ckptd's data disk), BENCH_RUNS (2),
+#            BENCH_POOL (ckptd's --pool, 1G), BENCH_RANK_POOL (each rank's pool, 64M)
+#
+# Limits: the raw write of ckptd's data disk (bench_raw_io: O_DIRECT writes from
+# registered buffers through lib/io's engine into a file sized up front, with the
+# final fdatasync — the shard writer's pattern without its format; before and after
+# the saves), and loopback TCP from W sender to W receiver processes
+# (ckptd_bench.py tcp), alone and while the disk takes a raw write (where ranks,
+# ckptd and the disk share a few CPUs, that is what a save can get). Measured:
+# ckptd's write throughput (shard bytes written over the time from the first chunk
+# to the last shard durable, from its metrics polled every 10 ms), the ranks'
+# snapshot point with a rank pool smaller than their state (ckpt-synth's stall: the
+# slowest rank), ckptd's peak RSS (VmHWM). Targets: ckptd writes at >= 0.9 x the raw
+# write; the snapshot point comes at the network's pace (>= 0.9 x state / TCP beside
+# a raw write), sooner than the disk could take the state where the disk is the
+# slower; VmHWM <= --pool + 64 MiB. Prints a table with PASS or MISS for each; the
+# figures go to $BENCH_DIR.json.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build}
+world=${2:-4}
+size=${3:-2G}
+dir=${BENCH_DIR:-/var/tmp/ckptd-bench}
+runs=${BENCH_RUNS:-2}
+pool=${BENCH_POOL:-1G}
+rank_pool=${BENCH_RANK_POOL:-64M}
+ckptd=$build/ckptd/ckptd synth=$build/tools/ckpt-synth/ckpt-synth
+raw_io=$build/bench/gpu/bench_raw_io
+helper=bench/ckptd/ckptd_bench.py
+for x in "$ckptd" "$synth" "$raw_io"; do
+  [ -x "$x" ] || { echo "build first: $x missing" >&2; exit 1; }
+done
+to_bytes() { numfmt --from=iec "${1%B}"; }
+size_b=$(to_bytes "$size") pool_b=$(to_bytes "$pool") rank_pool_b=$(to_bytes "$rank_pool")
+
+rm -rf "$dir"
+mkdir -p "$dir"
+chmod 700 "$dir"
+pid=
+trap '[ -z "$pid" ] || { kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }; rm -rf "$dir"' EXIT
+log() { echo "bench-ckptd: $*" >&2; }
+
+raw_write() {  # bytes/s of the better of bench_raw_io's two shapes, writes only
+  "$raw_io" "$dir/raw.dat" $((size_b >> 20)) write |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["write_Bps"])'
+}
+
+log "raw write of $dir ($size, bench_raw_io)..."
+raw1=$(raw_write)
+log "loopback TCP, $world senders into one receiver ($size), alone and beside a raw write..."
+tcp=$(python3 "$helper" tcp "$world" "$size_b")
+tcp_busy=$(python3 "$helper" tcp "$world" "$size_b" "$raw_io" "$dir/raw.dat" $((size_b >> 20)) write)
+
+# ckptd: its own data directory on the disk just measured, a jobs file with a
+# generated secret (0600), ephemeral ports read from its first line.
+mkdir -m 700 "$dir/data"
+(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/secret"
+ echo "bench secret-file=$dir/secret" > "$dir/jobs")
+"$ckptd" --listen 127.0.0.1:0 --data "$dir/data" --jobs "$dir/jobs" --metrics 127.0.0.1:0 \
+  --pool "$pool" --log warn > "$dir/ckptd.out" 2> "$dir/ckptd.log" &
+pid=$!
+for _ in $(seq 600); do
+  grep -q "listening on port" "$dir/ckptd.out" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$dir/ckptd.out")
+mport=$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$dir/ckptd.out")
+if [ -z "$port" ] || [ -z "$mport" ]; then
+  cat "$dir/ckptd.log" >&2
+  log "ckptd did not start"
+  exit 1
+fi
+export CKPT_TARGET=ckptd://127.0.0.1:$port CKPT_JOB_ID=bench CKPT_JOB_SECRET_FILE=$dir/secret
+
+saves=()
+for i in $(seq "$runs"); do
+  log "save $i of $runs: $world ranks, $size, rank pool $rank_pool..."
+  python3 "$helper" watch "$mport" "$world" 600 > "$dir/watch.json" 2> "$dir/watch.err" &
+  wpid=$!
+  for _ in $(seq 100); do grep -q ready "$dir/watch.err" && break; sleep 0.05; done
+  "$synth" save --root "$dir/unused" --step "$i" --bytes "$size" --seed "$i" --world "$world" \
+    --pool "$rank_pool" --json > "$dir/synth.json"
+  wait "$wpid" || { cat "$dir/watch.err" >&2; exit 1; }
+  saves+=("{\"synth\": $(cat "$dir/synth.json"), \"watch\": $(cat "$dir/watch.json")}")
+  # Each save writes new files: keep one step's on the disk at a time.
+  rm -rf "$dir/data/jobs/bench/step-"*
+done
+hwm_kb=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$pid/status")
+kill -TERM "$pid"
+wait "$pid" || { cat "$dir/ckptd.log" >&2; log "ckptd did not stop cleanly"; exit 1; }
+pid=
+rm -rf "$dir/data"
+log "raw write again..."
+raw2=$(raw_write)
+
+IFS=,
+cat > "$dir.json" <<JSON
+{"world": $world, "cpus": $(nproc), "rank_pool": $rank_pool_b, "ckptd_pool_bytes": $pool_b,
+ "raw_write_Bps": [$raw1, $raw2], "tcp": $tcp, "tcp_beside_raw_write": $tcp_busy,
+ "ckptd_vmhwm_bytes": $((hwm_kb * 1024)),
+ "saves": [${saves[*]}]}
+JSON
+unset IFS
+python3 "$helper" table "$dir.json"

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""ckptd_bench.py — the helpers of bench-ckptd.sh (the standard library only).
+
+  ckptd_bench.py tcp W BYTES [CMD ...]
+      The network's limit on loopback: W sender processes stream BYTES in all (16 MiB
+      messages, as a rank sends its chunks) to W receiving processes (a thread each
+      in ckptd), timed from the moment all are connected until the last byte is in. With CMD, that command starts at the same moment (the raw
+      disk write: on a small machine both need the same CPUs) and its last line of
+      output, a JSON object, is kept. One JSON object: bytes, seconds, Bps, beside.
+
+  ckptd_bench.py watch METRICS_PORT SHARDS TIMEOUT_S
+      Polls ckptd's /metrics (every 10 ms) through one save: prints "ready" on stderr
+      once it has the counters before the save, then one JSON object on stdout when
+      SHARDS more shard files are durable: t_first (the first chunk: a pool buffer
+      taken or bytes received), t_last (the last shard durable), seconds between
+      them, bytes received and written meanwhile, the largest pool use seen, and
+      the number of polls.
+
+  ckptd_bench.py table RESULTS.json
+      The table of bench-ckptd.sh from the figures the script gathered.
+"""
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+MSG = 16 << 20
+POLL_S = 0.01
+
+
+def tcp(world, total, cmd):
+    share = [total // world + (1 if r < total % world else 0) for r in range(world)]
+    lis = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lis.bind(("127.0.0.1", 0))
+    lis.listen(world)
+    port = lis.getsockname()[1]
+    kids = []
+    for r in range(world):
+        pid = os.fork()
+        if pid == 0:
+            lis.close()
+            s = socket.create_connection(("127.0.0.1", port))
+            buf = memoryview(bytearray(os.urandom(1 << 16)) * (MSG >> 16))
+            go = s.recv(1)
+            left = share[r] if go == b"g" else 0
+            while left:
+                n = min(left, MSG)
+                s.sendall(buf[:n])
+                left -= n
+            s.shutdown(socket.SHUT_WR)
+            s.recv(1)
+            os._exit(0)
+        kids.append(pid)
+    conns = [lis.accept()[0] for _ in range(world)]
+    lis.close()
+    # A receiving process per connection: the kernel's loopback path is the figure,
+    # not Python's lock between threads.
+    rd, wr = os.pipe()
+    receivers = []
+    for i in range(world):
+        pid = os.fork()
+        if pid == 0:
+            os.close(rd)
+            b, c, got = memoryview(bytearray(b"\1") * MSG), conns[i], 0
+            os.write(wr, b"r")
+            while True:
+                n = c.recv_into(b)
+                if not n:
+                    break
+                got += n
+            c.sendall(b"x")
+            os.write(wr, got.to_bytes(8, "little"))
+            os._exit(0)
+        receivers.append(pid)
+    os.close(wr)
+    ready = 0
+    while ready < world:
+        ready += len(os.read(rd, world - ready))
+    beside = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) if cmd else None
+    t0 = time.monotonic()
+    for c in conns:
+        c.sendall(b"g")
+    got = [int.from_bytes(os.read(rd, 8), "little") for _ in range(world)]
+    secs = time.monotonic() - t0
+    out = beside.communicate()[0].strip().splitlines() if beside else []
+    if beside and (beside.returncode or not out):
+        sys.exit(f"tcp: {cmd[0]} failed (exit {beside.returncode})")
+    os.close(rd)
+    for c in conns:
+        c.close()
+    for pid in kids + receivers:
+        os.waitpid(pid, 0)
+    if sum(got) != total:
+        sys.exit(f"tcp: {sum(got)} of {total} bytes arrived")
+    print(json.dumps({"bytes": total, "world": world, "seconds": secs, "Bps": total / secs,
+                      "beside": json.loads(out[-1]) if out else None}))
+
+
+class Metrics:
+    """ckptd's /metrics over one kept-alive HTTP connection (a new one per poll would
+    cost more CPU than the numbers are worth on a small machine)."""
+
+    def __init__(self, port):
+        self.port = port
+        self.conn = None
+
+    def get(self):
+        for attempt in (0, 1):
+            try:
+                if self.conn is None:
+                    self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                self.conn.request("GET", "/metrics")
+                text = self.conn.getresponse().read().decode()
+                break
+            except (OSError, http.client.HTTPException):
+                self.conn = None
+                if attempt:
+                    raise
+        m = {}
+        for line in text.splitlines():
+            if line.startswith("ckptd_") and "{" not in line:
+                k, v = line.split()
+                m[k] = int(v)
+        return m
+
+
+def watch(port, shards, timeout):
+    src = Metrics(port)
+    base = src.get()
+    print("ready", file=sys.stderr, flush=True)
+    t_first = t_last = None
+    pool_max = polls = 0
+    m = base
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = src.get()
+        now = time.monotonic()
+        polls += 1
+        pool_max = max(pool_max, m["ckptd_pool_used_bytes"])
+        if t_first is None and (m["ckptd_pool_used_bytes"] > 0 or
+                                m["ckptd_bytes_received_total"] > base["ckptd_bytes_received_total"]):
+            t_first = now
+        if m["ckptd_shards_written_total"] - base["ckptd_shards_written_total"] >= shards:
+            t_last = now
+            break
+        time.sleep(POLL_S)
+    if t_first is None or t_last is None:
+        sys.exit(f"watch: {m['ckptd_shards_written_total'] - base['ckptd_shards_written_total']}"
+                 f" of {shards} shards durable after {timeout} s")
+    d = lambda k: m[k] - base[k]
+    print(json.dumps({"t_first": t_first, "t_last": t_last, "seconds": t_last - t_first,
+                      "bytes_received": d("ckptd_bytes_received_total"),
+                      "bytes_written": d("ckptd_bytes_written_total"),
+                      "pool_used_max": pool_max, "polls": polls}))
+
+
+def table(path):
+    with open(path) as f:
+        r = json.load(f)
+    G, MiB = 1e9, float(1 << 20)
+    raw = r["raw_write_Bps"]
+    raw_mean = sum(raw) / len(raw)
+    net, net_busy = r["tcp"]["Bps"], r["tcp_beside_raw_write"]["Bps"]
+    raw_beside = r["tcp_beside_raw_write"]["beside"]["write_Bps"]
+    saves = r["saves"]
+    best = max(saves, key=lambda s: s["watch"]["bytes_written"] / s["watch"]["seconds"])
+    tp = best["watch"]["bytes_written"] / best["watch"]["seconds"]
+    # The snapshot point: the slowest rank's stall, best of the runs, against the time
+    # the network needs for the state (while ckptd's disk writes, as it does in a
+    # save) and the time the disk needs for it.
+    snap = min(saves, key=lambda s: s["synth"]["stall_seconds"])
+    size = snap["synth"]["bytes"]
+    stall = snap["synth"]["stall_seconds"]
+    net_t, disk_t = size / net_busy, size / raw_mean
+    feed = min(raw_mean, net_busy)
+    hwm, pool = r["ckptd_vmhwm_bytes"], r["ckptd_pool_bytes"]
+    rss_lim = pool + 64 * MiB
+    rows = []
+
+    def row(measure, value, limit="", ratio="", target="", met=""):
+        rows.append((measure, value, limit, ratio, target, met))
+
+    yes = lambda ok: "PASS" if ok else "MISS"
+    row("raw write of ckptd's data disk (bench_raw_io: O_DIRECT, with fdatasync), before / "
+        "after the saves", " / ".join(f"{x / G:.2f}" for x in raw) + " GB/s")
+    row(f"loopback TCP, {r['tcp']['world']} sender processes into one receiver: alone / "
+        f"while the disk takes a raw write (which meanwhile ran at {raw_beside / G:.2f} GB/s)",
+        f"{net / G:.2f} / {net_busy / G:.2f} GB/s")
+    row("ckptd write throughput: bytes written / (first chunk -> last DURABLE), best save",
+        f"{tp / G:.2f} GB/s ({best['watch']['bytes_written'] / MiB:.0f} MiB in "
+        f"{best['watch']['seconds']:.2f} s)",
+        f"{raw_mean / G:.2f} GB/s raw write (mean)", f"{tp / raw_mean:.2f}", ">= 0.90",
+        yes(tp >= 0.9 * raw_mean))
+    row("... against what this machine can feed it: min(raw write, TCP beside a raw write)",
+        f"{tp / G:.2f} GB/s", f"{feed / G:.2f} GB/s", f"{tp / feed:.2f}", "(printed)")
+    row(f"snapshot point of the ranks (the slowest; rank pool {r['rank_pool'] >> 20} MiB), "
+        "best save", f"{stall:.2f} s ({size / stall / G:.2f} GB/s)",
+        f"{net_t:.2f} s = state / TCP beside a raw write", f"{net_t / stall:.2f}", ">= 0.90",
+        yes(net_t >= 0.9 * stall))
+    row("... not the disk: the snapshot point against state / raw write", f"{stall:.2f} s",
+        f"{disk_t:.2f} s", f"{stall / disk_t:.2f}", "< 1.00 where the disk is the slower",
+        yes(stall < disk_t) if disk_t > net_t else "n/a: the disk is the faster here")
+    row("ckptd peak RSS (VmHWM)", f"{hwm / MiB:.0f} MiB",
+        f"pool {pool / MiB:.0f} MiB + 64 MiB", f"{hwm / rss_lim:.2f}", "<= 1.00",
+        yes(hwm <= rss_lim))
+    print(f"ckptd on loopback: {r['world']} ranks, {size / (1 << 30):.2f} GiB per save, "
+          f"{len(saves)} save(s), ckptd --pool {pool / MiB:.0f} MiB, {r['cpus']} CPUs")
+    print("| measure | value | limit (same run) | ratio | target | met |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for x in rows:
+        print("| " + " | ".join(x) + " |")
+    print()
+    print("| save | ranks: begin -> committed | begin -> snapshot point | submit -> shard durable "
+          "| ckptd: first chunk -> last DURABLE | ckptd GB/s | ckptd pool in use, most seen |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for i, s in enumerate(saves, 1):
+        w, y = s["watch"], s["synth"]
+        print(f"| {i} | {y['seconds']:.2f} s | {y['stall_seconds']:.2f} s | "
+              f"{y['durable_seconds']:.2f} s | {w['seconds']:.2f} s | "
+              f"{w['bytes_written'] / w['seconds'] / G:.2f} | {w['pool_used_max'] / MiB:.0f} MiB |")
+
+
+def main():
+    a = sys.argv[1:]
+    if len(a) >= 3 and a[0] == "tcp":
+        tcp(int(a[1]), int(a[2]), a[3:])
+    elif len(a) == 4 and a[0] == "watch":
+        watch(int(a[1]), int(a[2]), float(a[3]))
+    elif len(a) == 2 and a[0] == "table":
+        table(a[1])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
