@@ -195,6 +195,17 @@ static void *signal_main(void *arg)
 	}
 }
 
+/* Writes in flight per shard stream: as many as the pool has buffers, so that the pool
+ * and not each stream's ring is what stops ckptd reading when the disks fall behind
+ * (docs/ckptd.md, Backpressure), however few streams there are. A ring of 8 per stream
+ * left most of the pool unused with few ranks per instance (4 streams: 36 of 64
+ * buffers), and their snapshot point waited for the disk. At most 64: one ring each. */
+static unsigned stream_depth(uint64_t pool, uint64_t buf)
+{
+	uint64_t n = pool / buf;
+	return n < 8 ? 8 : n > 64 ? 64 : (unsigned)n;
+}
+
 static int split_addr(const char *a, char *host, size_t cap, unsigned *port)
 {
 	const char *colon = strrchr(a, ':');
@@ -300,7 +311,8 @@ int main(int argc, char **argv)
 		struct ckptd_server_opts so = {
 			.listen_host = host, .listen_port = port, .data = c.data,
 			.pool_bytes = (size_t)c.pool, .buf_bytes = (size_t)c.buf,
-			.max_conns = c.max_conns, .timeout_ms = c.timeout_ms, .queue_depth = 8,
+			.max_conns = c.max_conns, .timeout_ms = c.timeout_ms,
+			.queue_depth = stream_depth(c.pool, c.buf),
 			.idle_ms = c.idle_ms, .max_index = (size_t)c.max_index,
 			.transport = transport, .jobs = jobs, .counters = &counters,
 			.log_fn = log_line, .log_level = c.log_level,

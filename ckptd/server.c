@@ -804,8 +804,12 @@ static void *conn_main(void *arg)
 		struct net_msg m;
 		rc = net_recv_into(d->net, &m, data_into, d, SRV_POLL_MS);
 		if (rc == -ETIMEDOUT) {
-			/* A stream that stalls longer than the timeout is given up. */
+			/* A stream that stalls longer than the timeout is given up. One that
+			 * waits for its rank gives its finished writes' buffers back to the pool
+			 * (they return only inside its own calls). */
 			rc = 0;
+			if (d->w)
+				io_shard_writer_ready(d->w);
 			if (!d->w && ckpt_now_ns() - idle_since > (uint64_t)s->o.idle_ms * 1000000u) {
 				/* An idle connection holds a thread: the rank connects again when it
 				 * next needs one. */
