@@ -24,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 world=${2:-4}
-size=${3:-2G}
+size=${3:-1G}
 dir=${BENCH_DIR:-/var/tmp/ckptd-bench}
 runs=${BENCH_RUNS:-2}
 pool=${BENCH_POOL:-1G}

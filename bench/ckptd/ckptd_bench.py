@@ -13,7 +13,8 @@
       once it has the counters before the save, then one JSON object on stdout when
       SHARDS more shard files are durable: t_first (the first chunk: a pool buffer
       taken or bytes received), t_last (the last shard durable), seconds between
-      them, bytes received and written meanwhile, the largest pool use seen, and
+      them, bytes received and written meanwhile, the largest pool use seen, the
+      share of the machine's CPU time that was busy between them (/proc/stat), and
       the number of polls.
 
   ckptd_bench.py table RESULTS.json
@@ -99,6 +100,14 @@ def tcp(world, total, cmd):
                       "beside": json.loads(out[-1]) if out else None}))
 
 
+def cpu_times():
+    """(busy, total) jiffies of all CPUs, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]   # idle and iowait
+    return sum(v) - idle, sum(v)
+
+
 class Metrics:
     """ckptd's /metrics over one kept-alive HTTP connection (a new one per poll would
     cost more CPU than the numbers are worth on a small machine)."""
@@ -142,9 +151,9 @@ def watch(port, shards, timeout):
         pool_max = max(pool_max, m["ckptd_pool_used_bytes"])
         if t_first is None and (m["ckptd_pool_used_bytes"] > 0 or
                                 m["ckptd_bytes_received_total"] > base["ckptd_bytes_received_total"]):
-            t_first = now
+            t_first, cpu_first = now, cpu_times()
         if m["ckptd_shards_written_total"] - base["ckptd_shards_written_total"] >= shards:
-            t_last = now
+            t_last, cpu_last = now, cpu_times()
             break
         time.sleep(POLL_S)
     if t_first is None or t_last is None:
@@ -154,7 +163,8 @@ def watch(port, shards, timeout):
     print(json.dumps({"t_first": t_first, "t_last": t_last, "seconds": t_last - t_first,
                       "bytes_received": d("ckptd_bytes_received_total"),
                       "bytes_written": d("ckptd_bytes_written_total"),
-                      "pool_used_max": pool_max, "polls": polls}))
+                      "pool_used_max": pool_max, "polls": polls,
+                      "cpu_busy": (cpu_last[0] - cpu_first[0]) / max(1, cpu_last[1] - cpu_first[1])}))
 
 
 def table(path):
@@ -214,13 +224,15 @@ def table(path):
         print("| " + " | ".join(x) + " |")
     print()
     print("| save | ranks: begin -> committed | begin -> snapshot point | submit -> shard durable "
-          "| ckptd: first chunk -> last DURABLE | ckptd GB/s | ckptd pool in use, most seen |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "| ckptd: first chunk -> last DURABLE | ckptd GB/s | ckptd pool in use, most seen "
+          "| CPUs busy meanwhile |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for i, s in enumerate(saves, 1):
         w, y = s["watch"], s["synth"]
         print(f"| {i} | {y['seconds']:.2f} s | {y['stall_seconds']:.2f} s | "
               f"{y['durable_seconds']:.2f} s | {w['seconds']:.2f} s | "
-              f"{w['bytes_written'] / w['seconds'] / G:.2f} | {w['pool_used_max'] / MiB:.0f} MiB |")
+              f"{w['bytes_written'] / w['seconds'] / G:.2f} | {w['pool_used_max'] / MiB:.0f} MiB | "
+              f"{100 * w['cpu_busy']:.0f} % |")
 
 
 def main():
