@@ -4,7 +4,10 @@
 #
 #   bench/ckptd/bench-ckptd.sh [BUILD_DIR] [WORLD] [SIZE]
 #       env: BENCH_DIR (/var/tmp/ckptd-bench: ckptd's data disk), BENCH_RUNS (2),
-#            BENCH_POOL (ckptd's --pool, 1G), BENCH_RANK_POOL (each rank's pool, 64M)
+#            BENCH_POOL (ckptd's --pool, 1G), BENCH_RANK_POOL (each rank's pool, 64M),
+#            BENCH_CHUNK (the ranks' chunk size and ckptd's --chunk-max; default 16M),
+#            BENCH_CGROUP (a cgroup directory: ckptd and the raw writes run in it, e.g.
+#            one whose blkio/io limits make the disk slower than the network)
 #
 # Limits: the raw write of ckptd's data disk (bench_raw_io: O_DIRECT writes from
 # registered buffers through lib/io's engine into a file sized up front, with the
@@ -29,8 +32,10 @@ dir=${BENCH_DIR:-/var/tmp/ckptd-bench}
 runs=${BENCH_RUNS:-2}
 pool=${BENCH_POOL:-1G}
 rank_pool=${BENCH_RANK_POOL:-64M}
+chunk=${BENCH_CHUNK:-16M}
 ckptd=$build/ckptd/ckptd synth=$build/tools/ckpt-synth/ckpt-synth
 raw_io=$build/bench/gpu/bench_raw_io
+cgroup=${BENCH_CGROUP:-}
 helper=bench/ckptd/ckptd_bench.py
 for x in "$ckptd" "$synth" "$raw_io"; do
   [ -x "$x" ] || { echo "build first: $x missing" >&2; exit 1; }
@@ -45,8 +50,11 @@ pid=
 trap '[ -z "$pid" ] || { kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }; rm -rf "$dir"' EXIT
 log() { echo "bench-ckptd: $*" >&2; }
 
+in_cg=()   # the prefix that runs a command in BENCH_CGROUP, if any
+# shellcheck disable=SC2016  # $$ and $@ are the inner shell's
+[ -z "$cgroup" ] || in_cg=(sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cgroup")
 raw_write() {  # bytes/s of the better of bench_raw_io's two shapes, writes only
-  "$raw_io" "$dir/raw.dat" $((size_b >> 20)) write |
+  "${in_cg[@]}" "$raw_io" "$dir/raw.dat" $((size_b >> 20)) write |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["write_Bps"])'
 }
 
@@ -54,15 +62,16 @@ log "raw write of $dir ($size, bench_raw_io)..."
 raw1=$(raw_write)
 log "loopback TCP, $world senders into one receiver ($size), alone and beside a raw write..."
 tcp=$(python3 "$helper" tcp "$world" "$size_b")
-tcp_busy=$(python3 "$helper" tcp "$world" "$size_b" "$raw_io" "$dir/raw.dat" $((size_b >> 20)) write)
+tcp_busy=$(python3 "$helper" tcp "$world" "$size_b" "${in_cg[@]}" "$raw_io" "$dir/raw.dat" \
+           $((size_b >> 20)) write)
 
 # ckptd: its own data directory on the disk just measured, a jobs file with a
 # generated secret (0600), ephemeral ports read from its first line.
 mkdir -m 700 "$dir/data"
 (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/secret"
  echo "bench secret-file=$dir/secret" > "$dir/jobs")
-"$ckptd" --listen 127.0.0.1:0 --data "$dir/data" --jobs "$dir/jobs" --metrics 127.0.0.1:0 \
-  --pool "$pool" --log warn > "$dir/ckptd.out" 2> "$dir/ckptd.log" &
+"${in_cg[@]}" "$ckptd" --listen 127.0.0.1:0 --data "$dir/data" --jobs "$dir/jobs" \
+  --metrics 127.0.0.1:0 --pool "$pool" --chunk-max "$chunk" --log warn > "$dir/ckptd.out" 2> "$dir/ckptd.log" &
 pid=$!
 for _ in $(seq 600); do
   grep -q "listening on port" "$dir/ckptd.out" 2>/dev/null && break
@@ -85,7 +94,7 @@ for i in $(seq "$runs"); do
   wpid=$!
   for _ in $(seq 100); do grep -q ready "$dir/watch.err" && break; sleep 0.05; done
   "$synth" save --root "$dir/unused" --step "$i" --bytes "$size" --seed "$i" --world "$world" \
-    --pool "$rank_pool" --json > "$dir/synth.json"
+    --pool "$rank_pool" --chunk "$chunk" --json > "$dir/synth.json"
   wait "$wpid" || { cat "$dir/watch.err" >&2; exit 1; }
   saves+=("{\"synth\": $(cat "$dir/synth.json"), \"watch\": $(cat "$dir/watch.json")}")
   # Each save writes new files: keep one step's on the disk at a time.
@@ -101,7 +110,7 @@ raw2=$(raw_write)
 
 IFS=,
 cat > "$dir.json" <<JSON
-{"world": $world, "cpus": $(nproc), "rank_pool": $rank_pool_b, "ckptd_pool_bytes": $pool_b,
+{"world": $world, "cpus": $(nproc), "cgroup": "$cgroup", "chunk": $(to_bytes "$chunk"), "rank_pool": $rank_pool_b, "ckptd_pool_bytes": $pool_b,
  "raw_write_Bps": [$raw1, $raw2], "tcp": $tcp, "tcp_beside_raw_write": $tcp_busy,
  "ckptd_vmhwm_bytes": $((hwm_kb * 1024)),
  "saves": [${saves[*]}]}
