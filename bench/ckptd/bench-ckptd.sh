@@ -47,7 +47,8 @@ rm -rf "$dir"
 mkdir -p "$dir"
 chmod 700 "$dir"
 pid=
-trap '[ -z "$pid" ] || { kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }; rm -rf "$dir"' EXIT
+stop_ckptd() { [ -z "$pid" ] || { kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }; }
+trap 'stop_ckptd; rm -rf "$dir"' EXIT
 log() { echo "bench-ckptd: $*" >&2; }
 
 in_cg=()   # the prefix that runs a command in BENCH_CGROUP, if any
@@ -60,7 +61,7 @@ raw_write() {  # bytes/s of the better of bench_raw_io's two shapes, writes only
 
 log "raw write of $dir ($size, bench_raw_io)..."
 raw1=$(raw_write)
-log "loopback TCP, $world senders into one receiver ($size), alone and beside a raw write..."
+log "loopback TCP, $world senders to $world receivers ($size), alone and beside a raw write..."
 tcp=$(python3 "$helper" tcp "$world" "$size_b")
 tcp_busy=$(python3 "$helper" tcp "$world" "$size_b" "${in_cg[@]}" "$raw_io" "$dir/raw.dat" \
            $((size_b >> 20)) write)
@@ -71,7 +72,8 @@ mkdir -m 700 "$dir/data"
 (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/secret"
  echo "bench secret-file=$dir/secret" > "$dir/jobs")
 "${in_cg[@]}" "$ckptd" --listen 127.0.0.1:0 --data "$dir/data" --jobs "$dir/jobs" \
-  --metrics 127.0.0.1:0 --pool "$pool" --chunk-max "$chunk" --log warn > "$dir/ckptd.out" 2> "$dir/ckptd.log" &
+  --metrics 127.0.0.1:0 --pool "$pool" --chunk-max "$chunk" --log warn \
+  > "$dir/ckptd.out" 2> "$dir/ckptd.log" &
 pid=$!
 for _ in $(seq 600); do
   grep -q "listening on port" "$dir/ckptd.out" 2>/dev/null && break
@@ -110,7 +112,8 @@ raw2=$(raw_write)
 
 IFS=,
 cat > "$dir.json" <<JSON
-{"world": $world, "cpus": $(nproc), "cgroup": "$cgroup", "chunk": $(to_bytes "$chunk"), "rank_pool": $rank_pool_b, "ckptd_pool_bytes": $pool_b,
+{"world": $world, "cpus": $(nproc), "cgroup": "$cgroup", "chunk": $(to_bytes "$chunk"),
+ "rank_pool": $rank_pool_b, "ckptd_pool_bytes": $pool_b,
  "raw_write_Bps": [$raw1, $raw2], "tcp": $tcp, "tcp_beside_raw_write": $tcp_busy,
  "ckptd_vmhwm_bytes": $((hwm_kb * 1024)),
  "saves": [${saves[*]}]}
