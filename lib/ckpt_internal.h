@@ -108,8 +108,10 @@ int  ckpt_ratelimit_expire(struct ckpt_ratelimit *rl, uint64_t now_ns, uint64_t 
 /* ------------------------------------------------------------------ fault injection
  * CKPT_FAULT=<point>[:<nth>][:<action>], CKPT_FAULT_RANK=<r> (default: any rank).
  * Points are listed once, in lib/base/fault.c. Actions: crash (_exit(86) at that
- * point), eio, enospc, delay:<ms>, drop, cut, skip. nth counts hits of the point in
- * this process from 1 (default 1); the fault fires on the nth hit only, except skip.
+ * point), eio, enospc, delay:<ms>, slow:<ms>, drop, cut, skip. nth counts hits of the
+ * point in this process from 1 (default 1); the fault fires on the nth hit only,
+ * except skip and slow. slow is a slow device: from the nth hit on, every hit of
+ * the point (on any thread) sleeps <ms> before it returns 0.
  * cut is a power cut: the file system holding the path in CKPT_FAULT_CUT is shut
  * down without flushing its journal (EXT4_IOC_SHUTDOWN, NOLOGFLUSH), then
  * _exit(87); what survives a remount is what a power cut would have left.
@@ -134,7 +136,8 @@ enum ckpt_fault_point {
 	CKPT_FP_COUNT_
 };
 enum ckpt_fault_action { CKPT_FA_NONE = 0, CKPT_FA_CRASH, CKPT_FA_EIO, CKPT_FA_ENOSPC,
-                         CKPT_FA_DELAY, CKPT_FA_DROP, CKPT_FA_CUT, CKPT_FA_SKIP };
+                         CKPT_FA_DELAY, CKPT_FA_DROP, CKPT_FA_CUT, CKPT_FA_SKIP,
+                         CKPT_FA_SLOW };
 #define CKPT_FAULT_CRASH_STATUS 86
 #define CKPT_FAULT_CUT_STATUS   87
 /* Call at a fault point. Returns 0 (no fault, or a delay that has been served),

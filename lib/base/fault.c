@@ -12,6 +12,9 @@
  * proves nothing about syncs). skip removes the sync that a point guards, from the
  * nth hit on: a mutation the campaign must catch, never a setting for real use.
  *
+ * slow:<ms> is a slow device rather than one event: from the nth hit on, every hit
+ * of the point sleeps, on whichever thread hits it.
+ *
  * Allocation failure is the other kind: CKPT_FAULT=alloc:<n>, or
  * ckpt_fault_alloc_arm(n) from a test, fails the nth call of the allocation
  * wrappers (alloc.c). Its counters cost an atomic add per allocation and per free.
@@ -133,8 +136,8 @@ static void fault_parse(void)
 	else if (!strcmp(tok, "drop")) fault.action = CKPT_FA_DROP;
 	else if (!strcmp(tok, "cut")) fault.action = CKPT_FA_CUT;
 	else if (!strcmp(tok, "skip")) fault.action = CKPT_FA_SKIP;
-	else if (!strcmp(tok, "delay")) {
-		fault.action = CKPT_FA_DELAY;
+	else if (!strcmp(tok, "delay") || !strcmp(tok, "slow")) {
+		fault.action = !strcmp(tok, "delay") ? CKPT_FA_DELAY : CKPT_FA_SLOW;
 		tok = strtok_r(NULL, ":", &save);
 		fault.delay_ms = tok ? (unsigned)strtoul(tok, NULL, 10) : 1000;
 	} else {
@@ -226,8 +229,10 @@ int ckpt_fault(enum ckpt_fault_point p)
 	if (fault.only_rank >= 0 && fault.only_rank != atomic_load(&fault.my_rank))
 		return 0;
 	unsigned long hit = atomic_fetch_add(&fault.hits, 1) + 1;
-	/* skip holds from the nth hit on: a removed sync stays removed. */
-	if (fault.action == CKPT_FA_SKIP ? hit < fault.nth : hit != fault.nth)
+	/* skip and slow hold from the nth hit on: a removed sync stays removed, a slow
+	 * device stays slow. */
+	bool from_nth = fault.action == CKPT_FA_SKIP || fault.action == CKPT_FA_SLOW;
+	if (from_nth ? hit < fault.nth : hit != fault.nth)
 		return 0;
 	const char *name = fault_points[p];
 	switch (fault.action) {
@@ -251,9 +256,14 @@ int ckpt_fault(enum ckpt_fault_point p)
 	case CKPT_FA_DROP:
 		ckpt_log(CKPT_LOG_WARN, "fault injected: drop at %s", name);
 		return CKPT_FA_DROP;
-	case CKPT_FA_DELAY: {
+	case CKPT_FA_DELAY:
+	case CKPT_FA_SLOW: {
 		struct timespec ts = { fault.delay_ms / 1000, (long)(fault.delay_ms % 1000) * 1000000L };
-		ckpt_log(CKPT_LOG_WARN, "fault injected: delay %u ms at %s", fault.delay_ms, name);
+		if (fault.action == CKPT_FA_DELAY)
+			ckpt_log(CKPT_LOG_WARN, "fault injected: delay %u ms at %s", fault.delay_ms, name);
+		else if (hit == fault.nth)
+			ckpt_log(CKPT_LOG_WARN, "fault injected: slow, %u ms at every %s from now on",
+			         fault.delay_ms, name);
 		while (nanosleep(&ts, &ts) && errno == EINTR)
 			;
 		return 0;

@@ -215,6 +215,26 @@ START_TEST(fault_table)
 	waitpid(pid, &st, 0);
 	ck_assert(WIFEXITED(st));
 	ck_assert_int_eq(WEXITSTATUS(st), CKPT_FAULT_CRASH_STATUS);
+	/* delay sleeps at the nth hit only, slow at every hit from the nth on. A hit
+	 * that must not sleep may take up to 150 ms: a loaded machine is slow too. */
+	setenv("CKPT_FAULT", "after_chunk_write:2:slow:200", 1);
+	ckpt_fault_reload();
+	uint64_t t0 = ckpt_now_ns();
+	ck_assert_int_eq(ckpt_fault(CKPT_FP_AFTER_CHUNK_WRITE), 0);
+	ck_assert_uint_lt(ckpt_now_ns() - t0, 150000000u);
+	for (int i = 0; i < 3; i++) {
+		t0 = ckpt_now_ns();
+		ck_assert_int_eq(ckpt_fault(CKPT_FP_AFTER_CHUNK_WRITE), 0);
+		ck_assert_uint_ge(ckpt_now_ns() - t0, 200000000u);
+	}
+	setenv("CKPT_FAULT", "after_chunk_write:1:delay:200", 1);
+	ckpt_fault_reload();
+	t0 = ckpt_now_ns();
+	ck_assert_int_eq(ckpt_fault(CKPT_FP_AFTER_CHUNK_WRITE), 0);
+	ck_assert_uint_ge(ckpt_now_ns() - t0, 200000000u);
+	t0 = ckpt_now_ns();
+	ck_assert_int_eq(ckpt_fault(CKPT_FP_AFTER_CHUNK_WRITE), 0);
+	ck_assert_uint_lt(ckpt_now_ns() - t0, 150000000u);
 	unsetenv("CKPT_FAULT");
 	ckpt_fault_reload();
 }
