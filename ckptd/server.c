@@ -547,6 +547,9 @@ static int on_data(struct dconn *d, struct net_msg *m)
 		rc = io_shard_writer_append(d->w, d->chunk.tensor, b, (size_t)d->chunk.raw_len,
 		                            &(struct io_append){ .hashes = &h, .codec = d->chunk.codec,
 		                                                 .stored_len = d->chunk.stored_len });
+		/* The chunk is its writer's now (tests: a crash mid-stream, a slow disk). */
+		if (!rc && (rc = ckpt_fault(CKPT_FP_CKPTD_AFTER_CHUNK)) > 0)
+			rc = 0;
 	}
 	net_msg_free(&d->chunk_msg);
 	d->want_data = false;
@@ -562,8 +565,14 @@ static int on_finish(struct dconn *d)
 	int rc = io_shard_writer_finish(d->w, &res);
 	d->w = NULL;
 	stream_end(d, false);
-	if (rc)
+	/* Durable here, the rank not told yet (tests). */
+	if (!rc && (rc = ckpt_fault(CKPT_FP_CKPTD_BEFORE_DURABLE)) > 0)
+		rc = 0;
+	if (rc) {
+		io_index_free(res.index);
+		ckpt_free(res.footer);
 		return rc;
+	}
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
 	ckpt_buf_u64(&b, res.file_size);
@@ -581,6 +590,8 @@ static int on_finish(struct dconn *d)
 	ckpt_free(res.footer);
 	rc = b.ok ? send_ok(d, REMOTE_MSG_DURABLE, b.p, b.len) : ckpt_err(-ENOMEM, "DURABLE");
 	ckpt_buf_free(&b);
+	if (!rc && (rc = ckpt_fault(CKPT_FP_CKPTD_AFTER_DURABLE)) > 0)
+		rc = 0;
 	return rc;
 }
 

@@ -133,6 +133,9 @@ enum ckpt_fault_point {
 	CKPT_FP_LEADER_BEFORE_FORWARD,          /* a node leader, before relaying a rank's message up */
 	CKPT_FP_LEADER_BEFORE_DECISION_RELAY,   /* a node leader, before handing a decision down */
 	CKPT_FP_BEFORE_DIR_FSYNC,               /* the shard writer, before fsyncing the step directory */
+	CKPT_FP_CKPTD_AFTER_CHUNK,              /* ckptd, after a received chunk is queued for its disk */
+	CKPT_FP_CKPTD_BEFORE_DURABLE,           /* ckptd, after a shard's fdatasync, before DURABLE */
+	CKPT_FP_CKPTD_AFTER_DURABLE,            /* ckptd, after DURABLE is sent */
 	CKPT_FP_COUNT_
 };
 enum ckpt_fault_action { CKPT_FA_NONE = 0, CKPT_FA_CRASH, CKPT_FA_EIO, CKPT_FA_ENOSPC,

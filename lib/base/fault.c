@@ -3,8 +3,10 @@
  *
  * CKPT_FAULT=<point>[:<nth>][:<action>] with CKPT_FAULT_RANK=<r>. The table below is
  * the one list of fault points; the crash matrix in tests/integration and the
- * power-cut campaign in tests/crash walk it. A fault point costs one load and a
- * branch when no fault is armed.
+ * power-cut campaign in tests/crash walk it, and tests/ckptd/test_ckptd_crash.sh
+ * the points of ckptd (ckptd_*, and the coordinator's, which run inside it for a
+ * job saving through it). A fault point costs one load and a branch when no fault
+ * is armed.
  *
  * Two actions exist for the power-cut campaign. cut shuts the file system holding
  * CKPT_FAULT_CUT down without flushing its journal, so that a remount shows what
@@ -13,7 +15,8 @@
  * nth hit on: a mutation the campaign must catch, never a setting for real use.
  *
  * slow:<ms> is a slow device rather than one event: from the nth hit on, every hit
- * of the point sleeps, on whichever thread hits it.
+ * of the point sleeps, on whichever thread hits it (ckptd's connections all pass
+ * ckptd_after_chunk, so that a slow disk behind many senders can be played).
  *
  * Allocation failure is the other kind: CKPT_FAULT=alloc:<n>, or
  * ckpt_fault_alloc_arm(n) from a test, fails the nth call of the allocation
@@ -55,6 +58,9 @@ static const char *const fault_points[CKPT_FP_COUNT_] = {
 	[CKPT_FP_LEADER_BEFORE_FORWARD]   = "leader_before_forward",
 	[CKPT_FP_LEADER_BEFORE_DECISION_RELAY] = "leader_before_decision_relay",
 	[CKPT_FP_BEFORE_DIR_FSYNC]        = "before_dir_fsync",
+	[CKPT_FP_CKPTD_AFTER_CHUNK]       = "ckptd_after_chunk",
+	[CKPT_FP_CKPTD_BEFORE_DURABLE]    = "ckptd_before_durable",
+	[CKPT_FP_CKPTD_AFTER_DURABLE]     = "ckptd_after_durable",
 };
 
 /* The points that guard a sync, where skip means something (see writer.c). */
