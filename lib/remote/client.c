@@ -217,6 +217,17 @@ int remote_remove(struct remote_conn *c, uint64_t step, uint64_t save_id)
 
 /* ------------------------------------------------------------------ the shard stream */
 
+/* Tell ckptd to drop the stream, best effort. Its failure (a ckptd that is gone, a
+ * connection already broken) must not replace the error that ends the stream:
+ * that one goes to the caller and, as the rank's abort reason, to the coordinator. */
+static void send_abort(struct remote_conn *c)
+{
+	char msg[1024];
+	snprintf(msg, sizeof msg, "%s", ckpt_err_msg());
+	(void)net_send(c->net, REMOTE_MSG_ABORT, NULL, 0, c->timeout_ms);
+	ckpt_err_restore(msg);
+}
+
 #define RW_QUEUE 4u     /* chunks queued for the sender: enough to keep the wire busy */
 
 struct rw_item {
@@ -296,7 +307,8 @@ static void rw_poll_peer(struct remote_writer *w)
 	if (rc == -EAGAIN)
 		return;
 	if (rc)
-		w->peer_rc = rc;
+		/* The connection failed (a ckptd that died, a reset): say which ckptd. */
+		w->peer_rc = ckpt_err_prefix(rc, "%s", w->c->name);
 	else if (m.type == REMOTE_MSG_ERROR)
 		w->peer_rc = remote_error_take(m.payload, m.len, w->c->name);
 	else
@@ -399,7 +411,7 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 			              chunk_bytes);
 		net_msg_free(&m);
 		if (rc)
-			(void)net_send(c->net, REMOTE_MSG_ABORT, NULL, 0, c->timeout_ms);
+			send_abort(c);
 	}
 	if (!rc) {
 		rc = -ckpt_thread_create(&w->sender, NULL, rw_sender, w);
@@ -483,7 +495,7 @@ int remote_writer_finish(struct remote_writer *w, struct io_shard_result *res)
 	if (!rc)
 		rc = answer(c, REMOTE_MSG_DURABLE, &m, IO_MAX_FOOTER_BYTES + 64, NULL, NULL);
 	if (rc) {
-		(void)net_send(c->net, REMOTE_MSG_ABORT, NULL, 0, c->timeout_ms);
+		send_abort(c);
 		rw_free(w);
 		return rc;
 	}
@@ -528,6 +540,6 @@ void remote_writer_abort(struct remote_writer *w)
 	if (!w)
 		return;
 	rw_drain(w);
-	(void)net_send(w->c->net, REMOTE_MSG_ABORT, NULL, 0, w->c->timeout_ms);
+	send_abort(w->c);
 	rw_free(w);
 }
