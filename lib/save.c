@@ -943,8 +943,14 @@ out:
 	/* A failure before the vote gives the attempt up: the coordinator stops waiting
 	 * for this rank (a rank alone records it aborted). After the vote the decision
 	 * was the outcome. */
-	if (rc && !voted)
-		commit_part_abort(c->part, s->step, rc, ckpt_err_msg());
+	if (rc && !voted) {
+		/* The abort is best effort and its own failure (the coordinator is gone
+		 * too, as when the home ckptd dies) must not replace the cause. */
+		char why[1024];
+		snprintf(why, sizeof why, "%s", ckpt_err_msg());
+		commit_part_abort(c->part, s->step, rc, why);
+		ckpt_err_restore(why);
+	}
 	if (rc)
 		ckpt_err_prefix(rc, "save of step %llu on rank %d", (unsigned long long)s->step,
 		                c->cfg.rank);
