@@ -260,11 +260,11 @@ static int on_coord(struct dconn *d, const struct net_msg *m)
 	struct remote_instance *in = ckpt_calloc(REMOTE_MAX_INSTANCES, sizeof *in);
 	if (!in)
 		return ckpt_err(-ENOMEM, "COORD");
-	uint32_t world;
+	uint32_t world, timeout;
 	unsigned n;
 	struct remote_keep keep;
 	int rc = remote_coord_decode(m->payload, m->len, &world, in, REMOTE_MAX_INSTANCES, &n,
-	                             &keep);
+	                             &keep, &timeout);
 	if (!rc && world != d->hello.world)
 		rc = ckpt_err(CKPT_EPROTO, "COORD for %u ranks from a rank of a world of %u", world,
 		              d->hello.world);
@@ -285,13 +285,18 @@ static int on_coord(struct dconn *d, const struct net_msg *m)
 			for (unsigned i = 0; i < n; i++)
 				snprintf(j->holders[i], sizeof j->holders[i], "%s:%u", in[i].host, in[i].port);
 			j->coord_world = world;
+			/* The job's ranks wait for a decision twice their own timeout: a step
+			 * whose votes will not all come (its other ranks are gone) must abort
+			 * within it, not after ckptd's longer one, or they report it in doubt. */
+			if (!timeout || timeout > d->s->o.timeout_ms)
+				timeout = d->s->o.timeout_ms;
 			if (!(rc = ckptd_jobs_get(d->s->o.jobs, j->id, strlen(j->id), &j->auth))) {
 				j->incarnation = ckpt_random_id();
 				struct commit_coord_opts co = {
 					.manifest = j->manifest, .root = j->root, .incarnation = j->incarnation,
 					.job_id = j->id, .world = world, .secret = j->auth.secret,
 					.secret_len = j->auth.secret_len, .transport = d->s->o.transport,
-					.addr = d->s->o.listen_host, .port = 0, .timeout_ms = d->s->o.timeout_ms,
+					.addr = d->s->o.listen_host, .port = 0, .timeout_ms = timeout,
 					.shard_holder = n > 1 ? job_holder : NULL,
 					.remote_check = n > 1 ? job_remote_check : NULL,
 					.holder_arg = j, .on_decision = job_decided,

@@ -557,7 +557,8 @@ static int glue_remote_start(ckpt_ctx *c)
 	if (!rc)
 		rc = remote_coord(home, (uint32_t)c->cfg.world, c->inst, n,
 		                  &(struct remote_keep){ c->cfg.keep_last, c->cfg.keep_every,
-		                                         c->cfg.keep_seconds }, &port);
+		                                         c->cfg.keep_seconds },
+		                  c->cfg.timeout_ms, &port);
 	if (home != c->remote)
 		remote_close(home);
 	if (rc)

@@ -93,11 +93,12 @@ static int request(struct remote_conn *c, uint16_t type, const struct ckpt_buf *
 }
 
 int remote_coord(struct remote_conn *c, uint32_t world, const struct remote_instance *in,
-                 unsigned n, const struct remote_keep *keep, unsigned *port)
+                 unsigned n, const struct remote_keep *keep, uint32_t timeout_ms,
+                 unsigned *port)
 {
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
-	int rc = remote_coord_encode(&b, world, in, n, keep);
+	int rc = remote_coord_encode(&b, world, in, n, keep, timeout_ms);
 	struct net_msg m = { 0 };
 	pthread_mutex_lock(&c->lock);
 	if (!rc)

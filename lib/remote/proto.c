@@ -40,7 +40,7 @@ static void put_str(struct ckpt_buf *b, const char *s)
 }
 
 int remote_coord_encode(struct ckpt_buf *b, uint32_t world, const struct remote_instance *in,
-                        unsigned n, const struct remote_keep *keep)
+                        unsigned n, const struct remote_keep *keep, uint32_t timeout_ms)
 {
 	if (n == 0 || n > REMOTE_MAX_INSTANCES)
 		return ckpt_err(-EINVAL, "COORD: %u instances", n);
@@ -55,14 +55,17 @@ int remote_coord_encode(struct ckpt_buf *b, uint32_t world, const struct remote_
 		ckpt_buf_u64(b, keep->every);
 		ckpt_buf_u64(b, keep->seconds);
 	}
+	if (timeout_ms)
+		ckpt_buf_u32(b, timeout_ms);
 	return b->ok ? 0 : ckpt_err(-ENOMEM, "COORD message");
 }
 
 int remote_coord_decode(const void *p, size_t n, uint32_t *world,
                         struct remote_instance *in, unsigned cap, unsigned *count,
-                        struct remote_keep *keep)
+                        struct remote_keep *keep, uint32_t *timeout_ms)
 {
 	memset(keep, 0, sizeof *keep);
+	*timeout_ms = 0;
 	struct ckpt_cursor c;
 	ckpt_cursor_init(&c, p, n);
 	*world = ckpt_cursor_u32(&c);
@@ -76,10 +79,17 @@ int remote_coord_decode(const void *p, size_t n, uint32_t *world,
 		if (!c.ok || in[i].port == 0)
 			return bad("COORD", "instance port");
 	}
-	if (c.left == 24) {
+	/* What follows the instances: nothing, the keep rules (24 bytes), the timeout
+	 * (4), or both (28). */
+	if (c.left == 24 || c.left == 28) {
 		keep->last = ckpt_cursor_u64(&c);
 		keep->every = ckpt_cursor_u64(&c);
 		keep->seconds = ckpt_cursor_u64(&c);
+	}
+	if (c.left == 4) {
+		*timeout_ms = ckpt_cursor_u32(&c);
+		if (*timeout_ms == 0)
+			return bad("COORD", "timeout");
 	}
 	if (c.left)
 		return bad("COORD", "length");

@@ -12,7 +12,8 @@
  *
  * Messages (lib/net framing, after the handshake as the job's rank; types 64..95):
  *   COORD{u32 world, u16 n, n x (u16 len, host, u16 port)
- *         [, u64 keep_last, keep_every, keep_seconds]}     -> COORD_OK{u16 port}
+ *         [, u64 keep_last, keep_every, keep_seconds] [, u32 timeout_ms]}
+ *                                                           -> COORD_OK{u16 port}
  *   OPEN{u64 step, u64 save_id, u32 block_bytes, u64 size_hint, u64 chunk_bytes}
  *                                                           -> OPEN_OK{u64 max_chunk}
  *   TENSOR{u16 len, name, u8 kind, dtype, policy, flags, ndim,
@@ -83,13 +84,16 @@ struct remote_check {
 	uint64_t file_size, footer_off, footer_len;
 	uint8_t  hash[CKPT_HASH_BYTES];
 };
-/* The job's retention rules travel with COORD: the home instance applies them. */
+/* The job's retention rules travel with COORD: the home instance applies them. So
+ * does its timeout (CKPT_TIMEOUT_MS; 0: not sent): the coordinator the home starts
+ * for it waits that long for a step's missing votes. Each is there or not, and the
+ * message's length says which (a timeout sent is not 0). */
 struct remote_keep { uint64_t last, every, seconds; };
 int  remote_coord_encode(struct ckpt_buf *b, uint32_t world, const struct remote_instance *in,
-                         unsigned n, const struct remote_keep *keep);
+                         unsigned n, const struct remote_keep *keep, uint32_t timeout_ms);
 int  remote_coord_decode(const void *p, size_t n, uint32_t *world,
                          struct remote_instance *in, unsigned cap, unsigned *count,
-                         struct remote_keep *keep);
+                         struct remote_keep *keep, uint32_t *timeout_ms);
 void remote_remove_encode(struct ckpt_buf *b, uint64_t step, uint64_t save_id);
 int  remote_remove_decode(const void *p, size_t n, uint64_t *step, uint64_t *save_id);
 void remote_open_encode(struct ckpt_buf *b, const struct remote_open *o);
@@ -139,9 +143,12 @@ const char *remote_name(const struct remote_conn *c); /* "ckptd HOST:PORT" */
  * past its --idle-ms)? Then connect again. */
 bool remote_broken(const struct remote_conn *c);
 /* Ask the job's home ckptd for its commit coordinator's port, starting it for a job
- * of world ranks whose shards are spread over the n instances. */
+ * of world ranks whose shards are spread over the n instances. timeout_ms is the
+ * job's: a coordinator started now waits that long (at most ckptd's --timeout-ms)
+ * for a step's missing votes, as rank 0's does without ckptd. */
 int  remote_coord(struct remote_conn *c, uint32_t world, const struct remote_instance *in,
-                  unsigned n, const struct remote_keep *keep, unsigned *port);
+                  unsigned n, const struct remote_keep *keep, uint32_t timeout_ms,
+                  unsigned *port);
 /* Remove the shard files of attempt save_id of step on this instance. */
 int  remote_remove(struct remote_conn *c, uint64_t step, uint64_t save_id);
 /* Bytes [off, off+len) of the shard file at path (a record's path without its

@@ -566,7 +566,7 @@ START_TEST(bad_coord)
 	in[1].port = port;
 	/* A world other than the one the handshake proved. */
 	ckpt_buf_init(&b);
-	ck_assert_int_eq(remote_coord_encode(&b, 5, in, 1, NULL), 0);
+	ck_assert_int_eq(remote_coord_encode(&b, 5, in, 1, NULL, 0), 0);
 	expect_coord_error(&b, CKPT_EPROTO, "COORD for 5 ranks from a rank of a world of 1");
 	ckpt_buf_free(&b);
 	ckpt_buf_init(&b);
@@ -580,28 +580,34 @@ START_TEST(bad_coord)
 	/* Port 0; a host with a control byte; an empty host. */
 	in[0].port = 0;
 	ckpt_buf_init(&b);
-	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 1, NULL), 0);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 1, NULL, 0), 0);
 	expect_coord_error(&b, CKPT_EPROTO, "instance port");
 	ckpt_buf_free(&b);
 	in[0].port = port;
 	snprintf(in[1].host, sizeof in[1].host, "evil\nhost");
 	ckpt_buf_init(&b);
-	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 2, NULL), 0);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 2, NULL, 0), 0);
 	expect_coord_error(&b, CKPT_EPROTO, "instance host");
 	ckpt_buf_free(&b);
 	in[1].host[0] = '\0';
 	ckpt_buf_init(&b);
-	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 2, NULL), 0);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 2, NULL, 0), 0);
 	expect_coord_error(&b, CKPT_EPROTO, "instance host");
 	ckpt_buf_free(&b);
 	/* Retention rules one byte short, and one byte too many. */
 	struct remote_keep keep = { .last = 1 };
 	ckpt_buf_init(&b);
-	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 1, &keep), 0);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 1, &keep, 0), 0);
 	b.len--;
 	expect_coord_error(&b, CKPT_EPROTO, "COORD message: bad or truncated length");
 	ckpt_buf_u16(&b, 0);
 	expect_coord_error(&b, CKPT_EPROTO, "COORD message: bad or truncated length");
+	ckpt_buf_free(&b);
+	/* A timeout that is there is not 0. */
+	ckpt_buf_init(&b);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, in, 1, &keep, 0), 0);
+	ckpt_buf_u32(&b, 0);
+	expect_coord_error(&b, CKPT_EPROTO, "COORD message: bad or truncated timeout");
 	ckpt_buf_free(&b);
 	after_attack();
 }
@@ -656,7 +662,7 @@ START_TEST(truncated_messages)
 	struct remote_instance in = { "127.0.0.1", 0 };
 	in.port = port;
 	ckpt_buf_init(&b);
-	ck_assert_int_eq(remote_coord_encode(&b, 1, &in, 1, NULL), 0);
+	ck_assert_int_eq(remote_coord_encode(&b, 1, &in, 1, NULL, 0), 0);
 	truncations(REMOTE_MSG_COORD, &b, "COORD message", false);
 	ckpt_buf_free(&b);
 	ckpt_buf_init(&b);

@@ -62,22 +62,24 @@ static void check_coord(const uint8_t *data, size_t size)
 	/* A smaller cap than the protocol's too: the decoder must hold to the caller's. */
 	unsigned cap = size % 2 ? REMOTE_MAX_INSTANCES : 3;
 	struct remote_keep keep;
-	if (remote_coord_decode(data, size, &world, in, cap, &count, &keep))
+	uint32_t timeout;
+	if (remote_coord_decode(data, size, &world, in, cap, &count, &keep, &timeout))
 		return;
 	if (world == 0 || count == 0 || count > cap)
 		abort();
 	for (unsigned i = 0; i < count; i++)
 		if (!printable(in[i].host, sizeof in[i].host) || in[i].port == 0 || in[i].port > 65535)
 			abort();
-	/* The retention rules are there or not: the message says which by its length. */
+	/* The retention rules and the timeout are there or not: the message says which
+	 * by its length (a timeout of 0 is not sent). */
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
-	if (remote_coord_encode(&b, world, in, count, NULL))
+	if (remote_coord_encode(&b, world, in, count, NULL, timeout))
 		abort();
 	if (b.len != size) {
 		ckpt_buf_free(&b);
 		ckpt_buf_init(&b);
-		if (remote_coord_encode(&b, world, in, count, &keep))
+		if (remote_coord_encode(&b, world, in, count, &keep, timeout))
 			abort();
 	} else if (keep.last || keep.every || keep.seconds) {
 		abort();
@@ -297,7 +299,7 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 		                             .seconds = mix(&s) % 2 ? 86400 : 0 };
 		ckpt_buf_init(&b);
 		if (remote_coord_encode(&b, 1 + (uint32_t)(mix(&s) % 4096), in, ni,
-		                        mix(&s) % 2 ? &rules : NULL))
+		                        mix(&s) % 2 ? &rules : NULL, rules.last % 2 ? 30000 : 0))
 			abort();
 		n = keep(&b, bufs, lens, n);
 
