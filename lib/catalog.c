@@ -88,7 +88,7 @@ int catalog_list(ckpt_ctx *c, bool all, struct catalog_entry **out, size_t *coun
 		return nrec;
 	uint64_t *recs = ckpt_malloc((size_t)(nrec ? nrec : 1) * sizeof *recs);
 	if (!recs)
-		return ckpt_err(-ENOMEM, "listing %s", c->cfg.root);
+		return ckpt_err(-ENOMEM, "listing %s", c->where);
 	/* A commit between the two calls may add records: take what fits the first count. */
 	int got = manifest_steps_list(m, all, recs, (size_t)nrec);
 	if (got < 0) {
@@ -111,7 +111,7 @@ int catalog_list(ckpt_ctx *c, bool all, struct catalog_entry **out, size_t *coun
 	if (!e) {
 		ckpt_free(recs);
 		ckpt_free(dirs);
-		return ckpt_err(-ENOMEM, "listing %s", c->cfg.root);
+		return ckpt_err(-ENOMEM, "listing %s", c->where);
 	}
 	/* Merge the two sorted lists. */
 	size_t i = 0, j = 0, n = 0;
@@ -214,7 +214,7 @@ int ckpt_steps(ckpt_ctx *c, unsigned flags, struct ckpt_step_info *out, size_t c
 	}
 	ckpt_free(e);
 	if (n > INT_MAX)
-		return ckpt_err(-EOVERFLOW, "%s: %zu steps", c->cfg.root, n);
+		return ckpt_err(-EOVERFLOW, "%s: %zu steps", c->where, n);
 	return (int)n;
 }
 
@@ -231,7 +231,7 @@ int ckpt_step_info(ckpt_ctx *c, uint64_t step, struct ckpt_step_info *out, size_
 	if ((rc = glue_manifest(c, &m)))
 		return rc;
 	if (step == CKPT_LATEST && (rc = manifest_step_latest(m, &step)))
-		return ckpt_err(rc, "%s has no committed step", c->cfg.root);
+		return ckpt_err(rc, "%s has no committed step", c->where);
 	/* The one step's entry, as ckpt_steps would list it with CKPT_STEPS_ALL. */
 	struct catalog_entry x;
 	memset(&x, 0, sizeof x);
@@ -246,7 +246,7 @@ int ckpt_step_info(ckpt_ctx *c, uint64_t step, struct ckpt_step_info *out, size_
 	x.has_dir = d == 0;
 	if (!x.has_record && !x.has_dir)
 		return ckpt_err(CKPT_ENOTFOUND, "step %llu: no record and no directory in %s",
-		                (unsigned long long)step, c->cfg.root);
+		                (unsigned long long)step, c->where);
 	x.live = x.has_record && x.rec.state == CKPT_STATE_INFLIGHT &&
 	         x.rec.incarnation && x.rec.incarnation == catalog_live_incarnation(c);
 	ckpt_err_clear();
@@ -268,7 +268,7 @@ int ckpt_step_meta(ckpt_ctx *c, uint64_t step, char *dst, size_t cap, size_t *le
 	if (rc)
 		return rc;
 	if (step == CKPT_LATEST && (rc = manifest_step_latest(m, &step)))
-		return ckpt_err(rc, "%s has no committed step", c->cfg.root);
+		return ckpt_err(rc, "%s has no committed step", c->where);
 	/* Only the record is read: the step's shards are never opened. */
 	if ((rc = manifest_step_meta(m, step, dst, cap, len)))
 		return rc == -ENOSPC ? ckpt_err(rc, "step %llu: metadata of %zu bytes does not fit "

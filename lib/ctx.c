@@ -700,6 +700,11 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 		goto fail;
 	c->log.job_id = c->cfg.job_id;
 	c->log.rank = c->cfg.rank;
+	if (glue_remote(c))
+		snprintf(c->where, sizeof c->where, "ckptd://%s:%u%s", c->cfg.ckptd[0].host,
+		         c->cfg.ckptd[0].port, c->cfg.nckptd > 1 ? ",..." : "");
+	else
+		snprintf(c->where, sizeof c->where, "%s", c->cfg.root ? c->cfg.root : "?");
 	ckpt_fault_set_rank(c->cfg.rank);
 	bool create = false;
 	if (!glue_remote(c) && (rc = manifest_path_resolve(c)))

@@ -100,6 +100,9 @@ struct ckpt_save {
 
 struct ckpt_ctx {
 	struct glue_config cfg;
+	/* what messages call the checkpoints: the root, or the ckptd target
+	 * ("ckptd://HOST:PORT[,...]", whose root option is not used) */
+	char               where[320];
 	struct ckpt_log_sink log;         /* where this context's lines go (ckpt_log_enter) */
 	struct manifest   *manifest;      /* RW on the coordinator; opened RDONLY lazily elsewhere */
 	char              *manifest_path; /* its directory: cfg.manifest_dir, or <root>/manifest */

@@ -206,7 +206,7 @@ int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 	if (rc)
 		return rc;
 	if (step == CKPT_LATEST && (rc = manifest_step_latest(m, &step)))
-		return ckpt_err(rc, "%s has no committed step", c->cfg.root);
+		return ckpt_err(rc, "%s has no committed step", c->where);
 	ckpt_load *l = ckpt_calloc(1, sizeof *l);
 	if (!l)
 		return ckpt_err(-ENOMEM, "load of step %llu", (unsigned long long)step);
@@ -217,7 +217,7 @@ int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 	if (rc) {
 		if (rc == CKPT_ENOTFOUND)
 			ckpt_err(rc, "step %llu is not a committed step of %s", (unsigned long long)step,
-			         c->cfg.root);
+			         c->where);
 		l->rec.world = 0;
 		ckpt_load_close(l);
 		return rc;
@@ -252,7 +252,7 @@ int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 	*out = l;
 	return 0;
 fail:
-	ckpt_err_prefix(rc, "open step %llu of %s", (unsigned long long)step, c->cfg.root);
+	ckpt_err_prefix(rc, "open step %llu of %s", (unsigned long long)step, c->where);
 	ckpt_load_close(l);
 	return rc;
 }
