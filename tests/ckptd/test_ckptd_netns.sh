@@ -32,7 +32,11 @@ cleanup() {
   done
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
   wait 2>/dev/null
-  for n in "$na" "$nb" "$nr"; do ip netns del "$n" 2>/dev/null; done
+  # Whatever still runs in the namespaces goes with them.
+  for n in "$na" "$nb" "$nr"; do
+    ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    ip netns del "$n" 2>/dev/null
+  done
   rm -rf "$t"
 }
 trap cleanup EXIT
@@ -65,7 +69,9 @@ mkdir -p "$t/a" "$t/b"
 printf 'secret-of-the-netns-job-0123456789' > "$t/job.secret"
 echo "job secret-file=$t/job.secret" > "$t/jobs"
 start() {  # start NAME NAMESPACE ADDRESS: sets port_NAME
-  nsx "$2" "$ckptd" --listen "$3:0" --data "$t/$1" --jobs "$t/jobs" --log info \
+  # Not through the function nsx: $! must be ckptd itself (ip netns exec execs it),
+  # not a subshell that the clean-up would kill in its place.
+  ip netns exec "$2" "$ckptd" --listen "$3:0" --data "$t/$1" --jobs "$t/jobs" --log info \
     --grace-ms 1000 > "$t/$1.out" 2> "$t/$1.log" &
   pids+=($!)
   for _ in $(seq 100); do grep -q "listening on port" "$t/$1.out" 2>/dev/null && break; sleep 0.1; done
