@@ -70,11 +70,13 @@ start() {
   mkdir -p "${data[$n]}"
   while :; do
     lines=$(cat "$t/$n.log" 2>/dev/null | wc -l)
+    # Emptied here, not by the redirection below: that one happens in the child,
+    # maybe after the loop has read the last run's "listening on port" line.
+    : > "$t/$n.out"
     env "$@" "$ckptd" --listen "127.0.0.1:${port[$n]:-0}" --data "${data[$n]}" --jobs "$t/jobs" \
       --log info ${opts[$n]:-} > "$t/$n.out" 2>> "$t/$n.log" &
     pid[$n]=$!
-    # A minute at most (by the clock: on a loaded machine pre-faulting the pool takes
-    # seconds, and a sleep may fail to start).
+    # A minute at most: on a loaded machine pre-faulting the pool takes seconds.
     while [ $SECONDS -lt $until ]; do
       grep -q "listening on port" "$t/$n.out" 2>/dev/null && break
       kill -0 "${pid[$n]}" 2>/dev/null || break
