@@ -150,14 +150,21 @@ static int root_refuse(const ckpt_ctx *c, uint64_t nsteps, int cause)
 	                "directory: CKPT_MANIFEST_DIR, or --manifest-dir for the tools)");
 }
 
+/* This machine's name, for messages about what is not on it. */
+static void host_name(char *out, size_t cap)
+{
+	if (gethostname(out, cap - 1) < 0)
+		snprintf(out, cap, "?");
+	out[cap - 1] = '\0';
+}
+
 /* A manifest kept apart from its root that is not on this host: what stands to
  * reason (it is on the node of the coordinator that saved) and what to do. what
  * says who could not go on. */
 static int manifest_absent(const ckpt_ctx *c, const char *what)
 {
-	char host[256] = "?";
-	gethostname(host, sizeof host - 1);
-	host[sizeof host - 1] = '\0';
+	char host[256];
+	host_name(host, sizeof host);
 	return ckpt_err(CKPT_ENOMANIFEST, "%s: its manifest directory %s does not exist on host "
 	                "%s. A manifest kept apart from its root (CKPT_MANIFEST_DIR) is read only "
 	                "where it is, on the coordinator's node when it is on rank 0's local disk: "
@@ -344,9 +351,8 @@ static int manifest_bind(ckpt_ctx *c, struct manifest *m)
 		return rc;
 	if (seen == live)
 		return 0;
-	char host[256] = "?";
-	gethostname(host, sizeof host - 1);
-	host[sizeof host - 1] = '\0';
+	char host[256];
+	host_name(host, sizeof host);
 	return ckpt_err(CKPT_ENOMANIFEST, "rank %d cannot read checkpoint root %s: the manifest "
 	                "directory %s on host %s is not the one the root's coordinator writes "
 	                "(its incarnation %016llx, this copy's %016llx): a stale copy at the same "

@@ -254,62 +254,32 @@ void io_shard_reader_close(struct io_shard_reader *r)
 	ckpt_free(r);
 }
 
-int io_shard_reader_open(struct io_engine *e, const char *path,
-                         const struct io_shard_index *index, struct io_shard_reader **out)
+/* A reader of name with no source yet (fd -1, no fetch): NULL on failure. */
+static struct io_shard_reader *reader_new(struct io_engine *e, const char *name)
 {
-	*out = NULL;
-	struct io_shard_reader *r = ckpt_calloc(1, sizeof *r);
-	if (!r || !(r->path = ckpt_strdup(path))) {
-		ckpt_free(r);
-		return ckpt_err(-ENOMEM, "%s: reader", path);
-	}
-	r->e = e;
-	int rc = open_file(path, &r->fd);
-	struct stat st;
-	if (!rc && fstat(r->fd, &st) < 0)
-		rc = ckpt_err(-errno, "stat %s", path);
-	if (!rc && !S_ISREG(st.st_mode))
-		rc = ckpt_err(CKPT_EFORMAT, "%s: not a regular file", path);
-	if (!rc) {
-		r->file_size = (uint64_t)st.st_size;
-		if (!index)
-			rc = load_index(r);
-		else if (r->file_size < index->data_end)
-			rc = ckpt_err(CKPT_ECORRUPT, "%s: %llu bytes, the index needs %llu (truncated)",
-			              path, (unsigned long long)r->file_size,
-			              (unsigned long long)index->data_end);
-		else
-			r->ix = index;
-	}
-	if (rc) {
-		io_shard_reader_close(r);
-		return rc;
-	}
-	*out = r;
-	return 0;
-}
-
-int io_shard_reader_open_fetch(struct io_engine *e, const char *name, uint64_t file_size,
-                               const struct io_shard_index *index, io_fetch_fn fetch,
-                               void *arg, struct io_shard_reader **out)
-{
-	*out = NULL;
 	struct io_shard_reader *r = ckpt_calloc(1, sizeof *r);
 	if (!r || !(r->path = ckpt_strdup(name))) {
 		ckpt_free(r);
-		return ckpt_err(-ENOMEM, "%s: reader", name);
+		ckpt_err(-ENOMEM, "%s: reader", name);
+		return NULL;
 	}
 	r->e = e;
 	r->fd = -1;
-	r->fetch = fetch;
-	r->fetch_arg = arg;
-	r->file_size = file_size;
+	return r;
+}
+
+/* Once the source and its size are known: the index from the file's own footer, or
+ * the given one (borrowed) held to the size. On failure r is closed. */
+static int reader_finish(struct io_shard_reader *r, const struct io_shard_index *index,
+                         struct io_shard_reader **out)
+{
 	int rc = 0;
 	if (!index)
 		rc = load_index(r);
-	else if (file_size < index->data_end)
+	else if (r->file_size < index->data_end)
 		rc = ckpt_err(CKPT_ECORRUPT, "%s: %llu bytes, the index needs %llu (truncated)",
-		              name, (unsigned long long)file_size, (unsigned long long)index->data_end);
+		              r->path, (unsigned long long)r->file_size,
+		              (unsigned long long)index->data_end);
 	else
 		r->ix = index;
 	if (rc) {
@@ -318,6 +288,41 @@ int io_shard_reader_open_fetch(struct io_engine *e, const char *name, uint64_t f
 	}
 	*out = r;
 	return 0;
+}
+
+int io_shard_reader_open(struct io_engine *e, const char *path,
+                         const struct io_shard_index *index, struct io_shard_reader **out)
+{
+	*out = NULL;
+	struct io_shard_reader *r = reader_new(e, path);
+	if (!r)
+		return -ENOMEM;
+	int rc = open_file(path, &r->fd);
+	struct stat st;
+	if (!rc && fstat(r->fd, &st) < 0)
+		rc = ckpt_err(-errno, "stat %s", path);
+	if (!rc && !S_ISREG(st.st_mode))
+		rc = ckpt_err(CKPT_EFORMAT, "%s: not a regular file", path);
+	if (rc) {
+		io_shard_reader_close(r);
+		return rc;
+	}
+	r->file_size = (uint64_t)st.st_size;
+	return reader_finish(r, index, out);
+}
+
+int io_shard_reader_open_fetch(struct io_engine *e, const char *name, uint64_t file_size,
+                               const struct io_shard_index *index, io_fetch_fn fetch,
+                               void *arg, struct io_shard_reader **out)
+{
+	*out = NULL;
+	struct io_shard_reader *r = reader_new(e, name);
+	if (!r)
+		return -ENOMEM;
+	r->fetch = fetch;
+	r->fetch_arg = arg;
+	r->file_size = file_size;
+	return reader_finish(r, index, out);
 }
 
 const struct io_shard_index *io_shard_reader_index(const struct io_shard_reader *r)
