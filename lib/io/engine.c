@@ -86,13 +86,13 @@ int io_engine_create(struct io_pool *pool, unsigned depth, struct io_engine **ou
 		                depth);
 	}
 	if (pool) {
-		unsigned n = io_pool_nbufs(pool);
+		unsigned n = io_pool_nslots(pool);
 		struct iovec *iov = ckpt_calloc(n, sizeof *iov);
 		rc = -ENOMEM;
 		if (iov) {
 			for (unsigned i = 0; i < n; i++) {
 				iov[i].iov_base = io_pool_addr(pool, i);
-				iov[i].iov_len = io_pool_buf_bytes(pool);
+				iov[i].iov_len = io_pool_len(pool, i);
 			}
 			rc = io_uring_register_buffers(&e->ring, iov, n);
 			ckpt_free(iov);

@@ -156,14 +156,29 @@ struct io_pool;
  * Errors: -EINVAL, -ENOMEM. */
 int      io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_alloc *alloc,
                         struct io_pool **out);
+/* The same, and nsmall buffers of small_bytes (a multiple of CKPT_ALIGN, smaller
+ * than buf_bytes) after them, for takers that know their size (io_pool_get_fit).
+ * nsmall 0: io_pool_create. */
+int      io_pool_create_classes(size_t buf_bytes, unsigned nbufs, size_t small_bytes,
+                                unsigned nsmall, const struct io_pool_alloc *alloc,
+                                struct io_pool **out);
 void     io_pool_destroy(struct io_pool *p);      /* every buffer must be back */
 /* Take a free buffer; blocks up to timeout_ms (<0: forever). Index >= 0, or -ETIMEDOUT. */
 int      io_pool_get(struct io_pool *p, int timeout_ms);
+/* A buffer that holds n bytes padded to CKPT_ALIGN: a small one when the pool has
+ * them and one is free, else a large one (n at most io_pool_buf_bytes). */
+int      io_pool_get_fit(struct io_pool *p, size_t n, int timeout_ms);
 void     io_pool_put(struct io_pool *p, unsigned idx);
 void    *io_pool_addr(const struct io_pool *p, unsigned idx);
+size_t   io_pool_len(const struct io_pool *p, unsigned idx);   /* 0: no such buffer */
+/* The large class: its buffer size, count and free count. */
 size_t   io_pool_buf_bytes(const struct io_pool *p);
 unsigned io_pool_nbufs(const struct io_pool *p);
 unsigned io_pool_nfree(struct io_pool *p);
+/* Both classes: indices [0, nslots), bytes of the buffers out, bytes in all. */
+unsigned io_pool_nslots(const struct io_pool *p);
+uint64_t io_pool_bytes_out(struct io_pool *p);
+uint64_t io_pool_bytes(const struct io_pool *p);
 
 /* ------------------------------------------------------------------ engine */
 

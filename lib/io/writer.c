@@ -570,7 +570,14 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 		}
 	}
 	uint8_t *p = io_pool_addr(w->pool, wbuf);
-	uint64_t padded = ckpt_align_up(c->stored_len, CKPT_ALIGN);  /* <= buf_bytes */
+	uint64_t padded = ckpt_align_up(c->stored_len, CKPT_ALIGN);
+	if (padded > io_pool_len(w->pool, wbuf)) {
+		/* A small buffer taken for a chunk that does not fit it (io_pool_get_fit). */
+		io_pool_put(w->pool, wbuf);
+		return w_fail(w, ckpt_err(-EINVAL, "%s: chunk of %llu bytes in pool buffer %u of "
+		                          "%zu", w->path, (unsigned long long)c->stored_len, wbuf,
+		                          io_pool_len(w->pool, wbuf)));
+	}
 	memset(p + c->stored_len, 0, (size_t)(padded - c->stored_len));
 	c->file_offset = w->next_off;
 	uint32_t k = w->nchunks;

@@ -198,6 +198,62 @@ START_TEST(pool_ownership)
 }
 END_TEST
 
+/* Two classes: small takers get small buffers while they last, then large ones;
+ * large takers never get a small one; every index serves addr, len, index_of and
+ * put; the byte counts follow. */
+START_TEST(pool_classes)
+{
+	struct io_pool *p;
+	ck_assert_int_eq(io_pool_create_classes(16384, 2, 16384, 3, NULL, &p), -EINVAL);
+	ck_assert_int_eq(io_pool_create_classes(16384, 2, 1000, 3, NULL, &p), -EINVAL);
+	ck_assert_int_eq(io_pool_create_classes(16384, 2, 4096, 3, NULL, &p), 0);
+	ck_assert_uint_eq(io_pool_nbufs(p), 2);
+	ck_assert_uint_eq(io_pool_nslots(p), 5);
+	ck_assert_uint_eq(io_pool_bytes(p), 2 * 16384 + 3 * 4096);
+	ck_assert_uint_eq(io_pool_bytes_out(p), 0);
+	int s[3];
+	for (int i = 0; i < 3; i++) {
+		s[i] = io_pool_get_fit(p, 4096, 0);
+		ck_assert_int_ge(s[i], 2);                  /* a small one */
+		ck_assert_uint_eq(io_pool_len(p, (unsigned)s[i]), 4096);
+		uint8_t *a = io_pool_addr(p, (unsigned)s[i]);
+		ck_assert_uint_eq((uintptr_t)a % CKPT_ALIGN, 0);
+		memset(a, 0x40 + i, 4096);
+		ck_assert_int_eq(io_pool_index_of(p, a + 10, 4000), s[i]);
+		ck_assert_int_eq(io_pool_index_of(p, a + 10, 4090), -1);
+	}
+	ck_assert_uint_eq(io_pool_nfree(p), 2);         /* the large class untouched */
+	ck_assert_uint_eq(io_pool_bytes_out(p), 3 * 4096);
+	/* Small ones gone: a small taker gets a large buffer. A large taker never
+	 * gets a small one. */
+	int l0 = io_pool_get_fit(p, 100, 0);
+	ck_assert_int_ge(l0, 0);
+	ck_assert_int_lt(l0, 2);
+	ck_assert_uint_eq(io_pool_len(p, (unsigned)l0), 16384);
+	int l1 = io_pool_get_fit(p, 8192, 0);
+	ck_assert_int_ge(l1, 0);
+	ck_assert_int_lt(l1, 2);
+	memset(io_pool_addr(p, (unsigned)l0), 0x11, 16384);
+	memset(io_pool_addr(p, (unsigned)l1), 0x22, 16384);
+	ck_assert_int_eq(io_pool_get_fit(p, 10, 0), -ETIMEDOUT);
+	io_pool_put(p, (unsigned)s[1]);
+	ck_assert_int_eq(io_pool_get(p, 0), -ETIMEDOUT);    /* no large one free */
+	ck_assert_int_eq(io_pool_get_fit(p, 16384, 0), -ETIMEDOUT);
+	ck_assert_int_eq(io_pool_get_fit(p, 4096, 0), s[1]);
+	for (int i = 0; i < 3; i++)
+		ck_assert_uint_eq(((uint8_t *)io_pool_addr(p, (unsigned)s[i]))[4095], 0x40 + i);
+	ck_assert_ptr_null(io_pool_addr(p, 5));
+	ck_assert_uint_eq(io_pool_len(p, 5), 0);
+	for (int i = 0; i < 3; i++)
+		io_pool_put(p, (unsigned)s[i]);
+	io_pool_put(p, (unsigned)l0);
+	io_pool_put(p, (unsigned)l1);
+	ck_assert_uint_eq(io_pool_bytes_out(p), 0);
+	ck_assert_uint_eq(io_pool_nfree(p), 2);
+	io_pool_destroy(p);
+}
+END_TEST
+
 struct putter { struct io_pool *p; unsigned idx; };
 
 static void *put_later(void *arg)
@@ -328,6 +384,7 @@ int main(void)
 	tcase_add_test(tc, zstd_round_trip);
 	tcase_add_test(tc, zstd_corrupt_frames);
 	tcase_add_test(tc, pool_ownership);
+	tcase_add_test(tc, pool_classes);
 	tcase_add_test(tc, pool_blocking_get_woken_by_put);
 	tcase_add_test(tc, pool_double_put_caught);
 	tcase_add_test(tc, pool_custom_allocator);
