@@ -203,7 +203,7 @@ static void *signal_main(void *arg)
 static unsigned stream_depth(uint64_t pool, uint64_t buf)
 {
 	uint64_t n = pool / buf;
-	return n < 8 ? 8 : n > 64 ? 64 : (unsigned)n;
+	return n < 8 ? 8 : n > 1024 ? 1024 : (unsigned)n;
 }
 
 static int split_addr(const char *a, char *host, size_t cap, unsigned *port)

@@ -35,6 +35,8 @@
 #include "remote/remote.h"
 #include "server.h"
 
+#define CKPTD_SMALL_DIV 16                 /* small buffers: chunk size / 16 */
+#define CKPTD_SMALL_MAX (512ull << 20)     /* ... and at most this much of them */
 #define SRV_POLL_MS 200          /* how often an idle connection looks at the stop flag */
 #define SRV_LOCK_FILE "ckptd.lock"
 
@@ -491,7 +493,9 @@ static int data_into(void *arg, uint16_t type, size_t len, void **dst)
 		return data_unexpected(d, len);
 	uint64_t deadline = ckpt_deadline_ms(d->s->o.timeout_ms);
 	int b;
-	while ((b = io_pool_get(d->s->pool, 10)) < 0) {
+	/* A small chunk takes a small buffer: one the size of the largest chunk would
+	 * hold a stream of small tensors to a fraction of the pool. */
+	while ((b = io_pool_get_fit(d->s->pool, len, 10)) < 0) {
 		/* Our own finished writes give buffers back; others' connections do theirs. */
 		io_shard_writer_ready(d->w);
 		if (ckpt_deadline_passed(deadline))
@@ -1083,8 +1087,21 @@ int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **
 	if (!rc && nbufs < 2)
 		rc = ckpt_err(-EINVAL, "pool of %zu bytes holds fewer than two buffers of %zu",
 		              o->pool_bytes, o->buf_bytes);
+	/* About an eighth of the pool (at least; at most CKPTD_SMALL_MAX and the
+	 * remainder) in buffers a sixteenth of the chunk size, for the small chunks of a
+	 * state: biases, norms, scalars, a tensor's last piece. */
+	size_t small = ckpt_align_up(o->buf_bytes / CKPTD_SMALL_DIV, CKPT_ALIGN);
+	uint64_t small_total = o->pool_bytes / 8 < CKPTD_SMALL_MAX ? o->pool_bytes / 8 :
+	                       CKPTD_SMALL_MAX;
+	unsigned nbig = (unsigned)((o->pool_bytes - small_total) / o->buf_bytes), nsmall = 0;
+	/* The small class takes what the large one leaves, at least its share. A pool
+	 * this tight keeps every buffer for any chunk. */
+	if (small < o->buf_bytes && nbig >= 2) {
+		nbufs = nbig;
+		nsmall = (unsigned)((o->pool_bytes - (uint64_t)nbig * o->buf_bytes) / small);
+	}
 	if (!rc)
-		rc = io_pool_create(o->buf_bytes, nbufs, NULL, &s->pool);
+		rc = io_pool_create_classes(o->buf_bytes, nbufs, small, nsmall, NULL, &s->pool);
 	if (!rc && pipe2(s->wake, O_NONBLOCK | O_CLOEXEC) < 0)
 		rc = ckpt_err(-errno, "wake pipe");
 	if (!rc && (rc = net_listen(o->transport, NULL, o->listen_host, o->listen_port, &s->lis)))
@@ -1214,9 +1231,8 @@ void ckptd_server_free(struct ckptd_server *s)
 void ckptd_server_gauges(void *arg, struct ckptd_gauges *out)
 {
 	struct ckptd_server *s = arg;
-	size_t bb = io_pool_buf_bytes(s->pool);
-	out->pool_bytes = (uint64_t)bb * io_pool_nbufs(s->pool);
-	out->pool_used_bytes = (uint64_t)bb * (io_pool_nbufs(s->pool) - io_pool_nfree(s->pool));
+	out->pool_bytes = io_pool_bytes(s->pool);
+	out->pool_used_bytes = io_pool_bytes_out(s->pool);
 	out->jobs = ckptd_jobs_count(s->o.jobs);
 }
 
