@@ -19,6 +19,11 @@
  * and the connection's rdma_cm events. Any error completion becomes the
  * connection's error, naming the work request and ibv_wc_status_str, and the
  * connection is torn down (rdma_disconnect: the peer learns at once).
+ *
+ * Direct writes (net.h's net_rdma_write, docs/protocol-rdma.md §4a) share the
+ * queue pair: an RDMA WRITE from a caller's registered range into one the peer
+ * registered, numbered so that the caller knows when its source may be reused,
+ * ordered before the stream's next SEND like the ring's own WRITEs.
  */
 #include <errno.h>
 #include <poll.h>
