@@ -82,6 +82,7 @@ void ckptd_jobs_free(struct ckptd_jobs *j);      /* NULL: no-op; wipes the secre
  * else 404. */
 struct ckptd_counters {
 	_Atomic uint64_t bytes_received;     /* chunk bytes received from ranks */
+	_Atomic uint64_t bytes_received_rdma;/* of them, RDMA-written into granted buffers */
 	_Atomic uint64_t bytes_written;      /* shard bytes made durable */
 	_Atomic uint64_t bytes_read;         /* bytes served to restores */
 	_Atomic uint64_t shards_written;     /* shard files made durable */

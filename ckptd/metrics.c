@@ -148,6 +148,9 @@ void ckptd_metrics_render(const struct ckptd_metrics_source *src, struct ckpt_bu
 	struct ckptd_counters *c = src->counters;
 	counter(b, "ckptd_bytes_received_total", "Chunk bytes received from ranks.",
 	        c ? &c->bytes_received : NULL);
+	counter(b, "ckptd_bytes_received_rdma_write_total", "Of the chunk bytes received, those "
+	        "the ranks RDMA-wrote into pool buffers granted to them (the direct path).",
+	        c ? &c->bytes_received_rdma : NULL);
 	counter(b, "ckptd_bytes_written_total", "Shard bytes made durable.",
 	        c ? &c->bytes_written : NULL);
 	counter(b, "ckptd_bytes_read_total", "Bytes served to restores.",

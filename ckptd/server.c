@@ -14,6 +14,14 @@
  * always come back. Control messages are bounded (REMOTE_MAX_CONTROL); a failed
  * stream gets one ERROR and the connection is closed, so nothing is buffered to
  * be discarded.
+ *
+ * Over rdma a stream may ask for the direct path (REMOTE_OPEN_DIRECT): then pool
+ * buffers are taken first, as for DATA, and granted to the rank (GRANT), which
+ * RDMA-writes a chunk into one and names it in its CHUNK; no copy is made on this
+ * side. Each grant is a registration of that one buffer, revoked (deregistered)
+ * when the CHUNK naming it arrives or the stream ends, before the buffer is used or
+ * goes back to the pool: a rank can write only into buffers granted to it and not
+ * yet used, never into another stream's, whatever it sends.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -106,6 +114,13 @@ struct dconn {
 	struct remote_chunk  chunk;
 	bool                 want_data;
 	int                  data_buf;   /* the pool buffer DATA is read into, or -1 */
+	/* the direct path: pool buffers granted to the stream, each registered for the
+	 * rank's RDMA WRITE alone, until its CHUNK comes or the stream ends */
+	bool                 direct;
+	struct dgrant { uint32_t id; unsigned buf; struct net_mr *mr; } grants[REMOTE_MAX_GRANTS];
+	unsigned             ngrants, grant_target;
+	uint32_t             grant_seq;  /* the connection's last grant id: never reused */
+	uint64_t             starved_since; /* a direct stream with no grant out: since (ns) */
 	int64_t              queued;     /* chunks of the stream counted in queue_depth */
 	size_t               index_bytes;/* what the stream's index holds, about */
 	bool                 sent_error; /* an ERROR went out: the connection ends */
@@ -334,8 +349,68 @@ static int engine_get(struct dconn *d)
 	return io_engine_create(d->s->pool, d->s->o.queue_depth, &d->engine);
 }
 
+/* Every grant back to the pool, each revoked first: once deregistered, the rank's
+ * late or forged WRITE fails on its own connection and cannot touch the buffer's
+ * next owner. */
+static void grants_release(struct dconn *d)
+{
+	for (unsigned i = 0; i < d->ngrants; i++) {
+		net_mr_deregister(d->grants[i].mr);
+		io_pool_put(d->s->pool, d->grants[i].buf);
+	}
+	d->ngrants = 0;
+	d->starved_since = 0;
+}
+
+/* Grant the stream pool buffers up to its share, as many as are free now (never
+ * waiting: a full pool is the disks' backpressure, and the rank waits for a GRANT
+ * as it would wait for ckptd to read its DATA), and tell the rank in one GRANT. */
+static int grants_top_up(struct dconn *d)
+{
+	if (!d->direct || !d->w || d->sent_error || d->ngrants >= d->grant_target)
+		return 0;
+	struct io_pool *pool = d->s->pool;
+	size_t len = io_pool_buf_bytes(pool);
+	struct remote_grant g[REMOTE_MAX_GRANTS];
+	unsigned n = 0;
+	int rc = 0;
+	while (d->ngrants < d->grant_target) {
+		int b = io_pool_get(pool, 0);
+		if (b < 0)
+			break;
+		struct net_mr *mr;
+		uint8_t *addr = io_pool_addr(pool, (unsigned)b);
+		if ((rc = net_mr_register(d->net, addr, len, NET_MR_REMOTE_WRITE, &mr))) {
+			io_pool_put(pool, (unsigned)b);
+			break;
+		}
+		if (++d->grant_seq == 0)
+			d->grant_seq = 1;
+		d->grants[d->ngrants++] = (struct dgrant){ .id = d->grant_seq, .buf = (unsigned)b,
+		                                           .mr = mr };
+		g[n++] = (struct remote_grant){ .id = d->grant_seq, .addr = (uintptr_t)addr,
+		                                .rkey = net_mr_rkey(mr), .len = (uint32_t)len };
+	}
+	if (n) {
+		struct ckpt_buf b;
+		ckpt_buf_init(&b);
+		remote_grant_encode(&b, g, n);
+		int sr = b.ok ? send_ok(d, REMOTE_MSG_GRANT, b.p, b.len) : ckpt_err(-ENOMEM, "GRANT");
+		ckpt_buf_free(&b);
+		if (!rc)
+			rc = sr;
+	}
+	if (d->ngrants)
+		d->starved_since = 0;
+	else if (!d->starved_since)
+		d->starved_since = ckpt_now_ns();
+	return rc;
+}
+
 static void stream_end(struct dconn *d, bool abort)
 {
+	grants_release(d);
+	d->direct = false;
 	if (abort && d->w) {
 		io_shard_writer_abort(d->w);
 		ckpt_log(CKPT_LOG_WARN, "job %s rank %u: shard of step %llu aborted", d->job->id,
@@ -421,9 +496,20 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	};
 	if ((rc = io_shard_writer_open(d->engine, d->path, &wo, &d->w)))
 		goto fail;
-	uint8_t max[8];
-	ckpt_put_le64(max, io_pool_buf_bytes(d->s->pool));
-	return send_ok(d, REMOTE_MSG_OPEN_OK, max, sizeof max);
+	/* The direct path where the rank asks and the transport can: a share of the
+	 * pool, so that one stream cannot take every buffer as grants it has not used. */
+	d->direct = (o.flags & REMOTE_OPEN_DIRECT) && net_conn_can_write(d->net);
+	unsigned nbufs = io_pool_nbufs(d->s->pool);
+	d->grant_target = nbufs / 2 < REMOTE_MAX_GRANTS ? (nbufs / 2 ? nbufs / 2 : 1)
+	                                                : REMOTE_MAX_GRANTS;
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_open_ok_encode(&b, io_pool_buf_bytes(d->s->pool), d->direct ? REMOTE_OPEN_DIRECT : 0);
+	rc = b.ok ? send_ok(d, REMOTE_MSG_OPEN_OK, b.p, b.len) : ckpt_err(-ENOMEM, "OPEN_OK");
+	ckpt_buf_free(&b);
+	if (!rc)
+		rc = grants_top_up(d);
+	return rc;
 fail:
 	stream_end(d, false);
 	return rc;
@@ -507,39 +593,17 @@ static int data_into(void *arg, uint16_t type, size_t len, void **dst)
 	return 0;
 }
 
-static int on_chunk(struct dconn *d, struct net_msg *m)
+/* The chunk d->chunk describes is in pool buffer b: to the writer (which owns b from
+ * here on), within the job's quota. */
+static int chunk_append(struct dconn *d, unsigned b, bool rdma)
 {
-	if (!d->w || d->want_data)
-		return ckpt_err(CKPT_EPROTO, "CHUNK %s", d->w ? "before the last one's DATA" :
-		                "outside a shard stream");
-	int rc = remote_chunk_decode(m->payload, m->len, &d->chunk);
-	if (!rc)
-		rc = index_grow(d, sizeof(struct io_chunk_entry) +
-		                   (size_t)d->chunk.nblocks * CKPT_HASH_BYTES, "chunks");
-	if (rc)
-		return rc;
-	size_t max = io_pool_buf_bytes(d->s->pool);
-	if (d->chunk.stored_len > max)
-		return ckpt_err(CKPT_EPROTO, "CHUNK of %llu bytes: a pool buffer holds %zu (the "
-		                "chunks are larger than this ckptd takes)",
-		                (unsigned long long)d->chunk.stored_len, max);
-	d->chunk_msg = *m;            /* the block hashes point into it */
-	m->payload = NULL;
-	d->want_data = true;
-	return 0;
-}
-
-static int on_data(struct dconn *d, struct net_msg *m)
-{
-	/* An empty DATA asks data_into for no place, so it arrives here unchecked. */
-	if (d->data_buf < 0)
-		return data_unexpected(d, m->len);
 	struct djob *j = d->job;
-	unsigned b = (unsigned)d->data_buf;
-	d->data_buf = -1;
-	m->payload = NULL;
-	atomic_fetch_add_explicit(&d->s->o.counters->bytes_received, m->len, memory_order_relaxed);
-	atomic_fetch_add(&j->bytes_received, m->len);
+	uint64_t n = d->chunk.stored_len;
+	atomic_fetch_add_explicit(&d->s->o.counters->bytes_received, n, memory_order_relaxed);
+	if (rdma)
+		atomic_fetch_add_explicit(&d->s->o.counters->bytes_received_rdma, n,
+		                          memory_order_relaxed);
+	atomic_fetch_add(&j->bytes_received, n);
 	struct io_hashes h = { .block_bytes = d->chunk.block_bytes, .blocks = d->chunk.blocks };
 	memcpy(h.chunk, d->chunk.hash, CKPT_HASH_BYTES);
 	int rc = 0;
@@ -560,6 +624,65 @@ static int on_data(struct dconn *d, struct net_msg *m)
 		if (!rc && (rc = ckpt_fault(CKPT_FP_CKPTD_AFTER_CHUNK)) > 0)
 			rc = 0;
 	}
+	return rc;
+}
+
+/* A CHUNK naming a grant: its bytes are in the granted buffer already (the rank's
+ * WRITE came before the CHUNK on the same queue pair). The grant must be one of
+ * this stream's, not yet used; it is revoked before the buffer goes to the writer,
+ * so the bytes written to disk are the ones the rank announced. */
+static int chunk_granted(struct dconn *d)
+{
+	uint32_t id = d->chunk.grant;
+	if (!d->direct)
+		return ckpt_err(CKPT_EPROTO, "CHUNK names grant %u, but this stream has no grants "
+		                "(%s)", id, d->w ? "it did not ask for the direct path" :
+		                "outside a shard stream");
+	unsigned i = 0;
+	while (i < d->ngrants && d->grants[i].id != id)
+		i++;
+	if (i == d->ngrants)
+		return ckpt_err(CKPT_EPROTO, "CHUNK names grant %u, which is not outstanding on this "
+		                "stream (never granted, or used already)", id);
+	struct dgrant g = d->grants[i];
+	d->grants[i] = d->grants[--d->ngrants];
+	net_mr_deregister(g.mr);
+	return chunk_append(d, g.buf, true);
+}
+
+static int on_chunk(struct dconn *d, struct net_msg *m)
+{
+	if (!d->w || d->want_data)
+		return ckpt_err(CKPT_EPROTO, "CHUNK %s", d->w ? "before the last one's DATA" :
+		                "outside a shard stream");
+	int rc = remote_chunk_decode(m->payload, m->len, &d->chunk);
+	if (!rc)
+		rc = index_grow(d, sizeof(struct io_chunk_entry) +
+		                   (size_t)d->chunk.nblocks * CKPT_HASH_BYTES, "chunks");
+	if (rc)
+		return rc;
+	size_t max = io_pool_buf_bytes(d->s->pool);
+	if (d->chunk.stored_len > max)
+		return ckpt_err(CKPT_EPROTO, "CHUNK of %llu bytes: a pool buffer holds %zu (the "
+		                "chunks are larger than this ckptd takes)",
+		                (unsigned long long)d->chunk.stored_len, max);
+	if (d->chunk.grant)
+		return chunk_granted(d);   /* the block hashes point into m, freed after */
+	d->chunk_msg = *m;            /* the block hashes point into it */
+	m->payload = NULL;
+	d->want_data = true;
+	return 0;
+}
+
+static int on_data(struct dconn *d, struct net_msg *m)
+{
+	/* An empty DATA asks data_into for no place, so it arrives here unchecked. */
+	if (d->data_buf < 0)
+		return data_unexpected(d, m->len);
+	unsigned b = (unsigned)d->data_buf;
+	d->data_buf = -1;
+	m->payload = NULL;
+	int rc = chunk_append(d, b, false);
 	net_msg_free(&d->chunk_msg);
 	d->want_data = false;
 	return rc;
@@ -821,8 +944,35 @@ static void *conn_main(void *arg)
 	while (!rc) {
 		if (atomic_load(&s->stop) && (!d->w || ckpt_deadline_passed(s->stop_deadline)))
 			break;
+		/* A direct stream's grants, topped up before each wait. With none out and
+		 * the pool empty the rank cannot send: look again soon (its own finished
+		 * writes give buffers back only here), and give up after the timeout, as
+		 * data_into does. */
+		int poll_ms = SRV_POLL_MS;
+		if (d->direct && d->w) {
+			if ((rc = grants_top_up(d))) {
+				ckpt_log(CKPT_LOG_WARN, "job %s rank %u: %s", d->job->id, d->hello.rank,
+				         ckpt_err_msg());
+				send_error(d, rc);
+				break;
+			}
+			if (!d->ngrants) {
+				io_shard_writer_ready(d->w);
+				poll_ms = 10;
+				idle_since = ckpt_now_ns();   /* the rank waits for us, not we for it */
+				if (ckpt_now_ns() - d->starved_since >
+				    (uint64_t)s->o.timeout_ms * 1000000u) {
+					rc = ckpt_err(-ETIMEDOUT, "no pool buffer free to grant for %u ms (the "
+					              "disks are stalled)", s->o.timeout_ms);
+					ckpt_log(CKPT_LOG_WARN, "job %s rank %u: %s", d->job->id,
+					         d->hello.rank, ckpt_err_msg());
+					send_error(d, rc);
+					break;
+				}
+			}
+		}
 		struct net_msg m;
-		rc = net_recv_into(d->net, &m, data_into, d, SRV_POLL_MS);
+		rc = net_recv_into(d->net, &m, data_into, d, poll_ms);
 		if (rc == -ETIMEDOUT) {
 			/* A stream that stalls longer than the timeout is given up. One that
 			 * waits for its rank gives its finished writes' buffers back to the pool

@@ -490,6 +490,11 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 	}
 	if (cfg->transport == CKPT_TRANSPORT_RDMA && (rc = env_rdma(&cfg->rdma)))
 		return rc;
+	/* Saving through ckptd over rdma: chunks RDMA-written into the buffers ckptd
+	 * grants (docs/ckptd.md), unless turned off (an older ckptd, a comparison). */
+	if ((rc = env_int("CKPT_RDMA_DIRECT", 0, 1, &v)) < 0)
+		return rc;
+	cfg->rdma_direct = rc ? v != 0 : true;
 	const char *job = OPT(o, job_id, NULL);
 	if (!job) job = ckpt_env("CKPT_JOB_ID");
 	const void *secret = OPT(o, secret, NULL);

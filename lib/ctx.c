@@ -529,6 +529,7 @@ void glue_remote_auth(const ckpt_ctx *c, struct remote_auth *a)
 		.secret = c->cfg.secret, .secret_len = c->cfg.secret_len,
 		.transport = c->cfg.transport == CKPT_TRANSPORT_RDMA ? NET_RDMA : NET_TCP,
 		.rdma = &c->cfg.rdma, .timeout_ms = c->cfg.timeout_ms,
+		.direct = c->cfg.rdma_direct,
 	};
 }
 

@@ -29,6 +29,7 @@ struct glue_config {
 	unsigned coord_port;
 	int      transport;
 	struct net_rdma_opts rdma;  /* CKPT_RDMA_DEVICE, CKPT_RDMA_GID (transport rdma) */
+	bool     rdma_direct;       /* CKPT_RDMA_DIRECT: RDMA WRITE into ckptd's buffers */
 	char    *job_id;
 	uint8_t *secret;
 	size_t   secret_len;

@@ -7,14 +7,20 @@
 #            BENCH_POOL (ckptd's --pool, 1G), BENCH_RANK_POOL (each rank's pool, 64M),
 #            BENCH_CHUNK (the ranks' chunk size and ckptd's --chunk-max; default 16M),
 #            BENCH_CGROUP (a cgroup directory: ckptd and the raw writes run in it, e.g.
-#            one whose blkio/io limits make the disk slower than the network)
+#            one whose blkio/io limits make the disk slower than the network),
+#            BENCH_TRANSPORT (tcp; rdma: ckptd and the ranks on the rdma transport at
+#            BENCH_ADDR, e.g. 10.0.0.1 in the rdma guest, tests/rdma), and the ranks'
+#            CKPT_RDMA_DIRECT as it is set (unset: the direct path)
 #
 # Limits: the raw write of ckptd's data disk (bench_raw_io: O_DIRECT writes from
 # registered buffers through lib/io's engine into a file sized up front, with the
 # final fdatasync — the shard writer's pattern without its format; before and after
 # the saves), and loopback TCP from W sender to W receiver processes
 # (ckptd_bench.py tcp), alone and while the disk takes a raw write (where ranks,
-# ckptd and the disk share a few CPUs, that is what a save can get). Measured:
+# ckptd and the disk share a few CPUs, that is what a save can get). Over rdma the
+# network's limit is instead the rdma transport's own throughput: one SIZE-byte
+# message through lib/net (bench_rdma: its RDMA WRITE ring, which DATA messages
+# take), alone and beside a raw write. Measured:
 # ckptd's write throughput (shard bytes written over the time from the first chunk
 # to the last shard durable, from its metrics polled every 10 ms), the ranks'
 # snapshot point with a rank pool smaller than their state (ckpt-synth's stall: the
@@ -36,6 +42,9 @@ chunk=${BENCH_CHUNK:-16M}
 ckptd=$build/ckptd/ckptd synth=$build/tools/ckpt-synth/ckpt-synth
 raw_io=$build/bench/gpu/bench_raw_io
 cgroup=${BENCH_CGROUP:-}
+transport=${BENCH_TRANSPORT:-tcp}
+addr=${BENCH_ADDR:-127.0.0.1}
+bench_rdma=$build/bench/rdma/bench_rdma
 helper=bench/ckptd/ckptd_bench.py
 for x in "$ckptd" "$synth" "$raw_io"; do
   [ -x "$x" ] || { echo "build first: $x missing" >&2; exit 1; }
@@ -54,25 +63,62 @@ log() { echo "bench-ckptd: $*" >&2; }
 in_cg=()   # the prefix that runs a command in BENCH_CGROUP, if any
 # shellcheck disable=SC2016  # $$ and $@ are the inner shell's
 [ -z "$cgroup" ] || in_cg=(sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cgroup")
+raw_once() {  # bench_raw_io's JSON; on a file system without O_DIRECT (the rdma guest's
+  # tmpfs) a buffered write with fdatasync instead, {"write_Bps": ..., "buffered": true}
+  if "${in_cg[@]}" "$raw_io" "$dir/raw.dat" $((size_b >> 20)) write 2> "$dir/raw.err"; then
+    return 0
+  fi
+  grep -q O_DIRECT "$dir/raw.err" || { cat "$dir/raw.err" >&2; return 1; }
+  local t0 t1
+  t0=$(date +%s.%N)
+  "${in_cg[@]}" dd if=/dev/zero of="$dir/raw.dat" bs=4M count=$((size_b >> 22)) conv=fdatasync \
+    status=none
+  t1=$(date +%s.%N)
+  rm -f "$dir/raw.dat"
+  python3 -c 'import json,sys; print(json.dumps({"write_Bps": int(sys.argv[1]) / (float(sys.argv[3]) - float(sys.argv[2])), "buffered": True}))' \
+    $(((size_b >> 22) << 22)) "$t0" "$t1"
+}
 raw_write() {  # bytes/s of the better of bench_raw_io's two shapes, writes only
-  "${in_cg[@]}" "$raw_io" "$dir/raw.dat" $((size_b >> 20)) write |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["write_Bps"])'
+  raw_once | python3 -c 'import json,sys; print(json.load(sys.stdin)["write_Bps"])'
 }
 
 log "raw write of $dir ($size, bench_raw_io)..."
 raw1=$(raw_write)
-log "loopback TCP, $world senders to $world receivers ($size), alone and beside a raw write..."
-tcp=$(python3 "$helper" tcp "$world" "$size_b")
-tcp_busy=$(python3 "$helper" tcp "$world" "$size_b" "${in_cg[@]}" "$raw_io" "$dir/raw.dat" \
-           $((size_b >> 20)) write)
+rdma_net() {  # [beside]: bench_rdma's bulk throughput as ckptd_bench.py tcp's JSON
+  local beside=null t0 out mib
+  mkdir -p "$dir/rdma-net"
+  if [ "${1:-}" = beside ]; then
+    raw_once > "$dir/beside.json" &
+    local bpid=$!
+  fi
+  out=$("$bench_rdma" rdma "$addr" "$dir/rdma-net" --rtt 10 --bytes "$size_b" 1)
+  mib=$(awk -F'|' '{print $(NF-1)}' <<<"$out" | tr -d ' ')
+  if [ "${1:-}" = beside ]; then
+    wait "$bpid"
+    beside=$(tail -1 "$dir/beside.json")
+  fi
+  rm -rf "$dir/rdma-net"
+  python3 -c 'import json,sys; b=float(sys.argv[1])*1048576; print(json.dumps({"bytes": int(sys.argv[2]), "world": 1, "seconds": int(sys.argv[2])/b, "Bps": b, "beside": json.loads(sys.argv[3])}))' "$mib" "$size_b" "$beside"
+}
+if [ "$transport" = rdma ]; then
+  [ -x "$bench_rdma" ] || { echo "build first: $bench_rdma missing" >&2; exit 1; }
+  log "lib/net over rdma at $addr: one $size message (bench_rdma), alone and beside a raw write..."
+  tcp=$(rdma_net)
+  tcp_busy=$(rdma_net beside)
+else
+  log "loopback TCP, $world senders to $world receivers ($size), alone and beside a raw write..."
+  tcp=$(python3 "$helper" tcp "$world" "$size_b")
+  tcp_busy=$(python3 "$helper" tcp "$world" "$size_b" "${in_cg[@]}" "$raw_io" "$dir/raw.dat" \
+             $((size_b >> 20)) write)
+fi
 
 # ckptd: its own data directory on the disk just measured, a jobs file with a
 # generated secret (0600), ephemeral ports read from its first line.
 mkdir -m 700 "$dir/data"
 (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/secret"
  echo "bench secret-file=$dir/secret" > "$dir/jobs")
-"${in_cg[@]}" "$ckptd" --listen 127.0.0.1:0 --data "$dir/data" --jobs "$dir/jobs" \
-  --metrics 127.0.0.1:0 --pool "$pool" --chunk-max "$chunk" --log warn \
+"${in_cg[@]}" "$ckptd" --listen "$addr:0" --transport "$transport" --data "$dir/data" \
+  --jobs "$dir/jobs" --metrics 127.0.0.1:0 --pool "$pool" --chunk-max "$chunk" --log warn \
   > "$dir/ckptd.out" 2> "$dir/ckptd.log" &
 pid=$!
 for _ in $(seq 600); do
@@ -87,7 +133,8 @@ if [ -z "$port" ] || [ -z "$mport" ]; then
   log "ckptd did not start"
   exit 1
 fi
-export CKPT_TARGET=ckptd://127.0.0.1:$port CKPT_JOB_ID=bench CKPT_JOB_SECRET_FILE=$dir/secret
+export CKPT_TARGET=ckptd://$addr:$port CKPT_JOB_ID=bench CKPT_JOB_SECRET_FILE=$dir/secret
+export CKPT_TRANSPORT=$transport
 
 saves=()
 for i in $(seq "$runs"); do
@@ -103,6 +150,10 @@ for i in $(seq "$runs"); do
   rm -rf "$dir/data/jobs/bench/step-"*
 done
 hwm_kb=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$pid/status")
+# How the chunks came: by RDMA WRITE into granted buffers (the direct path), or not.
+m=$(python3 -c 'import sys,urllib.request; print(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics").read().decode())' "$mport")
+rx_all=$(sed -n 's/^ckptd_bytes_received_total \([0-9]*\)$/\1/p' <<<"$m")
+rx_rdma=$(sed -n 's/^ckptd_bytes_received_rdma_write_total \([0-9]*\)$/\1/p' <<<"$m")
 kill -TERM "$pid"
 wait "$pid" || { cat "$dir/ckptd.log" >&2; log "ckptd did not stop cleanly"; exit 1; }
 pid=
@@ -113,6 +164,8 @@ raw2=$(raw_write)
 IFS=,
 cat > "$dir.json" <<JSON
 {"world": $world, "cpus": $(nproc), "cgroup": "$cgroup", "chunk": $(to_bytes "$chunk"),
+ "transport": "$transport", "addr": "$addr", "rdma_direct": "${CKPT_RDMA_DIRECT:-}",
+ "bytes_received": ${rx_all:-0}, "bytes_received_rdma_write": ${rx_rdma:-0},
  "rank_pool": $rank_pool_b, "ckptd_pool_bytes": $pool_b,
  "raw_write_Bps": [$raw1, $raw2], "tcp": $tcp, "tcp_beside_raw_write": $tcp_busy,
  "ckptd_vmhwm_bytes": $((hwm_kb * 1024)),

@@ -201,15 +201,27 @@ def table(path):
     row("raw write of ckptd's data disk (bench_raw_io: O_DIRECT, with fdatasync), before / "
         "after the saves", " / ".join(f"{x / G:.2f}" for x in raw) + " GB/s")
     w = r["tcp"]["world"]
-    row(f"loopback TCP, {w} sender to {w} receiver processes: alone / "
-        f"while the disk takes a raw write (which meanwhile ran at {raw_beside / G:.2f} GB/s)",
-        f"{net / G:.2f} / {net_busy / G:.2f} GB/s")
+    rdma = r.get("transport") == "rdma"
+    if rdma:
+        row("lib/net over rdma, one message of the save's size (bench_rdma: the transport's "
+            "RDMA WRITE ring, the DATA path's own limit): alone / while the disk takes a raw "
+            f"write (which meanwhile ran at {raw_beside / G:.2f} GB/s)",
+            f"{net / G:.2f} / {net_busy / G:.2f} GB/s")
+    else:
+        row(f"loopback TCP, {w} sender to {w} receiver processes: alone / "
+            f"while the disk takes a raw write (which meanwhile ran at {raw_beside / G:.2f} GB/s)",
+            f"{net / G:.2f} / {net_busy / G:.2f} GB/s")
+    if "bytes_received" in r:
+        rx, rd = r["bytes_received"], r["bytes_received_rdma_write"]
+        row("chunk bytes ckptd received by RDMA WRITE into granted buffers (the direct path) / "
+            "in all", f"{rd / MiB:.0f} / {rx / MiB:.0f} MiB")
     row("ckptd write throughput: bytes written / (first chunk -> last DURABLE), best save",
         f"{tp / G:.2f} GB/s ({best['watch']['bytes_written'] / MiB:.0f} MiB in "
         f"{best['watch']['seconds']:.2f} s)",
         f"{raw_mean / G:.2f} GB/s raw write (mean)", f"{tp / raw_mean:.2f}", ">= 0.90",
         yes(tp >= 0.9 * raw_mean))
-    row("... against what this machine can feed it: min(raw write, TCP beside a raw write)",
+    row("... against what this machine can feed it: min(raw write, the network beside a raw "
+        "write)",
         f"{tp / G:.2f} GB/s", f"{feed / G:.2f} GB/s", f"{tp / feed:.2f}", "(printed)")
     row(f"snapshot point of the ranks (the slowest; rank pool {r['rank_pool'] >> 20} MiB), "
         "best save", f"{stall:.2f} s ({size / stall / G:.2f} GB/s)",
@@ -222,7 +234,9 @@ def table(path):
     row("ckptd peak RSS (VmHWM)", f"{hwm / MiB:.0f} MiB",
         f"pool {pool / MiB:.0f} MiB + 64 MiB", f"{hwm / rss_lim:.2f}", "<= 1.00",
         yes(hwm <= rss_lim))
-    print(f"ckptd on loopback: {r['world']} ranks, {size / (1 << 30):.2f} GiB per save, "
+    where = (f"over rdma at {r.get('addr')} (CKPT_RDMA_DIRECT={r.get('rdma_direct') or 'unset: 1'})"
+             if rdma else "on loopback")
+    print(f"ckptd {where}: {r['world']} ranks, {size / (1 << 30):.2f} GiB per save, "
           f"{len(saves)} save(s), ckptd --pool {pool / MiB:.0f} MiB, chunks of "
           f"{r['chunk'] / MiB:.0f} MiB at most, {r['cpus']} CPUs"
           + (f"; ckptd and the raw writes in cgroup {r['cgroup']}" if r.get("cgroup") else ""))

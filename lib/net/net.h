@@ -120,6 +120,48 @@ typedef int (*net_payload_fn)(void *arg, uint16_t type, size_t len, void **dst);
 int net_recv_into(struct net_conn *c, struct net_msg *m, net_payload_fn into, void *arg,
                   int timeout_ms);
 
+/* ------------------------------------------------------------------ RDMA WRITE
+ * Direct placement, for a peer that receives bulk bytes into memory of its own
+ * choosing (ckptd's pool buffers, docs/ckptd.md): only the rdma transport has it;
+ * the others return -EOPNOTSUPP from every call here, and the caller sends the
+ * bytes as messages instead. net_conn_can_write says which, without trying.
+ *
+ * A registration pins addr..addr+len and ties it to c's protection domain: the
+ * source of net_rdma_write (NET_MR_LOCAL), or a target the peer may write into
+ * with the registration's rkey (NET_MR_REMOTE_WRITE: give the rkey only for as long
+ * as the peer may write there; net_mr_deregister revokes it, and a WRITE that comes
+ * after fails on the peer's side, breaking its connection, not ours). Registrations
+ * still held when c is closed are deregistered by net_close (the handles are then
+ * gone: deregister first where the handle is kept).
+ *
+ * net_rdma_write posts one RDMA WRITE of len bytes from local (inside mr) to
+ * remote_addr with rkey, behind what was sent on c before it and before the next
+ * net_send: the peer sees the bytes in place when it receives that message (RC
+ * order). It waits, up to timeout_ms, while the queue pair holds NET_RDMA_WRITES_MAX
+ * writes. *ticket gets the write's number (1, 2, ...); local may be reused once
+ * net_rdma_write_wait(c, ticket, ...) returned 0. A failed write becomes c's error,
+ * as a failed send does. Errors: -EOPNOTSUPP, -EINVAL (local outside mr, len 0 or
+ * over 4 GiB - 1), -ETIMEDOUT, -EAGAIN (timeout 0), and those of net_send
+ * (-EPIPE/-ECONNRESET, -EACCES for a write the peer's memory refused).
+ *
+ * Threads: register and deregister from the thread that owns c, not while another
+ * registers or deregisters; write and write_wait from c's sending thread. */
+#define NET_RDMA_WRITES_MAX 16u
+enum net_mr_access { NET_MR_LOCAL = 0, NET_MR_REMOTE_WRITE = 1 };
+struct net_mr;
+bool net_conn_can_write(const struct net_conn *c);
+/* Errors: -EOPNOTSUPP, -EINVAL (len 0), -ENOMEM, -EFAULT and other errnos of the
+ * registration, with a message naming the connection and the range. */
+int  net_mr_register(struct net_conn *c, void *addr, size_t len, int access,
+                     struct net_mr **out);
+uint32_t net_mr_rkey(const struct net_mr *mr);
+void net_mr_deregister(struct net_mr *mr);              /* NULL: no-op */
+int  net_rdma_write(struct net_conn *c, const struct net_mr *mr, const void *local, size_t len,
+                    uint64_t remote_addr, uint32_t rkey, uint64_t *ticket, int timeout_ms);
+/* Wait until writes 1..ticket have completed (the peer's side has them):
+ * 0, -ETIMEDOUT, -EAGAIN (timeout 0), or c's error. */
+int  net_rdma_write_wait(struct net_conn *c, uint64_t ticket, int timeout_ms);
+
 /* ------------------------------------------------------------------ handshake
  * Challenge-response over the job secret (HMAC-SHA256, OpenSSL libcrypto); the
  * secret never crosses the wire. Both sides prove knowledge of it (mutual).

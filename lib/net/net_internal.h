@@ -74,6 +74,23 @@ struct net_transport_ops {
 	 * transport's own reason (rdma: the failed work request and its
 	 * ibv_wc_status_str), for net's error message. Valid until close. */
 	const char *(*error_detail)(const struct net_conn *c);
+	/* Optional (NULL: -EOPNOTSUPP): net.h's RDMA WRITE calls. mr_register
+	 * allocates the handle (its public part first); close deregisters what is
+	 * left. */
+	int  (*mr_register)(struct net_conn *c, void *addr, size_t len, int access,
+	                    struct net_mr **out);
+	void (*mr_deregister)(struct net_mr *mr);
+	int  (*write)(struct net_conn *c, const struct net_mr *mr, const void *local, size_t len,
+	              uint64_t remote_addr, uint32_t rkey, uint64_t *ticket, int timeout_ms);
+	int  (*write_wait)(struct net_conn *c, uint64_t ticket, int timeout_ms);
+};
+
+/* A registration (net.h): what every transport's handle starts with. */
+struct net_mr {
+	struct net_conn *c;
+	uint8_t *addr;
+	size_t   len;
+	uint32_t lkey, rkey;
 };
 
 extern const struct net_transport_ops net_tcp_ops;

@@ -271,15 +271,16 @@ static int conn_resources(struct rdma_conn *r)
 	int e = set_nonblock(r->cc->fd);
 	if (e)
 		return ckpt_err(e, "rdma %s: completion channel O_NONBLOCK", r->dev);
-	int cqe = 2 * RDMA_SEND_SLOTS + RDMA_RECV_SLOTS;
+	int cqe = RDMA_MAX_SEND_WR + RDMA_RECV_SLOTS;
 	if (!(r->cq = ibv_create_cq(vc, cqe, NULL, r->cc, 0)))
 		return ckpt_err(errno_code(), "rdma %s: ibv_create_cq of %d entries", r->dev, cqe);
 	if ((e = ibv_req_notify_cq(r->cq, 0)))
 		return ckpt_err(-e, "rdma %s: ibv_req_notify_cq", r->dev);
 	struct ibv_qp_init_attr qa = {
 		.send_cq = r->cq, .recv_cq = r->cq, .qp_type = IBV_QPT_RC,
-		/* A WRITE and the SEND that announces it per data message. */
-		.cap = { .max_send_wr = 2 * RDMA_SEND_SLOTS, .max_recv_wr = RDMA_RECV_SLOTS,
+		/* A WRITE and the SEND that announces it per data message, and the
+		 * direct writes (net_rdma_write) beside them. */
+		.cap = { .max_send_wr = RDMA_MAX_SEND_WR, .max_recv_wr = RDMA_RECV_SLOTS,
 		         .max_send_sge = 1, .max_recv_sge = 1 },
 		.sq_sig_all = 1,
 	};
@@ -653,6 +654,9 @@ static void rdma_close_op(struct net_conn *c)
 	rdma_conn_linger(r);
 	if (!r->shut)
 		(void)rdma_disconnect(r->id);
+	/* After the linger (a direct write's source must stay registered until it is
+	 * sent) and before the PD goes, which refuses to go while MRs use it. */
+	rdma_mr_release_all(r);
 	conn_free(r);
 	c->priv = NULL;
 }
@@ -671,4 +675,8 @@ const struct net_transport_ops net_rdma_ops = {
 	.shutdown = rdma_shutdown,
 	.close = rdma_close_op,
 	.error_detail = rdma_error_detail,
+	.mr_register = rdma_mr_register,
+	.mr_deregister = rdma_mr_deregister,
+	.write = rdma_write_direct,
+	.write_wait = rdma_write_wait,
 };

@@ -58,7 +58,19 @@ enum rdma_kind {
 
 /* What a work request was, kept in wr_id so that an error completion can name
  * the operation: bits 56..63 the op, 32..55 a length, 0..31 a slot or offset. */
-enum rdma_op { RDMA_OP_RECV = 1, RDMA_OP_SEND = 2, RDMA_OP_WRITE = 3 };
+enum rdma_op { RDMA_OP_RECV = 1, RDMA_OP_SEND = 2, RDMA_OP_WRITE = 3, RDMA_OP_DWRITE = 4 };
+/* Direct writes (net_rdma_write) a queue pair holds at once, on top of the
+ * stream's own work requests: its send queue is sized for both. */
+#define RDMA_DWRITES      NET_RDMA_WRITES_MAX
+#define RDMA_MAX_SEND_WR  (2u * RDMA_SEND_SLOTS + RDMA_DWRITES)
+
+/* A registration (net.h's net_mr): on the connection's list until deregistered,
+ * so that close can deregister what is left before it frees the PD. */
+struct rdma_mr {
+	struct net_mr   pub;             /* first: the handle net.h hands out */
+	struct ibv_mr  *mr;
+	struct rdma_mr *next, *prev;
+};
 
 /* A received data message not yet fully handed to the caller. */
 struct rdma_rx_slot {
@@ -99,6 +111,11 @@ struct rdma_conn {
 	bool     tx_want_ring;           /* the last send waited for ring space, not a slot */
 	unsigned tx_waiters;
 	bool     tx_grew;
+	/* direct writes (net_rdma_write): numbered from 1; they complete in order */
+	uint64_t dw_posted, dw_done;
+	uint32_t dw_busy;                /* posted, not completed */
+	uint32_t dw_len[RDMA_DWRITES];   /* by number mod RDMA_DWRITES: for messages */
+	struct rdma_mr *mrs;             /* registrations not yet deregistered */
 	/* receive side */
 	struct rdma_rx_slot rx[RDMA_RECV_SLOTS];
 	uint32_t rxq[RDMA_RECV_SLOTS];   /* data slots in arrival order (a ring of indices) */
@@ -124,5 +141,12 @@ ssize_t rdma_recv_some(struct net_conn *c, void *buf, size_t len);
 int  rdma_wait(struct net_conn *c, short events, int timeout_ms);
 void rdma_shutdown(struct net_conn *c);
 const char *rdma_error_detail(const struct net_conn *c);
+int  rdma_mr_register(struct net_conn *c, void *addr, size_t len, int access,
+                      struct net_mr **out);
+void rdma_mr_deregister(struct net_mr *m);
+void rdma_mr_release_all(struct rdma_conn *r);
+int  rdma_write_direct(struct net_conn *c, const struct net_mr *m, const void *local, size_t len,
+                       uint64_t remote_addr, uint32_t rkey, uint64_t *ticket, int timeout_ms);
+int  rdma_write_wait(struct net_conn *c, uint64_t ticket, int timeout_ms);
 
 #endif /* CKPT_NET_RDMA_INTERNAL_H */

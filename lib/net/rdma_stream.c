@@ -19,6 +19,11 @@
  * and the connection's rdma_cm events. Any error completion becomes the
  * connection's error, naming the work request and ibv_wc_status_str, and the
  * connection is torn down (rdma_disconnect: the peer learns at once).
+ *
+ * Direct writes (net.h's net_rdma_write, docs/protocol-rdma.md §4a) share the
+ * queue pair: an RDMA WRITE from a caller's registered range into one the peer
+ * registered, numbered so that the caller knows when its source may be reused,
+ * ordered before the stream's next SEND like the ring's own WRITEs.
  */
 #include <errno.h>
 #include <poll.h>
@@ -45,6 +50,7 @@ static const char *op_name(enum rdma_op op)
 	case RDMA_OP_RECV:  return "RECV";
 	case RDMA_OP_SEND:  return "SEND";
 	case RDMA_OP_WRITE: return "RDMA WRITE";
+	case RDMA_OP_DWRITE: return "RDMA WRITE";
 	}
 	return "work request";
 }
@@ -307,6 +313,10 @@ static void on_completion(struct rdma_conn *r, const struct ibv_wc *wc)
 	}
 	if (op != RDMA_OP_RECV && r->sq_busy)
 		r->sq_busy--;
+	if (op == RDMA_OP_DWRITE && r->dw_busy) {
+		r->dw_busy--;
+		r->tx_grew = true;
+	}
 	if (wc->status != IBV_WC_SUCCESS) {
 		/* Flushes follow a disconnect (ours or the peer's, when the cm moved the
 		 * QP to the error state): the end of the stream, not a new error. */
@@ -314,7 +324,12 @@ static void on_completion(struct rdma_conn *r, const struct ibv_wc *wc)
 			r->peer_gone = true;
 			return;
 		}
-		if (op == RDMA_OP_WRITE)
+		if (op == RDMA_OP_DWRITE)
+			conn_fail(r, wc_code(wc->status), "RDMA WRITE #%u of %u bytes into the peer's "
+			          "buffer failed: %s (wc status %d, vendor error 0x%x)",
+			          wr_id_low(wc->wr_id), r->dw_len[wr_id_low(wc->wr_id) % RDMA_DWRITES],
+			          ibv_wc_status_str(wc->status), (int)wc->status, wc->vendor_err);
+		else if (op == RDMA_OP_WRITE)
 			conn_fail(r, wc_code(wc->status), "RDMA WRITE of %u bytes into the peer's ring at "
 			          "offset %u failed: %s (wc status %d, vendor error 0x%x)",
 			          wr_id_len(wc->wr_id), wr_id_low(wc->wr_id), ibv_wc_status_str(wc->status),
@@ -326,6 +341,9 @@ static void on_completion(struct rdma_conn *r, const struct ibv_wc *wc)
 			          wc->vendor_err);
 		return;
 	}
+	/* A send queue completes in order: the direct writes are done up to this one. */
+	if (op == RDMA_OP_DWRITE)
+		r->dw_done++;
 	if (op == RDMA_OP_RECV) {
 		uint32_t s = wr_id_low(wc->wr_id);
 		if (s >= RDMA_RECV_SLOTS || wc->opcode != IBV_WC_RECV) {
@@ -583,6 +601,160 @@ void rdma_conn_linger(struct rdma_conn *r)
 		pthread_mutex_lock(&r->lock);
 	}
 	pthread_mutex_unlock(&r->lock);
+}
+
+/* ---------------------------------------------------------------- direct writes */
+
+int rdma_mr_register(struct net_conn *c, void *addr, size_t len, int access,
+                     struct net_mr **out)
+{
+	struct rdma_conn *r = c->priv;
+	struct rdma_mr *m = ckpt_calloc(1, sizeof *m);
+	if (!m)
+		return ckpt_err(-ENOMEM, "%s: registration", c->peer);
+	/* The peer may write only where a NET_MR_REMOTE_WRITE registration lets it,
+	 * and only until it is deregistered. */
+	int flags = IBV_ACCESS_LOCAL_WRITE |
+	            (access == NET_MR_REMOTE_WRITE ? IBV_ACCESS_REMOTE_WRITE : 0);
+	m->mr = ibv_reg_mr(r->pd, addr, len, flags);
+	if (!m->mr) {
+		int e = errno > 0 ? -errno : -ENOMEM;
+		ckpt_free(m);
+		return ckpt_err(e, "rdma %s: ibv_reg_mr of %zu bytes at %p for %s", r->dev, len, addr,
+		                c->peer);
+	}
+	m->pub = (struct net_mr){ .c = c, .addr = addr, .len = len, .lkey = m->mr->lkey,
+	                          .rkey = m->mr->rkey };
+	pthread_mutex_lock(&r->lock);
+	m->next = r->mrs;
+	if (r->mrs)
+		r->mrs->prev = m;
+	r->mrs = m;
+	pthread_mutex_unlock(&r->lock);
+	*out = &m->pub;
+	return 0;
+}
+
+void rdma_mr_deregister(struct net_mr *pub)
+{
+	struct rdma_mr *m = (struct rdma_mr *)pub;
+	struct rdma_conn *r = pub->c->priv;
+	pthread_mutex_lock(&r->lock);
+	if (m->prev)
+		m->prev->next = m->next;
+	else
+		r->mrs = m->next;
+	if (m->next)
+		m->next->prev = m->prev;
+	pthread_mutex_unlock(&r->lock);
+	int e = ibv_dereg_mr(m->mr);   /* positive errno */
+	if (e)
+		ckpt_log(CKPT_LOG_WARN, "rdma %s (%s): ibv_dereg_mr of %zu bytes: %s", r->peer, r->dev,
+		         pub->len, ckpt_strerror(-e));
+	ckpt_free(m);
+}
+
+void rdma_mr_release_all(struct rdma_conn *r)
+{
+	while (r->mrs)
+		rdma_mr_deregister(&r->mrs->pub);
+}
+
+/* Wait for send capacity or a completion (evtx, the CQ, cm events) until deadline:
+ * as rdma_wait's POLLOUT. Called unlocked. */
+static int dw_sleep(struct rdma_conn *r, uint64_t deadline)
+{
+	int left = ckpt_deadline_left_ms(deadline);
+	if (left == 0)
+		return -ETIMEDOUT;
+	struct pollfd p[2] = { { .fd = r->epfd, .events = POLLIN }, { .fd = r->evtx, .events = POLLIN } };
+	if (poll(p, 2, left) < 0 && errno != EINTR)
+		return -errno;
+	return 0;
+}
+
+int rdma_write_direct(struct net_conn *c, const struct net_mr *pub, const void *local, size_t len,
+                      uint64_t remote_addr, uint32_t rkey, uint64_t *ticket, int timeout_ms)
+{
+	struct rdma_conn *r = c->priv;
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
+	pthread_mutex_lock(&r->lock);
+	for (;;) {
+		/* Cleared before looking: a completion taken by the receiving thread
+		 * after the look still wakes the sleep below. */
+		ev_clear(r->evtx);
+		progress(r);
+		int rc = r->err ? r->err : r->peer_gone || r->shut ? -EPIPE : 0;
+		if (rc) {
+			pthread_mutex_unlock(&r->lock);
+			return rc;
+		}
+		if (r->dw_busy < RDMA_DWRITES)
+			break;
+		if (timeout_ms == 0) {
+			pthread_mutex_unlock(&r->lock);
+			return -EAGAIN;
+		}
+		r->tx_waiters++;
+		pthread_mutex_unlock(&r->lock);
+		rc = dw_sleep(r, deadline);
+		pthread_mutex_lock(&r->lock);
+		r->tx_waiters--;
+		if (rc) {
+			pthread_mutex_unlock(&r->lock);
+			return rc;
+		}
+	}
+	uint64_t n = r->dw_posted + 1;
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = (uint32_t)len,
+	                       .lkey = pub->lkey };
+	/* Signalled like every work request here (sq_sig_all): its completion is what
+	 * lets the caller reuse local. */
+	struct ibv_send_wr wr = {
+		.wr_id = wr_id_make(RDMA_OP_DWRITE, 0, (uint32_t)n), .sg_list = &sge, .num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = remote_addr, .rkey = rkey },
+	}, *bad;
+	int e = ibv_post_send(r->qp, &wr, &bad);   /* positive errno */
+	int rc = 0;
+	if (e) {
+		rc = conn_fail(r, -e, "ibv_post_send (RDMA WRITE of %zu bytes): %s", len,
+		               ckpt_strerror(-e));
+	} else {
+		r->dw_posted = n;
+		r->dw_len[n % RDMA_DWRITES] = (uint32_t)len;
+		r->dw_busy++;
+		r->sq_busy++;
+		*ticket = n;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+int rdma_write_wait(struct net_conn *c, uint64_t ticket, int timeout_ms)
+{
+	struct rdma_conn *r = c->priv;
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
+	pthread_mutex_lock(&r->lock);
+	for (;;) {
+		ev_clear(r->evtx);
+		progress(r);
+		int rc = r->dw_done >= ticket ? 0 : r->err ? r->err
+		         : r->peer_gone || r->shut ? -ECONNRESET : timeout_ms == 0 ? -EAGAIN : 1;
+		if (rc <= 0) {
+			pthread_mutex_unlock(&r->lock);
+			return rc;
+		}
+		r->tx_waiters++;
+		pthread_mutex_unlock(&r->lock);
+		rc = dw_sleep(r, deadline);
+		pthread_mutex_lock(&r->lock);
+		r->tx_waiters--;
+		if (rc) {
+			pthread_mutex_unlock(&r->lock);
+			return rc;
+		}
+	}
 }
 
 const char *rdma_error_detail(const struct net_conn *c)

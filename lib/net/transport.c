@@ -166,3 +166,73 @@ int net_conn_break(struct net_conn *c, int code)
 		c->ops->shutdown(c);
 	return code;
 }
+
+/* ---------------------------------------------------------------- RDMA WRITE */
+
+bool net_conn_can_write(const struct net_conn *c) { return c && c->ops->write != NULL; }
+
+int net_mr_register(struct net_conn *c, void *addr, size_t len, int access,
+                    struct net_mr **out)
+{
+	*out = NULL;
+	if (!c->ops->mr_register)
+		return ckpt_err(-EOPNOTSUPP, "%s: the %s transport has no RDMA WRITE", c->name,
+		                c->ops->name);
+	if (!len || (access != NET_MR_LOCAL && access != NET_MR_REMOTE_WRITE))
+		return ckpt_err(-EINVAL, "%s: registration of %zu bytes (access %d)", c->name, len,
+		                access);
+	return c->ops->mr_register(c, addr, len, access, out);
+}
+
+uint32_t net_mr_rkey(const struct net_mr *mr) { return mr->rkey; }
+
+void net_mr_deregister(struct net_mr *mr)
+{
+	if (mr)
+		mr->c->ops->mr_deregister(mr);
+}
+
+int net_rdma_write(struct net_conn *c, const struct net_mr *mr, const void *local, size_t len,
+                   uint64_t remote_addr, uint32_t rkey, uint64_t *ticket, int timeout_ms)
+{
+	*ticket = 0;
+	if (!c->ops->write)
+		return ckpt_err(-EOPNOTSUPP, "%s: the %s transport has no RDMA WRITE", c->name,
+		                c->ops->name);
+	const uint8_t *p = local;
+	if (mr->c != c || len == 0 || len > UINT32_MAX || p < mr->addr ||
+	    (size_t)(p - mr->addr) > mr->len || len > mr->len - (size_t)(p - mr->addr))
+		return ckpt_err(-EINVAL, "%s: RDMA WRITE of %zu bytes from outside its registration",
+		                c->name, len);
+	int rc = atomic_load(&c->broken);
+	if (rc)
+		return ckpt_err(rc, "%s: connection already failed", c->name);
+	rc = c->ops->write(c, mr, local, len, remote_addr, rkey, ticket, timeout_ms);
+	if (rc && rc != -EAGAIN && rc != -ETIMEDOUT) {
+		const char *why = c->ops->error_detail ? c->ops->error_detail(c) : NULL;
+		net_conn_break(c, rc);
+		return ckpt_err(rc, "%s: RDMA WRITE of %zu bytes%s%s", c->name, len,
+		                why ? ": " : "", why ? why : "");
+	}
+	if (rc == -ETIMEDOUT)
+		return ckpt_err(rc, "%s: no room for an RDMA WRITE within %d ms", c->name, timeout_ms);
+	return rc;
+}
+
+int net_rdma_write_wait(struct net_conn *c, uint64_t ticket, int timeout_ms)
+{
+	if (!c->ops->write_wait)
+		return ckpt_err(-EOPNOTSUPP, "%s: the %s transport has no RDMA WRITE", c->name,
+		                c->ops->name);
+	int rc = c->ops->write_wait(c, ticket, timeout_ms);
+	if (rc && rc != -EAGAIN && rc != -ETIMEDOUT) {
+		const char *why = c->ops->error_detail ? c->ops->error_detail(c) : NULL;
+		net_conn_break(c, rc);
+		return ckpt_err(rc, "%s: RDMA WRITE #%llu%s%s", c->name, (unsigned long long)ticket,
+		                why ? ": " : "", why ? why : "");
+	}
+	if (rc == -ETIMEDOUT)
+		return ckpt_err(rc, "%s: RDMA WRITE #%llu not complete within %d ms", c->name,
+		                (unsigned long long)ticket, timeout_ms);
+	return rc;
+}

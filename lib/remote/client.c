@@ -9,6 +9,14 @@
  * paces the save: when ckptd's disks fall behind, ckptd stops reading, the sender
  * blocks, the queue fills and the worker waits. ckptd may answer ERROR at any time
  * (a full disk, a quota): the worker sees it at its next call and stops.
+ *
+ * The direct path (over rdma, when ckptd agrees in OPEN_OK): ckptd grants pool
+ * buffers of its own (GRANT), and the sender RDMA-writes each chunk from this rank's
+ * pool buffer into a granted one, then sends the CHUNK naming the grant, which the
+ * queue pair delivers after the bytes. The sender is then the stream's only
+ * receiver (GRANTs, or an ERROR); the worker learns of an ERROR through it. A pool
+ * buffer goes back once its WRITE has completed; when the disks on ckptd fall
+ * behind, no grants come, the sender waits, and the save is paced as over tcp.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +32,9 @@ struct remote_conn {
 	pthread_mutex_t  lock;         /* one request at a time */
 	char             name[REMOTE_MAX_HOST + 16];
 	int              timeout_ms;
+	bool             direct;       /* remote_auth's */
+	struct net_mr   *pool_mr;      /* the direct path's source: mr_pool, registered once */
+	const struct io_pool *mr_pool;
 };
 
 int remote_connect(const struct remote_instance *to, const struct remote_auth *a,
@@ -35,6 +46,7 @@ int remote_connect(const struct remote_instance *to, const struct remote_auth *a
 		return ckpt_err(-ENOMEM, "ckptd connection");
 	snprintf(c->name, sizeof c->name, "ckptd %s:%u", to->host, to->port);
 	c->timeout_ms = (int)a->timeout_ms;
+	c->direct = a->direct;
 	pthread_mutex_init(&c->lock, NULL);
 	int rc = net_connect(a->transport, a->rdma, to->host, to->port, (int)a->timeout_ms, &c->net);
 	if (!rc) {
@@ -56,6 +68,7 @@ void remote_close(struct remote_conn *c)
 {
 	if (!c)
 		return;
+	net_mr_deregister(c->pool_mr);
 	net_close(c->net);
 	pthread_mutex_destroy(&c->lock);
 	ckpt_free(c);
@@ -72,6 +85,12 @@ static int answer(struct remote_conn *c, uint16_t want, struct net_msg *m, size_
 {
 	net_conn_set_max_msg(c->net, max);
 	int rc = net_recv_into(c->net, m, into, arg, c->timeout_ms);
+	/* Grants of a direct stream that ended while they travelled: void (ckptd took
+	 * them back when the stream ended), never an answer. */
+	while (!rc && m->type == REMOTE_MSG_GRANT) {
+		net_msg_free(m);
+		rc = net_recv_into(c->net, m, into, arg, c->timeout_ms);
+	}
 	net_conn_set_max_msg(c->net, REMOTE_MAX_CONTROL);
 	if (rc)
 		return ckpt_err_prefix(rc, "%s", c->name);
@@ -230,6 +249,8 @@ static void send_abort(struct remote_conn *c)
 }
 
 #define RW_QUEUE 4u     /* chunks queued for the sender: enough to keep the wire busy */
+#define RW_PENDING 8u   /* direct: chunks whose WRITE is posted and not yet complete */
+#define RW_SLICE_MS 100 /* direct: how often a sender waiting for a grant looks up */
 
 struct rw_item {
 	uint16_t type;          /* REMOTE_MSG_TENSOR or REMOTE_MSG_CHUNK (then DATA) */
@@ -252,8 +273,15 @@ struct remote_writer {
 	int                 send_rc;        /* the sender's first failure */
 	char                send_msg[1024];
 	int                 peer_rc;        /* an ERROR ckptd sent during the stream */
-	char                peer_msg[1024];
+	char                peer_msg[1024]; /* (direct: set by the sender, under lock) */
 	uint64_t            logical;
+	/* the direct path; grants and pend are the sender's alone */
+	bool                direct;
+	bool                aborting;       /* under lock: stop waiting for grants */
+	struct remote_grant grants[REMOTE_MAX_GRANTS];
+	unsigned            ngrants;
+	struct rw_pend { uint64_t ticket; unsigned buf; } pend[RW_PENDING];
+	unsigned            npend;
 };
 
 static void item_release(struct remote_writer *w, struct rw_item *it)
@@ -264,21 +292,148 @@ static void item_release(struct remote_writer *w, struct rw_item *it)
 	it->buf = -1;
 }
 
+/* Direct: give back the pool buffers whose WRITE has completed (they complete in
+ * order); with wait, wait for all of them. A failed or timed-out wait keeps them
+ * out until the connection's end makes them safe: the caller fails the stream. */
+static int rw_reap(struct remote_writer *w, bool wait)
+{
+	unsigned done = 0;
+	int rc = 0;
+	while (done < w->npend) {
+		rc = net_rdma_write_wait(w->c->net, w->pend[done].ticket, wait ? w->c->timeout_ms : 0);
+		if (rc)
+			break;
+		io_pool_put(w->pool, w->pend[done++].buf);
+	}
+	memmove(w->pend, w->pend + done, (w->npend - done) * sizeof w->pend[0]);
+	w->npend -= done;
+	if (rc == -EAGAIN)
+		rc = 0;
+	if (rc) {
+		/* Broken (or, for a timeout, broken now): the queue pair is in error and no
+		 * WRITE reads them any more. Whatever such a WRITE carried into ckptd's
+		 * buffer is never used: no CHUNK naming it follows on this connection. */
+		net_conn_shutdown(w->c->net);
+		while (w->npend)
+			io_pool_put(w->pool, w->pend[--w->npend].buf);
+	}
+	return rc;
+}
+
+/* Direct: take what ckptd sent (GRANTs; an ERROR ends the stream), waiting up to
+ * timeout_ms for the first message. */
+static int rw_take_msgs(struct remote_writer *w, int timeout_ms)
+{
+	struct net_conn *net = w->c->net;
+	for (;;) {
+		struct net_msg m;
+		int rc = net_recv(net, &m, timeout_ms);
+		if (rc == -EAGAIN || rc == -ETIMEDOUT)
+			return 0;
+		if (rc)
+			return ckpt_err_prefix(rc, "%s", w->c->name);
+		if (m.type == REMOTE_MSG_GRANT) {
+			unsigned k = 0;
+			rc = remote_grant_decode(m.payload, m.len, w->grants + w->ngrants,
+			                         REMOTE_MAX_GRANTS - w->ngrants, &k);
+			if (rc)
+				ckpt_err_prefix(rc, "%s: more grants than a stream holds, or", w->c->name);
+			w->ngrants += k;
+		} else if (m.type == REMOTE_MSG_ERROR) {
+			rc = remote_error_take(m.payload, m.len, w->c->name);
+			pthread_mutex_lock(&w->lock);
+			w->peer_rc = rc;
+			snprintf(w->peer_msg, sizeof w->peer_msg, "%s", ckpt_err_msg());
+			pthread_mutex_unlock(&w->lock);
+		} else {
+			rc = ckpt_err(CKPT_EPROTO, "%s: message type %u during a shard stream",
+			              w->c->name, m.type);
+		}
+		net_msg_free(&m);
+		if (rc)
+			return rc;
+		timeout_ms = 0;
+	}
+}
+
+/* Direct: a chunk of it->stored bytes, from its pool buffer into a granted one, then
+ * its CHUNK naming the grant. The buffer goes to pend (back to the pool once the
+ * WRITE completed). */
+static int rw_send_direct(struct remote_writer *w, struct rw_item *it)
+{
+	struct net_conn *net = w->c->net;
+	uint64_t deadline = ckpt_deadline_ms(w->c->timeout_ms);
+	int rc = rw_take_msgs(w, 0);
+	while (!rc && !w->ngrants) {
+		/* ckptd's pool is empty (its disks are behind): wait, and meanwhile give
+		 * back what the network has carried. */
+		if ((rc = rw_reap(w, false)))
+			break;
+		pthread_mutex_lock(&w->lock);
+		bool stop = w->aborting;
+		pthread_mutex_unlock(&w->lock);
+		if (stop)
+			return ckpt_err(-ECANCELED, "%s: shard stream aborted", w->c->name);
+		int left = ckpt_deadline_left_ms(deadline);
+		if (left == 0)
+			return ckpt_err(-ETIMEDOUT, "%s: no buffer granted within %d ms (ckptd's pool "
+			                "stayed full)", w->c->name, w->c->timeout_ms);
+		rc = rw_take_msgs(w, left < 0 || left > RW_SLICE_MS ? RW_SLICE_MS : left);
+	}
+	if (rc)
+		return rc;
+	struct remote_grant g = w->grants[0];
+	memmove(w->grants, w->grants + 1, --w->ngrants * sizeof w->grants[0]);
+	if (it->stored > g.len)
+		return ckpt_err(CKPT_EPROTO, "%s: granted a buffer of %u bytes for a chunk of %zu",
+		                w->c->name, g.len, it->stored);
+	if (w->npend == RW_PENDING && (rc = rw_reap(w, true)))
+		return rc;
+	uint64_t ticket;
+	rc = net_rdma_write(net, w->c->pool_mr, io_pool_addr(w->pool, (unsigned)it->buf),
+	                    it->stored, g.addr, g.rkey, &ticket, w->c->timeout_ms);
+	if (rc)
+		return ckpt_err_prefix(rc, "%s", w->c->name);
+	w->pend[w->npend++] = (struct rw_pend){ ticket, (unsigned)it->buf };
+	it->buf = -1;
+	ckpt_buf_u32(&it->head, g.id);   /* the CHUNK's last field: names the grant */
+	if (!it->head.ok)
+		return ckpt_err(-ENOMEM, "%s: CHUNK", w->c->name);
+	if ((rc = net_send(net, REMOTE_MSG_CHUNK, it->head.p, it->head.len, w->c->timeout_ms)))
+		return rc;
+	return rw_reap(w, false);
+}
+
 static void *rw_sender(void *arg)
 {
 	struct remote_writer *w = arg;
 	struct net_conn *net = w->c->net;
 	pthread_mutex_lock(&w->lock);
 	for (;;) {
+		if (!w->count && w->npend) {
+			/* Nothing to send: the pool buffers still out come back now, for the
+			 * worker may be waiting for one. */
+			pthread_mutex_unlock(&w->lock);
+			int rc = rw_reap(w, true);
+			pthread_mutex_lock(&w->lock);
+			if (rc && !w->send_rc) {
+				w->send_rc = rc;
+				snprintf(w->send_msg, sizeof w->send_msg, "%s: %s", w->c->name,
+				         ckpt_err_msg());
+			}
+			continue;
+		}
 		while (!w->count && !w->closing)
 			pthread_cond_wait(&w->cond, &w->lock);
 		if (!w->count)
 			break;
 		struct rw_item *it = &w->q[w->head];
-		bool failed = w->send_rc != 0;
+		bool failed = w->send_rc != 0 || w->peer_rc != 0;
 		pthread_mutex_unlock(&w->lock);
 		int rc = 0;
-		if (!failed) {
+		if (!failed && w->direct && it->type == REMOTE_MSG_CHUNK) {
+			rc = rw_send_direct(w, it);
+		} else if (!failed) {
 			rc = net_send(net, it->type, it->head.p, it->head.len, w->c->timeout_ms);
 			if (!rc && it->type == REMOTE_MSG_CHUNK)
 				rc = net_send(net, REMOTE_MSG_DATA, io_pool_addr(w->pool, (unsigned)it->buf),
@@ -298,13 +453,22 @@ static void *rw_sender(void *arg)
 	return NULL;
 }
 
-/* An ERROR that ckptd sent during the stream, read without waiting. */
+/* An ERROR that ckptd sent during the stream, read without waiting (direct: the
+ * sender reads, and this only looks at what it found). */
 static void rw_poll_peer(struct remote_writer *w)
 {
-	if (w->peer_rc)
+	pthread_mutex_lock(&w->lock);
+	bool skip = w->peer_rc || (w->direct && w->sender_started);
+	pthread_mutex_unlock(&w->lock);
+	if (skip)
 		return;
 	struct net_msg m;
 	int rc = net_recv(w->c->net, &m, 0);
+	/* Grants left over from a direct stream's sender: void now (see answer). */
+	while (rc == 0 && m.type == REMOTE_MSG_GRANT) {
+		net_msg_free(&m);
+		rc = net_recv(w->c->net, &m, 0);
+	}
 	if (rc == -EAGAIN)
 		return;
 	if (rc)
@@ -324,13 +488,11 @@ static void rw_poll_peer(struct remote_writer *w)
 static int rw_failed(struct remote_writer *w)
 {
 	rw_poll_peer(w);
-	if (w->peer_rc) {
-		ckpt_err_restore(w->peer_msg);
-		return w->peer_rc;
-	}
 	pthread_mutex_lock(&w->lock);
-	int rc = w->send_rc;
+	int rc = w->peer_rc;
 	if (rc)
+		ckpt_err_restore(w->peer_msg);
+	else if ((rc = w->send_rc))
 		ckpt_err_restore(w->send_msg);
 	pthread_mutex_unlock(&w->lock);
 	return rc;
@@ -365,7 +527,9 @@ static void rw_drain(struct remote_writer *w)
 	pthread_mutex_unlock(&w->lock);
 	if (w->sender_started)
 		pthread_join(w->sender, NULL);
+	pthread_mutex_lock(&w->lock);
 	w->sender_started = false;
+	pthread_mutex_unlock(&w->lock);
 }
 
 static void rw_free(struct remote_writer *w)
@@ -375,6 +539,24 @@ static void rw_free(struct remote_writer *w)
 	pthread_cond_destroy(&w->cond);
 	pthread_mutex_unlock(&w->c->lock);
 	ckpt_free(w);
+}
+
+/* The direct path's source: the whole pool, registered with the connection once
+ * (again only for another pool). A failure leaves the stream on DATA. */
+static int pool_register(struct remote_conn *c, struct io_pool *pool)
+{
+	if (c->pool_mr && c->mr_pool == pool)
+		return 0;
+	net_mr_deregister(c->pool_mr);
+	c->pool_mr = NULL;
+	size_t len = io_pool_buf_bytes(pool) * io_pool_nbufs(pool);
+	int rc = net_mr_register(c->net, io_pool_addr(pool, 0), len, NET_MR_LOCAL, &c->pool_mr);
+	if (rc) {
+		ckpt_log(CKPT_LOG_INFO, "%s: chunks go as DATA messages: %s", c->name, ckpt_err_msg());
+		return rc;
+	}
+	c->mr_pool = pool;
+	return 0;
 }
 
 int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
@@ -392,24 +574,30 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 	pthread_cond_init(&w->cond, NULL);
 	/* The connection is the stream's until finish or abort. */
 	pthread_mutex_lock(&c->lock);
+	bool ask = c->direct && net_conn_can_write(c->net) && pool_register(c, pool) == 0;
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
 	remote_open_encode(&b, &(struct remote_open){
 		.step = o->step, .save_id = o->save_id, .block_bytes = o->block_bytes,
-		.size_hint = o->size_hint, .chunk_bytes = chunk_bytes });
+		.size_hint = o->size_hint, .chunk_bytes = chunk_bytes,
+		.flags = ask ? REMOTE_OPEN_DIRECT : 0 });
 	int rc = request(c, REMOTE_MSG_OPEN, &b);
 	ckpt_buf_free(&b);
 	struct net_msg m = { 0 };
 	if (!rc)
 		rc = answer(c, REMOTE_MSG_OPEN_OK, &m, REMOTE_MAX_CONTROL, NULL, NULL);
 	if (!rc) {
-		uint64_t max = m.len == 8 ? ckpt_get_le64(m.payload) : 0;
-		if (m.len != 8)
+		uint64_t max;
+		uint32_t flags;
+		if (remote_open_ok_decode(m.payload, m.len, &max, &flags) ||
+		    ((flags & REMOTE_OPEN_DIRECT) && !ask))
 			rc = ckpt_err(CKPT_EPROTO, "%s: malformed OPEN_OK", c->name);
 		else if (chunk_bytes > max)
 			rc = ckpt_err(-EINVAL, "%s takes chunks of at most %llu bytes; this job's are "
 			              "%zu (CKPT_CHUNK_BYTES)", c->name, (unsigned long long)max,
 			              chunk_bytes);
+		else
+			w->direct = flags & REMOTE_OPEN_DIRECT;
 		net_msg_free(&m);
 		if (rc)
 			send_abort(c);
@@ -440,12 +628,15 @@ int remote_writer_add_tensor(struct remote_writer *w, const struct io_tensor_des
 bool remote_writer_ready(struct remote_writer *w)
 {
 	pthread_mutex_lock(&w->lock);
-	bool room = w->count < RW_QUEUE || w->send_rc;
+	bool room = w->count < RW_QUEUE || w->send_rc || w->peer_rc;
 	pthread_mutex_unlock(&w->lock);
 	if (room)
 		return true;
 	rw_poll_peer(w);
-	return w->peer_rc != 0;
+	pthread_mutex_lock(&w->lock);
+	room = w->peer_rc != 0;
+	pthread_mutex_unlock(&w->lock);
+	return room;
 }
 
 int remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, size_t len,
@@ -540,6 +731,9 @@ void remote_writer_abort(struct remote_writer *w)
 {
 	if (!w)
 		return;
+	pthread_mutex_lock(&w->lock);
+	w->aborting = true;
+	pthread_mutex_unlock(&w->lock);
 	rw_drain(w);
 	send_abort(w->c);
 	rw_free(w);

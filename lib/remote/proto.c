@@ -104,6 +104,8 @@ void remote_open_encode(struct ckpt_buf *b, const struct remote_open *o)
 	ckpt_buf_u32(b, o->block_bytes);
 	ckpt_buf_u64(b, o->size_hint);
 	ckpt_buf_u64(b, o->chunk_bytes);
+	if (o->flags)
+		ckpt_buf_u32(b, o->flags);
 }
 
 int remote_open_decode(const void *p, size_t n, struct remote_open *o)
@@ -115,7 +117,65 @@ int remote_open_decode(const void *p, size_t n, struct remote_open *o)
 	o->block_bytes = ckpt_cursor_u32(&c);
 	o->size_hint = ckpt_cursor_u64(&c);
 	o->chunk_bytes = ckpt_cursor_u64(&c);
-	return c.ok && !c.left ? 0 : bad("OPEN", "fields");
+	/* The flags are newer than the message: absent, they are 0; present, never 0
+	 * (the encoder leaves 0 out), and only those known. */
+	bool has_flags = c.left == 4;
+	o->flags = has_flags ? ckpt_cursor_u32(&c) : 0;
+	if (!c.ok || c.left)
+		return bad("OPEN", "fields");
+	return (has_flags && !o->flags) || o->flags & ~REMOTE_OPEN_DIRECT ? bad("OPEN", "flags") : 0;
+}
+
+void remote_open_ok_encode(struct ckpt_buf *b, uint64_t max_chunk, uint32_t flags)
+{
+	ckpt_buf_u64(b, max_chunk);
+	if (flags)
+		ckpt_buf_u32(b, flags);
+}
+
+int remote_open_ok_decode(const void *p, size_t n, uint64_t *max_chunk, uint32_t *flags)
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	*max_chunk = ckpt_cursor_u64(&c);
+	bool has_flags = c.left == 4;
+	*flags = has_flags ? ckpt_cursor_u32(&c) : 0;
+	if (!c.ok || c.left)
+		return bad("OPEN_OK", "fields");
+	return (has_flags && !*flags) || *flags & ~REMOTE_OPEN_DIRECT ? bad("OPEN_OK", "flags") : 0;
+}
+
+void remote_grant_encode(struct ckpt_buf *b, const struct remote_grant *g, unsigned n)
+{
+	ckpt_buf_u16(b, (uint16_t)n);
+	for (unsigned i = 0; i < n; i++) {
+		ckpt_buf_u32(b, g[i].id);
+		ckpt_buf_u64(b, g[i].addr);
+		ckpt_buf_u32(b, g[i].rkey);
+		ckpt_buf_u32(b, g[i].len);
+	}
+}
+
+int remote_grant_decode(const void *p, size_t n, struct remote_grant *g, unsigned cap,
+                        unsigned *count)
+{
+	struct ckpt_cursor c;
+	ckpt_cursor_init(&c, p, n);
+	unsigned k = ckpt_cursor_u16(&c);
+	if (!c.ok || k == 0 || k > cap || k > REMOTE_MAX_GRANTS)
+		return bad("GRANT", "count");
+	for (unsigned i = 0; i < k; i++) {
+		g[i].id = ckpt_cursor_u32(&c);
+		g[i].addr = ckpt_cursor_u64(&c);
+		g[i].rkey = ckpt_cursor_u32(&c);
+		g[i].len = ckpt_cursor_u32(&c);
+		if (!c.ok || g[i].id == 0 || g[i].len == 0 || g[i].addr > UINT64_MAX - g[i].len)
+			return bad("GRANT", "grant");
+	}
+	if (c.left)
+		return bad("GRANT", "length");
+	*count = k;
+	return 0;
 }
 
 void remote_tensor_encode(struct ckpt_buf *b, const struct io_tensor_desc *t)
@@ -170,6 +230,8 @@ void remote_chunk_encode(struct ckpt_buf *b, const struct remote_chunk *c)
 	ckpt_buf_u32(b, c->block_bytes);
 	ckpt_buf_u32(b, c->nblocks);
 	ckpt_buf_put(b, c->blocks, (size_t)c->nblocks * CKPT_HASH_BYTES);
+	if (c->grant)
+		ckpt_buf_u32(b, c->grant);
 }
 
 int remote_chunk_decode(const void *p, size_t n, struct remote_chunk *c)
@@ -197,7 +259,15 @@ int remote_chunk_decode(const void *p, size_t n, struct remote_chunk *c)
 	                                              (c->block_bytes & (c->block_bytes - 1)))))
 		return bad("CHUNK", "block hashes");
 	c->blocks = ckpt_cursor_take(&k, (size_t)c->nblocks * CKPT_HASH_BYTES);
-	return k.ok && !k.left ? 0 : bad("CHUNK", "block hashes");
+	if (!k.ok)
+		return bad("CHUNK", "block hashes");
+	/* The grant is newer than the message: absent, DATA follows; present, it is
+	 * never 0 (the encoder leaves a 0 out). */
+	bool has_grant = k.left == 4;
+	c->grant = has_grant ? ckpt_cursor_u32(&k) : 0;
+	if (k.left)
+		return bad("CHUNK", "block hashes");
+	return has_grant && !c->grant ? bad("CHUNK", "grant") : 0;
 }
 
 void remote_read_encode(struct ckpt_buf *b, const char *path, uint64_t off, uint64_t len)
@@ -249,7 +319,7 @@ const char *remote_msg_name(unsigned type)
 	static const char *const names[] = {
 		"COORD", "COORD_OK", "OPEN", "OPEN_OK", "TENSOR", "CHUNK", "DATA", "FINISH",
 		"DURABLE", "ABORT", "ERROR", "MANIFEST", "MANIFEST_OK", "READ", "CHECK", "CHECK_OK",
-		"REMOVE", "REMOVE_OK",
+		"REMOVE", "REMOVE_OK", "GRANT",
 	};
 	if (type < REMOTE_MSG_COORD || type - REMOTE_MSG_COORD >= sizeof names / sizeof names[0])
 		return "unknown";

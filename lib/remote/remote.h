@@ -14,12 +14,20 @@
  *   COORD{u32 world, u16 n, n x (u16 len, host, u16 port)
  *         [, u64 keep_last, keep_every, keep_seconds] [, u32 timeout_ms]}
  *                                                           -> COORD_OK{u16 port}
- *   OPEN{u64 step, u64 save_id, u32 block_bytes, u64 size_hint, u64 chunk_bytes}
- *                                                           -> OPEN_OK{u64 max_chunk}
+ *   OPEN{u64 step, u64 save_id, u32 block_bytes, u64 size_hint, u64 chunk_bytes
+ *        [, u32 flags]}                         -> OPEN_OK{u64 max_chunk [, u32 flags]}
+ *     (flags REMOTE_OPEN_DIRECT, asked for only over rdma: the rank would rather
+ *     RDMA WRITE its chunks into buffers ckptd grants; OPEN_OK says whether it will.
+ *     A rank that does not ask, or is not answered with the flag, sends DATA.)
+ *   GRANT{u16 n, n x (u32 id, u64 addr, u32 rkey, u32 len)}  (ckptd, during a direct
+ *     stream, whenever it has taken pool buffers for it: each one the rank may
+ *     RDMA WRITE one chunk into, once, then name in its CHUNK)
  *   TENSOR{u16 len, name, u8 kind, dtype, policy, flags, ndim,
  *          ndim x u64 global_shape, offset, extent, u64 raw_bytes}
  *   CHUNK{u32 tensor, u8 codec, u64 raw_len, u64 stored_len, hash[16],
- *         u32 block_bytes, u32 nblocks, nblocks x hash[16]} then DATA{stored bytes}
+ *         u32 block_bytes, u32 nblocks, nblocks x hash[16] [, u32 grant]}
+ *         then DATA{stored bytes}; or, with a grant, no DATA: the stored bytes were
+ *         RDMA-written into the granted buffer before the CHUNK was sent
  *   FINISH{}             -> DURABLE{u64 file_size, u64 logical, u64 stored,
  *                                   hash[16] of the footer, footer bytes}
  *   ABORT{}
@@ -50,8 +58,10 @@ enum remote_msg_type {
 	REMOTE_MSG_TENSOR, REMOTE_MSG_CHUNK, REMOTE_MSG_DATA, REMOTE_MSG_FINISH,
 	REMOTE_MSG_DURABLE, REMOTE_MSG_ABORT, REMOTE_MSG_ERROR, REMOTE_MSG_MANIFEST,
 	REMOTE_MSG_MANIFEST_OK, REMOTE_MSG_READ, REMOTE_MSG_CHECK, REMOTE_MSG_CHECK_OK,
-	REMOTE_MSG_REMOVE, REMOTE_MSG_REMOVE_OK,
+	REMOTE_MSG_REMOVE, REMOTE_MSG_REMOVE_OK, REMOTE_MSG_GRANT,
 };
+#define REMOTE_OPEN_DIRECT    1u               /* OPEN and OPEN_OK flags */
+#define REMOTE_MAX_GRANTS     8u               /* grants a stream holds at once */
 #define REMOTE_MAX_HOST       255u
 #define REMOTE_MAX_INSTANCES  256u
 #define REMOTE_MAX_READ       (64u << 20)      /* longest READ answered */
@@ -64,7 +74,12 @@ struct remote_instance { char host[REMOTE_MAX_HOST + 1]; unsigned port; };
 /* ------------------------------------------------------------------ codec (proto.c)
  * Decoders check every length against the payload and return CKPT_EPROTO naming
  * the message and field. */
-struct remote_open { uint64_t step, save_id, size_hint, chunk_bytes; uint32_t block_bytes; };
+/* flags: REMOTE_OPEN_DIRECT or 0 (then the message is the shorter one, which every
+ * ckptd takes). */
+struct remote_open { uint64_t step, save_id, size_hint, chunk_bytes; uint32_t block_bytes, flags; };
+/* One buffer of ckptd's pool the rank may RDMA WRITE a chunk into: id (never 0) names
+ * it in the CHUNK; addr, rkey and len (bytes) are where. */
+struct remote_grant { uint32_t id, rkey, len; uint64_t addr; };
 struct remote_chunk {
 	uint32_t tensor;
 	uint8_t  codec;
@@ -72,6 +87,7 @@ struct remote_chunk {
 	uint8_t  hash[CKPT_HASH_BYTES];
 	uint32_t block_bytes, nblocks;
 	const uint8_t *blocks;        /* into the payload */
+	uint32_t grant;               /* 0: DATA follows; else the grant holding the bytes */
 };
 struct remote_tensor {
 	char     name[CKPT_MAX_NAME + 1];
@@ -100,6 +116,13 @@ void remote_open_encode(struct ckpt_buf *b, const struct remote_open *o);
 int  remote_open_decode(const void *p, size_t n, struct remote_open *o);
 void remote_tensor_encode(struct ckpt_buf *b, const struct io_tensor_desc *t);
 int  remote_tensor_decode(const void *p, size_t n, struct remote_tensor *t);
+/* OPEN_OK: flags 0 sends the shorter form. n is 8 or 12 when decoding. */
+void remote_open_ok_encode(struct ckpt_buf *b, uint64_t max_chunk, uint32_t flags);
+int  remote_open_ok_decode(const void *p, size_t n, uint64_t *max_chunk, uint32_t *flags);
+/* GRANT of n (1..REMOTE_MAX_GRANTS) grants; the decoder takes at most cap. */
+void remote_grant_encode(struct ckpt_buf *b, const struct remote_grant *g, unsigned n);
+int  remote_grant_decode(const void *p, size_t n, struct remote_grant *g, unsigned cap,
+                         unsigned *count);
 void remote_chunk_encode(struct ckpt_buf *b, const struct remote_chunk *c);
 int  remote_chunk_decode(const void *p, size_t n, struct remote_chunk *c);
 void remote_read_encode(struct ckpt_buf *b, const char *path, uint64_t off, uint64_t len);
@@ -132,6 +155,10 @@ struct remote_auth {
 	int         transport;       /* enum net_transport (tcp or rdma) */
 	const struct net_rdma_opts *rdma;
 	unsigned    timeout_ms;
+	/* Shard streams ask for the direct path (REMOTE_OPEN_DIRECT): chunks RDMA-written
+	 * from the rank's pool into buffers ckptd grants. Only where the transport can
+	 * (rdma); CKPT_RDMA_DIRECT=0 turns it off. */
+	bool        direct;
 };
 /* Connect to one ckptd as the job's rank. Errors: those of net_connect and the
  * handshake (CKPT_EAUTH, CKPT_EPEER with ckptd's reason, -ETIMEDOUT, ...). */
@@ -162,7 +189,10 @@ int  remote_check(struct remote_conn *c, const struct remote_check *chk);
 
 /* The shard stream: the writer's interface (io.h) over a connection. Chunks are
  * sent by a thread of the writer's own, so that the caller copies the next chunk
- * while the last one is on the wire; a pool buffer returns to the pool once sent.
+ * while the last one is on the wire; a pool buffer returns to the pool once sent
+ * (on the direct path: once its RDMA WRITE completed). On the direct path the pool
+ * is registered with the connection, once, for as long as the connection lasts:
+ * it must outlive it (remote_close before io_pool_destroy).
  * zstd_level > 0: chunks are compressed here (kept raw when that does not pay). */
 struct remote_writer;
 int  remote_writer_open(struct remote_conn *c, struct io_pool *pool,

@@ -26,6 +26,8 @@ struct ckptd_server *srv;
 pthread_t runner;
 unsigned port;
 char b_rel[128];
+int fixture_transport = NET_TCP;
+const char *fixture_host = "127.0.0.1";
 static struct ckptd_jobs *jobs;
 static char *b_snapshot;        /* B's step files: names and hashes */
 
@@ -72,8 +74,8 @@ static void honest_data(const char *job, uint64_t step, float *w)
 
 ckpt_ctx *honest_open(const char *job, const char *secret, unsigned flags)
 {
-	static char target[64];
-	snprintf(target, sizeof target, "ckptd://127.0.0.1:%u", port);
+	static char target[128];
+	snprintf(target, sizeof target, "ckptd://%s:%u", fixture_host, port);
 	struct ckpt_opts o;
 	ckpt_opts_init(&o, sizeof o);
 	o.target = target;
@@ -86,6 +88,8 @@ ckpt_ctx *honest_open(const char *job, const char *secret, unsigned flags)
 	o.chunk_bytes = 64u << 10;
 	o.pool_bytes = 1u << 20;
 	o.timeout_ms = 20000;
+	if (fixture_transport == NET_RDMA)
+		o.transport = CKPT_TRANSPORT_RDMA;
 	ckpt_ctx *c = NULL;
 	ck_assert_msg(ckpt_open(&o, &c) == 0, "job %s: open: %s", job, ckpt_last_error());
 	return c;
@@ -258,9 +262,9 @@ void hostile_setup(void)
 	ck_assert_msg(ckptd_jobs_load(p, &jobs) == 0, "%s", ckpt_err_msg());
 	memset(&counters, 0, sizeof counters);
 	struct ckptd_server_opts so = {
-		.listen_host = "127.0.0.1", .listen_port = 0, .data = data_dir,
+		.listen_host = fixture_host, .listen_port = 0, .data = data_dir,
 		.pool_bytes = (size_t)NBUFS * BUF_BYTES, .buf_bytes = BUF_BYTES, .max_conns = 64,
-		.timeout_ms = TIMEOUT_MS, .queue_depth = 4, .transport = NET_TCP, .jobs = jobs,
+		.timeout_ms = TIMEOUT_MS, .queue_depth = 4, .transport = fixture_transport, .jobs = jobs,
 		.counters = &counters, .log_fn = log_collect, .log_level = CKPT_LOG_INFO,
 		.idle_ms = IDLE_MS, .max_index = MAX_INDEX,
 	};
@@ -351,8 +355,8 @@ void raw_expect_closed(int fd, const char *what)
 struct net_conn *conn_as(const char *job, const char *secret, uint32_t world)
 {
 	struct net_conn *c;
-	ck_assert_msg(net_connect(NET_TCP, NULL, "127.0.0.1", port, WAIT_MS, &c) == 0, "%s",
-	              ckpt_err_msg());
+	ck_assert_msg(net_connect(fixture_transport, NULL, fixture_host, port, WAIT_MS, &c) == 0,
+	              "%s", ckpt_err_msg());
 	struct net_auth a = { .job_id = job, .rank = 0, .world = world, .secret = secret,
 	                      .secret_len = strlen(secret) };
 	ck_assert_msg(net_handshake_client(c, &a, WAIT_MS) == 0, "handshake as %s: %s", job,
@@ -367,7 +371,7 @@ struct net_conn *conn_a(void) { return conn_as("joba", SECRET_A, 1); }
 void expect_refused(const char *job, const char *secret, int code, const char *needle)
 {
 	struct net_conn *c;
-	ck_assert_int_eq(net_connect(NET_TCP, NULL, "127.0.0.1", port, WAIT_MS, &c), 0);
+	ck_assert_int_eq(net_connect(fixture_transport, NULL, fixture_host, port, WAIT_MS, &c), 0);
 	struct net_auth a = { .job_id = job, .rank = 0, .world = 1, .secret = secret,
 	                      .secret_len = strlen(secret) };
 	int rc = net_handshake_client(c, &a, WAIT_MS);

@@ -49,6 +49,11 @@ extern struct ckptd_server *srv;       /* NULL once a test stopped it itself */
 extern pthread_t runner;               /* the thread in ckptd_server_run */
 extern unsigned port;
 extern char b_rel[128];                /* job B's shard of step 1, as a record names it */
+/* The transport ckptd listens on and every peer uses, and its address: tcp on
+ * 127.0.0.1 unless a test sets them before hostile_setup (rdma: the rdma guest's
+ * device address). */
+extern int fixture_transport;
+extern const char *fixture_host;
 
 void hostile_setup(void);
 void hostile_teardown(void);

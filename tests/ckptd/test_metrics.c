@@ -59,6 +59,7 @@ static void fake_init(struct fake *f, struct ckptd_metrics_source *src)
 {
 	memset(f, 0, sizeof *f);
 	atomic_store(&f->c.bytes_received, 123);
+	atomic_store(&f->c.bytes_received_rdma, 100);
 	atomic_store(&f->c.bytes_written, 456);
 	atomic_store(&f->c.bytes_read, 789);
 	atomic_store(&f->c.shards_written, 10);
@@ -167,12 +168,14 @@ START_TEST(render_all)
 	struct ckptd_metrics_source src;
 	fake_init(&f, &src);
 	char *t = render(&src);
-	/* 14 process-wide; per job: used, received, committed, aborted, and one quota. */
-	ck_assert_uint_eq(check_format(t), 14 + 2 * 4 + 1);
+	/* 15 process-wide; per job: used, received, committed, aborted, and one quota. */
+	ck_assert_uint_eq(check_format(t), 15 + 2 * 4 + 1);
 	static const char *const lines[] = {
 		"# HELP ckptd_bytes_received_total Chunk bytes received from ranks.",
 		"# TYPE ckptd_bytes_received_total counter",
 		"ckptd_bytes_received_total 123",
+		"# TYPE ckptd_bytes_received_rdma_write_total counter",
+		"ckptd_bytes_received_rdma_write_total 100",
 		"# TYPE ckptd_bytes_written_total counter",
 		"ckptd_bytes_written_total 456",
 		"ckptd_bytes_read_total 789",
@@ -266,7 +269,7 @@ START_TEST(label_escaping)
 	fake_init(&f, &src);
 	f.odd_id = "a\"b\\c\nd";
 	char *t = render(&src);
-	ck_assert_uint_eq(check_format(t), 14 + 3 * 4 + 1);
+	ck_assert_uint_eq(check_format(t), 15 + 3 * 4 + 1);
 	has_line(t, "ckptd_job_used_bytes{job=\"a\\\"b\\\\c\\nd\"} 1");
 	free(t);
 }
@@ -373,7 +376,7 @@ START_TEST(http_serves)
 	ck_assert_ptr_nonnull(strcasestr(r, "\r\nContent-Type: text/plain; version=0.0.4; "
 	                                    "charset=utf-8\r\n"));
 	const char *body = body_of(r);
-	ck_assert_uint_eq(check_format(body), 14 + 2 * 4 + 1);
+	ck_assert_uint_eq(check_format(body), 15 + 2 * 4 + 1);
 	has_line(body, "ckptd_bytes_received_total 123");
 	has_line(body, "ckptd_job_used_bytes{job=\"alpha\"} 5000");
 	free(r);

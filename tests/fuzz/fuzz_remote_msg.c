@@ -2,7 +2,8 @@
  * fuzz_remote_msg.c — libFuzzer target for the decoders of ckptd's messages
  * (lib/remote/proto.c): COORD, OPEN, TENSOR, CHUNK, READ, CHECK, REMOVE —
  * untrusted bytes that ckptd takes from any peer that passed the handshake — and
- * ERROR, which a rank takes from whatever answers as ckptd; and remote_path_split,
+ * ERROR, OPEN_OK and GRANT, which a rank takes from whatever answers as ckptd (a
+ * GRANT's address and key go to the rank's RDMA WRITE); and remote_path_split,
  * which reads the holder out of a shard record's path.
  *
  * Every input goes to every decoder (a payload carries no type of its own; the
@@ -114,6 +115,41 @@ static void check_open(const uint8_t *data, size_t size)
 	ckpt_buf_free(&b);
 }
 
+static void check_open_ok(const uint8_t *data, size_t size)
+{
+	uint64_t max;
+	uint32_t flags;
+	if (remote_open_ok_decode(data, size, &max, &flags))
+		return;
+	if (flags & ~REMOTE_OPEN_DIRECT)
+		abort();
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_open_ok_encode(&b, max, flags);
+	same(&b, data, size);
+	ckpt_buf_free(&b);
+}
+
+/* GRANT: a count within the caller's cap and the protocol's, ids never 0, ranges
+ * that do not wrap. */
+static void check_grant(const uint8_t *data, size_t size)
+{
+	struct remote_grant g[REMOTE_MAX_GRANTS];
+	unsigned cap = size % 2 ? REMOTE_MAX_GRANTS : 2, count = 0;
+	if (remote_grant_decode(data, size, g, cap, &count))
+		return;
+	if (count == 0 || count > cap)
+		abort();
+	for (unsigned i = 0; i < count; i++)
+		if (!g[i].id || !g[i].len || g[i].addr + g[i].len < g[i].addr)
+			abort();
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_grant_encode(&b, g, count);
+	same(&b, data, size);
+	ckpt_buf_free(&b);
+}
+
 static void check_tensor(const uint8_t *data, size_t size)
 {
 	struct remote_tensor t;
@@ -144,9 +180,9 @@ static void check_chunk(const uint8_t *data, size_t size)
 	uint64_t want = c.codec == IO_CODEC_RAW ? io_nblocks(c.raw_len, c.block_bytes) : 0;
 	if (c.nblocks != want)
 		abort();
-	/* The block hashes end the message. */
-	size_t hb = (size_t)c.nblocks * CKPT_HASH_BYTES;
-	if (c.nblocks && (!c.blocks || c.blocks < data || c.blocks + hb != data + size))
+	/* The block hashes end the message, or come before its grant. */
+	size_t hb = (size_t)c.nblocks * CKPT_HASH_BYTES, tail = c.grant ? 4 : 0;
+	if (c.nblocks && (!c.blocks || c.blocks < data || c.blocks + hb + tail != data + size))
 		abort();
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
@@ -237,6 +273,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	check_coord(data, size);
 	check_open(data, size);
+	check_open_ok(data, size);
+	check_grant(data, size);
 	check_tensor(data, size);
 	check_chunk(data, size);
 	check_read(data, size);
@@ -285,7 +323,7 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 	                                     "opt/\xc3\xa9tat", "rng" };
 	size_t n = 0;
 	uint64_t s = seed;
-	while (n + 9 <= max) {
+	while (n + 11 <= max) {
 		struct ckpt_buf b;
 		/* COORD: 1-3 instances. */
 		struct remote_instance in[3];
@@ -306,7 +344,22 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 		ckpt_buf_init(&b);
 		remote_open_encode(&b, &(struct remote_open){
 			.step = mix(&s) % 100000, .save_id = mix(&s) | 1, .block_bytes = 1u << 20,
-			.size_hint = mix(&s) % (1ull << 34), .chunk_bytes = 16u << 20 });
+			.size_hint = mix(&s) % (1ull << 34), .chunk_bytes = 16u << 20,
+			.flags = mix(&s) % 2 ? REMOTE_OPEN_DIRECT : 0 });
+		n = keep(&b, bufs, lens, n);
+
+		/* OPEN_OK, with the direct path or without; GRANT of 1..8 buffers. */
+		ckpt_buf_init(&b);
+		remote_open_ok_encode(&b, 4u << 20, mix(&s) % 2 ? REMOTE_OPEN_DIRECT : 0);
+		n = keep(&b, bufs, lens, n);
+		struct remote_grant g[REMOTE_MAX_GRANTS];
+		unsigned ng = 1 + (unsigned)(mix(&s) % REMOTE_MAX_GRANTS);
+		for (unsigned i = 0; i < ng; i++)
+			g[i] = (struct remote_grant){ .id = 1 + (uint32_t)(mix(&s) % 100000),
+			                              .addr = 0x7f0000000000ull + (mix(&s) % 64) * (4u << 20),
+			                              .rkey = (uint32_t)mix(&s), .len = 4u << 20 };
+		ckpt_buf_init(&b);
+		remote_grant_encode(&b, g, ng);
 		n = keep(&b, bufs, lens, n);
 
 		/* TENSOR: ndim 0..16. */
@@ -348,6 +401,7 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 		ch.nblocks = ch.codec == IO_CODEC_RAW ? (uint32_t)io_nblocks(ch.raw_len, ch.block_bytes) : 0;
 		for (unsigned k = 0; k < CKPT_HASH_BYTES; k++)
 			ch.hash[k] = (uint8_t)mix(&s);
+		ch.grant = mix(&s) % 2 ? 1 + (uint32_t)(mix(&s) % 100000) : 0;   /* direct or DATA */
 		ckpt_buf_init(&b);
 		remote_chunk_encode(&b, &ch);
 		n = keep(&b, bufs, lens, n);
