@@ -163,7 +163,8 @@ int  remote_check(struct remote_conn *c, const struct remote_check *chk);
 /* The shard stream: the writer's interface (io.h) over a connection. Chunks are
  * sent by a thread of the writer's own, so that the caller copies the next chunk
  * while the last one is on the wire; a pool buffer returns to the pool once sent.
- * zstd_level > 0: chunks are compressed here (kept raw when that does not pay). */
+ * zstd_level > 0: chunks are compressed here with o->codec (zstd, or bytegroup for the
+ * dtypes with planes), kept raw when that does not pay. */
 struct remote_writer;
 int  remote_writer_open(struct remote_conn *c, struct io_pool *pool,
                         const struct io_writer_opts *o, size_t chunk_bytes,
