@@ -270,6 +270,43 @@ static void plane_scatter(uint8_t *dst, const uint8_t *in, size_t n, unsigned wi
 		dst[m * width + p] = in[m];
 }
 
+/* Elements sampled to tell random planes from the rest, and the collision entropy
+ * (bits a byte) from which a plane counts as random: 2^7.9 = 239 (see below). */
+#define BG_SAMPLE       4096u
+#define BG_RANDOM_INV_P 239u
+
+/*
+ * Which planes look random, from a sample of the elements spread over the chunk:
+ * those whose collision entropy (Rényi's of order 2, -log2 of the chance that two
+ * bytes drawn at random are equal) is at least 7.9 bits a byte. It is a lower bound
+ * of Shannon's entropy, so zstd's entropy coding cannot save even 1.3% of such a
+ * plane, let alone the sixteenth that makes a plane worth compressing: the
+ * mantissa planes are stored without a compression attempt, and a chunk whose
+ * planes are all random is stored raw before any byte is moved. What the sample
+ * cannot see is repetition (a plane of random bytes repeated): such a plane is
+ * stored as it is. Sum c^2 - N estimates N(N-1) times the collision chance without
+ * bias; no logarithm is needed. Returns how many planes are random.
+ */
+static unsigned planes_random(const uint8_t *src, size_t n, unsigned width, bool *random)
+{
+	size_t elems = n / width;
+	if (elems < BG_SAMPLE)
+		return 0;                  /* small chunks: just try every plane */
+	size_t stride = elems / BG_SAMPLE;
+	unsigned nrandom = 0;
+	for (unsigned p = 0; p < width; p++) {
+		uint32_t count[256] = { 0 };
+		for (size_t i = 0; i < BG_SAMPLE; i++)
+			count[src[i * stride * width + p]]++;
+		uint64_t sq = 0, s = BG_SAMPLE;
+		for (unsigned b = 0; b < 256; b++)
+			sq += (uint64_t)count[b] * count[b];
+		random[p] = (sq - s) * BG_RANDOM_INV_P <= s * (s - 1);
+		nrandom += random[p];
+	}
+	return nrandom;
+}
+
 size_t io_bytegroup_compress(void *dst, size_t cap, const void *src, size_t n, unsigned width,
                              int level)
 {
@@ -278,6 +315,9 @@ size_t io_bytegroup_compress(void *dst, size_t cap, const void *src, size_t n, u
 	size_t hdr = IO_BG_HDR_BYTES + (size_t)width * IO_BG_PLANE_BYTES;
 	struct zstd_ctxs *z = ctxs();
 	if (cap <= hdr || !z || (!z->c && !(z->c = ZSTD_createCCtx())))
+		return 0;
+	bool random[8] = { false };
+	if (planes_random(src, n, width, random) == width)
 		return 0;
 	uint8_t *plane = plane_buf(z, plane_bytes(n, width, 0));
 	if (!plane)
@@ -290,13 +330,13 @@ size_t io_bytegroup_compress(void *dst, size_t cap, const void *src, size_t n, u
 	for (unsigned p = 0; p < width; p++) {
 		size_t m = plane_bytes(n, width, p), room = cap - pos, len = 0;
 		uint8_t method = IO_BG_STORED;
-		plane_gather(plane, src, n, width, p);
 		/* Worth its decompression only when it saves a sixteenth: a mantissa
 		 * plane that zstd shrinks by a percent is stored as it is. */
-		size_t want = m - m / 16;
+		size_t want = random[p] ? 0 : m - m / 16;
 		if (want > room)
 			want = room;
 		if (want > 0) {
+			plane_gather(plane, src, n, width, p);
 			size_t r = ZSTD_compressCCtx(z->c, d + pos, want, plane, m, level);
 			if (!ZSTD_isError(r) && r < want) {
 				method = IO_BG_ZSTD;
@@ -306,7 +346,10 @@ size_t io_bytegroup_compress(void *dst, size_t cap, const void *src, size_t n, u
 		if (method == IO_BG_STORED) {
 			if (m > room)
 				return 0;           /* the chunk does not pay: stored raw */
-			memcpy(d + pos, plane, m);
+			if (want > 0)
+				memcpy(d + pos, plane, m);
+			else
+				plane_gather(d + pos, src, n, width, p);
 			len = m;
 		}
 		uint8_t *e = d + IO_BG_HDR_BYTES + (size_t)p * IO_BG_PLANE_BYTES;
