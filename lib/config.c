@@ -105,15 +105,19 @@ static int env_compress(struct glue_config *cfg)
 	                "bytegroup[:LEVEL] with LEVEL 1 to 22", z);
 }
 
-/* Half the CPUs the process may run on, at most 4, at least 1: enough to keep a
- * disk of a few GB/s busy at zstd's fast levels (docs/perf.md, "Compression"),
- * while the rest stay the job's. */
-static unsigned default_compress_threads(void)
+/* Half of this rank's CPUs, at most 4, at least 1 (docs/perf.md, "Compression"):
+ * the other half stays the training's, which goes on while a save is in flight.
+ * This rank's CPUs: those it is pinned to when the launcher pinned it, else the
+ * host's shared by the node's ranks. */
+static unsigned default_compress_threads(int node_ranks)
 {
+	long online = sysconf(_SC_NPROCESSORS_ONLN), n = online;
 	cpu_set_t set;
-	long n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
-	         : sysconf(_SC_NPROCESSORS_ONLN);
-	n = n / 2;
+	if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < online)
+		n = CPU_COUNT(&set);
+	else if (node_ranks > 1)
+		n = online / node_ranks;
+	n /= 2;
 	return n < 1 ? 1u : n > 4 ? 4u : (unsigned)n;
 }
 
@@ -586,7 +590,7 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 	if (!cfg->compress_threads) {
 		if ((rc = env_int("CKPT_COMPRESS_THREADS", 1, CONFIG_MAX_COMPRESS_THREADS, &v)) < 0)
 			return rc;
-		cfg->compress_threads = rc ? (unsigned)v : default_compress_threads();
+		cfg->compress_threads = rc ? (unsigned)v : default_compress_threads(cfg->node_size);
 	}
 	if (cfg->compress_threads > CONFIG_MAX_COMPRESS_THREADS)
 		return ckpt_err(-EINVAL, "compress threads %u: at most %u", cfg->compress_threads,

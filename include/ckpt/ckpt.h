@@ -274,8 +274,9 @@ struct ckpt_opts {
 	 * bytegroup[:LEVEL] (docs/operations.md). */
 	int         compress_codec;
 	/* Threads that compress one rank's chunks while its writes go on (the pool bounds
-	 * the chunks they hold); 0: CKPT_COMPRESS_THREADS, then half the CPUs, at most 4,
-	 * at least 1. At most 64. */
+	 * the chunks they hold); 0: CKPT_COMPRESS_THREADS, then half of the rank's CPUs
+	 * (those it is pinned to, else the host's divided among the node's ranks), at
+	 * most 4, at least 1. At most 64. */
 	unsigned    compress_threads;
 	/* append only */
 };
