@@ -314,6 +314,7 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 		ckpt_free(w);
 		return ckpt_err(-ENOMEM, "%s: writer", path);
 	}
+	w->fd = -1;                        /* w_free before the file is open */
 	w->e = e;
 	w->pool = io_engine_pool(e);
 	w->step = o->step;
