@@ -16,7 +16,10 @@
  * zstd's size_t results are converted here and never leave this file. Contexts
  * are expensive to create (hundreds of KiB), so each thread keeps one
  * compression and one decompression context in thread-specific data, freed by
- * the key's destructor when the thread exits.
+ * the key's destructor when the thread exits. Byte grouping keeps one plane there
+ * too (up to half a chunk: what one plane is gathered into or decompressed into):
+ * the writer's compression workers free theirs when the save ends, a thread that
+ * loads keeps its own as it keeps its zstd context.
  */
 #include <errno.h>
 #include <pthread.h>
