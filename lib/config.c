@@ -7,9 +7,11 @@
  * an older caller (a smaller size): fields past its size take their defaults.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "glue.h"
 
@@ -21,6 +23,7 @@
 /* CKPT_COMMIT_TREE=auto: node leaders from this many ranks up (and only when the
  * job spans several nodes of more than one rank each). */
 #define TREE_AUTO_MIN_WORLD 32
+#define CONFIG_MAX_COMPRESS_THREADS 64u
 
 void ckpt_opts_init(struct ckpt_opts *o, size_t size)
 {
@@ -68,6 +71,54 @@ static int env_u64(const char *name, uint64_t *out)
 		                name, v, (unsigned long long)UINT64_MAX);
 	*out = x;
 	return 1;
+}
+
+/* CKPT_COMPRESS: none, zstd[:LEVEL] or bytegroup[:LEVEL], LEVEL 1 to 22. The default
+ * levels are argued in docs/perf.md ("Compression"): zstd's 3 as it always was,
+ * bytegroup's 1, at which the exponent planes already give nearly all they have. */
+static int env_compress(struct glue_config *cfg)
+{
+	const char *z = ckpt_env("CKPT_COMPRESS");
+	cfg->zstd_level = 0;
+	if (!z || !strcmp(z, "none"))
+		return 0;
+	static const struct { const char *name; uint8_t codec; int level; } codecs[] = {
+		{ "zstd", IO_CODEC_ZSTD, 3 }, { "bytegroup", IO_CODEC_BYTEGROUP, 1 },
+	};
+	for (size_t i = 0; i < CKPT_ARRAY_SIZE(codecs); i++) {
+		size_t n = strlen(codecs[i].name);
+		if (strncmp(z, codecs[i].name, n) || (z[n] && z[n] != ':'))
+			continue;
+		cfg->compress_codec = codecs[i].codec;
+		cfg->zstd_level = codecs[i].level;
+		if (!z[n])
+			return 0;
+		char *end;
+		errno = 0;
+		long l = strtol(z + n + 1, &end, 10);
+		if (errno || end == z + n + 1 || *end || l < 1 || l > 22)
+			break;
+		cfg->zstd_level = (int)l;
+		return 0;
+	}
+	return ckpt_err(-EINVAL, "CKPT_COMPRESS='%s': expected none, zstd[:LEVEL] or "
+	                "bytegroup[:LEVEL] with LEVEL 1 to 22", z);
+}
+
+/* Half of this rank's CPUs, at most 4, at least 1 (docs/perf.md, "Compression"):
+ * the other half stays the training's, which goes on while a save is in flight.
+ * This rank's CPUs: those it is pinned to when the launcher pinned it, else the
+ * host's shared by the node's ranks. */
+static unsigned default_compress_threads(int node_ranks)
+{
+	long online = sysconf(_SC_NPROCESSORS_ONLN), n = online;
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < online)
+		n = CPU_COUNT(&set);
+	else if (node_ranks > 1)
+		n = online / node_ranks;
+	n /= 2;
+	return n < 1 ? 1u : n > 4 ? 4u : (unsigned)n;
 }
 
 /* CKPT_GDS: "0"/"off", "1"/"on" (both), or a comma list of "load" and "save". */
@@ -531,19 +582,24 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 		return ckpt_err(-EINVAL, "pool of %zu bytes is smaller than two chunks of %zu",
 		                cfg->pool_bytes, cfg->chunk_bytes);
 	cfg->zstd_level = OPT(o, zstd_level, -1);
-	if (cfg->zstd_level < 0) {
-		const char *z = ckpt_env("CKPT_COMPRESS");
-		cfg->zstd_level = 0;
-		if (z && !strncmp(z, "zstd", 4)) {
-			cfg->zstd_level = 3;
-			if (z[4] == ':')
-				cfg->zstd_level = atoi(z + 5);
-		} else if (z && strcmp(z, "none") != 0) {
-			return ckpt_err(-EINVAL, "CKPT_COMPRESS='%s': expected none or zstd[:LEVEL]", z);
-		}
-	}
+	int codec = OPT(o, compress_codec, 0);
+	if (codec != 0 && codec != CKPT_CODEC_ZSTD && codec != CKPT_CODEC_BYTEGROUP)
+		return ckpt_err(-EINVAL, "compress codec %d: expected zstd (%d) or bytegroup (%d)",
+		                codec, CKPT_CODEC_ZSTD, CKPT_CODEC_BYTEGROUP);
+	cfg->compress_codec = codec == CKPT_CODEC_BYTEGROUP ? IO_CODEC_BYTEGROUP : IO_CODEC_ZSTD;
+	if (cfg->zstd_level < 0 && (rc = env_compress(cfg)))
+		return rc;
 	if (cfg->zstd_level < 0 || cfg->zstd_level > 22)
 		return ckpt_err(-EINVAL, "zstd level %d: expected 0 (off) to 22", cfg->zstd_level);
+	cfg->compress_threads = OPT(o, compress_threads, 0u);
+	if (!cfg->compress_threads) {
+		if ((rc = env_int("CKPT_COMPRESS_THREADS", 1, CONFIG_MAX_COMPRESS_THREADS, &v)) < 0)
+			return rc;
+		cfg->compress_threads = rc ? (unsigned)v : default_compress_threads(cfg->node_size);
+	}
+	if (cfg->compress_threads > CONFIG_MAX_COMPRESS_THREADS)
+		return ckpt_err(-EINVAL, "compress threads %u: at most %u", cfg->compress_threads,
+		                CONFIG_MAX_COMPRESS_THREADS);
 	cfg->max_inflight = OPT(o, max_inflight, 0u);
 	if (!cfg->max_inflight)
 		cfg->max_inflight = 2;

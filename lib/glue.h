@@ -35,6 +35,8 @@ struct glue_config {
 	size_t   secret_len;
 	size_t   pool_bytes, chunk_bytes;
 	int      zstd_level;
+	uint8_t  compress_codec;   /* enum io_codec: IO_CODEC_ZSTD or IO_CODEC_BYTEGROUP */
+	unsigned compress_threads; /* of each shard writer (>= 1) */
 	unsigned max_inflight, timeout_ms, queue_depth;
 	unsigned gds;              /* enum ckpt_gds bits asked for (0: none) */
 	/* This rank's node: ranks node_first .. node_first+node_size-1 (1: unknown). */

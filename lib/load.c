@@ -857,6 +857,7 @@ const char *ckpt_codec_name(int codec)
 	switch (codec) {
 	case CKPT_CODEC_RAW:  return "raw";
 	case CKPT_CODEC_ZSTD: return "zstd";
+	case CKPT_CODEC_BYTEGROUP: return "bytegroup";
 	default:              return "?";
 	}
 }

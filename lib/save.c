@@ -844,7 +844,8 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	struct io_writer_opts wo = {
 		.step = s->step, .rank = (uint32_t)c->cfg.rank, .world = (uint32_t)c->cfg.world,
 		.save_id = s->save_id, .size_hint = save_size_hint(c, s),
-		.zstd_level = c->cfg.zstd_level, .block_bytes = IO_BLOCK_BYTES,
+		.zstd_level = c->cfg.zstd_level, .codec = c->cfg.compress_codec,
+		.compress_threads = c->cfg.compress_threads, .block_bytes = IO_BLOCK_BYTES,
 		.mode = c->cfg.file_mode,
 	};
 	if (!glue_remote(c)) {

@@ -26,8 +26,12 @@ extern "C" {
 
 /* ------------------------------------------------------------------ chunk placement */
 
-enum ckpt_codec { CKPT_CODEC_RAW = 0, CKPT_CODEC_ZSTD = 1 };
-/* "raw", "zstd", or "?". */
+/* How a chunk is stored (docs/format.md §5): raw; one zstd frame; bytegroup, the bytes
+ * of floating-point elements split into planes, each zstd-compressed where that pays.
+ * CKPT_CODEC_ZSTD and CKPT_CODEC_BYTEGROUP also name what a save compresses with
+ * (ckpt_opts.compress_codec). */
+enum ckpt_codec { CKPT_CODEC_RAW = 0, CKPT_CODEC_ZSTD = 1, CKPT_CODEC_BYTEGROUP = 2 };
+/* "raw", "zstd", "bytegroup", or "?". */
 CKPT_API const char *ckpt_codec_name(int codec);
 
 /* Placement of one stored chunk. */

@@ -232,7 +232,8 @@ struct ckpt_opts {
 	size_t      secret_len;
 	size_t      pool_bytes;    /* bound on staging memory; 0: CKPT_POOL_BYTES, then 256 MiB */
 	size_t      chunk_bytes;   /* chunk size, multiple of 4096; 0: CKPT_CHUNK_BYTES, then 16 MiB */
-	int         zstd_level;    /* 0: store raw (default); -1: CKPT_COMPRESS; 1..22 */
+	int         zstd_level;    /* 0: store raw (default); -1: CKPT_COMPRESS; 1..22: the
+	                            * level of the codec compress_codec names */
 	unsigned    max_inflight;  /* saves in flight at once; 0: 2 */
 	unsigned    timeout_ms;    /* commit timeout; 0: CKPT_TIMEOUT_MS, then 120000 */
 	unsigned    queue_depth;   /* io_uring writes in flight; 0: 8 */
@@ -265,6 +266,18 @@ struct ckpt_opts {
 	 * the root: "ckptd://HOST:PORT[,HOST:PORT...]" (docs/ckptd.md). NULL:
 	 * CKPT_TARGET, then the root. With a target, root is not used. */
 	const char *target;
+	/* What a save compresses with when zstd_level > 0 (enum ckpt_codec in
+	 * ckpt/catalog.h): CKPT_CODEC_ZSTD (0 means it too: the default), or
+	 * CKPT_CODEC_BYTEGROUP: the bytes of bf16, f16, f32 and f64 elements split into
+	 * planes, the planes that pay compressed with zstd (other dtypes: zstd). With
+	 * zstd_level -1, CKPT_COMPRESS chooses both: none, zstd[:LEVEL] or
+	 * bytegroup[:LEVEL] (docs/operations.md). */
+	int         compress_codec;
+	/* Threads that compress one rank's chunks while its writes go on (the pool bounds
+	 * the chunks they hold); 0: CKPT_COMPRESS_THREADS, then half of the rank's CPUs
+	 * (those it is pinned to, else the host's divided among the node's ranks), at
+	 * most 4, at least 1. At most 64. */
+	unsigned    compress_threads;
 	/* append only */
 };
 

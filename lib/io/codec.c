@@ -1,13 +1,25 @@
 /*
  * codec.c — chunk identity and compression: XXH3-128 of the raw bytes (stored in
  * xxHash's canonical, big-endian form so the bytes mean the same on every host),
- * of a chunk and of each of its blocks in the same pass (docs/format.md §3a), and
- * one-shot zstd frames (docs/format.md §5).
+ * of a chunk and of each of its blocks in the same pass (docs/format.md §3a),
+ * one-shot zstd frames, and byte-grouped planes of floating-point chunks
+ * (docs/format.md §5).
+ *
+ * Byte grouping: the bytes of a floating-point element differ in what they hold.
+ * The byte(s) with the sign and exponent take few values across a tensor of
+ * trained weights or optimizer moments; the low mantissa bytes are close to
+ * random. zstd over the interleaved bytes sees neither; split into planes (plane
+ * p = byte p of every element), the exponent planes compress several-fold and the
+ * mantissa planes are stored as they are, without spending time on them twice
+ * (once compressing, once decompressing).
  *
  * zstd's size_t results are converted here and never leave this file. Contexts
  * are expensive to create (hundreds of KiB), so each thread keeps one
  * compression and one decompression context in thread-specific data, freed by
- * the key's destructor when the thread exits.
+ * the key's destructor when the thread exits. Byte grouping keeps one plane there
+ * too (up to half a chunk: what one plane is gathered into or decompressed into):
+ * the writer's compression workers free theirs when the save ends, a thread that
+ * loads keeps its own as it keeps its zstd context.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -123,6 +135,8 @@ void io_hash_hex(const uint8_t h[CKPT_HASH_BYTES], char out[2 * CKPT_HASH_BYTES 
 struct zstd_ctxs {
 	ZSTD_CCtx *c;
 	ZSTD_DCtx *d;
+	uint8_t   *plane;        /* byte grouping: one plane, gathered or decompressed */
+	size_t     plane_cap;
 };
 
 static pthread_key_t ctx_key;
@@ -133,6 +147,7 @@ static void ctx_destroy(void *p)
 	struct zstd_ctxs *z = p;
 	ZSTD_freeCCtx(z->c);
 	ZSTD_freeDCtx(z->d);
+	ckpt_free(z->plane);
 	ckpt_free(z);
 }
 
@@ -191,4 +206,248 @@ int io_codec_decompress(void *dst, size_t raw_len, const void *src, size_t n)
 		return ckpt_err(CKPT_ECORRUPT, "zstd: decompressed %zu bytes, expected %zu", r,
 		                raw_len);
 	return 0;
+}
+
+/* ------------------------------------------------------------------ byte grouping */
+
+unsigned io_bytegroup_width(int dtype)
+{
+	switch (dtype) {
+	case CKPT_BF16: case CKPT_F16: return 2;
+	case CKPT_F32:                 return 4;
+	case CKPT_F64:                 return 8;
+	default:                       return 0;   /* fp8 has one byte; integers: plain zstd */
+	}
+}
+
+/* Bytes of plane p of n raw bytes of width-byte elements: one per element, and one
+ * more for the planes the trailing partial element reaches. */
+static size_t plane_bytes(size_t n, unsigned width, unsigned p)
+{
+	return n / width + (p < n % width);
+}
+
+/* This thread's plane buffer, of at least n bytes; NULL on -ENOMEM. */
+static uint8_t *plane_buf(struct zstd_ctxs *z, size_t n)
+{
+	if (n <= z->plane_cap)
+		return z->plane;
+	uint8_t *p = ckpt_malloc(n ? n : 1);
+	if (!p)
+		return NULL;
+	ckpt_free(z->plane);
+	z->plane = p;
+	z->plane_cap = n;
+	return p;
+}
+
+/* The constant widths let the compiler unroll the strided loops. */
+#define BG_GATHER(W)                                                     \
+	for (size_t i = 0; i < m; i++)                                   \
+		out[i] = src[i * (W) + p]
+#define BG_SCATTER(W)                                                    \
+	for (size_t i = 0; i < m; i++)                                   \
+		dst[i * (W) + p] = in[i]
+
+static void plane_gather(uint8_t *out, const uint8_t *src, size_t n, unsigned width, unsigned p)
+{
+	size_t m = n / width;
+	switch (width) {
+	case 2: BG_GATHER(2); break;
+	case 4: BG_GATHER(4); break;
+	default: BG_GATHER(8); break;
+	}
+	if (p < n % width)
+		out[m] = src[m * width + p];
+}
+
+static void plane_scatter(uint8_t *dst, const uint8_t *in, size_t n, unsigned width, unsigned p)
+{
+	size_t m = n / width;
+	switch (width) {
+	case 2: BG_SCATTER(2); break;
+	case 4: BG_SCATTER(4); break;
+	default: BG_SCATTER(8); break;
+	}
+	if (p < n % width)
+		dst[m * width + p] = in[m];
+}
+
+/* Elements sampled to tell random planes from the rest, and the collision entropy
+ * (bits a byte) from which a plane counts as random: 2^7.9 = 239 (see below). */
+#define BG_SAMPLE       4096u
+#define BG_RANDOM_INV_P 239u
+
+/*
+ * Which planes look random, from a sample of the elements spread over the chunk:
+ * those whose collision entropy (Rényi's of order 2, -log2 of the chance that two
+ * bytes drawn at random are equal) is at least 7.9 bits a byte. It is a lower bound
+ * of Shannon's entropy, so zstd's entropy coding cannot save even 1.3% of such a
+ * plane, let alone the sixteenth that makes a plane worth compressing: the
+ * mantissa planes are stored without a compression attempt, and a chunk whose
+ * planes are all random is stored raw before any byte is moved. What the sample
+ * cannot see is repetition (a plane of random bytes repeated): such a plane is
+ * stored as it is. Sum c^2 - N estimates N(N-1) times the collision chance without
+ * bias; no logarithm is needed. Returns how many planes are random.
+ */
+static unsigned planes_random(const uint8_t *src, size_t n, unsigned width, bool *random)
+{
+	size_t elems = n / width;
+	if (elems < BG_SAMPLE)
+		return 0;                  /* small chunks: just try every plane */
+	size_t stride = elems / BG_SAMPLE;
+	unsigned nrandom = 0;
+	for (unsigned p = 0; p < width; p++) {
+		uint32_t count[256] = { 0 };
+		for (size_t i = 0; i < BG_SAMPLE; i++)
+			count[src[i * stride * width + p]]++;
+		uint64_t sq = 0, s = BG_SAMPLE;
+		for (unsigned b = 0; b < 256; b++)
+			sq += (uint64_t)count[b] * count[b];
+		random[p] = (sq - s) * BG_RANDOM_INV_P <= s * (s - 1);
+		nrandom += random[p];
+	}
+	return nrandom;
+}
+
+size_t io_bytegroup_compress(void *dst, size_t cap, const void *src, size_t n, unsigned width,
+                             int level)
+{
+	if ((width != 2 && width != 4 && width != 8) || n == 0)
+		return 0;
+	size_t hdr = IO_BG_HDR_BYTES + (size_t)width * IO_BG_PLANE_BYTES;
+	struct zstd_ctxs *z = ctxs();
+	if (cap <= hdr || !z || (!z->c && !(z->c = ZSTD_createCCtx())))
+		return 0;
+	bool random[8] = { false };
+	if (planes_random(src, n, width, random) == width)
+		return 0;
+	uint8_t *plane = plane_buf(z, plane_bytes(n, width, 0));
+	if (!plane)
+		return 0;
+	uint8_t *d = dst;
+	d[0] = IO_BG_LAYOUT;
+	d[1] = (uint8_t)width;
+	d[2] = d[3] = 0;
+	size_t pos = hdr;
+	for (unsigned p = 0; p < width; p++) {
+		size_t m = plane_bytes(n, width, p), room = cap - pos, len = 0;
+		uint8_t method = IO_BG_STORED;
+		/* Worth its decompression only when it saves a sixteenth: a mantissa
+		 * plane that zstd shrinks by a percent is stored as it is. */
+		size_t want = random[p] ? 0 : m - m / 16;
+		if (want > room)
+			want = room;
+		if (want > 0) {
+			plane_gather(plane, src, n, width, p);
+			size_t r = ZSTD_compressCCtx(z->c, d + pos, want, plane, m, level);
+			if (!ZSTD_isError(r) && r < want) {
+				method = IO_BG_ZSTD;
+				len = r;
+			}
+		}
+		if (method == IO_BG_STORED) {
+			if (m > room)
+				return 0;           /* the chunk does not pay: stored raw */
+			if (want > 0)
+				memcpy(d + pos, plane, m);
+			else
+				plane_gather(d + pos, src, n, width, p);
+			len = m;
+		}
+		uint8_t *e = d + IO_BG_HDR_BYTES + (size_t)p * IO_BG_PLANE_BYTES;
+		e[0] = method;
+		e[1] = e[2] = e[3] = 0;
+		ckpt_put_le32(e + 4, (uint32_t)len);   /* <= m <= 2^30 */
+		pos += len;
+	}
+	return pos;
+}
+
+int io_bytegroup_decompress(void *dst, size_t raw_len, const void *src, size_t n,
+                            unsigned width)
+{
+	const uint8_t *s = src;
+	if (n < IO_BG_HDR_BYTES)
+		return ckpt_err(CKPT_ECORRUPT, "bytegroup: %zu bytes, shorter than its header", n);
+	if (s[0] != IO_BG_LAYOUT)
+		return ckpt_err(CKPT_ECORRUPT, "bytegroup: layout %u unknown", s[0]);
+	if (s[1] != width || s[2] || s[3])
+		return ckpt_err(CKPT_ECORRUPT, "bytegroup: element width %u (reserved 0x%02x%02x), "
+		                "expected %u from the tensor's dtype", s[1], s[2], s[3], width);
+	if (width != 2 && width != 4 && width != 8)
+		return ckpt_err(CKPT_ECORRUPT, "bytegroup: element width %u", width);
+	size_t hdr = IO_BG_HDR_BYTES + (size_t)width * IO_BG_PLANE_BYTES;
+	if (n < hdr)
+		return ckpt_err(CKPT_ECORRUPT, "bytegroup: %zu bytes, shorter than the header of "
+		                "%u planes (%zu)", n, width, hdr);
+	/* Every plane's place first, before any byte is written: the lengths must
+	 * tile the stored bytes exactly. */
+	uint64_t total = hdr;
+	for (unsigned p = 0; p < width; p++) {
+		const uint8_t *e = s + IO_BG_HDR_BYTES + (size_t)p * IO_BG_PLANE_BYTES;
+		uint32_t len = ckpt_get_le32(e + 4);
+		size_t m = plane_bytes(raw_len, width, p);
+		if (e[1] | e[2] | e[3])
+			return ckpt_err(CKPT_ECORRUPT, "bytegroup: plane %u: reserved bytes not zero", p);
+		if (e[0] == IO_BG_STORED ? len != m : e[0] != IO_BG_ZSTD || len == 0)
+			return ckpt_err(CKPT_ECORRUPT, "bytegroup: plane %u: method %u with %u bytes "
+			                "(the plane holds %zu)", p, e[0], len, m);
+		total += len;              /* width <= 8 lengths of 32 bits: no overflow */
+	}
+	if (total != n)
+		return ckpt_err(CKPT_ECORRUPT, "bytegroup: planes and header take %llu bytes, %zu "
+		                "are stored", (unsigned long long)total, n);
+	struct zstd_ctxs *z = NULL;
+	uint8_t *plane = NULL;
+	size_t pos = hdr;
+	for (unsigned p = 0; p < width; p++) {
+		const uint8_t *e = s + IO_BG_HDR_BYTES + (size_t)p * IO_BG_PLANE_BYTES;
+		size_t len = ckpt_get_le32(e + 4), m = plane_bytes(raw_len, width, p);
+		const uint8_t *in = s + pos;
+		pos += len;
+		if (e[0] == IO_BG_STORED) {
+			plane_scatter(dst, in, raw_len, width, p);
+			continue;
+		}
+		if (!plane) {
+			z = ctxs();
+			if (!z || (!z->d && !(z->d = ZSTD_createDCtx())) ||
+			    !(plane = plane_buf(z, plane_bytes(raw_len, width, 0))))
+				return ckpt_err(-ENOMEM, "bytegroup: decompression context and plane");
+		}
+		int rc = io_codec_decompress(plane, m, in, len);
+		if (rc)
+			return ckpt_err_prefix(rc, "bytegroup: plane %u", p);
+		plane_scatter(dst, plane, raw_len, width, p);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ one chunk */
+
+size_t io_chunk_encode(uint8_t codec, int level, int dtype, void *dst, size_t cap,
+                       const void *src, size_t n, uint8_t *used)
+{
+	unsigned width = codec == IO_CODEC_BYTEGROUP ? io_bytegroup_width(dtype) : 0;
+	size_t r;
+	if (width) {
+		*used = IO_CODEC_BYTEGROUP;
+		r = io_bytegroup_compress(dst, cap, src, n, width, level);
+	} else {
+		*used = IO_CODEC_ZSTD;
+		r = io_codec_compress(dst, cap, src, n, level);
+	}
+	return r;
+}
+
+int io_chunk_decode(uint8_t codec, int dtype, void *dst, size_t raw_len, const void *src,
+                    size_t n)
+{
+	if (codec == IO_CODEC_ZSTD)
+		return io_codec_decompress(dst, raw_len, src, n);
+	if (codec == IO_CODEC_BYTEGROUP && io_bytegroup_width(dtype))
+		return io_bytegroup_decompress(dst, raw_len, src, n, io_bytegroup_width(dtype));
+	return ckpt_err(CKPT_ECORRUPT, "codec %u for a chunk of dtype %s", codec,
+	                ckpt_dtype_name(dtype));
 }

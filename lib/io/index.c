@@ -33,12 +33,17 @@ int io_index_encode(const struct io_shard_index *ix, void **out, size_t *len)
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
 	/* The lowest version that expresses the index: 1 has no block hashes, 2 no save
-	 * id; 3 has both (a save id needs the version-2 fields before it). */
+	 * id; 3 has both (a save id needs the version-2 fields before it); 4 is 3 with
+	 * bytegroup chunks. */
 	bool v3 = ix->save_id != 0, v2 = v3 || ix->block_bytes != 0;
+	bool v4 = io_index_has_bytegroup(ix);
 	if (v3 && !ix->block_bytes)
 		return ckpt_err(-EINVAL, "shard index: a save id needs block hashes (version 3)");
+	if (v4 && !v3)
+		return ckpt_err(-EINVAL, "shard index: bytegroup chunks need a save id (version %u)",
+		                IO_BYTEGROUP_VERSION);
 	ckpt_buf_put(&b, IO_INDEX_MAGIC, IO_MAGIC_BYTES);
-	ckpt_buf_u32(&b, v3 ? 3 : v2 ? 2 : 1);
+	ckpt_buf_u32(&b, v4 ? IO_BYTEGROUP_VERSION : v3 ? 3 : v2 ? 2 : 1);
 	ckpt_buf_u32(&b, 0);                         /* flags: none defined */
 	ckpt_buf_u64(&b, ix->step);
 	ckpt_buf_u32(&b, ix->rank);
@@ -121,6 +126,14 @@ int io_index_find(const struct io_shard_index *ix, const char *name)
 		if (!strcmp(ix->tensors[i].name, name))
 			return (int)i;
 	return -1;
+}
+
+bool io_index_has_bytegroup(const struct io_shard_index *ix)
+{
+	for (uint32_t k = 0; k < ix->nchunks; k++)
+		if (ix->chunks[k].codec == IO_CODEC_BYTEGROUP)
+			return true;
+	return false;
 }
 
 uint64_t io_index_nblocks(const struct io_shard_index *ix)
@@ -230,7 +243,7 @@ static int chunk_decode(struct ckpt_cursor *c, struct io_chunk_entry *k, uint32_
 	memcpy(k->hash, h, CKPT_HASH_BYTES);
 	if (pad[0] | pad[1] | pad[2])
 		return BAD("chunk %u: reserved bytes not zero", i);
-	if (k->codec != IO_CODEC_RAW && k->codec != IO_CODEC_ZSTD)
+	if (k->codec != IO_CODEC_RAW && k->codec != IO_CODEC_ZSTD && k->codec != IO_CODEC_BYTEGROUP)
 		return BAD("chunk %u: codec %u unknown", i, k->codec);
 	if (k->raw_len == 0 || k->raw_len > IO_MAX_CHUNK_BYTES)
 		return BAD("chunk %u: raw_len %llu outside [1, %llu]", i,
@@ -239,8 +252,9 @@ static int chunk_decode(struct ckpt_cursor *c, struct io_chunk_entry *k, uint32_
 		return BAD("chunk %u: raw chunk with stored_len %llu != raw_len %llu", i,
 		           (unsigned long long)k->stored_len, (unsigned long long)k->raw_len);
 	/* A compressed chunk is stored only when it is smaller (docs/format.md §5). */
-	if (k->codec == IO_CODEC_ZSTD && (k->stored_len == 0 || k->stored_len > k->raw_len))
-		return BAD("chunk %u: zstd stored_len %llu outside [1, raw_len %llu]", i,
+	if (k->codec != IO_CODEC_RAW && (k->stored_len == 0 || k->stored_len > k->raw_len))
+		return BAD("chunk %u: %s stored_len %llu outside [1, raw_len %llu]", i,
+		           k->codec == IO_CODEC_ZSTD ? "zstd" : "bytegroup",
 		           (unsigned long long)k->stored_len, (unsigned long long)k->raw_len);
 	if (k->file_offset % CKPT_ALIGN)
 		return BAD("chunk %u: file_offset %llu not a multiple of %u", i,
@@ -250,6 +264,30 @@ static int chunk_decode(struct ckpt_cursor *c, struct io_chunk_entry *k, uint32_
 		return BAD("chunk %u: file range [%llu, +%llu) outside [%u, data_end %llu)", i,
 		           (unsigned long long)k->file_offset, (unsigned long long)k->stored_len,
 		           IO_HEADER_BYTES, (unsigned long long)data_end);
+	return 0;
+}
+
+/* Bytegroup chunks (version 4): only in an index of that version, which holds at
+ * least one (the lowest version that expresses it: the encoding stays canonical),
+ * and only of tensors whose dtype has byte planes. Runs after runs_check, which
+ * proved every chunk's tensor index valid. */
+static int codecs_check(const struct io_shard_index *ix, uint32_t version)
+{
+	bool any = false;
+	for (uint32_t k = 0; k < ix->nchunks; k++) {
+		const struct io_chunk_entry *c = &ix->chunks[k];
+		if (c->codec != IO_CODEC_BYTEGROUP)
+			continue;
+		const struct io_tensor_entry *te = &ix->tensors[c->tensor];
+		if (version < IO_BYTEGROUP_VERSION)
+			return BAD("chunk %u: bytegroup codec in a version-%u index", k, version);
+		if (!io_bytegroup_width(te->dtype))
+			return BAD("chunk %u: bytegroup codec for tensor '%s' of dtype %s", k,
+			           te->name, ckpt_dtype_name(te->dtype));
+		any = true;
+	}
+	if (version >= IO_BYTEGROUP_VERSION && !any)
+		return BAD("version %u without a bytegroup chunk", version);
 	return 0;
 }
 
@@ -450,6 +488,8 @@ static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 	if (c->left)
 		return BAD("%zu bytes of trailing garbage", c->left);
 	int rc = runs_check(ix);
+	if (!rc)
+		rc = codecs_check(ix, version);
 	if (!rc && ix->block_bytes)
 		rc = blocks_place_check(ix);
 	return rc ? rc : overlap_and_names_check(ix);

@@ -18,7 +18,7 @@
 
 #include "ckpt_internal.h"
 
-#define IO_FORMAT_VERSION    3u   /* 3: the save id (header, index) */
+#define IO_FORMAT_VERSION    4u   /* 3: the save id (header, index); 4: bytegroup */
 #define IO_HEADER_BYTES      4096u            /* first block of every shard file */
 #define IO_TRAILER_BYTES     64u              /* last bytes of every shard file */
 #define IO_MAX_CHUNK_BYTES   (1ull << 30)     /* largest raw chunk a reader accepts */
@@ -28,7 +28,11 @@
 #define IO_BLOCK_BYTES       (256u << 10)
 #define IO_MIN_BLOCK_BYTES   4096u
 
-enum io_codec { IO_CODEC_RAW = 0, IO_CODEC_ZSTD = 1 };
+enum io_codec { IO_CODEC_RAW = 0, IO_CODEC_ZSTD = 1, IO_CODEC_BYTEGROUP = 2 };
+/* The format version that introduced the bytegroup codec (docs/format.md §7): an
+ * index with a bytegroup chunk is of this version at least, and so is the trailer of
+ * its file. */
+#define IO_BYTEGROUP_VERSION 4u
 enum io_tensor_flags { IO_TENSOR_BLOB = 1u << 0 };
 
 /* ------------------------------------------------------------------ shard index */
@@ -95,6 +99,8 @@ int  io_index_decode(const void *buf, size_t len, struct io_shard_index **out);
 void io_index_free(struct io_shard_index *ix);
 /* Index of the tensor named name, or -1. Linear; callers build their own maps. */
 int  io_index_find(const struct io_shard_index *ix, const char *name);
+/* Whether some chunk of ix has the bytegroup codec (the index is then of version 4). */
+bool io_index_has_bytegroup(const struct io_shard_index *ix);
 /* Block hashes the chunk list of a decoded index implies (sum of io_chunk_nblocks). */
 uint64_t io_index_nblocks(const struct io_shard_index *ix);
 
@@ -135,6 +141,26 @@ void io_hash_hex(const uint8_t h[CKPT_HASH_BYTES], char out[2 * CKPT_HASH_BYTES 
  * frame or a size other than raw_len. */
 size_t io_codec_compress(void *dst, size_t cap, const void *src, size_t n, int level);
 int    io_codec_decompress(void *dst, size_t raw_len, const void *src, size_t n);
+/* Byte grouping (docs/format.md §5): the element width whose bytes are split into
+ * planes for dtype (2 for bf16 and f16, 4 for f32, 8 for f64), or 0 for dtypes that
+ * are not (they use plain zstd). compress returns the stored size (header and
+ * planes), or 0 when it would not fit in cap (store raw); a plane is zstd-compressed
+ * at level only where that saves at least a sixteenth of it. decompress checks every
+ * length of the stored bytes before use and returns CKPT_ECORRUPT on any mismatch. */
+unsigned io_bytegroup_width(int dtype);
+size_t io_bytegroup_compress(void *dst, size_t cap, const void *src, size_t n, unsigned width,
+                             int level);
+int    io_bytegroup_decompress(void *dst, size_t raw_len, const void *src, size_t n,
+                               unsigned width);
+/* A chunk of a tensor of dtype with the codec a save asked for (IO_CODEC_ZSTD or
+ * IO_CODEC_BYTEGROUP; bytegroup is zstd for dtypes without planes): the stored size
+ * and in *used the codec of the stored bytes, or 0 when raw is stored. decode: the
+ * inverse for a chunk of codec (not raw); CKPT_ECORRUPT as the codecs', or for a codec
+ * the dtype cannot have. Any thread (each keeps its own contexts). */
+size_t io_chunk_encode(uint8_t codec, int level, int dtype, void *dst, size_t cap,
+                       const void *src, size_t n, uint8_t *used);
+int    io_chunk_decode(uint8_t codec, int dtype, void *dst, size_t raw_len, const void *src,
+                       size_t n);
 
 /* ------------------------------------------------------------------ pool */
 
@@ -216,6 +242,9 @@ struct io_writer_opts {
 	uint64_t save_id;          /* the attempt writing it (format 3); 0: format 1 or 2 */
 	uint64_t size_hint;        /* bytes to size the file to up front; 0: none */
 	int      zstd_level;       /* 0 stores raw */
+	uint8_t  codec;            /* with zstd_level > 0: IO_CODEC_ZSTD (0 too) or
+	                            * IO_CODEC_BYTEGROUP (which needs a save id: format 4) */
+	unsigned compress_threads; /* workers compressing chunks; 0: append compresses */
 	uint32_t block_bytes;      /* block hashes' block size, or 0 (see below) */
 	unsigned mode;             /* of the new file; 0: 0600 */
 };
@@ -254,20 +283,23 @@ struct io_append {
 	 * NULL: the writer writes buf. */
 	const struct io_ext_write *ext;
 	/* The bytes in buf are already encoded by whoever made them (a rank saving
-	 * through ckptd compresses before it sends): codec IO_CODEC_ZSTD with stored_len
-	 * bytes of a zstd frame of the len raw bytes; hashes (of the raw bytes) is then
-	 * required and nothing is hashed or compressed here. IO_CODEC_RAW: buf holds
-	 * the raw bytes (stored_len unused). */
+	 * through ckptd compresses before it sends): codec IO_CODEC_ZSTD or
+	 * IO_CODEC_BYTEGROUP (a tensor of a dtype with planes, a writer with a save id)
+	 * with stored_len (<= len) bytes encoding the len raw bytes; hashes (of the raw
+	 * bytes) is then required and nothing is hashed or compressed here. The reader
+	 * checks the encoding. IO_CODEC_RAW: buf holds the raw bytes (stored_len unused). */
 	uint8_t codec;
 	size_t  stored_len;
 };
 /* Append the next chunk of tensor t: len raw bytes in pool buffer buf, with the
  * optional parts in opt (NULL: none). Ownership of buf passes to the writer in every
  * case (success or failure); it returns to the pool when its write completes.
- * Hashes, compresses when enabled and smaller, queues the write; blocks only while
- * the engine's queue is full, or while the pool is empty and this writer's writes
- * hold buffers (so that it never returns with the pool empty because of completions
- * nobody reaped). Chunks of a tensor are appended in order; a tensor's chunks are
+ * Hashes, hands the chunk to the compression workers when enabled (or compresses
+ * it here without workers; kept only when smaller), queues the writes of the
+ * chunks that are ready, in append order; blocks only while the engine's queue is
+ * full, while the workers' ring is full, or while the pool is empty and this
+ * writer's ring or writes hold buffers (so that it never returns with the pool
+ * empty because of work nobody collected). Chunks of a tensor are appended in order; a tensor's chunks are
  * consecutive. Errors: -EINVAL (a chunk out of that order, or larger than its
  * tensor's rest or a pool buffer; opt->ext without its write or opt->hashes),
  * -ENOMEM, -EIO, -ENOSPC, ... */

@@ -56,6 +56,15 @@
 /* First version whose files have block tables. */
 #define IO_BLOCKS_VERSION      2u
 
+/* The bytegroup codec's stored bytes (docs/format.md §5): a 4-byte header (layout,
+ * element width, reserved 2), one 8-byte entry per plane (method, reserved 3, stored
+ * length 4), then the planes in order. */
+#define IO_BG_HDR_BYTES    4u
+#define IO_BG_PLANE_BYTES  8u
+#define IO_BG_LAYOUT       1u    /* the only layout there is */
+#define IO_BG_STORED       0u    /* the plane's bytes as they are */
+#define IO_BG_ZSTD         1u    /* one zstd frame of the plane's bytes */
+
 /* ------------------------------------------------------------------ pool */
 
 /* The pool buffer that holds [addr, addr+len) entirely, or -1 (not pool memory). */

@@ -10,7 +10,7 @@
  * only checks that the file holds the data the index describes.
  *
  * A batch read goes: O_DIRECT read of the chunk's 4 KiB-rounded stored bytes into
- * a pool buffer -> zstd decompression into a second buffer when compressed ->
+ * a pool buffer -> decompression (zstd, bytegroup) into a second buffer when compressed ->
  * XXH3-128 of the raw bytes against the index -> the caller's callback. Hashing
  * and decompression of one chunk overlap the reads of the others.
  *
@@ -665,10 +665,11 @@ static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 	struct rd_mem out = { -1, NULL };
 	const void *raw = s->in.p;
 	int rc = 0;
-	if (c->codec == IO_CODEC_ZSTD) {
+	if (c->codec != IO_CODEC_RAW) {
 		if ((rc = mem_get(b, (size_t)c->raw_len, false, &out)))
 			return ckpt_err(rc, "%s: buffer for chunk %u", r->path, q->chunk);
-		rc = io_codec_decompress(out.p, (size_t)c->raw_len, s->in.p, (size_t)c->stored_len);
+		rc = io_chunk_decode(c->codec, r->ix->tensors[c->tensor].dtype, out.p,
+		                     (size_t)c->raw_len, s->in.p, (size_t)c->stored_len);
 		if (rc)
 			ckpt_err_prefix(rc, "tensor '%s' chunk %u (file %s, offset %llu)", tname,
 			                q->chunk, r->path, off);

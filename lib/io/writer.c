@@ -16,7 +16,21 @@
  * A chunk arrives in a pool buffer that the writer owns from then on. It is hashed
  * and (optionally) compressed in place of a copy: the raw bytes are never moved;
  * compression writes into a second pool buffer and the raw one goes back at once
- * when compression wins. Writes go to the engine with up to its depth in flight;
+ * when compression wins.
+ *
+ * Compression runs on a small group of worker threads of the writer's own, so that
+ * a save that compresses is not slower than the disk: one thread compresses at a
+ * few hundred MB/s, a disk takes several GB/s. Chunks wait in a ring in append
+ * order; workers take them in that order, and the appending thread retires them in
+ * that order too, once each is done: only then is its stored length known, and
+ * with it its place in the file. So the file and the index are laid out exactly as
+ * when compression ran inline: chunks contiguous, in append order. A chunk in the
+ * ring holds its raw buffer and its output buffer; the ring's size bounds them, and
+ * whoever waits for a pool buffer held by the ring waits for a worker, which needs
+ * nothing to finish. Block hashes of chunks in the ring wait at the end of the
+ * table, and are dropped when their chunk is stored compressed.
+ *
+ * Writes go to the engine with up to its depth in flight;
  * each completion returns its buffer to the pool, so a shard larger than the pool
  * streams through it. The first error (write failure or injected fault) is kept
  * with its message and returned by the next append or by finish; buffers still
@@ -37,10 +51,12 @@
  * footer and size: without it they are lost in a power cut (tests/crash shows
  * both). The cost is the same one directory sync per file, moved.
  *
- * Threads: a writer belongs to the thread that owns its engine.
+ * Threads: a writer belongs to the thread that owns its engine; its compression
+ * workers touch only the ring (under its lock) and the buffers of the jobs they took.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +70,21 @@
 #define COOKIE_PART   (1ull << 62)      /* only the chunk's last block (io_ext_write) */
 #define COOKIE_KMASK  0x3fffffffu       /* chunk number bits above the buffer's */
 
+/* One chunk between append and its write. */
+struct w_job {
+	uint32_t    k;             /* its chunk entry */
+	unsigned    raw;           /* pool buffer of its raw bytes */
+	int         out;           /* pool buffer to compress into, or -1: stored raw */
+	size_t      len;
+	int         dtype;
+	uint64_t    nb;            /* its block hashes at the end of the table */
+	const struct io_ext_write *ext;
+	/* set by whoever compresses it */
+	size_t      clen;          /* stored size when compressed; 0: raw */
+	uint8_t     used;          /* the codec of the compressed bytes */
+	bool        done;
+};
+
 struct io_shard_writer {
 	struct io_engine *e;
 	struct io_pool   *pool;
@@ -63,11 +94,24 @@ struct io_shard_writer {
 	uint32_t          rank, world;
 	uint64_t          save_id;         /* 0: a version 1 or 2 file */
 	int               zstd_level;
+	uint8_t           codec;           /* what to compress with (zstd_level > 0) */
+	bool              bytegroup;       /* a chunk stored bytegroup: trailer version 4 */
+	/* the ring of chunks between append and write: seq numbers, slot = seq % jcap;
+	 * [head, take) taken by a worker (or done), [take, tail) waiting for one */
+	struct w_job     *jobs;
+	unsigned          jcap;
+	uint64_t          jhead, jtake, jtail;
+	pthread_t        *threads;
+	unsigned          nthreads;        /* 0: compression runs in append */
+	bool              stop;            /* workers exit once the ring is empty */
+	pthread_mutex_t   jlock;
+	pthread_cond_t    jwork, jdone;
 	uint64_t          next_off;        /* where the next chunk goes */
 	uint32_t          version;         /* format version of the file: 2 with block hashes */
 	uint32_t          block_bytes;     /* 0: no block hashes (version 1) */
 	uint8_t          *blocks;          /* block hashes of the chunks so far, in order */
-	uint64_t          nblocks, bcap;
+	uint64_t          nblocks, bcap;   /* of written chunks; capacity */
+	uint64_t          bend;            /* end of those and of the ring's chunks' */
 	struct io_tensor_entry *tensors;
 	uint64_t         *appended;        /* raw bytes appended per tensor */
 	uint32_t          ntensors, tcap;
@@ -99,6 +143,10 @@ static int w_error(struct io_shard_writer *w)
 	ckpt_err_restore(w->err_msg);
 	return w->err;
 }
+
+/* The compression workers (below, with the ring); open starts them, w_free stops them. */
+static void w_start_workers(struct io_shard_writer *w, unsigned n);
+static void w_stop_workers(struct io_shard_writer *w);
 
 /* ------------------------------------------------------------------ completions */
 
@@ -198,6 +246,12 @@ static int write_header(struct io_shard_writer *w)
 
 static void w_free(struct io_shard_writer *w)
 {
+	w_stop_workers(w);
+	pthread_mutex_destroy(&w->jlock);
+	pthread_cond_destroy(&w->jwork);
+	pthread_cond_destroy(&w->jdone);
+	ckpt_free(w->threads);
+	ckpt_free(w->jobs);
 	if (w->fd >= 0)
 		close(w->fd);
 	for (uint32_t i = 0; i < w->ntensors; i++)
@@ -247,6 +301,12 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 		return ckpt_err(-EINVAL, "%s: zstd level %d outside [0, 22]", path, o->zstd_level);
 	if (o->save_id && !block_bytes)
 		return ckpt_err(-EINVAL, "%s: a save id needs format 3, which has block hashes", path);
+	bool bytegroup = o->zstd_level > 0 && o->codec == IO_CODEC_BYTEGROUP;
+	if (o->zstd_level > 0 && o->codec != IO_CODEC_RAW && o->codec != IO_CODEC_ZSTD && !bytegroup)
+		return ckpt_err(-EINVAL, "%s: compression codec %u unknown", path, o->codec);
+	if (bytegroup && !o->save_id)
+		return ckpt_err(-EINVAL, "%s: bytegroup needs format %u, which has a save id", path,
+		                IO_BYTEGROUP_VERSION);
 	if (!io_engine_pool(e))
 		return ckpt_err(-EINVAL, "%s: the engine has no buffer pool", path);
 	struct io_shard_writer *w = ckpt_calloc(1, sizeof *w);
@@ -254,6 +314,7 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 		ckpt_free(w);
 		return ckpt_err(-ENOMEM, "%s: writer", path);
 	}
+	w->fd = -1;                        /* w_free before the file is open */
 	w->e = e;
 	w->pool = io_engine_pool(e);
 	w->step = o->step;
@@ -261,10 +322,20 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 	w->world = o->world;
 	w->save_id = o->save_id;
 	w->zstd_level = o->zstd_level;
+	w->codec = bytegroup ? IO_CODEC_BYTEGROUP : IO_CODEC_ZSTD;
 	w->block_bytes = block_bytes;
 	/* The lowest version that can hold what this writer may write; the header is
 	 * written now, before any chunk, so the choice is the options'. */
-	w->version = o->save_id ? 3 : block_bytes ? 2 : 1;
+	w->version = bytegroup ? IO_BYTEGROUP_VERSION : o->save_id ? 3 : block_bytes ? 2 : 1;
+	pthread_mutex_init(&w->jlock, NULL);
+	pthread_cond_init(&w->jwork, NULL);
+	pthread_cond_init(&w->jdone, NULL);
+	unsigned nt = o->zstd_level > 0 ? o->compress_threads : 0;
+	w->jcap = nt ? 2 * nt : 1;
+	if (!(w->jobs = ckpt_calloc(w->jcap, sizeof *w->jobs))) {
+		w_free(w);
+		return ckpt_err(-ENOMEM, "%s: writer", path);
+	}
 	w->next_off = IO_HEADER_BYTES;
 	w->cur = -1;
 	/* O_EXCL: never truncate a file that is not this writer's (a stale process's
@@ -298,6 +369,7 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 		w_free(w);
 		return rc;
 	}
+	w_start_workers(w, nt);
 	*out = w;
 	return 0;
 }
@@ -447,35 +519,243 @@ static int append_check(struct io_shard_writer *w, uint32_t t, size_t len)
 	return 0;
 }
 
-/* Try to compress buf's len bytes into a second pool buffer. Returns that buffer's
- * index and its compressed size in *clen, or -1 when raw is stored. */
-static int try_compress(struct io_shard_writer *w, const void *src, size_t len, size_t *clen)
+/* ------------------------------------------------------------------ compression ring */
+
+static struct w_job *job_at(const struct io_shard_writer *w, uint64_t seq)
 {
-	int ob = io_pool_get(w->pool, 0);
-	if (ob < 0 && w->inflight) {
-		/* A write of ours will hand a buffer back: wait for it (backpressure). */
-		if (io_engine_reap(w->e, true) >= 0)
-			ob = io_pool_get(w->pool, 0);
-	}
-	if (ob < 0)
-		return -1;   /* the caller holds the pool: raw is always correct */
-	/* cap len - 1: compression counts only if it is strictly smaller. */
-	size_t n = io_codec_compress(io_pool_addr(w->pool, (unsigned)ob), len - 1, src, len,
-	                             w->zstd_level);
-	if (n == 0) {
-		io_pool_put(w->pool, (unsigned)ob);
-		return -1;
-	}
-	*clen = n;
-	return ob;
+	return &w->jobs[seq % w->jcap];
 }
 
-/* Room for nb more block hashes; NULL on -ENOMEM (message recorded). */
+/* Compress job j (in a worker, or in append without workers): its own buffers only. */
+static void job_compress(struct io_shard_writer *w, struct w_job *j)
+{
+	/* cap len - 1: compression counts only if it is strictly smaller. */
+	j->clen = io_chunk_encode(w->codec, w->zstd_level, j->dtype,
+	                          io_pool_addr(w->pool, (unsigned)j->out), j->len - 1,
+	                          io_pool_addr(w->pool, j->raw), j->len, &j->used);
+}
+
+static void *w_worker(void *arg)
+{
+	struct io_shard_writer *w = arg;
+	pthread_mutex_lock(&w->jlock);
+	for (;;) {
+		while (!w->stop && w->jtake == w->jtail)
+			pthread_cond_wait(&w->jwork, &w->jlock);
+		if (w->jtake == w->jtail)
+			break;                 /* stopping, and nothing left to take */
+		struct w_job *j = job_at(w, w->jtake++);
+		if (j->done)
+			continue;              /* stored raw: nothing to compress */
+		pthread_mutex_unlock(&w->jlock);
+		job_compress(w, j);
+		pthread_mutex_lock(&w->jlock);
+		j->done = true;
+		pthread_cond_broadcast(&w->jdone);
+	}
+	pthread_mutex_unlock(&w->jlock);
+	return NULL;
+}
+
+/* Workers for a writer that compresses: as many as asked for that start (none
+ * starting is not an error: append compresses then). */
+static void w_start_workers(struct io_shard_writer *w, unsigned n)
+{
+	if (!n || !(w->threads = ckpt_calloc(n, sizeof *w->threads)))
+		return;
+	for (unsigned i = 0; i < n; i++) {
+		int rc = ckpt_thread_create(&w->threads[i], NULL, w_worker, w);
+		if (rc) {
+			ckpt_log(CKPT_LOG_WARN, "%s: compression thread %u of %u: %s; going on with %u",
+			         w->path, i + 1, n, ckpt_strerror(-rc), i);
+			break;
+		}
+		w->nthreads++;
+	}
+}
+
+/* Stop the workers once the ring is empty (every path: finish, abort, open failed). */
+static void w_stop_workers(struct io_shard_writer *w)
+{
+	if (!w->nthreads)
+		return;
+	pthread_mutex_lock(&w->jlock);
+	w->stop = true;
+	pthread_cond_broadcast(&w->jwork);
+	pthread_mutex_unlock(&w->jlock);
+	for (unsigned i = 0; i < w->nthreads; i++)
+		pthread_join(w->threads[i], NULL);
+	w->nthreads = 0;
+}
+
+/* Queue chunk k's stored bytes (in pool buffer wbuf) at the end of the file. */
+static int w_write_chunk(struct io_shard_writer *w, uint32_t k, unsigned wbuf,
+                         const struct io_ext_write *ext)
+{
+	struct io_chunk_entry *c = &w->chunks[k];
+	uint8_t *p = io_pool_addr(w->pool, wbuf);
+	uint64_t padded = ckpt_align_up(c->stored_len, CKPT_ALIGN);
+	if (padded > io_pool_len(w->pool, wbuf)) {
+		/* A small buffer taken for a chunk that does not fit it (io_pool_get_fit). */
+		io_pool_put(w->pool, wbuf);
+		return w_fail(w, ckpt_err(-EINVAL, "%s: chunk of %llu bytes in pool buffer %u of "
+		                          "%zu", w->path, (unsigned long long)c->stored_len, wbuf,
+		                          io_pool_len(w->pool, wbuf)));
+	}
+	memset(p + c->stored_len, 0, (size_t)(padded - c->stored_len));
+	c->file_offset = w->next_off;
+	w->next_off += padded;
+	w->stored += c->stored_len;
+	/* An external writer (GPUDirect Storage) writes the whole 4 KiB blocks from its
+	 * own copy of the bytes, here and now; the partial last block, zero-padded, goes
+	 * out from the pool buffer like any chunk. */
+	uint64_t done = ext ? ckpt_align_down(c->raw_len, CKPT_ALIGN) : 0;
+	int rc;
+	if (ext && k > COOKIE_KMASK) {
+		io_pool_put(w->pool, wbuf);
+		return w_fail(w, ckpt_err(-EINVAL, "%s: chunk %u: too many chunks for an external "
+		                          "write", w->path, k));
+	}
+	if (done && (rc = ext->write(ext->arg, w->fd, w->path, c->file_offset, (size_t)done))) {
+		io_pool_put(w->pool, wbuf);
+		return w_fail(w, rc);
+	}
+	if (done == padded) {
+		io_pool_put(w->pool, wbuf);
+		return 0;
+	}
+	rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p + done, (size_t)(padded - done),
+	                     c->file_offset + done, w_write_done, w,
+	                     (uint64_t)k << 32 | wbuf | (done ? COOKIE_PART : 0));
+	if (rc < 0) {
+		io_pool_put(w->pool, wbuf);
+		ckpt_err(rc, "queue write %s at offset %llu", w->path,
+		         (unsigned long long)(c->file_offset + done));
+		return w_fail(w, rc);
+	}
+	w->inflight++;
+	return 0;
+}
+
+/* The oldest job, done: its stored form decided, its place in the file taken and
+ * its write queued (or, once the writer failed, its buffers given back). */
+static void w_retire_head(struct io_shard_writer *w)
+{
+	struct w_job *j = job_at(w, w->jhead);
+	struct io_chunk_entry *c = &w->chunks[j->k];
+	unsigned wbuf = j->raw;
+	if (j->out >= 0 && j->clen) {
+		io_pool_put(w->pool, j->raw);   /* the raw copy is no longer needed */
+		wbuf = (unsigned)j->out;
+		c->codec = j->used;
+		c->stored_len = j->clen;
+		w->bytegroup |= j->used == IO_CODEC_BYTEGROUP;
+	} else if (j->out >= 0) {
+		io_pool_put(w->pool, (unsigned)j->out);
+	}
+	/* Its block hashes sit right after those of the chunks written before it. */
+	if (c->codec == IO_CODEC_RAW) {
+		w->nblocks += j->nb;
+	} else if (j->nb) {
+		/* compressed chunks are read whole: no blocks */
+		uint8_t *at = w->blocks + w->nblocks * CKPT_HASH_BYTES;
+		memmove(at, at + j->nb * CKPT_HASH_BYTES,
+		        (size_t)(w->bend - w->nblocks - j->nb) * CKPT_HASH_BYTES);
+		w->bend -= j->nb;
+	}
+	w->jhead++;
+	if (w->err)
+		io_pool_put(w->pool, wbuf);
+	else
+		w_write_chunk(w, j->k, wbuf, j->ext);
+}
+
+/* Retire the jobs that are done, oldest first; with wait, wait for the oldest
+ * first. Returns how many were retired. */
+static unsigned w_retire(struct io_shard_writer *w, bool wait)
+{
+	unsigned n = 0;
+	if (w->nthreads)
+		pthread_mutex_lock(&w->jlock);
+	while (w->jhead != w->jtail) {
+		struct w_job *j = job_at(w, w->jhead);
+		if (!j->done) {
+			if (!wait || n || !w->nthreads)
+				break;
+			pthread_cond_wait(&w->jdone, &w->jlock);   /* only with workers */
+			continue;
+		}
+		if (w->nthreads)
+			pthread_mutex_unlock(&w->jlock);
+		w_retire_head(w);          /* may reap, which never touches the ring */
+		n++;
+		if (w->nthreads)
+			pthread_mutex_lock(&w->jlock);
+	}
+	if (w->nthreads)
+		pthread_mutex_unlock(&w->jlock);
+	return n;
+}
+
+/* Everything in the ring retired (written, or released after a failure). */
+static void w_retire_all(struct io_shard_writer *w)
+{
+	while (w->jhead != w->jtail)
+		w_retire(w, true);
+}
+
+/* Put job j at the end of the ring (room was made by the caller): a worker
+ * compresses it, or this thread now when there are none, or nobody when it has no
+ * output buffer. */
+static void w_push(struct io_shard_writer *w, const struct w_job *j)
+{
+	struct w_job *slot = job_at(w, w->jtail);
+	*slot = *j;
+	bool compress = slot->out >= 0;
+	slot->done = !compress || !w->nthreads;
+	if (compress && !w->nthreads)
+		job_compress(w, slot);
+	if (!w->nthreads) {
+		w->jtail++;
+		w->jtake = w->jtail;
+		return;
+	}
+	pthread_mutex_lock(&w->jlock);
+	/* A chunk stored raw is done already. When every chunk before it is taken, no
+	 * worker needs to: take it now, so that take never falls behind head once it
+	 * is retired (its slot may hold the next chunk by the time a worker looks).
+	 * Otherwise the worker that finishes the chunk before it takes it, under the
+	 * same hold of the lock that marks that one done, before it can be retired. */
+	if (!compress && w->jtake == w->jtail)
+		w->jtake++;
+	w->jtail++;
+	if (compress)
+		pthread_cond_signal(&w->jwork);
+	pthread_mutex_unlock(&w->jlock);
+}
+
+/* A second pool buffer for compressing a chunk into, or -1: raw is stored. When
+ * the pool is empty and this writer's ring or writes hold buffers, their return is
+ * waited for (backpressure); when they hold none, raw is always correct. */
+static int w_out_buffer(struct io_shard_writer *w)
+{
+	for (;;) {
+		int ob = io_pool_get(w->pool, 0);
+		if (ob >= 0 || w->err)
+			return ob;
+		if (w->jhead != w->jtail)
+			w_retire(w, true);
+		else if (!w->inflight || io_engine_reap(w->e, true) < 0)
+			return -1;
+	}
+}
+
+/* Room for nb more block hashes at bend; NULL on -ENOMEM (message recorded). */
 static uint8_t *blocks_reserve(struct io_shard_writer *w, uint64_t nb)
 {
-	if (w->nblocks + nb > w->bcap) {
+	if (w->bend + nb > w->bcap) {
 		uint64_t cap = w->bcap ? w->bcap : 256;
-		while (cap < w->nblocks + nb)
+		while (cap < w->bend + nb)
 			cap *= 2;
 		uint8_t *p = cap <= SIZE_MAX / CKPT_HASH_BYTES
 			? ckpt_realloc(w->blocks, (size_t)cap * CKPT_HASH_BYTES) : NULL;
@@ -487,7 +767,7 @@ static uint8_t *blocks_reserve(struct io_shard_writer *w, uint64_t nb)
 		w->blocks = p;
 		w->bcap = cap;
 	}
-	return w->blocks + w->nblocks * CKPT_HASH_BYTES;
+	return w->blocks + w->bend * CKPT_HASH_BYTES;
 }
 
 bool io_shard_writer_ready(struct io_shard_writer *w)
@@ -499,6 +779,11 @@ bool io_shard_writer_ready(struct io_shard_writer *w)
 		w_fail(w, r);
 		return true;
 	}
+	w_retire(w, false);
+	/* With compression the ring takes the chunk (and its worker overlaps the
+	 * caller's next copy); without, the engine's queue must have room. */
+	if (w->nthreads)
+		return w->jtail - w->jhead < w->jcap;
 	return io_engine_inflight(w->e) < io_engine_depth(w->e);
 }
 
@@ -516,18 +801,31 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 		return ckpt_err(-EINVAL, "%s: append of pool buffer %u (not in the pool)", w->path,
 		                buf);
 	bool encoded = opt && opt->codec != IO_CODEC_RAW;
-	if (encoded && (opt->codec != IO_CODEC_ZSTD || !h || ext || opt->stored_len == 0 ||
-	                opt->stored_len > io_pool_buf_bytes(w->pool))) {
+	if (encoded && ((opt->codec != IO_CODEC_ZSTD && opt->codec != IO_CODEC_BYTEGROUP) || !h ||
+	                ext || opt->stored_len == 0 || opt->stored_len > len ||
+	                opt->stored_len > io_pool_buf_bytes(w->pool) ||
+	                (opt->codec == IO_CODEC_BYTEGROUP && !w->save_id))) {
 		io_pool_put(w->pool, buf);
-		return ckpt_err(-EINVAL, "%s: encoded chunk (codec %u, %zu bytes) without its hash, "
-		                "or of a size or codec the writer cannot take", w->path, opt->codec,
-		                opt->stored_len);
+		return ckpt_err(-EINVAL, "%s: encoded chunk (codec %u, %zu of %zu bytes) without its "
+		                "hash, or of a size or codec the writer cannot take", w->path,
+		                opt->codec, opt->stored_len, len);
 	}
 	if (w->err) {
 		io_pool_put(w->pool, buf);
 		return w_error(w);
 	}
 	int rc = append_check(w, t, len);
+	if (!rc && encoded && opt->codec == IO_CODEC_BYTEGROUP &&
+	    !io_bytegroup_width(w->tensors[t].dtype))
+		rc = ckpt_err(-EINVAL, "tensor '%s': a bytegroup chunk of dtype %s", w->tensors[t].name,
+		              ckpt_dtype_name(w->tensors[t].dtype));
+	/* A full ring, or an external write (it needs its place in the file now): the
+	 * chunks before it go first. Before the block hashes are reserved: a retire
+	 * moves those of the ring's chunks. */
+	if (!rc && ext)
+		w_retire_all(w);
+	else if (!rc && w->jtail - w->jhead == w->jcap)
+		w_retire(w, true);
 	uint64_t nb = encoded ? 0 : io_nblocks(len, w->block_bytes);
 	uint8_t *bdst = NULL;
 	if (!rc && nb && !(bdst = blocks_reserve(w, nb)))
@@ -544,7 +842,7 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	c->raw_len = len;
 	/* The identity of a chunk is the hash of its raw bytes, taken while this
 	 * thread is the buffer's only owner; so are its block hashes, kept in case the
-	 * chunk is stored raw (decided below). */
+	 * chunk is stored raw (decided when it leaves the ring). */
 	if (!h) {
 		io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, c->hash, bdst);
 	} else {
@@ -558,58 +856,9 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	}
 	c->codec = encoded ? opt->codec : IO_CODEC_RAW;
 	c->stored_len = encoded ? opt->stored_len : len;
-	unsigned wbuf = buf;
-	if (w->zstd_level > 0 && !ext && !encoded) {
-		size_t clen;
-		int ob = try_compress(w, raw, len, &clen);
-		if (ob >= 0) {
-			io_pool_put(w->pool, buf);      /* the raw copy is no longer needed */
-			wbuf = (unsigned)ob;
-			c->codec = IO_CODEC_ZSTD;
-			c->stored_len = clen;
-		}
-	}
-	uint8_t *p = io_pool_addr(w->pool, wbuf);
-	uint64_t padded = ckpt_align_up(c->stored_len, CKPT_ALIGN);
-	if (padded > io_pool_len(w->pool, wbuf)) {
-		/* A small buffer taken for a chunk that does not fit it (io_pool_get_fit). */
-		io_pool_put(w->pool, wbuf);
-		return w_fail(w, ckpt_err(-EINVAL, "%s: chunk of %llu bytes in pool buffer %u of "
-		                          "%zu", w->path, (unsigned long long)c->stored_len, wbuf,
-		                          io_pool_len(w->pool, wbuf)));
-	}
-	memset(p + c->stored_len, 0, (size_t)(padded - c->stored_len));
-	c->file_offset = w->next_off;
+	if (encoded && opt->codec == IO_CODEC_BYTEGROUP)
+		w->bytegroup = true;
 	uint32_t k = w->nchunks;
-	/* An external writer (GPUDirect Storage) writes the whole 4 KiB blocks from its
-	 * own copy of the bytes, here and now; the partial last block, zero-padded, goes
-	 * out from the pool buffer like any chunk. */
-	uint64_t done = ext ? ckpt_align_down(len, CKPT_ALIGN) : 0;
-	if (ext && k > COOKIE_KMASK) {
-		io_pool_put(w->pool, wbuf);
-		return w_fail(w, ckpt_err(-EINVAL, "%s: chunk %u: too many chunks for an external "
-		                          "write", w->path, k));
-	}
-	if (done && (rc = ext->write(ext->arg, w->fd, w->path, c->file_offset, (size_t)done))) {
-		io_pool_put(w->pool, wbuf);
-		return w_fail(w, rc);
-	}
-	if (done == padded) {
-		io_pool_put(w->pool, wbuf);
-	} else {
-		rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p + done, (size_t)(padded - done),
-		                     c->file_offset + done, w_write_done, w,
-		                     (uint64_t)k << 32 | wbuf | (done ? COOKIE_PART : 0));
-		if (rc < 0) {
-			io_pool_put(w->pool, wbuf);
-			ckpt_err(rc, "queue write %s at offset %llu", w->path,
-			         (unsigned long long)(c->file_offset + done));
-			return w_fail(w, rc);
-		}
-		w->inflight++;
-	}
-	if (c->codec == IO_CODEC_RAW)
-		w->nblocks += nb;          /* compressed chunks are read whole: no blocks */
 	if ((int64_t)t != w->cur) {
 		te->first_chunk = k;
 		w->cur = t;
@@ -617,16 +866,27 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	te->nchunks++;
 	w->nchunks++;
 	w->appended[t] += len;
-	w->next_off += padded;
 	w->logical += len;
-	w->stored += c->stored_len;
+	w->bend += nb;
+	struct w_job j = { .k = k, .raw = buf, .out = -1, .len = len, .dtype = te->dtype,
+	                   .nb = nb, .ext = ext };
+	if (w->zstd_level > 0 && !ext && !encoded && len > 1)
+		j.out = w_out_buffer(w);
+	w_push(w, &j);
+	w_retire(w, false);
 	/* Completions are only handled inside our calls. Return finished buffers now,
-	 * and never return with the pool empty while our writes hold part of it: the
-	 * producer of the next chunk (maybe this thread) would wait on the pool for a
-	 * buffer that only a reap here can give back. */
+	 * and never return with the pool empty while our ring or writes hold part of
+	 * it: the producer of the next chunk (maybe this thread) would wait on the pool
+	 * for a buffer that only a retire or a reap here can give back. */
 	int r = io_engine_reap(w->e, false);
-	while (r >= 0 && w->inflight && io_pool_nfree(w->pool) == 0)
-		r = io_engine_reap(w->e, true);
+	while (r >= 0 && io_pool_nfree(w->pool) == 0 && !w->err) {
+		if (w->jhead != w->jtail)
+			w_retire(w, true);
+		else if (w->inflight)
+			r = io_engine_reap(w->e, true);
+		else
+			break;
+	}
 	if (r < 0)
 		w_fail(w, r);
 	return w->err ? w_error(w) : 0;
@@ -639,7 +899,10 @@ static void put_trailer(uint8_t *t, const struct io_shard_writer *w, uint64_t fo
 {
 	memset(t, 0, IO_TRAILER_BYTES);
 	memcpy(t, IO_TRAILER_MAGIC, IO_MAGIC_BYTES);
-	ckpt_put_le32(t + IO_TRL_OFF_VERSION, w->version);
+	/* A writer that did not ask for bytegroup may still have been given bytegroup
+	 * chunks (ckptd's): the trailer, written last, says the version they need. */
+	ckpt_put_le32(t + IO_TRL_OFF_VERSION, w->bytegroup && w->version < IO_BYTEGROUP_VERSION
+	                                      ? IO_BYTEGROUP_VERSION : w->version);
 	ckpt_put_le32(t + IO_TRL_OFF_FLAGS, 0);
 	ckpt_put_le64(t + IO_TRL_OFF_FOOTER, footer_off);
 	ckpt_put_le64(t + IO_TRL_OFF_FLEN, footer_len);
@@ -761,6 +1024,9 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 int io_shard_writer_finish(struct io_shard_writer *w, struct io_shard_result *res)
 {
 	memset(res, 0, sizeof *res);
+	/* Every chunk out of the ring and into a write (or back to the pool). */
+	w_retire_all(w);
+	w_stop_workers(w);
 	int rc = finish_steps(w, res);
 	if (rc) {
 		ckpt_free(res->footer);
@@ -778,6 +1044,11 @@ void io_shard_writer_abort(struct io_shard_writer *w)
 {
 	if (!w)
 		return;
+	/* The ring's buffers go back through their writes or, failed, at once: a
+	 * failure keeps what is already queued from being written. */
+	if (!w->err)
+		w->err = CKPT_EABORTED;   /* no message: the caller's stays this thread's */
+	w_retire_all(w);
 	w_drain(w);
 	unlink(w->path);
 	w_free(w);

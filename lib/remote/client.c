@@ -263,6 +263,9 @@ struct remote_writer {
 	struct remote_conn *c;
 	struct io_pool     *pool;
 	int                 zstd_level;
+	uint8_t             codec;          /* IO_CODEC_ZSTD or IO_CODEC_BYTEGROUP */
+	uint8_t            *dtypes;         /* of the tensors declared, for bytegroup */
+	uint32_t            ntensors, tcap;
 	pthread_t           sender;
 	bool                sender_started;
 	pthread_mutex_t     lock;
@@ -538,6 +541,7 @@ static void rw_free(struct remote_writer *w)
 	pthread_mutex_destroy(&w->lock);
 	pthread_cond_destroy(&w->cond);
 	pthread_mutex_unlock(&w->c->lock);
+	ckpt_free(w->dtypes);
 	ckpt_free(w);
 }
 
@@ -570,6 +574,7 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 	w->c = c;
 	w->pool = pool;
 	w->zstd_level = o->zstd_level;
+	w->codec = o->codec == IO_CODEC_BYTEGROUP ? IO_CODEC_BYTEGROUP : IO_CODEC_ZSTD;
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
 	/* The connection is the stream's until finish or abort. */
@@ -619,6 +624,15 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 
 int remote_writer_add_tensor(struct remote_writer *w, const struct io_tensor_desc *t)
 {
+	if (w->ntensors == w->tcap) {
+		uint32_t cap = w->tcap ? w->tcap * 2 : 64;
+		uint8_t *d = cap > w->tcap ? ckpt_realloc(w->dtypes, cap) : NULL;
+		if (!d)
+			return ckpt_err(-ENOMEM, "%s: tensor table", w->c->name);
+		w->dtypes = d;
+		w->tcap = cap;
+	}
+	w->dtypes[w->ntensors++] = t->dtype;
 	struct rw_item it = { .type = REMOTE_MSG_TENSOR, .buf = -1 };
 	ckpt_buf_init(&it.head);
 	remote_tensor_encode(&it.head, t);
@@ -649,18 +663,21 @@ int remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, size
 	};
 	memcpy(ch.hash, h->chunk, CKPT_HASH_BYTES);
 	struct rw_item it = { .type = REMOTE_MSG_CHUNK, .buf = (int)buf, .stored = len };
-	if (w->zstd_level > 0) {
+	if (w->zstd_level > 0 && len > 1) {
 		/* Compressed here, before the wire: what pays on the disk pays twice. */
 		int ob = io_pool_get(w->pool, 0);
 		if (ob >= 0) {
-			size_t clen = io_codec_compress(io_pool_addr(w->pool, (unsigned)ob),
-			                                io_pool_buf_bytes(w->pool),
-			                                io_pool_addr(w->pool, buf), len, w->zstd_level);
+			/* cap len - 1: compression counts only if it is strictly smaller. */
+			uint8_t used;
+			size_t clen = io_chunk_encode(w->codec, w->zstd_level,
+			                              t < w->ntensors ? w->dtypes[t] : 0,
+			                              io_pool_addr(w->pool, (unsigned)ob), len - 1,
+			                              io_pool_addr(w->pool, buf), len, &used);
 			if (clen && clen < len) {
 				io_pool_put(w->pool, buf);
 				it.buf = ob;
 				it.stored = clen;
-				ch.codec = IO_CODEC_ZSTD;
+				ch.codec = used;
 				ch.stored_len = clen;
 				ch.nblocks = 0;
 				ch.block_bytes = 0;

@@ -248,7 +248,7 @@ int remote_chunk_decode(const void *p, size_t n, struct remote_chunk *c)
 	if (!k.ok || !h)
 		return bad("CHUNK", "fields");
 	memcpy(c->hash, h, CKPT_HASH_BYTES);
-	if (c->codec != IO_CODEC_RAW && c->codec != IO_CODEC_ZSTD)
+	if (c->codec != IO_CODEC_RAW && c->codec != IO_CODEC_ZSTD && c->codec != IO_CODEC_BYTEGROUP)
 		return bad("CHUNK", "codec");
 	if (c->raw_len == 0 || c->stored_len == 0 || c->raw_len > IO_MAX_CHUNK_BYTES ||
 	    (c->codec == IO_CODEC_RAW && c->stored_len != c->raw_len))

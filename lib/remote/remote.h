@@ -193,7 +193,8 @@ int  remote_check(struct remote_conn *c, const struct remote_check *chk);
  * (on the direct path: once its RDMA WRITE completed). On the direct path the pool
  * is registered with the connection, once, for as long as the connection lasts:
  * it must outlive it (remote_close before io_pool_destroy).
- * zstd_level > 0: chunks are compressed here (kept raw when that does not pay). */
+ * zstd_level > 0: chunks are compressed here with o->codec (zstd, or bytegroup for the
+ * dtypes with planes), kept raw when that does not pay. */
 struct remote_writer;
 int  remote_writer_open(struct remote_conn *c, struct io_pool *pool,
                         const struct io_writer_opts *o, size_t chunk_bytes,

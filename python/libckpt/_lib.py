@@ -135,6 +135,8 @@ class Opts(Structure):
         ("keep_seconds", c_uint64),
         ("manifest_dir", c_char_p),
         ("target", c_char_p),
+        ("compress_codec", c_int),
+        ("compress_threads", c_uint),
     ]
 
 

@@ -32,6 +32,7 @@ _TRUST = {0: None, 1: "committed", 2: "verified"}
 _OPEN_READONLY, _OPEN_NO_GC, _OPEN_GROUP_ACCESS, _OPEN_NO_AUTH = 1, 2, 8, 16
 _TRANSPORTS = {None: 0, "auto": 0, "tcp": 1, "rdma": 2}
 _GDS = {"load": 1, "save": 2, "off": 128}
+_CODEC_ZSTD, _CODEC_BYTEGROUP = 1, 2       # enum ckpt_codec
 _LOG_LEVELS = {"error": 0, "warn": 1, "info": 2, "debug": 3}
 
 
@@ -192,6 +193,27 @@ class _Handle(_Closing):
         self._release()
 
 
+def _compress_opts(compress: Union[int, str]) -> Tuple[int, int]:
+    """compress= as (zstd_level, compress_codec): an int is a zstd level (1..22; 0 raw;
+    -1 CKPT_COMPRESS); a string is what CKPT_COMPRESS takes: "none",
+    "zstd[:LEVEL]" or "bytegroup[:LEVEL]"."""
+    if isinstance(compress, bool) or not isinstance(compress, (int, str)):
+        raise TypeError(f"compress={compress!r}: a zstd level or a codec name")
+    if isinstance(compress, int):
+        return int(compress), _CODEC_ZSTD
+    name, _, level = compress.partition(":")
+    defaults = {"none": (0, _CODEC_ZSTD), "zstd": (3, _CODEC_ZSTD),
+                "bytegroup": (1, _CODEC_BYTEGROUP)}
+    if name not in defaults or (name == "none" and level):
+        raise ValueError(f"compress={compress!r}: none, zstd[:LEVEL] or bytegroup[:LEVEL]")
+    lvl, codec = defaults[name]
+    if level:
+        if not level.isdigit() or not 1 <= int(level) <= 22:
+            raise ValueError(f"compress={compress!r}: LEVEL is 1 to 22")
+        lvl = int(level)
+    return lvl, codec
+
+
 class Checkpointer(_Closing):
     """An open checkpoint root (a ckpt_ctx): saves and loads of this rank.
 
@@ -220,7 +242,9 @@ class Checkpointer(_Closing):
                  coord_addr: Optional[str] = None, coord_port: Optional[int] = None,
                  transport: Optional[str] = None,
                  pool_bytes: Optional[int] = None, chunk_bytes: Optional[int] = None,
-                 compress: Optional[int] = None, max_inflight: Optional[int] = None,
+                 compress: Optional[Union[int, str]] = None,
+                 compress_threads: Optional[int] = None,
+                 max_inflight: Optional[int] = None,
                  timeout: Optional[float] = None, queue_depth: Optional[int] = None,
                  gds: Optional[Sequence[str]] = None,
                  read_only: bool = False, no_gc: bool = False,
@@ -281,8 +305,12 @@ class Checkpointer(_Closing):
                 if int(val) <= 0:
                     raise ValueError(f"{fname} must be positive")
                 setattr(o, fname, int(val))
-        if compress is not None:      # zstd level 1..22; 0 raw; -1 from CKPT_COMPRESS
-            o.zstd_level = int(compress)
+        if compress is not None:
+            o.zstd_level, o.compress_codec = _compress_opts(compress)
+        if compress_threads is not None:
+            if not 1 <= int(compress_threads) <= 64:
+                raise ValueError("compress_threads must be 1 to 64")
+            o.compress_threads = int(compress_threads)
         if timeout is not None:
             o.timeout_ms = max(1, int(timeout * 1000))
         if gds is not None:

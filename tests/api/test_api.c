@@ -28,6 +28,8 @@ static void setup(void)
 {
 	root = tu_tmpdir("api");
 	unsetenv("CKPT_FAULT");
+	unsetenv("CKPT_COMPRESS");
+	unsetenv("CKPT_COMPRESS_THREADS");
 	unsetenv("RANK");
 	unsetenv("WORLD_SIZE");
 }
@@ -224,6 +226,89 @@ START_TEST(larger_than_pool_and_zstd)
 	ck_assert_uint_eq(info.logical_bytes, ts[0].bytes + ts[1].bytes);
 	ckpt_close(c);
 	tt_free(ts, 2);
+}
+END_TEST
+
+START_TEST(every_dtype_bytegroup)
+{
+	/* CKPT_COMPRESS=bytegroup: every dtype round-trips bit-exact through workers and
+	 * a pool that cycles; the float tensors' chunks are stored bytegroup, the others
+	 * zstd or raw, and the step is smaller than its data. */
+	setenv("CKPT_COMPRESS", "bytegroup", 1);
+	setenv("CKPT_COMPRESS_THREADS", "3", 1);
+	ckpt_ctx *c = open_root(root, 0, 64 << 10, 512 << 10, -1);
+	struct tt ts[CKPT_DTYPE_MAX_];
+	for (int d = 1; d <= CKPT_DTYPE_MAX_; d++) {
+		char name[32];
+		snprintf(name, sizeof name, "w/%s", ckpt_dtype_name(d));
+		uint64_t shape[2] = { 370 + (uint64_t)d, 129 };
+		tt_make(&ts[d - 1], name, d, 2, shape, (uint64_t)d);
+		/* Small values of one sign: the top byte of each element takes few values
+		 * (NaN, Inf and denormal patterns among them), the rest stays random. */
+		size_t es = ckpt_dtype_size(d);
+		static const uint8_t top[] = { 0x3c, 0x3d, 0x7f, 0x00, 0xff, 0x80 };
+		for (size_t i = 0; es > 1 && i < ts[d - 1].bytes; i += es)
+			ts[d - 1].data[i + es - 1] = top[(i / es) % 97 % (sizeof top / sizeof top[0])];
+	}
+	ck_assert_int_eq(save_step(c, 1, ts, CKPT_DTYPE_MAX_), 0);
+	check_step(c, 1, ts, CKPT_DTYPE_MAX_);
+	struct ckpt_step_info info;
+	ck_assert_int_eq(ckpt_step_info(c, 1, &info, sizeof info), 0);
+	ck_assert_uint_lt(info.stored_bytes, info.logical_bytes);
+	ckpt_load *l;
+	ck_assert_int_eq(ckpt_load_open(c, 1, &l), 0);
+	for (int i = 0; i < ckpt_load_count(l); i++) {
+		struct ckpt_tensor_info ti;
+		ck_assert_int_eq(ckpt_load_info(l, (unsigned)i, &ti, sizeof ti), 0);
+		struct ckpt_chunk_info ch[64];
+		int n = ckpt_load_chunks(l, (unsigned)i, ch, 64, sizeof *ch);
+		ck_assert_int_ge(n, 1);
+		bool planes = ti.dtype == CKPT_F64 || ti.dtype == CKPT_F32 || ti.dtype == CKPT_F16 ||
+		              ti.dtype == CKPT_BF16;
+		ck_assert_msg(ch[0].codec == (planes ? CKPT_CODEC_BYTEGROUP : CKPT_CODEC_ZSTD) ||
+		              (!planes && ch[0].codec == CKPT_CODEC_RAW), "%s: codec %s", ti.name,
+		              ckpt_codec_name(ch[0].codec));
+		if (planes)
+			ck_assert_str_eq(ckpt_codec_name(ch[0].codec), "bytegroup");
+	}
+	ckpt_load_close(l);
+	ckpt_close(c);
+	/* Read back by a context that does not compress. */
+	unsetenv("CKPT_COMPRESS");
+	c = open_root(root, CKPT_OPEN_READONLY, 0, 0, 0);
+	check_step(c, 1, ts, CKPT_DTYPE_MAX_);
+	ckpt_close(c);
+	/* The codec in the options; bad choices named. */
+	struct ckpt_opts o;
+	opts_one(&o, root);
+	o.zstd_level = 1;
+	o.compress_codec = 7;
+	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "compress codec 7"));
+	const char *bad[] = { "bytegroup:0", "bytegroup:23", "bytegroups", "bytegroup:", "zstd:x" };
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		setenv("CKPT_COMPRESS", bad[i], 1);
+		opts_one(&o, root);
+		o.zstd_level = -1;
+		ck_assert_msg(ckpt_open(&o, &c) == -EINVAL, "%s", bad[i]);
+		ck_assert_ptr_nonnull(strstr(ckpt_last_error(), bad[i]));
+	}
+	unsetenv("CKPT_COMPRESS");
+	setenv("CKPT_COMPRESS_THREADS", "0", 1);
+	opts_one(&o, root);
+	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "CKPT_COMPRESS_THREADS"));
+	unsetenv("CKPT_COMPRESS_THREADS");
+	/* bytegroup:LEVEL in the options' terms: saved, and read back. */
+	opts_one(&o, root);
+	o.zstd_level = 3;
+	o.compress_codec = CKPT_CODEC_BYTEGROUP;
+	o.compress_threads = 1;
+	ck_assert_int_eq(ckpt_open(&o, &c), 0);
+	ck_assert_int_eq(save_step(c, 2, ts, CKPT_DTYPE_MAX_), 0);
+	check_step(c, 2, ts, CKPT_DTYPE_MAX_);
+	ckpt_close(c);
+	tt_free(ts, CKPT_DTYPE_MAX_);
 }
 END_TEST
 
@@ -896,6 +981,7 @@ int main(void)
 	tcase_add_test(tc, every_dtype);
 	tcase_add_test(tc, empty_scalar_and_one);
 	tcase_add_test(tc, larger_than_pool_and_zstd);
+	tcase_add_test(tc, every_dtype_bytegroup);
 	tcase_add_test(tc, slices_of_every_shape);
 	tcase_add_test(tc, snapshot_point);
 	tcase_add_test(tc, bad_inputs);

@@ -270,6 +270,22 @@ START_TEST(chunks_out_of_place)
 	ckpt_put_le64(b.p + 13, 4000);                  /* stored_len != raw_len, raw codec */
 	send_buf(c, REMOTE_MSG_CHUNK, &b);
 	expect_error(c, CKPT_EPROTO, "CHUNK message: bad or truncated lengths");
+	/* Bytegroup where the writer cannot take it: a u8 tensor; stored bytes longer
+	 * than raw. The stored bytes themselves are the reader's to check. */
+	const struct { uint64_t stored; const char *msg; } bg[] = {
+		{ 100, "a bytegroup chunk of dtype u8" }, { 4097, "encoded chunk (codec 2" },
+	};
+	for (size_t i = 0; i < CKPT_ARRAY_SIZE(bg); i++) {
+		c = conn_a();
+		start_stream(c, 7, 8192);
+		struct remote_chunk ch = { .codec = IO_CODEC_BYTEGROUP, .raw_len = 4096,
+		                           .stored_len = bg[i].stored };
+		ckpt_buf_init(&b);
+		remote_chunk_encode(&b, &ch);
+		send_buf(c, REMOTE_MSG_CHUNK, &b);
+		send_data(c, (size_t)bg[i].stored, 1);
+		expect_error(c, -EINVAL, bg[i].msg);
+	}
 	after_attack();
 }
 END_TEST

@@ -66,10 +66,15 @@ expect_rc 0 "saved step 11: 7 rank" "7 ranks through two instances" \
   env CKPT_TARGET="$two" "$synth" save --root "$t/unused" --step 11 --bytes 16M --seed 4 --world 7
 expect_rc 0 "0 mismatches" "7 ranks restored onto 5" \
   env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step 11 --bytes 16M --seed 4 --world 5
-expect_rc 0 "saved step 12: 1 rank" "a world of 1 through two instances" \
-  env CKPT_TARGET="$two" "$synth" save --root "$t/unused" --step 12 --bytes 8M --seed 2 --world 1
+# Compressed by the rank before the wire, bytegroup, and stored so by ckptd.
+expect_rc 0 "saved step 12: 1 rank" "a world of 1 through two instances, bytegroup" \
+  env CKPT_TARGET="$two" "$synth" save --root "$t/unused" --step 12 --compress bytegroup \
+  --bytes 8M --seed 2 --world 1
 expect_rc 0 "0 mismatches" "restored onto 2" \
   env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step 12 --bytes 8M --seed 2 --world 2
+out=$("$inspect" "$two" show 12 --chunks --json)
+pycheck "step 12 through ckptd: bytegroup chunks, stored < raw" "$out" \
+  "any(c['codec']=='bytegroup' and c['stored_len']<c['raw_len'] for t in d['tensors'] for c in t['chunk_list'])"
 reshard=$build/tools/ckpt-reshard/ckpt-reshard
 expect_rc 0 "" "ckpt-reshard reads a job held by ckptd (4 -> 2 ranks into a local root)" \
   "$reshard" "$two" 10 --world 2 --out "$t/resharded" --drop-rank-bound --quiet

@@ -173,7 +173,8 @@ static void check_chunk(const uint8_t *data, size_t size)
 	struct remote_chunk c;
 	if (remote_chunk_decode(data, size, &c))
 		return;
-	if ((c.codec != IO_CODEC_RAW && c.codec != IO_CODEC_ZSTD) || c.raw_len == 0 ||
+	if ((c.codec != IO_CODEC_RAW && c.codec != IO_CODEC_ZSTD && c.codec != IO_CODEC_BYTEGROUP) ||
+	    c.raw_len == 0 ||
 	    c.raw_len > IO_MAX_CHUNK_BYTES || c.stored_len == 0 ||
 	    (c.codec == IO_CODEC_RAW && c.stored_len != c.raw_len))
 		abort();

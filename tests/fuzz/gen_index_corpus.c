@@ -174,5 +174,15 @@ int main(int argc, char **argv)
 	struct io_shard_index v2small = small;
 	v2small.block_bytes = 1u << 18;
 	bad |= emit(argv[1], "v2_no_table", &v2small);
+	/* Version 4: the bf16 tensor's middle chunk stored bytegroup (a save id, and
+	 * chunks of one block: no table). */
+	struct io_chunk_entry c5[3];
+	memcpy(c5, c2, sizeof c5);
+	c5[1].codec = IO_CODEC_BYTEGROUP;
+	struct io_shard_index v4 = multi;
+	v4.chunks = c5;
+	v4.block_bytes = 1u << 18;
+	v4.save_id = 0x0123456789abcdefull;
+	bad |= emit(argv[1], "v4_bytegroup", &v4);
 	return bad;
 }

@@ -289,6 +289,67 @@ START_TEST(header_fields)
 }
 END_TEST
 
+/* A version-3 index (save id, block size past every chunk: no table) whose chunk 0
+ * (tensor 'scalar', f32) is stored with codec. */
+static struct io_shard_index *make_index_v3(uint64_t seed, uint8_t codec)
+{
+	struct io_shard_index *ix = make_index(seed, 3000);
+	ix->block_bytes = 1u << 20;
+	ix->save_id = 0x5eed;
+	ix->chunks[0].codec = codec;
+	ix->chunks[0].stored_len = codec == IO_CODEC_RAW ? ix->chunks[0].raw_len : 1;
+	return ix;
+}
+
+START_TEST(bytegroup_version)
+{
+	/* A bytegroup chunk makes the index version 4, and only that: the encoding stays
+	 * canonical, and a version-3 reader refuses it as newer (CKPT_EVERSION). */
+	uint64_t seed = tu_seed();
+	struct io_shard_index *ix = make_index_v3(seed, IO_CODEC_BYTEGROUP), *back;
+	void *buf, *again;
+	size_t len, alen;
+	ck_assert(io_index_has_bytegroup(ix));
+	ck_assert_int_eq(io_index_encode(ix, &buf, &len), 0);
+	ck_assert_uint_eq(ckpt_get_le32((uint8_t *)buf + 8), IO_BYTEGROUP_VERSION);
+	ck_assert_int_eq(io_index_decode(buf, len, &back), 0);
+	ck_assert_uint_eq(back->chunks[0].codec, IO_CODEC_BYTEGROUP);
+	ck_assert_int_eq(io_index_encode(back, &again, &alen), 0);
+	ck_assert_uint_eq(alen, len);
+	ck_assert_mem_eq(again, buf, len);
+	io_index_free(back);
+	free(again);
+	/* The same bytes called version 3: a bytegroup chunk it cannot have. */
+	ckpt_put_le32((uint8_t *)buf + 8, 3);
+	expect_bad_bytes(buf, len, CKPT_EFORMAT, "chunk 0: bytegroup codec in a version-3 index");
+	free(buf);
+	/* Version 4 with no bytegroup chunk is not the lowest version: malformed. */
+	ix->chunks[0].codec = IO_CODEC_ZSTD;
+	ck_assert(!io_index_has_bytegroup(ix));
+	ck_assert_int_eq(io_index_encode(ix, &buf, &len), 0);
+	ck_assert_uint_eq(ckpt_get_le32((uint8_t *)buf + 8), 3);
+	ckpt_put_le32((uint8_t *)buf + 8, IO_BYTEGROUP_VERSION);
+	expect_bad_bytes(buf, len, CKPT_EFORMAT, "version 4 without a bytegroup chunk");
+	free(buf);
+	io_index_free(ix);
+	/* Only dtypes with byte planes: tensor 3 is u8. */
+	ix = make_index_v3(seed, IO_CODEC_BYTEGROUP);
+	uint32_t k = ix->tensors[3].first_chunk;
+	ix->chunks[k].codec = IO_CODEC_BYTEGROUP;
+	ix->chunks[k].stored_len = 1;
+	expect_bad(ix, "bytegroup codec for tensor 'deep' of dtype u8");
+	/* Stored no larger than raw, as zstd. */
+	ix = make_index_v3(seed, IO_CODEC_BYTEGROUP);
+	ix->chunks[0].stored_len = ix->chunks[0].raw_len + 1;
+	expect_bad(ix, "bytegroup stored_len");
+	/* Without a save id there is no version 4 to write. */
+	ix = make_index_v3(seed, IO_CODEC_BYTEGROUP);
+	ix->save_id = 0;
+	ck_assert_int_eq(io_index_encode(ix, &buf, &len), -EINVAL);
+	io_index_free(ix);
+}
+END_TEST
+
 START_TEST(bad_enums)
 {
 	uint64_t seed = tu_seed();
@@ -299,7 +360,7 @@ START_TEST(bad_enums)
 	MUT(ix->tensors[0].policy = 0, "policy 0");
 	MUT(ix->tensors[0].policy = CKPT_POLICY_MAX_ + 1, "policy 4");
 	MUT(ix->tensors[0].flags = 2, "flags 0x2");
-	MUT(ix->chunks[0].codec = 2, "chunk 0: codec 2");
+	MUT(ix->chunks[0].codec = IO_CODEC_BYTEGROUP + 1, "chunk 0: codec 3");
 	/* ndim 17 cannot be encoded (the encoder refuses); patch the byte. */
 	struct io_shard_index *ix = make_index(seed, 3000);
 	void *buf;
@@ -688,6 +749,7 @@ int main(void)
 	tcase_add_test(tc, truncated_everywhere_v2);
 	tcase_add_test(tc, bad_block_fields);
 	tcase_add_test(tc, block_table_codec);
+	tcase_add_test(tc, bytegroup_version);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -3,7 +3,7 @@
  * export its consolidated tensors to safetensors; public API only:
  *
  *   ckpt-reshard ROOT STEP|latest --world N --out ROOT2 [--step S2] [--chunk SIZE]
- *                [--compress none|zstd[:L]] [--pool SIZE] [--rank-map LIST |
+ *                [--compress none|zstd[:L]|bytegroup[:L]] [--pool SIZE] [--rank-map LIST |
  *                --drop-rank-bound] [--port P] [--quiet] [--json]
  *   ckpt-reshard ROOT STEP|latest --export-safetensors DIR [--max-shard-size SIZE]
  *                [--kind LIST] [--name-map FILE] [--dtype bf16|fp16|fp32]
@@ -47,7 +47,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 	"usage: ckpt-reshard ROOT STEP|latest --world N --out ROOT2 [--step S2] [--chunk SIZE]\n"
-	"                    [--compress none|zstd[:L]] [--pool SIZE]\n"
+	"                    [--compress none|zstd[:L]|bytegroup[:L]] [--pool SIZE]\n"
 	"                    [--rank-map LIST | --drop-rank-bound] [--port P]\n"
 	"                    [--manifest-dir MDIR] [--out-manifest-dir MDIR2] [--quiet] [--json]\n"
 	"       ckpt-reshard ROOT STEP|latest --export-safetensors DIR [--max-shard-size SIZE]\n"
@@ -64,7 +64,7 @@ static void usage(FILE *f)
 	"                         to create with --import-safetensors (required there)\n"
 	"  --chunk SIZE           chunk size of the output (default: the source's largest chunk,\n"
 	"                         so that the same bytes keep the same chunk hashes)\n"
-	"  --compress C           none (default) or zstd[:LEVEL]\n"
+	"  --compress C           none (default), zstd[:LEVEL] or bytegroup[:LEVEL]\n"
 	"  --pool SIZE            staging pool of each rank process, for its output and for its\n"
 	"                         source reads (library default); the read-ahead holds two\n"
 	"                         windows of half of it (16 to 128 MiB each)\n"
@@ -229,8 +229,9 @@ int main(int argc, char **argv)
 				return RX_USAGE;
 			break;
 		case 'c':
-			if (tool_parse_compress(optarg, &a.zstd_level))
-				return tool_usage("--compress '%s': none, zstd or zstd:LEVEL with LEVEL 1 to 22",
+			if (tool_parse_compress(optarg, &a.zstd_level, &a.compress_codec))
+				return tool_usage("--compress '%s': none, zstd[:LEVEL] or bytegroup[:LEVEL] "
+				                  "with LEVEL 1 to 22",
 				                  optarg);
 			compress = true;
 			break;

@@ -42,6 +42,7 @@ struct reshard_args {
 	int        *rank_map;          /* world entries, -1: none; NULL: no map */
 	uint64_t    chunk, pool, buffer;
 	int         zstd_level;
+	int         compress_codec;   /* enum ckpt_codec, with zstd_level > 0 */
 	unsigned    port;
 	char        job[64];           /* the N rank processes' job id ("": CKPT_JOB_ID) */
 };

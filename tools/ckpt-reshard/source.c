@@ -46,6 +46,7 @@ int reshard_open_ctx(const char *root, const char *manifest_dir, int rank, int w
 	if (!(flags & CKPT_OPEN_READONLY)) {
 		o.chunk_bytes = a->chunk;
 		o.zstd_level = a->zstd_level;
+		o.compress_codec = a->compress_codec;
 		o.coord_addr = "127.0.0.1";
 		o.coord_port = a->port;
 		if (a->job[0])

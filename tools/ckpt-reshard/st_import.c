@@ -473,6 +473,7 @@ int reshard_import_safetensors(const struct reshard_args *a)
 	o.pool_bytes = a->pool;
 	o.chunk_bytes = a->chunk;
 	o.zstd_level = a->zstd_level;
+	o.compress_codec = a->compress_codec;
 	int rc = ckpt_open(&o, &c);
 	if (!rc)
 		rc = ckpt_save_begin(c, a->out_step, &sv);

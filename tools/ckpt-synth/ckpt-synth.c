@@ -2,7 +2,8 @@
  * ckpt-synth — a synthetic training job for demos, tests and benchmarks.
  *
  *   ckpt-synth save   --root DIR --step N --bytes SIZE --seed S [--world W] [--meta JSON]
- *                     [--compress zstd[:L]] [--chunk SIZE] [--pool SIZE] [--json]
+ *                     [--compress zstd[:L]|bytegroup[:L]] [--chunk SIZE] [--pool SIZE]
+ *                     [--json]
  *   ckpt-synth verify --root DIR --step N|latest --bytes SIZE --seed S [--world W]
  *                     [--json]
  *
@@ -67,6 +68,7 @@ struct args {
 	                                  * together, then compares */
 	unsigned    world;
 	int         zstd_level;
+	int         compress_codec;
 	bool        launched;      /* RANK and WORLD_SIZE set by a launcher: run as that rank */
 	uint64_t    env_rank, env_world;
 };
@@ -86,7 +88,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 	"usage: ckpt-synth save   --root DIR --step N --bytes SIZE --seed S [--world W]\n"
-	"                         [--compress zstd[:L]] [--chunk SIZE] [--pool SIZE]\n"
+	"                         [--compress zstd[:L]|bytegroup[:L]] [--chunk SIZE] [--pool SIZE]\n"
 	"                         [--meta JSON] [--json]\n"
 	"       ckpt-synth verify --root DIR --step N|latest --bytes SIZE --seed S [--world W]\n"
 	"                         [--no-rng] [--json]\n"
@@ -144,6 +146,7 @@ static int open_ctx(const struct args *a, int rank, int world, unsigned flags, c
 	o.world = world;
 	o.flags = flags;
 	o.zstd_level = a->zstd_level;
+	o.compress_codec = a->compress_codec;
 	o.chunk_bytes = a->chunk;
 	o.pool_bytes = a->pool;
 	return ckpt_open(&o, c);
@@ -779,8 +782,9 @@ int main(int argc, char **argv)
 			a.world = (unsigned)v;
 			break;
 		case 'c':
-			if (tool_parse_compress(optarg, &a.zstd_level))
-				return tool_usage("--compress '%s': none, zstd or zstd:LEVEL with LEVEL 1 to 22",
+			if (tool_parse_compress(optarg, &a.zstd_level, &a.compress_codec))
+				return tool_usage("--compress '%s': none, zstd[:LEVEL] or bytegroup[:LEVEL] "
+				                  "with LEVEL 1 to 22",
 				                  optarg);
 			break;
 		case 'C':

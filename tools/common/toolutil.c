@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 #include "toolutil.h"
 
@@ -118,17 +119,22 @@ int tool_parse_size_opt(const char *opt, const char *v, uint64_t min, uint64_t m
 	return -1;
 }
 
-int tool_parse_compress(const char *s, int *level)
+int tool_parse_compress(const char *s, int *level, int *codec)
 {
 	uint64_t v;
 	if (!s)
 		return -1;
+	*codec = CKPT_CODEC_ZSTD;
 	if (!strcmp(s, "none"))
 		*level = 0;
 	else if (!strcmp(s, "zstd"))
 		*level = 3;
 	else if (!strncmp(s, "zstd:", 5) && !tool_parse_u64_range(s + 5, 1, 22, &v))
 		*level = (int)v;
+	else if (!strcmp(s, "bytegroup"))
+		*level = 1, *codec = CKPT_CODEC_BYTEGROUP;
+	else if (!strncmp(s, "bytegroup:", 10) && !tool_parse_u64_range(s + 10, 1, 22, &v))
+		*level = (int)v, *codec = CKPT_CODEC_BYTEGROUP;
 	else
 		return -1;
 	return 0;

@@ -37,8 +37,9 @@ int tool_parse_size(const char *s, uint64_t *out);
  * 0 or -1. */
 int tool_parse_size_opt(const char *opt, const char *v, uint64_t min, uint64_t max,
                         uint64_t unit, uint64_t *out);
-/* Compression: "none" (0), "zstd" (level 3) or "zstd:L" with 1 <= L <= 22. */
-int tool_parse_compress(const char *s, int *level);
+/* Compression: "none" (0), "zstd" (level 3), "zstd:L", "bytegroup" (level 1) or
+ * "bytegroup:L", with 1 <= L <= 22; *codec is the enum ckpt_codec to save with. */
+int tool_parse_compress(const char *s, int *level, int *codec);
 
 /* The largest chunk the library accepts (docs/format.md §5: a chunk is at most 2^30
  * bytes) and the unit every chunk size is a multiple of. */
