@@ -45,6 +45,7 @@
 
 #define CKPTD_SMALL_DIV 16                 /* small buffers: chunk size / 16 */
 #define CKPTD_SMALL_MAX (512ull << 20)     /* ... and at most this much of them */
+#define CKPTD_SMALL_MIN_BIG 8              /* ... in a pool of at least 8 large ones */
 #define SRV_POLL_MS 200          /* how often an idle connection looks at the stop flag */
 #define SRV_LOCK_FILE "ckptd.lock"
 
@@ -1245,8 +1246,9 @@ int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **
 	                       CKPTD_SMALL_MAX;
 	unsigned nbig = (unsigned)((o->pool_bytes - small_total) / o->buf_bytes), nsmall = 0;
 	/* The small class takes what the large one leaves, at least its share. A pool
-	 * this tight keeps every buffer for any chunk. */
-	if (small < o->buf_bytes && nbig >= 2) {
+	 * of a few large buffers keeps every buffer for any chunk: there the small
+	 * class would cost a large buffer of the few. */
+	if (small < o->buf_bytes && nbig >= CKPTD_SMALL_MIN_BIG) {
 		nbufs = nbig;
 		nsmall = (unsigned)((o->pool_bytes - (uint64_t)nbig * o->buf_bytes) / small);
 	}

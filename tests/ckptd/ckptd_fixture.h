@@ -31,7 +31,6 @@
 
 #define BUF_BYTES  (2u << 20)   /* a pool buffer: above REMOTE_MAX_CONTROL on purpose */
 #define NBUFS      4u
-#define SMALL_BYTES (BUF_BYTES / 16)  /* ckptd's small buffers (a chunk that fits one) */
 #define TIMEOUT_MS 2000u        /* ckptd's: handshakes and idle streams */
 #define IDLE_MS    3000u        /* ckptd's: a connection without a stream */
 #define MAX_INDEX  (256u << 10) /* ckptd's: what one stream's index may hold */

@@ -888,25 +888,21 @@ START_TEST(pool_not_leaked)
 		expect_error(c, -EDQUOT, "quota of 1048576 bytes exceeded while rank 0 wrote step 7");
 	}
 	wait_idle();
-	/* Streams that stall inside a DATA hold their buffers until ckptd gives up on
-	 * them (its timeout); then the buffers are back. The pool's large buffers, less
-	 * the small class carved from it, each held by a large chunk, and a small chunk
-	 * in a small buffer. */
+	/* Streams that stall inside a DATA hold every buffer until ckptd gives up on
+	 * them (its timeout); then the buffers are back. */
 	struct net_conn *held[NBUFS];
-	uint64_t want = (uint64_t)(NBUFS - 1) * BUF_BYTES + SMALL_BYTES;
 	for (unsigned i = 0; i < NBUFS; i++) {
-		uint32_t n = i < NBUFS - 1 ? 1u << 20 : 65536;
 		held[i] = conn_a();
 		start_stream(held[i], 2000 + i, 1u << 20);
-		send_chunk(held[i], 0, n);
-		send_header(held[i], REMOTE_MSG_DATA, n);
+		send_chunk(held[i], 0, 65536);
+		send_header(held[i], REMOTE_MSG_DATA, 65536);
 	}
 	struct ckptd_gauges g = { 0 };
-	for (int i = 0; i < 500 && g.pool_used_bytes < want; i++) {
+	for (int i = 0; i < 500 && g.pool_used_bytes < (uint64_t)NBUFS * BUF_BYTES; i++) {
 		usleep(10000);
 		ckptd_server_gauges(srv, &g);
 	}
-	ck_assert_uint_eq(g.pool_used_bytes, want);
+	ck_assert_uint_eq(g.pool_used_bytes, (uint64_t)NBUFS * BUF_BYTES);
 	for (unsigned i = 0; i < NBUFS; i++)
 		expect_error(held[i], -ETIMEDOUT, "shard stream idle for 2000 ms");
 	after_attack();
@@ -926,7 +922,7 @@ START_TEST(stop_while_stalled)
 		usleep(10000);
 		ckptd_server_gauges(srv, &g);
 	}
-	ck_assert_uint_eq(g.pool_used_bytes, SMALL_BYTES);    /* a small chunk's buffer */
+	ck_assert_uint_eq(g.pool_used_bytes, BUF_BYTES);
 	ckptd_server_stop(srv, 0);
 	pthread_join(runner, NULL);
 	ckptd_server_free(srv);
