@@ -12,6 +12,12 @@
  * the state fits. When the state is larger than the pool, buffers come back as
  * writes complete (backpressure) and the snapshot point moves accordingly; host
  * memory never grows past the pool.
+ *
+ * Incremental saves: before it streams, the worker reads the index of this rank's
+ * shard of the previous committed step (save_prev_open). A chunk whose hash, taken
+ * by the copy pass anyway, equals the chunk at the same place there (same tensor,
+ * box and chunk) is appended as a reference to the file that holds its bytes, and
+ * its buffer goes back to the pool unwritten (docs/format.md §3b).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -277,6 +283,19 @@ int ckpt_save_set_meta(ckpt_save *s, const char *json, size_t len)
 	return 0;
 }
 
+int ckpt_save_set_incremental(ckpt_save *s, int on)
+{
+	SAVE_LOG_SCOPE(s);
+	int rc = save_check_open(s);
+	if (rc)
+		return rc;
+	if (on != 0 && on != 1)
+		return ckpt_err(-EINVAL, "save of step %llu: incremental %d (0 or 1)",
+		                (unsigned long long)s->step, on);
+	s->incremental = on == 1;
+	return 0;
+}
+
 /* ------------------------------------------------------------------ lifecycle */
 
 /* The end of what ckpt_save_begin took: a place among the saves in flight. */
@@ -312,6 +331,7 @@ int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
 		return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)step);
 	s->ctx = c;
 	s->step = step;
+	s->incremental = c->cfg.incremental;
 	/* Bound the saves in flight: wait for an older one to finish. A step has one
 	 * save at a time in a context: a second would begin a new attempt, which
 	 * removes the first one's files. */
@@ -548,6 +568,15 @@ struct save_cursor {
 	bool     gds_refused;   /* cuFile refused the file: write from out_host */
 	const uint8_t *out_host;/* the pool copy of the chunk being appended */
 	ckpt_ctx *ctx;
+	/* Incremental: this rank's shard of the previous committed step, or ix NULL. */
+	struct save_prev {
+		struct io_shard_index *ix;
+		struct io_ref_file     self;     /* its own file */
+		uint32_t *by_name;               /* its tensors, sorted by name */
+		int64_t   t;                     /* out_item's tensor there, or -1 */
+		uint32_t  k;                     /* next of its chunks to compare */
+		uint64_t  nrefs, ref_bytes;
+	} prev;
 };
 
 /* Every copy has landed: the snapshot point. Runs on a CUDA thread when there were
@@ -705,6 +734,182 @@ static int save_declare(struct save_sink *w, ckpt_save *s, size_t upto,
 	return 0;
 }
 
+/* ------------------------------------------------------------------ incremental */
+
+static int prev_name_cmp(const void *a, const void *b, void *arg)
+{
+	const struct io_shard_index *ix = arg;
+	return strcmp(ix->tensors[*(const uint32_t *)a].name, ix->tensors[*(const uint32_t *)b].name);
+}
+
+/* The highest committed step below step, or CKPT_ENOTFOUND. */
+static int prev_step_find(struct manifest *m, uint64_t step, uint64_t *out)
+{
+	int n = manifest_steps_list(m, false, NULL, 0);
+	if (n <= 0)
+		return n < 0 ? n : CKPT_ENOTFOUND;
+	uint64_t *steps = ckpt_malloc((size_t)n * sizeof *steps);
+	if (!steps)
+		return ckpt_err(-ENOMEM, "list of %d committed steps", n);
+	int got = manifest_steps_list(m, false, steps, (size_t)n);
+	int rc = CKPT_ENOTFOUND;
+	for (int i = (got < n ? got : n); rc == CKPT_ENOTFOUND && i-- > 0;)
+		if (steps[i] < step) {
+			*out = steps[i];
+			rc = 0;
+		}
+	ckpt_free(steps);
+	return got < 0 ? got : rc;
+}
+
+/* This rank's index of the previous committed step, held to what the manifest
+ * committed: the step's record COMMITTED, of this job, of this world and with an
+ * attempt; the shard's footer the one committed for that attempt. Anything else
+ * (none, another job's, another world, a damaged file) is not an error: the save is
+ * then a full one, and says why (INFO). */
+static int save_prev_open(ckpt_ctx *c, const ckpt_save *s, struct save_prev *p)
+{
+	memset(p, 0, sizeof *p);
+	p->t = -1;
+	struct manifest *m;
+	struct manifest_step rec;
+	struct manifest_shard sh;
+	memset(&sh, 0, sizeof sh);
+	uint64_t step = 0;
+	uint32_t rank = (uint32_t)c->cfg.rank;
+	struct io_shard_reader *rd = NULL;
+	int rc = glue_manifest(c, &m);
+	if (!rc)
+		rc = prev_step_find(m, s->step, &step);
+	if (rc == CKPT_ENOTFOUND)
+		return 0;                 /* the first step: nothing to reference */
+	if (!rc)
+		rc = manifest_step_get(m, step, &rec);
+	if (!rc && (rec.state != CKPT_STATE_COMMITTED || !rec.save_id ||
+	            rec.world != (uint32_t)c->cfg.world || strcmp(rec.job_id, c->cfg.job_id)))
+		rc = ckpt_err(CKPT_ENOTFOUND, "step %llu is of job '%s', world %u%s: this save is "
+		              "of job '%s', world %d", (unsigned long long)step, rec.job_id, rec.world,
+		              rec.save_id ? "" : ", without an attempt id", c->cfg.job_id,
+		              c->cfg.world);
+	if (!rc)
+		rc = manifest_shard_get(m, step, rank, &sh);
+	char path[4400];
+	if (!rc && sh.index_len) {
+		rc = io_index_decode(sh.index, sh.index_len, &p->ix);
+	} else if (!rc) {
+		snprintf(path, sizeof path, "%s/%s", c->cfg.root, sh.path);
+		uint8_t h[CKPT_HASH_BYTES];
+		if (!(rc = io_shard_reader_open(c->save_engine, path, NULL, &rd)) &&
+		    (io_shard_reader_footer_hash(rd, h) || memcmp(h, sh.footer_hash, sizeof h) ||
+		     io_shard_reader_index(rd)->data_end != sh.footer_offset))
+			rc = ckpt_err(CKPT_ECORRUPT, "%s: its footer is not the index committed for "
+			              "rank %u", path, rank);
+		if (!rc)
+			p->ix = io_shard_reader_take_index(rd);
+		io_shard_reader_close(rd);
+	}
+	if (!rc && (p->ix->step != step || p->ix->rank != rank || p->ix->save_id != rec.save_id))
+		rc = ckpt_err(CKPT_ECORRUPT, "the shard of rank %u committed for step %llu is of "
+		              "step %llu rank %u attempt %016llx", rank, (unsigned long long)step,
+		              (unsigned long long)p->ix->step, p->ix->rank,
+		              (unsigned long long)p->ix->save_id);
+	manifest_shard_free(&sh);
+	if (!rc && !(p->by_name = ckpt_malloc((p->ix->ntensors ? p->ix->ntensors : 1) *
+	                                      sizeof *p->by_name)))
+		rc = ckpt_err(-ENOMEM, "index of step %llu", (unsigned long long)step);
+	if (rc) {
+		ckpt_log(rc == -ENOMEM ? CKPT_LOG_WARN : CKPT_LOG_INFO, "step %llu: a full save, "
+		         "nothing referenced from step %llu: %s", (unsigned long long)s->step,
+		         (unsigned long long)step, ckpt_err_msg());
+		io_index_free(p->ix);
+		memset(p, 0, sizeof *p);
+		p->t = -1;
+		ckpt_err_clear();
+		return rc == -ENOMEM ? rc : 0;
+	}
+	for (uint32_t i = 0; i < p->ix->ntensors; i++)
+		p->by_name[i] = i;
+	qsort_r(p->by_name, p->ix->ntensors, sizeof *p->by_name, prev_name_cmp, p->ix);
+	p->self = (struct io_ref_file){ .step = step, .save_id = rec.save_id, .rank = rank };
+	return 0;
+}
+
+static void save_prev_close(struct save_prev *p)
+{
+	io_index_free(p->ix);
+	ckpt_free(p->by_name);
+	p->ix = NULL;
+	p->by_name = NULL;
+}
+
+/* The tensor of the previous step that item it may reference: the same name, kind,
+ * dtype, policy, flags and box in the same global shape; -1 if none. */
+static int64_t save_prev_tensor(const struct save_prev *p, const struct save_item *it)
+{
+	const struct io_shard_index *ix = p->ix;
+	size_t lo = 0, hi = ix->ntensors;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		const struct io_tensor_entry *t = &ix->tensors[p->by_name[mid]];
+		int c = strcmp(t->name, it->name);
+		if (c < 0) {
+			lo = mid + 1;
+			continue;
+		}
+		if (c > 0) {
+			hi = mid;
+			continue;
+		}
+		if (t->kind != it->kind || t->dtype != it->dtype || t->policy != it->policy ||
+		    t->flags != it->flags || t->ndim != it->ndim || t->raw_bytes != it->raw_bytes)
+			return -1;
+		for (unsigned d = 0; d < t->ndim; d++)
+			if (t->global_shape[d] != it->global_shape[d] || t->offset[d] != it->offset[d] ||
+			    t->extent[d] != it->extent[d])
+				return -1;
+		return p->by_name[mid];
+	}
+	return -1;
+}
+
+/* Is the chunk of item tag at [off, off + n) with hashes h the same as the previous
+ * step's chunk at that place? Then *ref says where its bytes are (the file that
+ * holds them: the previous step's own, or the one its chunk referenced in turn, so
+ * that a read never takes more than one hop). */
+static bool save_prev_match(struct save_cursor *cur, const ckpt_save *s, uint64_t tag,
+                            uint64_t off, size_t n, const struct io_hashes *h,
+                            struct io_chunk_ref *ref)
+{
+	struct save_prev *p = &cur->prev;
+	if (!p->ix)
+		return false;
+	if (off == 0) {               /* an item's first chunk: find its tensor there */
+		p->t = save_prev_tensor(p, &s->items[tag]);
+		p->k = p->t >= 0 ? p->ix->tensors[p->t].first_chunk : 0;
+	}
+	if (p->t < 0)
+		return false;
+	const struct io_tensor_entry *t = &p->ix->tensors[p->t];
+	uint32_t end = t->first_chunk + t->nchunks;
+	while (p->k < end && p->ix->chunks[p->k].raw_offset < off)
+		p->k++;
+	if (p->k >= end)
+		return false;
+	const struct io_chunk_entry *c = &p->ix->chunks[p->k];
+	if (c->raw_offset != off || c->raw_len != n || memcmp(c->hash, h->chunk, CKPT_HASH_BYTES))
+		return false;
+	/* A raw chunk of several blocks carries its block hashes into the new table. */
+	if (c->codec == IO_CODEC_RAW && io_nblocks(n, IO_BLOCK_BYTES) &&
+	    (!h->blocks || h->block_bytes != IO_BLOCK_BYTES))
+		return false;
+	uint32_t f = io_chunk_file(p->ix, p->k);
+	*ref = (struct io_chunk_ref){
+		.file = f ? p->ix->files[f - 1] : p->self, .codec = c->codec,
+		.file_offset = c->file_offset, .stored_len = c->stored_len, .hashes = h,
+	};
+	return true;
+}
+
 /* Take the oldest chunk out of the pipe once its copy landed, and append it. */
 static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
                           struct save_sink *w)
@@ -728,6 +933,17 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 	const struct save_item *it = &s->items[tag];
 	uint64_t off = cur->out_off;
 	cur->out_off += n;
+	struct io_chunk_ref ref;
+	if (w->w && save_prev_match(cur, s, tag, off, n, &h, &ref)) {
+		rc = io_shard_writer_append_ref(w->w, (uint32_t)tag, n, &ref);
+		/* The bytes are on disk already: the buffer goes back unwritten. */
+		io_pool_put(c->pool, b);
+		if (!rc) {
+			cur->prev.nrefs++;
+			cur->prev.ref_bytes += n;
+		}
+		return rc;
+	}
 	if (cur->gds && it->mem == CKPT_MEM_DEVICE && !it->source) {
 		cur->out_src = (const uint8_t *)it->data + off;
 		cur->out_host = io_pool_addr(c->pool, b);
@@ -868,8 +1084,16 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	}
 	if (rc)
 		goto out;
+	/* Saves through ckptd write whole shards: they are never incremental. */
+	if (s->incremental && sink.w && (rc = save_prev_open(c, s, &cur.prev)))
+		goto out;
 	if ((rc = save_stream(c, s, &cur, &sink)))
 		goto out;
+	if (cur.prev.ix)
+		ckpt_log(CKPT_LOG_DEBUG, "step %llu: %llu chunk(s), %llu bytes, referenced from "
+		         "step %llu", (unsigned long long)s->step,
+		         (unsigned long long)cur.prev.nrefs, (unsigned long long)cur.prev.ref_bytes,
+		         (unsigned long long)cur.prev.self.step);
 	if (cur.gds) {
 		/* Every device byte is written: now the caller may change its tensors. */
 		rc = snapshot_gds_file_close(c->snap, cur.gds_file);
@@ -924,6 +1148,7 @@ out:
 	snapshot_gds_file_close(c->snap, cur.gds_file);
 	if (cur.gds_event)
 		save_publish_event(c, s, cur.gds_event);   /* the save owns it: freed with s */
+	save_prev_close(&cur.prev);
 	if (sink.w)
 		io_shard_writer_abort(sink.w);
 	remote_writer_abort(sink.rw);
