@@ -569,14 +569,15 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 			return rc;
 	}
 
-	/* Incremental saves: on unless the options or CKPT_INCREMENTAL say off. */
+	/* Incremental saves: off unless the options or CKPT_INCREMENTAL say on (docs/
+	 * operations.md says why it is not the default). */
 	int inc = OPT(o, incremental, -1);
 	if (inc < -1 || inc > 1)
 		return ckpt_err(-EINVAL, "incremental %d: expected -1 (the environment), 0 or 1", inc);
 	if (inc < 0) {
 		if ((rc = env_int("CKPT_INCREMENTAL", 0, 1, &v)) < 0)
 			return rc;
-		inc = rc ? (int)v : 1;
+		inc = rc ? (int)v : 0;
 	}
 	cfg->incremental = inc == 1;
 

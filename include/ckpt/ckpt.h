@@ -269,8 +269,8 @@ struct ckpt_opts {
 	 * chunk of the previous committed step (same tensor, box and chunk, known by its
 	 * XXH3-128) is not written again; the new step references it, and loads, verify
 	 * and gc follow. 1: on; 0: off; -1 (ckpt_opts_init's): CKPT_INCREMENTAL (0 or 1),
-	 * then on. Saves through ckptd are never incremental. One save may turn it off
-	 * (ckpt_save_set_incremental). */
+	 * then off. Saves through ckptd are never incremental. One save may turn it off
+	 * or on (ckpt_save_set_incremental). */
 	int         incremental;
 	/* append only */
 };

@@ -178,7 +178,7 @@ static void shard_of(uint64_t step, char *out, size_t cap)
 
 START_TEST(incr_roundtrip)
 {
-	ckpt_ctx *c = open_root(-1, 0);
+	ckpt_ctx *c = open_root(1, 0);
 	for (uint64_t step = 1; step <= 4; step++)
 		ck_assert_msg(save_step(c, step, false) == 0, "step %llu: %s",
 		              (unsigned long long)step, ckpt_last_error());
@@ -205,7 +205,7 @@ START_TEST(incr_roundtrip)
 	ck_assert_str_eq(got, want);
 	ckpt_close(c);
 	/* A fresh context (no state carried in memory) loads them all too. */
-	c = open_root(-1, 0);
+	c = open_root(1, 0);
 	for (uint64_t step = 1; step <= 4; step++)
 		check_step(c, step);
 	ckpt_close(c);
@@ -223,10 +223,23 @@ START_TEST(incr_off)
 	step_info(c, 2, &si);
 	ck_assert_uint_eq(si.stored_bytes, full);
 	ckpt_close(c);
-	setenv("CKPT_INCREMENTAL", "0", 1);
+	/* The default (no option, no environment) is off. */
 	c = open_root(-1, 0);
 	ck_assert_int_eq(save_step(c, 3, false), 0);
 	step_info(c, 3, &si);
+	ck_assert_uint_eq(si.stored_bytes, full);
+	ckpt_close(c);
+	/* The environment turns it on, and off. */
+	setenv("CKPT_INCREMENTAL", "1", 1);
+	c = open_root(-1, 0);
+	ck_assert_int_eq(save_step(c, 6, false), 0);
+	step_info(c, 6, &si);
+	ck_assert_uint_eq(si.stored_bytes, NA * 4);
+	ckpt_close(c);
+	setenv("CKPT_INCREMENTAL", "0", 1);
+	c = open_root(-1, 0);
+	ck_assert_int_eq(save_step(c, 7, false), 0);
+	step_info(c, 7, &si);
 	ck_assert_uint_eq(si.stored_bytes, full);
 	ckpt_close(c);
 	setenv("CKPT_INCREMENTAL", "2", 1);
@@ -239,7 +252,7 @@ START_TEST(incr_off)
 	ck_assert_int_eq(ckpt_open(&o, &bad), -EINVAL);
 	ck_assert(bad == NULL);
 	unsetenv("CKPT_INCREMENTAL");
-	c = open_root(-1, 0);
+	c = open_root(1, 0);
 	ck_assert_int_eq(save_step(c, 4, true), 0);
 	step_info(c, 4, &si);
 	ck_assert_uint_eq(si.stored_bytes, full);
@@ -247,10 +260,10 @@ START_TEST(incr_off)
 	step_info(c, 5, &si);
 	ck_assert_uint_eq(si.stored_bytes, NA * 4);
 	ckpt_save *s;
-	ck_assert_int_eq(ckpt_save_begin(c, 6, &s), 0);
+	ck_assert_int_eq(ckpt_save_begin(c, 8, &s), 0);
 	ck_assert_int_eq(ckpt_save_set_incremental(s, 7), -EINVAL);
 	ckpt_save_free(s);
-	for (uint64_t step = 1; step <= 5; step++)
+	for (uint64_t step = 1; step <= 7; step++)
 		check_step(c, step);
 	ckpt_close(c);
 }
@@ -260,12 +273,12 @@ END_TEST
  * stays (its record aborted); once nothing references it, gc removes it. */
 START_TEST(incr_retention_keeps_referenced)
 {
-	ckpt_ctx *c = open_root(-1, 1);
+	ckpt_ctx *c = open_root(1, 1);
 	ck_assert_int_eq(save_step(c, 1, false), 0);
 	ck_assert_int_eq(save_step(c, 2, false), 0);
 	/* Retention runs after the outcome is published: ckpt_close waits for it. */
 	ckpt_close(c);
-	c = open_root(-1, 1);
+	c = open_root(1, 1);
 	struct ckpt_step_info si;
 	ck_assert_int_eq(ckpt_step_info(c, 1, &si, sizeof si), 0);
 	ck_assert_int_eq(si.state, CKPT_STATE_ABORTED);     /* retired, its file kept */
@@ -274,14 +287,14 @@ START_TEST(incr_retention_keeps_referenced)
 	/* Step 3 references step 1's file still (through step 2's references, one hop). */
 	ck_assert_int_eq(save_step(c, 3, false), 0);
 	ckpt_close(c);
-	c = open_root(-1, 1);
+	c = open_root(1, 1);
 	ck_assert(shard_exists(1));
 	ck_assert(!shard_exists(2));          /* step 2's own bytes: "a" only */
 	check_step(c, 3);
 	/* A full save: nothing references step 1 or 2 any more after retention. */
 	ck_assert_int_eq(save_step(c, 4, true), 0);
 	ckpt_close(c);
-	c = open_root(-1, 1);
+	c = open_root(1, 1);
 	ck_assert(!shard_exists(1));
 	ck_assert(!shard_exists(2));
 	ck_assert(!shard_exists(3));
@@ -295,7 +308,7 @@ END_TEST
  * CKPT_GC_UNRECORDED. */
 START_TEST(incr_gc_by_hand)
 {
-	ckpt_ctx *c = open_root(-1, 0);
+	ckpt_ctx *c = open_root(1, 0);
 	ck_assert_int_eq(save_step(c, 1, false), 0);
 	ck_assert_int_eq(save_step(c, 2, false), 0);
 	ck_assert_int_eq(save_step(c, 3, true), 0);
@@ -320,7 +333,7 @@ END_TEST
 /* A bit flipped in a chunk that step 2 references in step 1's file. */
 START_TEST(incr_bitflip_in_referenced)
 {
-	ckpt_ctx *c = open_root(-1, 0);
+	ckpt_ctx *c = open_root(1, 0);
 	ck_assert_int_eq(save_step(c, 1, false), 0);
 	ck_assert_int_eq(save_step(c, 2, false), 0);
 	char s1[256];
@@ -352,7 +365,7 @@ END_TEST
 /* The referenced file removed by hand, or replaced by another step's. */
 START_TEST(incr_missing_referenced)
 {
-	ckpt_ctx *c = open_root(-1, 0);
+	ckpt_ctx *c = open_root(1, 0);
 	ck_assert_int_eq(save_step(c, 1, false), 0);
 	ck_assert_int_eq(save_step(c, 2, false), 0);
 	char s1[256], s2[256];
@@ -401,7 +414,7 @@ START_TEST(incr_crash_matrix)
 	if (pid == 0) {
 		setenv("CKPT_FAULT", point, 1);
 		ckpt_fault_reload();
-		ckpt_ctx *c = open_root(-1, 1);
+		ckpt_ctx *c = open_root(1, 1);
 		for (uint64_t step = 1; step <= 3; step++)
 			if (save_step(c, step, false))
 				_exit(1);
@@ -411,7 +424,7 @@ START_TEST(incr_crash_matrix)
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 86, "%s: the job was not stopped "
 	              "there (status 0x%x)", point, st);
-	ckpt_ctx *c = open_root(-1, 1);
+	ckpt_ctx *c = open_root(1, 1);
 	uint64_t latest = 0;
 	struct ckpt_step_info si;
 	for (uint64_t step = 1; step <= 3; step++) {
