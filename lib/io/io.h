@@ -353,6 +353,11 @@ struct io_shard_index *io_shard_reader_take_index(struct io_shard_reader *r);
  * (hash mismatch, short file), CKPT_EFORMAT, -EIO, -ENOMEM; messages name the file
  * and the table's offset. */
 int  io_shard_reader_load_blocks(struct io_shard_reader *r);
+/* Chunk k's block hashes in the shard's own table (io_chunk_nblocks of them), loaded
+ * by io_shard_reader_load_blocks if not yet: *out points into the reader (valid
+ * until it is closed), NULL for a chunk without blocks. Errors: those of
+ * io_shard_reader_load_blocks; -EINVAL for k out of range. */
+int  io_shard_reader_chunk_blocks(struct io_shard_reader *r, uint32_t k, const uint8_t **out);
 /* What batches read through this reader since it was opened. */
 struct io_read_stats {
 	uint64_t reads;            /* chunk reads issued (whole or partial) */

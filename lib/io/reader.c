@@ -439,6 +439,23 @@ int io_shard_reader_load_blocks(struct io_shard_reader *r)
 	return r->blocks_rc;
 }
 
+int io_shard_reader_chunk_blocks(struct io_shard_reader *r, uint32_t k, const uint8_t **out)
+{
+	*out = NULL;
+	if (k >= r->ix->nchunks)
+		return ckpt_err(-EINVAL, "%s: chunk %u of %u", r->path, k, r->ix->nchunks);
+	if (!io_chunk_nblocks(r->ix, &r->ix->chunks[k]))
+		return 0;
+	int rc = io_shard_reader_load_blocks(r);
+	if (rc)
+		return rc;
+	if (!r->blocks)               /* the decoder refuses such an index; checked anyway */
+		return ckpt_err(CKPT_EFORMAT, "%s: chunk %u has blocks, the shard no block table",
+		                r->path, k);
+	*out = r->blocks + r->first_block[k] * CKPT_HASH_BYTES;
+	return 0;
+}
+
 /* ------------------------------------------------------------------ references */
 
 /* Open referenced file f: <root>/<its shard path>, root being the one this shard

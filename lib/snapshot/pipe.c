@@ -8,6 +8,10 @@
  * writes in flight. A pipe that took every free buffer would leave the writer one
  * buffer at a time, and the disk, the bound of a durable save, would idle.
  *
+ * A chunk of an incremental save found unchanged where it lies (the caller hashed
+ * it in place) takes its place in that order without a buffer or a copy: it has
+ * nothing to land, and it keeps the order of the file.
+ *
  * Why issue returns -EAGAIN instead of blocking for a buffer when chunks are
  * pending: buffers come back only when the writer reaps its completions, which it
  * does inside its own calls on this same thread. Blocking here would wait for a
@@ -28,6 +32,7 @@ struct pipe_slot {
 	bool     device;                 /* copy in flight on the stream; hash at next() */
 	uint8_t  hash[CKPT_HASH_BYTES];  /* host chunks: computed while copying */
 	uint8_t *blocks;                 /* its block hashes, computed with the chunk's */
+	bool     no_blocks;              /* a stored chunk given without block hashes */
 };
 
 struct snapshot_pipe {
@@ -138,6 +143,7 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 	s->len = n;
 	s->tag = tag;
 	s->device = mem == CKPT_MEM_DEVICE;
+	s->no_blocks = false;
 	if (s->device) {
 		int rc = snap_dev_copy(p->sn, dst, src, n, slot);
 		if (rc) {
@@ -175,11 +181,44 @@ int snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, voi
 	s->len = n;
 	s->tag = tag;
 	s->device = false;
+	s->no_blocks = false;
 	/* The source wrote into a buffer nobody else owns: hash it while it is warm
 	 * (chunk and blocks in one pass). */
 	io_copy_hash128_blocks(NULL, dst, n, p->block_bytes, s->hash, s->blocks);
 	p->count++;
 	return 0;
+}
+
+int snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct io_hashes *h,
+                               uint64_t tag)
+{
+	if (p->sealed)
+		return ckpt_err(-EINVAL, "snapshot pipe: issue after seal");
+	uint64_t nb = h->blocks ? io_nblocks(n, p->block_bytes) : 0;
+	/* The slot's block store holds a pool buffer's worth: so must the chunk. */
+	if (n == 0 || n > io_pool_buf_bytes(p->pool) || (nb && h->block_bytes != p->block_bytes))
+		return ckpt_err(-EINVAL, "snapshot pipe: stored chunk of %zu bytes (buffers hold "
+		                "%zu; block hashes of %u bytes)", n, io_pool_buf_bytes(p->pool),
+		                nb ? h->block_bytes : p->block_bytes);
+	if (p->count == p->window)
+		return -EAGAIN;
+	struct pipe_slot *s = &p->slots[(p->head + p->count) % p->window];
+	s->buf = SNAPSHOT_NO_BUF;
+	s->len = n;
+	s->tag = tag;
+	s->device = false;
+	s->no_blocks = !h->blocks;
+	memcpy(s->hash, h->chunk, CKPT_HASH_BYTES);
+	if (nb)
+		memcpy(s->blocks, h->blocks, (size_t)nb * CKPT_HASH_BYTES);
+	p->count++;
+	return 0;
+}
+
+bool snapshot_pipe_room(const struct snapshot_pipe *p) { return p->count < p->window; }
+bool snapshot_pipe_head_stored(const struct snapshot_pipe *p)
+{
+	return p->count && p->slots[p->head].buf == SNAPSHOT_NO_BUF;
 }
 
 int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
@@ -204,8 +243,8 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 	*len = s->len;
 	*tag = s->tag;
 	memcpy(h->chunk, s->hash, CKPT_HASH_BYTES);
-	h->block_bytes = p->block_bytes;
-	h->blocks = s->blocks;
+	h->block_bytes = s->no_blocks ? 0 : p->block_bytes;
+	h->blocks = s->no_blocks ? NULL : s->blocks;
 	p->head = (p->head + 1) % p->window;
 	p->count--;
 	return 0;
@@ -239,7 +278,8 @@ void snapshot_pipe_close(struct snapshot_pipe *p)
 	if (p->device_chunks || p->sealed)
 		snap_dev_quiesce(p->sn);
 	while (p->count) {
-		io_pool_put(p->pool, p->slots[p->head].buf);
+		if (p->slots[p->head].buf != SNAPSHOT_NO_BUF)
+			io_pool_put(p->pool, p->slots[p->head].buf);
 		p->head = (p->head + 1) % p->window;
 		p->count--;
 	}
