@@ -135,6 +135,7 @@ class Opts(Structure):
         ("keep_seconds", c_uint64),
         ("manifest_dir", c_char_p),
         ("target", c_char_p),
+        ("incremental", c_int),
     ]
 
 
@@ -264,6 +265,7 @@ _PROTOS = {
 # Declared when the library has them (added in later minor versions).
 _OPTIONAL = {
     "ckpt_save_set_meta": (c_int, [_P, c_char_p, c_size_t]),
+    "ckpt_save_set_incremental": (c_int, [_P, c_int]),
     "ckpt_step_meta": (c_int, [_P, c_uint64, c_char_p, c_size_t, POINTER(c_size_t)]),
 }
 
