@@ -1000,7 +1000,7 @@ static bool save_prev_blocks(ckpt_ctx *c, struct save_prev *p, uint32_t k,
  * when taken out, and its bytes are neither copied nor written. The hash that
  * decides is of the caller's bytes, taken before the pipe is sealed, so before the
  * snapshot point, as any copy's. Returns 1 when issued so, 0 when the chunk must be
- * copied (not host memory, nothing to compare with, changed), -EAGAIN (window full:
+ * copied (not host memory, nothing to compare with, changed), -EAGAIN (pipe full:
  * take a chunk out first; checked before hashing), or an error of the pipe.
  */
 static int save_prev_inplace(ckpt_ctx *c, struct save_cursor *cur, const ckpt_save *s,

@@ -116,14 +116,16 @@ int  snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, vo
                               uint64_t off, size_t n, uint64_t tag);
 /* A chunk of n bytes that needs no copy: the caller hashed it where it lies and
  * found its bytes stored already (an incremental save's unchanged chunk). It keeps
- * its place in issue order and takes a slot of the window, but no pool buffer;
+ * its place in issue order, takes no pool buffer and does not count against the
+ * window (the pipe holds a bounded number of such chunks beyond it);
  * next() gives it back with *buf SNAPSHOT_NO_BUF and the hashes given here (h's
- * block hashes, of the pipe's block size, are copied; h->blocks NULL: none). Returns 0, or -EAGAIN when the window is full (take a
+ * block hashes, of the pipe's block size, are copied; h->blocks NULL: none). Returns 0, or -EAGAIN when the pipe is full (take a
  * chunk out first; snapshot_pipe_room says so beforehand). Errors: -EINVAL. */
 #define SNAPSHOT_NO_BUF UINT_MAX
 int  snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct io_hashes *h,
                                 uint64_t tag);
-/* Whether the window has a slot free (an issue may still wait for a buffer). */
+/* Whether the pipe has room for a stored chunk (a copy may still find the window
+ * full, or wait for a buffer). */
 bool snapshot_pipe_room(const struct snapshot_pipe *p);
 /* Whether the oldest pending chunk is one issued by snapshot_pipe_issue_stored. */
 bool snapshot_pipe_head_stored(const struct snapshot_pipe *p);
