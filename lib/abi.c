@@ -44,7 +44,7 @@ _Static_assert(CKPT_MAX_META == 65536, "CKPT_MAX_META is part of the ABI");
 #define ABI_SIZE_FIRST(type) \
 	_Static_assert(offsetof(struct type, size) == 0, "struct " #type ": size first")
 
-ABI_LAYOUT(ckpt_opts,            184, compress_threads, 180);
+ABI_LAYOUT(ckpt_opts,            192, incremental,      184);
 ABI_LAYOUT(ckpt_log_ctx,          24, step,              16);
 ABI_LAYOUT(ckpt_gds_stats,        56, files_refused,     48);
 ABI_LAYOUT(ckpt_tensor,           64, mem,               56);

@@ -136,6 +136,11 @@ enum ckpt_fault_point {
 	CKPT_FP_CKPTD_AFTER_CHUNK,              /* ckptd, after a received chunk is queued for its disk */
 	CKPT_FP_CKPTD_BEFORE_DURABLE,           /* ckptd, after a shard's fdatasync, before DURABLE */
 	CKPT_FP_CKPTD_AFTER_DURABLE,            /* ckptd, after DURABLE is sent */
+	CKPT_FP_GC_AFTER_RETIRE,                /* gc, after a committed step was retired,
+	                                           before its files are removed */
+	CKPT_FP_GC_AFTER_FILES_REMOVED,         /* gc, after a step's files were removed (but
+	                                           those committed steps reference), before
+	                                           its record is */
 	CKPT_FP_COUNT_
 };
 enum ckpt_fault_action { CKPT_FA_NONE = 0, CKPT_FA_CRASH, CKPT_FA_EIO, CKPT_FA_ENOSPC,
@@ -340,6 +345,12 @@ bool ckpt_path_parse_shard(const char *name, uint32_t *rank, uint64_t *save_id);
  * many; *empty: nothing else is left in the directory (or it does not exist). */
 int ckpt_step_remove_attempt(const char *root, uint64_t step, uint64_t save_id,
                              uint32_t *removed, bool *empty);
+/* The same, sparing the files for which keep(arg, rank, save id) is true (files
+ * that committed steps reference: docs/format.md §8.6a); they count as left. */
+typedef bool (*ckpt_keep_fn)(void *arg, uint32_t rank, uint64_t save_id);
+int ckpt_step_remove_attempt_keep(const char *root, uint64_t step, uint64_t save_id,
+                                  ckpt_keep_fn keep, void *arg, uint32_t *removed,
+                                  bool *empty);
 /* Parse "step-NNNNNNNNNNNNNNNNNNNN" -> step; false if not that form. */
 bool ckpt_path_parse_step_dir(const char *name, uint64_t *step);
 /* fsync a directory by path. */

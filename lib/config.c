@@ -34,6 +34,7 @@ void ckpt_opts_init(struct ckpt_opts *o, size_t size)
 	d.world = -1;
 	d.zstd_level = -1;
 	d.log_level = -1;
+	d.incremental = -1;
 	memcpy(o, &d, d.size);
 }
 
@@ -628,6 +629,18 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 		if (!keep[i].opt && (rc = env_u64(keep[i].env, keep[i].dst)) < 0)
 			return rc;
 	}
+
+	/* Incremental saves: off unless the options or CKPT_INCREMENTAL say on (docs/
+	 * operations.md says why it is not the default). */
+	int inc = OPT(o, incremental, -1);
+	if (inc < -1 || inc > 1)
+		return ckpt_err(-EINVAL, "incremental %d: expected -1 (the environment), 0 or 1", inc);
+	if (inc < 0) {
+		if ((rc = env_int("CKPT_INCREMENTAL", 0, 1, &v)) < 0)
+			return rc;
+		inc = rc ? (int)v : 0;
+	}
+	cfg->incremental = inc == 1;
 
 	cfg->gds = OPT(o, gds, 0u);
 	if (cfg->gds & ~(unsigned)(CKPT_GDS_LOAD | CKPT_GDS_SAVE | CKPT_GDS_OFF))

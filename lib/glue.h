@@ -39,6 +39,7 @@ struct glue_config {
 	unsigned compress_threads; /* of each shard writer (>= 1) */
 	unsigned max_inflight, timeout_ms, queue_depth;
 	unsigned gds;              /* enum ckpt_gds bits asked for (0: none) */
+	bool     incremental;      /* saves reference unchanged chunks (ckpt_opts.incremental) */
 	/* This rank's node: ranks node_first .. node_first+node_size-1 (1: unknown). */
 	int      node_id, node_first, node_size;
 	bool     tree;                /* the hierarchical commit: relay through the node leader */
@@ -83,6 +84,7 @@ struct ckpt_save {
 	uint64_t          logical_bytes;
 	char             *meta;           /* ckpt_save_set_meta's JSON text (no NUL), or NULL */
 	size_t            meta_len;
+	bool              incremental;    /* may reference the previous step's chunks */
 	void             *order_stream;   /* cudaStream_t whose work the copies follow
 	                                     (ckpt_save_set_stream); NULL: the default */
 	void             *fence;          /* cudaEvent_t recorded on it at submit, or NULL
@@ -180,7 +182,15 @@ struct ckpt_load {
 	struct load_entry       *entries;    /* sorted by name */
 	uint32_t                 nentries;
 	struct load_piece       *piece_store;
+	/* The files of other steps the shards reference, relative to the root: rank r's
+	 * file f (its index's files[f]) is ref_rel[ref_first[r] + f]. */
+	char                   **ref_rel;
+	size_t                  *ref_first;     /* [world] */
+	size_t                   nref_rel;
 };
+/* The file holding rank's chunk k of an opened step, relative to the root: its
+ * shard file, or the file of another step that the chunk references. */
+const char *load_chunk_file(const ckpt_load *l, uint32_t rank, uint32_t k);
 
 bool glue_is_coordinator(const ckpt_ctx *c);
 /* Saving through ckptd (lib/ctx.c): the rank's instance, the auth it presents, and
@@ -235,12 +245,28 @@ int  gc_open(ckpt_ctx *c, uint64_t *removed);
  * any rule, gc as ckpt_catalog_gc with those rules; a failure is logged (WARN),
  * never returned. Called by the save worker once the save's outcome is published. */
 void retention_after_commit(ckpt_ctx *c, uint64_t step);
+/* The shard files that committed steps reference (incremental saves; their records
+ * list them, docs/format.md §8.6a): GC never removes one of them. A damaged record
+ * may reference any step below it: those are spared whole. */
+struct gc_refs {
+	struct manifest_ref *refs;
+	uint64_t *by;                  /* by[i]: the committed step that references refs[i] */
+	size_t    n;
+	bool      damaged;
+	uint64_t  damaged_max;
+};
+int  gc_refs_load(struct manifest *m, struct gc_refs *out);
+void gc_refs_free(struct gc_refs *r);
 /* Remove the files of attempt save_id of step (0: every shard file, for a record
- * that names no attempt), and the directory if nothing else is left in it. */
-int  gc_attempt_remove(const char *root, uint64_t step, uint64_t save_id);
+ * that names no attempt), but those refs keeps (refs NULL: none), and the directory
+ * if nothing else is left in it. *kept (may be NULL): the files kept because a
+ * committed step references them (each logged with the step that keeps it). */
+int  gc_attempt_remove(const char *root, uint64_t step, uint64_t save_id,
+                       const struct gc_refs *refs, uint32_t *kept);
 /* Remove a step directory and everything in it (the operator's explicit choice for
  * a directory without a record), then fsync the root. */
-int  gc_unrecorded_remove(const char *root, uint64_t step);
+int  gc_unrecorded_remove(const char *root, uint64_t step, const struct gc_refs *refs,
+                          uint32_t *kept);
 
 /* The context's load engine, with ctx->load_lock held (created on first use); every
  * reader opened on it and every io_read_batch on it happen between these two calls

@@ -45,6 +45,10 @@ void ckpt_load_close(ckpt_load *l)
 		if (l->shards)
 			manifest_shard_free(&l->shards[r]);
 	}
+	for (size_t i = 0; i < l->nref_rel; i++)
+		ckpt_free(l->ref_rel[i]);
+	ckpt_free(l->ref_rel);
+	ckpt_free(l->ref_first);
 	ckpt_free(l->readers);
 	ckpt_free(l->fetch);
 	ckpt_free(l->ix);
@@ -192,6 +196,41 @@ static int load_index_from_footer(ckpt_load *l, uint32_t r)
 	return 0;
 }
 
+/* The paths of the files the shards reference (ckpt_load_chunks names them). */
+static int load_ref_paths(ckpt_load *l)
+{
+	uint32_t world = l->rec.world;
+	size_t n = 0;
+	for (uint32_t r = 0; r < world; r++)
+		n += l->ix[r]->nfiles;
+	if (!n)
+		return 0;
+	l->ref_first = ckpt_calloc(world, sizeof *l->ref_first);
+	l->ref_rel = ckpt_calloc(n, sizeof *l->ref_rel);
+	if (!l->ref_first || !l->ref_rel)
+		return ckpt_err(-ENOMEM, "paths of %zu referenced files", n);
+	for (uint32_t r = 0; r < world; r++) {
+		l->ref_first[r] = l->nref_rel;
+		for (uint32_t f = 0; f < l->ix[r]->nfiles; f++) {
+			const struct io_ref_file *e = &l->ix[r]->files[f];
+			char rel[256];
+			int rc = ckpt_path_shard_rel(rel, sizeof rel, e->step, e->rank, e->save_id);
+			if (rc)
+				return ckpt_err(rc, "path of a file rank %u references", r);
+			if (!(l->ref_rel[l->nref_rel] = ckpt_strdup(rel)))
+				return ckpt_err(-ENOMEM, "paths of %zu referenced files", n);
+			l->nref_rel++;
+		}
+	}
+	return 0;
+}
+
+const char *load_chunk_file(const ckpt_load *l, uint32_t rank, uint32_t k)
+{
+	uint32_t f = io_chunk_file(l->ix[rank], k);
+	return f ? l->ref_rel[l->ref_first[rank] + f - 1] : l->shards[rank].path;
+}
+
 int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 {
 	if (!out)
@@ -247,7 +286,7 @@ int ckpt_load_open(ckpt_ctx *c, uint64_t step, ckpt_load **out)
 			goto fail;
 		}
 	}
-	if ((rc = load_build_catalog(l)))
+	if ((rc = load_build_catalog(l)) || (rc = load_ref_paths(l)))
 		goto fail;
 	*out = l;
 	return 0;
@@ -420,7 +459,9 @@ static int load_read(ckpt_load *l, struct io_engine *eng, struct io_read_req *re
 	size_t k = 0;                  /* reads[0, k): for cuFile */
 	for (size_t i = 0; i < n; i++) {
 		const struct load_job *j = reads[i].arg;
-		if (j->plan.mem == CKPT_MEM_DEVICE && j->ix->chunks[reads[i].chunk].codec == IO_CODEC_RAW) {
+		/* A reference's bytes are in another file, which the reader opens. */
+		if (j->plan.mem == CKPT_MEM_DEVICE && j->ix->chunks[reads[i].chunk].codec == IO_CODEC_RAW &&
+		    !io_chunk_file(j->ix, reads[i].chunk)) {
 			struct io_read_req t = reads[i];
 			reads[i] = reads[k];
 			reads[k++] = t;
@@ -888,7 +929,7 @@ int ckpt_load_chunks(const ckpt_load *l, unsigned i, struct ckpt_chunk_info *out
 			memset(o, 0, sizeof *o);
 			o->rank = pc->rank;
 			o->chunk = t->first_chunk + k;
-			o->file = l->shards[pc->rank].path;
+			o->file = load_chunk_file(l, pc->rank, t->first_chunk + k);
 			o->file_offset = ch->file_offset;
 			o->stored_len = ch->stored_len;
 			o->raw_offset = ch->raw_offset;

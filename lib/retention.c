@@ -76,6 +76,8 @@ static int gc_reason(const struct catalog_entry *x, const struct ckpt_gc_opts *o
 }
 
 #define GC_CHANGED 1   /* the step's record is not the one listed any more: spared */
+#define GC_KEPT    2   /* files that committed steps reference were kept, and the
+                          record that names them */
 
 /* Remove one step for reason why (see the top of the file for the order), under
  * the manifest's attempts lock: only if its record is still the one that was listed.
@@ -91,22 +93,45 @@ static int gc_remove_locked(ckpt_ctx *c, const struct catalog_entry *x, int why)
 	if (has_record != x->has_record ||
 	    (has_record && (cur.state != x->rec.state || cur.save_id != x->rec.save_id)))
 		return GC_CHANGED;
+	/* Read now, under the lock: what the committed steps reference at this moment
+	 * (a commit since the listing may reference this step's files). */
+	struct gc_refs refs;
+	if ((rc = gc_refs_load(c->manifest, &refs)))
+		return ckpt_err_prefix(rc, "the files committed steps reference");
+	uint32_t kept = 0;
 	switch (why) {
 	case CKPT_GC_RETENTION:
 		/* Invisible first, still naming its files; then the files; then the record. */
 		if ((rc = manifest_step_retire(c->manifest, x->step, "removed by retention")))
-			return rc;
+			break;
+		if ((rc = ckpt_fault(CKPT_FP_GC_AFTER_RETIRE)) < 0)
+			break;
 		/* fall through */
 	case CKPT_GC_ABORTED:
-		if (x->has_dir && (rc = gc_attempt_remove(root, x->step, x->rec.save_id)))
-			return rc;
+		if (x->has_dir &&
+		    (rc = gc_attempt_remove(root, x->step, x->rec.save_id, &refs, &kept)))
+			break;
+		/* Files that a committed step references stay, and so does the record that
+		 * names them (aborted: the step is gone for readers), for a later gc to
+		 * finish once nothing references them. */
+		if ((rc = ckpt_fault(CKPT_FP_GC_AFTER_FILES_REMOVED)) < 0)
+			break;
+		if (kept) {
+			rc = GC_KEPT;
+			break;
+		}
 		rc = manifest_step_delete(c->manifest, x->step);
-		return rc == CKPT_ENOTFOUND ? 0 : rc;
+		rc = rc == CKPT_ENOTFOUND ? 0 : rc;
+		break;
 	case CKPT_GC_ORPHAN:
-		return gc_unrecorded_remove(root, x->step);
+		rc = gc_unrecorded_remove(root, x->step, &refs, &kept);
+		rc = !rc && kept ? GC_KEPT : rc;
+		break;
 	default:
-		return ckpt_err(-EINVAL, "gc: step %llu: reason %d", (unsigned long long)x->step, why);
+		rc = ckpt_err(-EINVAL, "gc: step %llu: reason %d", (unsigned long long)x->step, why);
 	}
+	gc_refs_free(&refs);
+	return rc;
 }
 
 static int gc_remove(ckpt_ctx *c, const struct catalog_entry *x, int why)
@@ -233,6 +258,15 @@ static int gc_run(ckpt_ctx *c, const struct ckpt_gc_opts *uo, struct ckpt_gc_res
 			ckpt_log(CKPT_LOG_INFO, "gc: step %llu was saved again while gc ran: spared",
 			         (unsigned long long)x->step);
 			rc = 0;
+			continue;
+		}
+		if (rc == GC_KEPT) {
+			/* Gone for readers (retired), its referenced files still on disk. */
+			ckpt_log(CKPT_LOG_INFO, "gc: step %llu: files kept that committed steps "
+			         "reference (their record stays, aborted, until nothing does)",
+			         (unsigned long long)x->step);
+			rc = 0;
+			res.steps_removed += why == CKPT_GC_RETENTION;
 			continue;
 		}
 		if (rc)

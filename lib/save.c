@@ -12,6 +12,16 @@
  * the state fits. When the state is larger than the pool, buffers come back as
  * writes complete (backpressure) and the snapshot point moves accordingly; host
  * memory never grows past the pool.
+ *
+ * Incremental saves: before it streams, the worker reads the index of this rank's
+ * shard of the previous committed step (save_prev_open). A chunk whose hash equals
+ * the chunk at the same place there (same tensor, box and chunk) is appended as a
+ * reference to the file that holds its bytes, and is not written (docs/format.md
+ * §3b). A chunk of host memory is hashed where it lies, before any copy: unchanged,
+ * it takes no pool buffer and is never copied, so an unchanged state costs one read
+ * of memory at hash speed (save_prev_inplace). A device chunk, or one from a source
+ * callback, is copied and hashed as in a full save and compared after the copy; its
+ * buffer then goes back to the pool unwritten.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -277,6 +287,19 @@ int ckpt_save_set_meta(ckpt_save *s, const char *json, size_t len)
 	return 0;
 }
 
+int ckpt_save_set_incremental(ckpt_save *s, int on)
+{
+	SAVE_LOG_SCOPE(s);
+	int rc = save_check_open(s);
+	if (rc)
+		return rc;
+	if (on != 0 && on != 1)
+		return ckpt_err(-EINVAL, "save of step %llu: incremental %d (0 or 1)",
+		                (unsigned long long)s->step, on);
+	s->incremental = on == 1;
+	return 0;
+}
+
 /* ------------------------------------------------------------------ lifecycle */
 
 /* The end of what ckpt_save_begin took: a place among the saves in flight. */
@@ -312,6 +335,7 @@ int ckpt_save_begin(ckpt_ctx *c, uint64_t step, ckpt_save **out)
 		return ckpt_err(-ENOMEM, "save of step %llu", (unsigned long long)step);
 	s->ctx = c;
 	s->step = step;
+	s->incremental = c->cfg.incremental;
 	/* Bound the saves in flight: wait for an older one to finish. A step has one
 	 * save at a time in a context: a second would begin a new attempt, which
 	 * removes the first one's files. */
@@ -548,6 +572,27 @@ struct save_cursor {
 	bool     gds_refused;   /* cuFile refused the file: write from out_host */
 	const uint8_t *out_host;/* the pool copy of the chunk being appended */
 	ckpt_ctx *ctx;
+	/* Incremental: this rank's shard of the previous committed step, or ix NULL. */
+	struct save_prev {
+		struct io_shard_index *ix;
+		struct io_ref_file     self;     /* its own file */
+		char     *path;                  /* its path */
+		struct io_shard_reader *rd;      /* opened on first need of its block table */
+		bool      no_blocks;             /* its block table failed: copy every chunk */
+		uint32_t *by_name;               /* its tensors, sorted by name */
+		/* Where issue and drain are in it (they run apart): an item, its tensor
+		 * there (or -1), the next of that tensor's chunks to compare. */
+		struct save_prev_pos {
+			size_t   item;
+			int64_t  t;
+			uint32_t k;
+		} issue, drain;
+		/* The chunk the issue pass last hashed in place and found changed: a retry
+		 * after -EAGAIN copies it without hashing it again. */
+		size_t    changed_item;
+		uint64_t  changed_off;
+		uint64_t  nrefs, ref_bytes, inplace_chunks;
+	} prev;
 };
 
 /* Every copy has landed: the snapshot point. Runs on a CUDA thread when there were
@@ -610,6 +655,8 @@ static int save_gds_write(void *arg, int fd, const char *path, uint64_t off, siz
  * (1) after the first chunk that this thread copies itself (host memory, a fill
  * callback), which the disk should start on while the rest are copied. */
 #define SAVE_ISSUE_ASYNC SIZE_MAX
+static int save_prev_inplace(ckpt_ctx *c, struct save_cursor *cur, const ckpt_save *s,
+                             const struct save_item *it, size_t n);
 static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t limit)
 {
 	size_t chunk = c->cfg.chunk_bytes, issued = 0;
@@ -623,11 +670,20 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 			continue;
 		}
 		size_t n = (size_t)(it->raw_bytes - cur->off < chunk ? it->raw_bytes - cur->off : chunk);
-		int rc = it->source
-			? snapshot_pipe_issue_fill(cur->pipe, it->source, it->source_arg, cur->off, n,
-			                           cur->item)
-			: snapshot_pipe_issue(cur->pipe, (const uint8_t *)it->data + cur->off, n, it->mem,
-			                      cur->item);
+		/* An incremental save looks at a host chunk where it lies first: unchanged
+		 * since the previous step, it needs no copy. */
+		int rc = save_prev_inplace(c, cur, s, it, n);
+		if (rc == 1) {
+			cur->off += n;
+			issued++;
+			continue;
+		}
+		if (!rc && it->source)
+			rc = snapshot_pipe_issue_fill(cur->pipe, it->source, it->source_arg, cur->off, n,
+			                              cur->item);
+		else if (!rc)
+			rc = snapshot_pipe_issue(cur->pipe, (const uint8_t *)it->data + cur->off, n,
+			                         it->mem, cur->item);
 		if (rc == -EAGAIN)
 			return rc;
 		if (rc)
@@ -705,6 +761,278 @@ static int save_declare(struct save_sink *w, ckpt_save *s, size_t upto,
 	return 0;
 }
 
+/* ------------------------------------------------------------------ incremental */
+
+static int prev_name_cmp(const void *a, const void *b, void *arg)
+{
+	const struct io_shard_index *ix = arg;
+	return strcmp(ix->tensors[*(const uint32_t *)a].name, ix->tensors[*(const uint32_t *)b].name);
+}
+
+/* The highest committed step below step, or CKPT_ENOTFOUND. */
+static int prev_step_find(struct manifest *m, uint64_t step, uint64_t *out)
+{
+	int n = manifest_steps_list(m, false, NULL, 0);
+	if (n <= 0)
+		return n < 0 ? n : CKPT_ENOTFOUND;
+	uint64_t *steps = ckpt_malloc((size_t)n * sizeof *steps);
+	if (!steps)
+		return ckpt_err(-ENOMEM, "list of %d committed steps", n);
+	int got = manifest_steps_list(m, false, steps, (size_t)n);
+	int rc = CKPT_ENOTFOUND;
+	for (int i = (got < n ? got : n); rc == CKPT_ENOTFOUND && i-- > 0;)
+		if (steps[i] < step) {
+			*out = steps[i];
+			rc = 0;
+		}
+	ckpt_free(steps);
+	return got < 0 ? got : rc;
+}
+
+static void save_prev_reset(struct save_prev *p)
+{
+	memset(p, 0, sizeof *p);
+	p->issue = p->drain = (struct save_prev_pos){ .item = SIZE_MAX, .t = -1 };
+	p->changed_item = SIZE_MAX;
+}
+
+static void save_prev_close(struct save_prev *p)
+{
+	io_shard_reader_close(p->rd);     /* before the index it may borrow */
+	io_index_free(p->ix);
+	ckpt_free(p->by_name);
+	ckpt_free(p->path);
+	save_prev_reset(p);
+}
+
+/* This rank's index of the previous committed step, held to what the manifest
+ * committed: the step's record COMMITTED, of this job, of this world and with an
+ * attempt; the shard's footer the one committed for that attempt. Anything else
+ * (none, another job's, another world, a damaged file) is not an error: the save is
+ * then a full one, and says why (INFO). */
+static int save_prev_open(ckpt_ctx *c, const ckpt_save *s, struct save_prev *p)
+{
+	save_prev_reset(p);
+	struct manifest *m;
+	struct manifest_step rec;
+	struct manifest_shard sh;
+	memset(&sh, 0, sizeof sh);
+	uint64_t step = 0;
+	uint32_t rank = (uint32_t)c->cfg.rank;
+	struct io_shard_reader *rd = NULL;
+	int rc = glue_manifest(c, &m);
+	if (!rc)
+		rc = prev_step_find(m, s->step, &step);
+	if (rc == CKPT_ENOTFOUND)
+		return 0;                 /* the first step: nothing to reference */
+	if (!rc)
+		rc = manifest_step_get(m, step, &rec);
+	if (!rc && (rec.state != CKPT_STATE_COMMITTED || !rec.save_id ||
+	            rec.world != (uint32_t)c->cfg.world || strcmp(rec.job_id, c->cfg.job_id)))
+		rc = ckpt_err(CKPT_ENOTFOUND, "step %llu is of job '%s', world %u%s: this save is "
+		              "of job '%s', world %d", (unsigned long long)step, rec.job_id, rec.world,
+		              rec.save_id ? "" : ", without an attempt id", c->cfg.job_id,
+		              c->cfg.world);
+	if (!rc)
+		rc = manifest_shard_get(m, step, rank, &sh);
+	char path[4400];
+	if (!rc) {
+		snprintf(path, sizeof path, "%s/%s", c->cfg.root, sh.path);
+		if (!(p->path = ckpt_strdup(path)))
+			rc = ckpt_err(-ENOMEM, "index of step %llu", (unsigned long long)step);
+	}
+	if (!rc && sh.index_len) {
+		rc = io_index_decode(sh.index, sh.index_len, &p->ix);
+	} else if (!rc) {
+		uint8_t h[CKPT_HASH_BYTES];
+		if (!(rc = io_shard_reader_open(c->save_engine, path, NULL, &rd)) &&
+		    (io_shard_reader_footer_hash(rd, h) || memcmp(h, sh.footer_hash, sizeof h) ||
+		     io_shard_reader_index(rd)->data_end != sh.footer_offset))
+			rc = ckpt_err(CKPT_ECORRUPT, "%s: its footer is not the index committed for "
+			              "rank %u", path, rank);
+		/* The reader stays, on the index it decoded, for the block table. */
+		if (!rc)
+			p->ix = io_shard_reader_take_index(rd);
+		else
+			io_shard_reader_close(rd);
+		p->rd = rc ? NULL : rd;
+	}
+	if (!rc && (p->ix->step != step || p->ix->rank != rank || p->ix->save_id != rec.save_id))
+		rc = ckpt_err(CKPT_ECORRUPT, "the shard of rank %u committed for step %llu is of "
+		              "step %llu rank %u attempt %016llx", rank, (unsigned long long)step,
+		              (unsigned long long)p->ix->step, p->ix->rank,
+		              (unsigned long long)p->ix->save_id);
+	manifest_shard_free(&sh);
+	if (!rc && !(p->by_name = ckpt_malloc((p->ix->ntensors ? p->ix->ntensors : 1) *
+	                                      sizeof *p->by_name)))
+		rc = ckpt_err(-ENOMEM, "index of step %llu", (unsigned long long)step);
+	if (rc) {
+		ckpt_log(rc == -ENOMEM ? CKPT_LOG_WARN : CKPT_LOG_INFO, "step %llu: a full save, "
+		         "nothing referenced from step %llu: %s", (unsigned long long)s->step,
+		         (unsigned long long)step, ckpt_err_msg());
+		save_prev_close(p);
+		ckpt_err_clear();
+		return rc == -ENOMEM ? rc : 0;
+	}
+	for (uint32_t i = 0; i < p->ix->ntensors; i++)
+		p->by_name[i] = i;
+	qsort_r(p->by_name, p->ix->ntensors, sizeof *p->by_name, prev_name_cmp, p->ix);
+	p->self = (struct io_ref_file){ .step = step, .save_id = rec.save_id, .rank = rank };
+	return 0;
+}
+
+/* The tensor of the previous step that item it may reference: the same name, kind,
+ * dtype, policy, flags and box in the same global shape; -1 if none. */
+static int64_t save_prev_tensor(const struct save_prev *p, const struct save_item *it)
+{
+	const struct io_shard_index *ix = p->ix;
+	size_t lo = 0, hi = ix->ntensors;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		const struct io_tensor_entry *t = &ix->tensors[p->by_name[mid]];
+		int c = strcmp(t->name, it->name);
+		if (c < 0) {
+			lo = mid + 1;
+			continue;
+		}
+		if (c > 0) {
+			hi = mid;
+			continue;
+		}
+		if (t->kind != it->kind || t->dtype != it->dtype || t->policy != it->policy ||
+		    t->flags != it->flags || t->ndim != it->ndim || t->raw_bytes != it->raw_bytes)
+			return -1;
+		for (unsigned d = 0; d < t->ndim; d++)
+			if (t->global_shape[d] != it->global_shape[d] || t->offset[d] != it->offset[d] ||
+			    t->extent[d] != it->extent[d])
+				return -1;
+		return p->by_name[mid];
+	}
+	return -1;
+}
+
+/* The previous step's chunk at item tag's [off, off + n), or -1: same tensor (by
+ * save_prev_tensor), same offset and length. pos is the caller's place in it, for
+ * chunks asked in issue order (a new item looks its tensor up once). */
+static int64_t save_prev_find(struct save_prev *p, struct save_prev_pos *pos,
+                              const ckpt_save *s, uint64_t tag, uint64_t off, size_t n)
+{
+	if (pos->item != tag) {
+		pos->item = (size_t)tag;
+		pos->t = save_prev_tensor(p, &s->items[tag]);
+		pos->k = pos->t >= 0 ? p->ix->tensors[pos->t].first_chunk : 0;
+	}
+	if (pos->t < 0)
+		return -1;
+	const struct io_tensor_entry *t = &p->ix->tensors[pos->t];
+	uint32_t end = t->first_chunk + t->nchunks;
+	while (pos->k < end && p->ix->chunks[pos->k].raw_offset < off)
+		pos->k++;
+	if (pos->k >= end)
+		return -1;
+	const struct io_chunk_entry *c = &p->ix->chunks[pos->k];
+	return c->raw_offset == off && c->raw_len == n ? (int64_t)pos->k : -1;
+}
+
+/* Is the chunk of item tag at [off, off + n) with hashes h the same as the previous
+ * step's chunk at that place? Then *ref says where its bytes are (the file that
+ * holds them: the previous step's own, or the one its chunk referenced in turn, so
+ * that a read never takes more than one hop). Asked in the order chunks are
+ * taken out of the pipe. */
+static bool save_prev_match(struct save_cursor *cur, const ckpt_save *s, uint64_t tag,
+                            uint64_t off, size_t n, const struct io_hashes *h,
+                            struct io_chunk_ref *ref)
+{
+	struct save_prev *p = &cur->prev;
+	if (!p->ix)
+		return false;
+	int64_t k = save_prev_find(p, &p->drain, s, tag, off, n);
+	if (k < 0)
+		return false;
+	const struct io_chunk_entry *c = &p->ix->chunks[k];
+	if (memcmp(c->hash, h->chunk, CKPT_HASH_BYTES))
+		return false;
+	/* A raw chunk of several blocks carries its block hashes into the new table. */
+	if (c->codec == IO_CODEC_RAW && io_nblocks(n, IO_BLOCK_BYTES) &&
+	    (!h->blocks || h->block_bytes != IO_BLOCK_BYTES))
+		return false;
+	uint32_t f = io_chunk_file(p->ix, (uint32_t)k);
+	*ref = (struct io_chunk_ref){
+		.file = f ? p->ix->files[f - 1] : p->self, .codec = c->codec,
+		.file_offset = c->file_offset, .stored_len = c->stored_len, .hashes = h,
+	};
+	return true;
+}
+
+/* The previous step's block hashes of its chunk k (NULL for a chunk without any),
+ * read from its block table on first need. false when they cannot be had: the table
+ * is damaged or unreadable (said once, INFO; every chunk is then copied and hashed,
+ * and compared after the copy as before) or of another block size. */
+static bool save_prev_blocks(ckpt_ctx *c, struct save_prev *p, uint32_t k,
+                             const uint8_t **out)
+{
+	*out = NULL;
+	const struct io_chunk_entry *e = &p->ix->chunks[k];
+	if (!io_chunk_nblocks(p->ix, e))
+		return !io_nblocks(e->raw_len, IO_BLOCK_BYTES) || e->codec != IO_CODEC_RAW;
+	if (p->no_blocks || p->ix->block_bytes != IO_BLOCK_BYTES)
+		return false;
+	int rc = 0;
+	if (!p->rd)
+		rc = io_shard_reader_open(c->save_engine, p->path, p->ix, &p->rd);
+	if (!rc)
+		rc = io_shard_reader_chunk_blocks(p->rd, k, out);
+	if (rc) {
+		ckpt_log(CKPT_LOG_INFO, "%s: block table not usable, every chunk is copied before "
+		         "it is compared: %s", p->path, ckpt_err_msg());
+		ckpt_err_clear();
+		p->no_blocks = true;
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Before the chunk of host memory at cur's place, n bytes of item it, is copied:
+ * hash it where it lies, in the caller's memory (read only, at memory speed: no pool
+ * buffer, no copy), and when the hash equals the previous step's chunk at the same
+ * place, issue it as stored (snapshot_pipe_issue_stored): it becomes a reference
+ * when taken out, and its bytes are neither copied nor written. The hash that
+ * decides is of the caller's bytes, taken before the pipe is sealed, so before the
+ * snapshot point, as any copy's. Returns 1 when issued so, 0 when the chunk must be
+ * copied (not host memory, nothing to compare with, changed), -EAGAIN (pipe full:
+ * take a chunk out first; checked before hashing), or an error of the pipe.
+ */
+static int save_prev_inplace(ckpt_ctx *c, struct save_cursor *cur, const ckpt_save *s,
+                             const struct save_item *it, size_t n)
+{
+	struct save_prev *p = &cur->prev;
+	if (!p->ix || it->source || it->mem != CKPT_MEM_HOST)
+		return 0;
+	if (p->changed_item == cur->item && p->changed_off == cur->off)
+		return 0;                 /* hashed already, and changed: copy it */
+	int64_t k = save_prev_find(p, &p->issue, s, cur->item, cur->off, n);
+	const uint8_t *blocks;
+	if (k < 0 || !save_prev_blocks(c, p, (uint32_t)k, &blocks))
+		return 0;
+	if (!snapshot_pipe_room(cur->pipe))
+		return -EAGAIN;
+	struct io_hashes h = { .block_bytes = IO_BLOCK_BYTES, .blocks = blocks };
+	io_hash128((const uint8_t *)it->data + cur->off, n, h.chunk);
+	if (memcmp(h.chunk, p->ix->chunks[k].hash, CKPT_HASH_BYTES)) {
+		p->changed_item = cur->item;
+		p->changed_off = cur->off;
+		return 0;
+	}
+	/* The block hashes are the previous step's for these bytes (the same bytes: the
+	 * chunk's hash says so), as save_prev_match takes a copy's. */
+	int rc = snapshot_pipe_issue_stored(cur->pipe, n, &h, cur->item);
+	if (rc)
+		return rc;
+	p->inplace_chunks++;
+	return 1;
+}
+
 /* Take the oldest chunk out of the pipe once its copy landed, and append it. */
 static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
                           struct save_sink *w)
@@ -728,6 +1056,23 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 	const struct save_item *it = &s->items[tag];
 	uint64_t off = cur->out_off;
 	cur->out_off += n;
+	struct io_chunk_ref ref;
+	if (w->w && save_prev_match(cur, s, tag, off, n, &h, &ref)) {
+		rc = io_shard_writer_append_ref(w->w, (uint32_t)tag, n, &ref);
+		/* The bytes are on disk already: the buffer, if the chunk was copied (it
+		 * was not hashed in place), goes back unwritten. */
+		if (b != SNAPSHOT_NO_BUF)
+			io_pool_put(c->pool, b);
+		if (!rc) {
+			cur->prev.nrefs++;
+			cur->prev.ref_bytes += n;
+		}
+		return rc;
+	}
+	if (b == SNAPSHOT_NO_BUF)     /* save_prev_inplace matched this very chunk */
+		return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu issued as stored in step %llu "
+		                "and not found there when appended", it->name,
+		                (unsigned long long)off, (unsigned long long)cur->prev.self.step);
 	if (cur->gds && it->mem == CKPT_MEM_DEVICE && !it->source) {
 		cur->out_src = (const uint8_t *)it->data + off;
 		cur->out_host = io_pool_addr(c->pool, b);
@@ -748,8 +1093,10 @@ static int save_stream(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		 * thread: hand each finished one to the disk as soon as the disk can take it
 		 * without waiting, so that copying and writing overlap, and go on copying
 		 * (up to the window) while it cannot. Device copies run on the stream
-		 * meanwhile and are taken out when the window is full. */
-		while (snapshot_pipe_head_ready(cur->pipe) && sink_ready(w))
+		 * meanwhile and are taken out when the window is full. A chunk found
+		 * unchanged in place writes nothing: it is taken out whenever it is first. */
+		while (snapshot_pipe_head_ready(cur->pipe) &&
+		       (sink_ready(w) || snapshot_pipe_head_stored(cur->pipe)))
 			if ((rc = save_drain_one(c, s, cur, w)))
 				return rc;
 		rc = save_issue(c, s, cur, 1);
@@ -869,8 +1216,18 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	}
 	if (rc)
 		goto out;
+	/* Saves through ckptd write whole shards: they are never incremental. */
+	if (s->incremental && sink.w && (rc = save_prev_open(c, s, &cur.prev)))
+		goto out;
 	if ((rc = save_stream(c, s, &cur, &sink)))
 		goto out;
+	if (cur.prev.ix)
+		ckpt_log(CKPT_LOG_DEBUG, "step %llu: %llu chunk(s), %llu bytes, referenced from "
+		         "step %llu, %llu of them found unchanged in place (not copied)",
+		         (unsigned long long)s->step, (unsigned long long)cur.prev.nrefs,
+		         (unsigned long long)cur.prev.ref_bytes,
+		         (unsigned long long)cur.prev.self.step,
+		         (unsigned long long)cur.prev.inplace_chunks);
 	if (cur.gds) {
 		/* Every device byte is written: now the caller may change its tensors. */
 		rc = snapshot_gds_file_close(c->snap, cur.gds_file);
@@ -925,6 +1282,7 @@ out:
 	snapshot_gds_file_close(c->snap, cur.gds_file);
 	if (cur.gds_event)
 		save_publish_event(c, s, cur.gds_event);   /* the save owns it: freed with s */
+	save_prev_close(&cur.prev);
 	if (sink.w)
 		io_shard_writer_abort(sink.w);
 	remote_writer_abort(sink.rw);

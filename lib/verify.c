@@ -112,7 +112,8 @@ static void verify_locate(struct io_engine *eng, ckpt_load *l, const struct io_r
 		res->bad_chunk = reqs[i].chunk;
 		res->bad_offset = ch->file_offset;
 		snprintf(res->bad_tensor, sizeof res->bad_tensor, "%s", ix->tensors[ch->tensor].name);
-		snprintf(res->bad_file, sizeof res->bad_file, "%s", l->shards[ix->rank].path);
+		snprintf(res->bad_file, sizeof res->bad_file, "%s",
+		         load_chunk_file(l, ix->rank, reqs[i].chunk));
 		return;
 	}
 }

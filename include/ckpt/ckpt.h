@@ -278,6 +278,13 @@ struct ckpt_opts {
 	 * (those it is pinned to, else the host's divided among the node's ranks), at
 	 * most 4, at least 1. At most 64. */
 	unsigned    compress_threads;
+	/* Incremental saves (docs/format.md §3b): a chunk whose bytes equal the same
+	 * chunk of the previous committed step (same tensor, box and chunk, known by its
+	 * XXH3-128) is not written again; the new step references it, and loads, verify
+	 * and gc follow. 1: on; 0: off; -1 (ckpt_opts_init's): CKPT_INCREMENTAL (0 or 1),
+	 * then off. Saves through ckptd are never incremental. One save may turn it off
+	 * or on (ckpt_save_set_incremental). */
+	int         incremental;
 	/* append only */
 };
 
@@ -458,6 +465,12 @@ CKPT_API int ckpt_save_add_blob(ckpt_save *s, const char *name, int kind, int po
  *   -E2BIG        len above CKPT_MAX_META
  *   CKPT_ESTATE   the save was submitted */
 CKPT_API int ckpt_save_set_meta(ckpt_save *s, const char *json, size_t len);
+/* Whether this save may reference chunks of the previous committed step instead of
+ * writing them again (on: 1, off: 0); the default is the context's
+ * (ckpt_opts.incremental). Off writes every byte: a step whose files depend on no
+ * other step's. Errors: -EINVAL (on not 0 or 1), CKPT_ESTATE (the save was
+ * submitted). */
+CKPT_API int ckpt_save_set_incremental(ckpt_save *s, int on);
 /* Queue the save. Returns at once. 0: ckpt_save_wait reports the outcome exactly
  * once; negative: nothing was queued and the handle may only be freed.
  * Errors: CKPT_ESTATE (already submitted), and for a save of device tensors the CUDA

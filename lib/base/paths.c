@@ -128,6 +128,13 @@ int ckpt_fsync_dir(const char *path)
 int ckpt_step_remove_attempt(const char *root, uint64_t step, uint64_t save_id,
                              uint32_t *removed, bool *empty)
 {
+	return ckpt_step_remove_attempt_keep(root, step, save_id, NULL, NULL, removed, empty);
+}
+
+int ckpt_step_remove_attempt_keep(const char *root, uint64_t step, uint64_t save_id,
+                                  ckpt_keep_fn keep, void *arg, uint32_t *removed,
+                                  bool *empty)
+{
 	char dir[4200], path[4400];
 	*removed = 0;
 	*empty = false;
@@ -148,7 +155,8 @@ int ckpt_step_remove_attempt(const char *root, uint64_t step, uint64_t save_id,
 		 * attempt's, a file libckpt did not write) stays. A record without a save
 		 * id (an older build's, or rebuild's verdict on the whole directory) names
 		 * every shard file of the directory. */
-		if (!ckpt_path_parse_shard(e->d_name, &rank, &id) || (save_id && id != save_id)) {
+		if (!ckpt_path_parse_shard(e->d_name, &rank, &id) || (save_id && id != save_id) ||
+		    (keep && keep(arg, rank, id))) {
 			others = true;
 			continue;
 		}

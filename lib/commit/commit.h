@@ -55,7 +55,11 @@ int commit_validate(const struct io_shard_index *const *ix, uint32_t world, uint
 struct commit_gather;
 struct commit_summary {
 	uint32_t ntensors;          /* distinct names */
-	uint64_t logical_bytes, stored_bytes;
+	uint64_t logical_bytes, stored_bytes;   /* stored: written by this step (references
+	                                           to other steps' files not counted) */
+	const struct manifest_ref *refs;        /* the other steps' files the shards
+	                                           reference; owned by the gather */
+	uint32_t nrefs;
 };
 /* owns: the gather frees the indexes it is given. */
 int  commit_gather_create(uint32_t world, uint64_t step, bool owns, struct commit_gather **out);

@@ -28,6 +28,27 @@ void commit_shard_record(uint64_t step, const struct commit_vote *v,
 	memcpy(out->footer_hash, v->footer_hash, CKPT_HASH_BYTES);
 }
 
+struct ref_keep {
+	uint64_t step;
+	struct manifest_ref *refs;
+	uint64_t *by;
+	size_t n;
+};
+
+static bool ref_keep_fn(void *arg, uint32_t rank, uint64_t save_id)
+{
+	const struct ref_keep *k = arg;
+	for (size_t i = 0; i < k->n; i++)
+		if (k->refs[i].step == k->step && k->refs[i].rank == rank &&
+		    k->refs[i].save_id == save_id) {
+			ckpt_log(CKPT_LOG_INFO, "step %llu: the shard of rank %u of attempt %016llx "
+			         "kept: step %llu references it", (unsigned long long)k->step, rank,
+			         (unsigned long long)save_id, (unsigned long long)k->by[i]);
+			return true;
+		}
+	return false;
+}
+
 static int attempt_begin_locked(struct manifest *m, const char *root,
                                 const struct manifest_step *id)
 {
@@ -39,9 +60,24 @@ static int attempt_begin_locked(struct manifest *m, const char *root,
 	if (rc && rc != CKPT_ENOTFOUND)
 		return rc;
 	if (rc == 0 && root) {
+		/* A step retired by retention may still hold files that committed steps
+		 * reference (docs/format.md §8.6a): those stay. */
+		struct ref_keep k = { .step = id->step };
 		uint32_t removed;
-		bool empty;
-		if ((rc = ckpt_step_remove_attempt(root, id->step, rec.save_id, &removed, &empty)))
+		bool empty, damaged;
+		uint64_t dmax;
+		if ((rc = manifest_refs_all(m, &k.refs, &k.by, &k.n, &damaged, &dmax)))
+			return ckpt_err_prefix(rc, "step %llu: the files committed steps reference", step);
+		if (damaged && id->step < dmax)
+			rc = ckpt_err(CKPT_ECORRUPT, "step %llu: a damaged record of step %llu may "
+			              "reference its files: `ckpt-inspect rebuild --merge` first", step,
+			              (unsigned long long)dmax);
+		else
+			rc = ckpt_step_remove_attempt_keep(root, id->step, rec.save_id, ref_keep_fn, &k,
+			                                   &removed, &empty);
+		ckpt_free(k.refs);
+		ckpt_free(k.by);
+		if (rc)
 			return ckpt_err_prefix(rc, "step %llu: remove the files of the %s attempt %016llx",
 			                       step, rec.state == CKPT_STATE_ABORTED ? "aborted" : "abandoned",
 			                       (unsigned long long)rec.save_id);
@@ -86,6 +122,8 @@ static int commit_txn(struct manifest *m, const struct manifest_step *id,
 	rec.ntensors = sum->ntensors;
 	rec.logical_bytes = sum->logical_bytes;
 	rec.stored_bytes = sum->stored_bytes;
+	rec.refs = sum->nrefs ? sum->refs : NULL;
+	rec.nrefs = sum->nrefs;
 	int rc = ckpt_fault(CKPT_FP_COORD_BEFORE_COMMIT_TXN);
 	/* The commit point of the whole checkpoint (docs/format.md §8.6). */
 	if (rc >= 0)

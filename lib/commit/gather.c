@@ -46,6 +46,8 @@ struct commit_gather {
 	struct group          **table;     /* open addressing, power of two */
 	size_t                  table_cap, ngroups;
 	uint64_t                logical, stored;
+	struct manifest_ref    *refs;      /* the files the votes' shards reference */
+	uint32_t                nrefs, refs_cap;
 };
 
 int commit_gather_create(uint32_t world, uint64_t step, bool owns, struct commit_gather **out)
@@ -78,6 +80,7 @@ void commit_gather_free(struct commit_gather *g)
 		for (uint32_t r = 0; r < g->world; r++)
 			io_index_free(g->ix[r]);
 	ckpt_free(g->ix);
+	ckpt_free(g->refs);
 	ckpt_free(g);
 }
 
@@ -254,6 +257,35 @@ static int add_piece(struct commit_gather *g, const struct gpiece *p)
 	}
 }
 
+/* The files ix references, into the step's list (each once): the commit records
+ * them with the step, so that GC and retention keep them while it is committed. */
+static int gather_refs(struct commit_gather *g, const struct io_shard_index *ix)
+{
+	for (uint32_t f = 0; f < ix->nfiles; f++) {
+		const struct io_ref_file *e = &ix->files[f];
+		bool seen = false;
+		for (uint32_t i = 0; i < g->nrefs && !seen; i++)
+			seen = g->refs[i].step == e->step && g->refs[i].save_id == e->save_id &&
+			       g->refs[i].rank == e->rank;
+		if (seen)
+			continue;
+		if (g->nrefs >= MANIFEST_MAX_REFS)
+			return ckpt_err(CKPT_EINVALID, "step %llu: the shards reference more than %u "
+			                "files", (unsigned long long)g->step, MANIFEST_MAX_REFS);
+		if (g->nrefs == g->refs_cap) {
+			uint32_t cap = g->refs_cap ? g->refs_cap * 2 : 16;
+			struct manifest_ref *n = ckpt_realloc(g->refs, (size_t)cap * sizeof *n);
+			if (!n)
+				return ckpt_err(-ENOMEM, "step %llu: referenced files",
+				                (unsigned long long)g->step);
+			g->refs = n;
+			g->refs_cap = cap;
+		}
+		g->refs[g->nrefs++] = (struct manifest_ref){ e->step, e->save_id, e->rank };
+	}
+	return 0;
+}
+
 int commit_gather_add(struct commit_gather *g, struct io_shard_index *ix)
 {
 	if (g->failed) {
@@ -282,9 +314,12 @@ int commit_gather_add(struct commit_gather *g, struct io_shard_index *ix)
 			return g_fail(g, rc);
 		g->logical += ix->tensors[i].raw_bytes;
 	}
+	/* Stored: what this step wrote; a reference's bytes are another step's. */
 	for (uint32_t k = 0; k < ix->nchunks; k++)
-		g->stored += ix->chunks[k].stored_len;
-	return 0;
+		if (!io_chunk_file(ix, k))
+			g->stored += ix->chunks[k].stored_len;
+	int rc = gather_refs(g, ix);
+	return rc ? g_fail(g, rc) : 0;
 }
 
 int commit_gather_finish(struct commit_gather *g, struct commit_summary *sum)
@@ -317,6 +352,8 @@ int commit_gather_finish(struct commit_gather *g, struct commit_summary *sum)
 		sum->ntensors = (uint32_t)g->ngroups;
 		sum->logical_bytes = g->logical;
 		sum->stored_bytes = g->stored;
+		sum->refs = g->refs;
+		sum->nrefs = g->nrefs;
 	}
 	return 0;
 }

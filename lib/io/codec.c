@@ -27,6 +27,11 @@
 #include <string.h>
 
 #include <xxhash.h>
+#ifdef CKPT_HAVE_XXH_DISPATCH
+/* XXH3_128bits and its update become the library's dispatching versions: the
+ * widest vector unit the CPU has, chosen at run time (the same hashes). */
+#include <xxh_x86dispatch.h>
+#endif
 #include <zstd.h>
 
 #include "io/io_internal.h"

@@ -9,6 +9,12 @@
  * area and do not overlap, names are valid and unique) are enforced here so that
  * readers of a decoded index may trust it.
  *
+ * Version 4 adds references (docs/format.md §3b): a table of other shard files and,
+ * for each chunk whose bytes lie in one of them, which. The section sits before the
+ * tensor records so that the chunk decoder knows which chunks are references (their
+ * file ranges are in the other file, not inside this one's data area). The chunk
+ * records themselves keep their layout.
+ *
  * Version 3 adds the save id: the attempt that wrote the shard (docs/format.md §3),
  * which the coordinator holds each vote to.
  *
@@ -26,6 +32,28 @@
 
 /* ------------------------------------------------------------------ encode */
 
+/* Version 4: the counts, the referenced files, then (chunk, file) in chunk order. */
+static void refs_encode(struct ckpt_buf *b, const struct io_shard_index *ix)
+{
+	uint32_t nrefs = 0;
+	for (uint32_t k = 0; ix->chunk_file && k < ix->nchunks; k++)
+		nrefs += ix->chunk_file[k] != 0;
+	ckpt_buf_u32(b, ix->nfiles);
+	ckpt_buf_u32(b, nrefs);
+	for (uint32_t f = 0; f < ix->nfiles; f++) {
+		ckpt_buf_u64(b, ix->files[f].step);
+		ckpt_buf_u64(b, ix->files[f].save_id);
+		ckpt_buf_u32(b, ix->files[f].rank);
+		ckpt_buf_u32(b, 0);                  /* reserved */
+	}
+	for (uint32_t k = 0; ix->chunk_file && k < ix->nchunks; k++) {
+		if (!ix->chunk_file[k])
+			continue;
+		ckpt_buf_u32(b, k);
+		ckpt_buf_u32(b, ix->chunk_file[k]);
+	}
+}
+
 int io_index_encode(const struct io_shard_index *ix, void **out, size_t *len)
 {
 	*out = NULL;
@@ -34,16 +62,18 @@ int io_index_encode(const struct io_shard_index *ix, void **out, size_t *len)
 	ckpt_buf_init(&b);
 	/* The lowest version that expresses the index: 1 has no block hashes, 2 no save
 	 * id; 3 has both (a save id needs the version-2 fields before it); 4 is 3 with
-	 * bytegroup chunks. */
-	bool v3 = ix->save_id != 0, v2 = v3 || ix->block_bytes != 0;
-	bool v4 = io_index_has_bytegroup(ix);
+	 * bytegroup chunks or references, or both. */
+	bool v4 = io_index_has_bytegroup(ix) || ix->nfiles != 0;
+	bool v3 = v4 || ix->save_id != 0, v2 = v3 || ix->block_bytes != 0;
 	if (v3 && !ix->block_bytes)
 		return ckpt_err(-EINVAL, "shard index: a save id needs block hashes (version 3)");
-	if (v4 && !v3)
-		return ckpt_err(-EINVAL, "shard index: bytegroup chunks need a save id (version %u)",
-		                IO_BYTEGROUP_VERSION);
+	if (v4 && !ix->save_id)
+		return ckpt_err(-EINVAL, "shard index: bytegroup chunks and references need a save "
+		                "id (version 4)");
+	if (ix->nfiles && !ix->chunk_file)
+		return ckpt_err(-EINVAL, "shard index: referenced files without references");
 	ckpt_buf_put(&b, IO_INDEX_MAGIC, IO_MAGIC_BYTES);
-	ckpt_buf_u32(&b, v4 ? IO_BYTEGROUP_VERSION : v3 ? 3 : v2 ? 2 : 1);
+	ckpt_buf_u32(&b, v4 ? 4 : v3 ? 3 : v2 ? 2 : 1);
 	ckpt_buf_u32(&b, 0);                         /* flags: none defined */
 	ckpt_buf_u64(&b, ix->step);
 	ckpt_buf_u32(&b, ix->rank);
@@ -60,6 +90,8 @@ int io_index_encode(const struct io_shard_index *ix, void **out, size_t *len)
 	}
 	if (v3)
 		ckpt_buf_u64(&b, ix->save_id);
+	if (v4)
+		refs_encode(&b, ix);
 	for (uint32_t i = 0; i < ix->ntensors; i++) {
 		const struct io_tensor_entry *t = &ix->tensors[i];
 		size_t n = strlen(t->name);
@@ -117,6 +149,8 @@ void io_index_free(struct io_shard_index *ix)
 			ckpt_free((char *)ix->tensors[i].name);
 	ckpt_free(ix->tensors);
 	ckpt_free(ix->chunks);
+	ckpt_free(ix->files);
+	ckpt_free(ix->chunk_file);
 	ckpt_free(ix);
 }
 
@@ -228,7 +262,7 @@ static int tensor_decode(struct ckpt_cursor *c, struct io_tensor_entry *t, uint3
 }
 
 static int chunk_decode(struct ckpt_cursor *c, struct io_chunk_entry *k, uint32_t i,
-                        uint64_t data_end)
+                        uint64_t data_end, bool ref)
 {
 	k->tensor = ckpt_cursor_u32(c);
 	k->codec = ckpt_cursor_u8(c);
@@ -259,8 +293,10 @@ static int chunk_decode(struct ckpt_cursor *c, struct io_chunk_entry *k, uint32_
 	if (k->file_offset % CKPT_ALIGN)
 		return BAD("chunk %u: file_offset %llu not a multiple of %u", i,
 		           (unsigned long long)k->file_offset, CKPT_ALIGN);
+	/* A reference's bytes are in another file: its range is checked against that
+	 * file when it is read (lib/io/reader.c). */
 	if (k->file_offset < IO_HEADER_BYTES ||
-	    !ckpt_range_ok(k->file_offset, k->stored_len, data_end))
+	    (!ref && !ckpt_range_ok(k->file_offset, k->stored_len, data_end)))
 		return BAD("chunk %u: file range [%llu, +%llu) outside [%u, data_end %llu)", i,
 		           (unsigned long long)k->file_offset, (unsigned long long)k->stored_len,
 		           IO_HEADER_BYTES, (unsigned long long)data_end);
@@ -268,7 +304,8 @@ static int chunk_decode(struct ckpt_cursor *c, struct io_chunk_entry *k, uint32_
 }
 
 /* Bytegroup chunks (version 4): only in an index of that version, which holds at
- * least one (the lowest version that expresses it: the encoding stays canonical),
+ * least one or a reference (the lowest version that expresses it: the encoding
+ * stays canonical),
  * and only of tensors whose dtype has byte planes. Runs after runs_check, which
  * proved every chunk's tensor index valid. */
 static int codecs_check(const struct io_shard_index *ix, uint32_t version)
@@ -286,8 +323,8 @@ static int codecs_check(const struct io_shard_index *ix, uint32_t version)
 			           te->name, ckpt_dtype_name(te->dtype));
 		any = true;
 	}
-	if (version >= IO_BYTEGROUP_VERSION && !any)
-		return BAD("version %u without a bytegroup chunk", version);
+	if (version >= IO_BYTEGROUP_VERSION && !any && !ix->nfiles)
+		return BAD("version %u without a bytegroup chunk or a reference", version);
 	return 0;
 }
 
@@ -352,10 +389,12 @@ static int overlap_and_names_check(const struct io_shard_index *ix)
 	if (!ord)
 		return ckpt_err(-ENOMEM, "shard index: checking %zu entries", n);
 	int rc = 0;
+	uint32_t nown = 0;             /* chunks stored in this file (not references) */
 	for (uint32_t i = 0; i < ix->nchunks; i++)
-		ord[i] = i;
-	qsort_r(ord, ix->nchunks, sizeof *ord, cmp_by_offset, ix->chunks);
-	for (uint32_t i = 1; i < ix->nchunks && !rc; i++) {
+		if (!io_chunk_file(ix, i))
+			ord[nown++] = i;
+	qsort_r(ord, nown, sizeof *ord, cmp_by_offset, ix->chunks);
+	for (uint32_t i = 1; i < nown && !rc; i++) {
 		const struct io_chunk_entry *p = &ix->chunks[ord[i - 1]], *q = &ix->chunks[ord[i]];
 		/* Both offsets are aligned and inside data_end, so no overflow here. */
 		if (p->file_offset + p->stored_len > q->file_offset)
@@ -399,6 +438,8 @@ static int blocks_place_check(const struct io_shard_index *ix)
 		           IO_HEADER_BYTES, (unsigned long long)ix->data_end);
 	for (uint32_t k = 0; k < ix->nchunks; k++) {
 		const struct io_chunk_entry *ch = &ix->chunks[k];
+		if (io_chunk_file(ix, k))
+			continue;            /* its bytes are in another file */
 		/* Both ranges lie inside data_end: no overflow. */
 		if (ch->file_offset < ix->blocks_offset + ix->blocks_len &&
 		    ix->blocks_offset < ch->file_offset + ch->stored_len)
@@ -407,6 +448,70 @@ static int blocks_place_check(const struct io_shard_index *ix)
 			           (unsigned long long)ix->blocks_len, k);
 	}
 	return 0;
+}
+
+/* Version 4: the referenced files and which chunks lie in them (docs/format.md
+ * §3b). None of either where the version is there for bytegroup chunks; else
+ * canonical: at least one file and one reference; files distinct, earlier
+ * steps than this one (a reference never points forward, so never in a cycle),
+ * each referenced by some chunk; references in strictly ascending chunk order. */
+static int refs_decode(struct ckpt_cursor *c, struct io_shard_index *ix, uint32_t nfiles,
+                       uint32_t nrefs, uint32_t nchunks)
+{
+	if (nfiles == 0 && nrefs == 0)
+		return 0;       /* version 4 for its bytegroup chunks (codecs_check) */
+	if (nfiles == 0 || nrefs == 0 || nrefs > nchunks)
+		return BAD("version 4 with %u referenced files and %u references (of %u chunks)",
+		           nfiles, nrefs, nchunks);
+	ix->files = ckpt_calloc(nfiles, sizeof *ix->files);
+	ix->chunk_file = ckpt_calloc(nchunks, sizeof *ix->chunk_file);
+	uint8_t *used = ckpt_calloc(nfiles, 1);
+	int rc = 0;
+	if (!ix->files || !ix->chunk_file || !used) {
+		rc = ckpt_err(-ENOMEM, "shard index: %u referenced files", nfiles);
+		goto out;
+	}
+	ix->nfiles = nfiles;
+	for (uint32_t f = 0; f < nfiles && !rc; f++) {
+		struct io_ref_file *e = &ix->files[f];
+		e->step = ckpt_cursor_u64(c);
+		e->save_id = ckpt_cursor_u64(c);
+		e->rank = ckpt_cursor_u32(c);
+		uint32_t reserved = ckpt_cursor_u32(c);
+		if (!c->ok)
+			rc = BAD("referenced file %u: truncated", f);
+		else if (reserved)
+			rc = BAD("referenced file %u: reserved bytes not zero", f);
+		else if (e->step >= ix->step)
+			rc = BAD("referenced file %u: step %llu is not earlier than the shard's %llu", f,
+			         (unsigned long long)e->step, (unsigned long long)ix->step);
+		for (uint32_t g = 0; g < f && !rc; g++)
+			if (ix->files[g].step == e->step && ix->files[g].save_id == e->save_id &&
+			    ix->files[g].rank == e->rank)
+				rc = BAD("referenced files %u and %u are the same", g, f);
+	}
+	int64_t prev = -1;
+	for (uint32_t i = 0; i < nrefs && !rc; i++) {
+		uint32_t k = ckpt_cursor_u32(c), f = ckpt_cursor_u32(c);
+		if (!c->ok)
+			rc = BAD("reference %u: truncated", i);
+		else if (k >= nchunks || (int64_t)k <= prev)
+			rc = BAD("reference %u: chunk %u out of order or outside %u chunks", i, k,
+			         nchunks);
+		else if (f == 0 || f > nfiles)
+			rc = BAD("reference %u (chunk %u): file %u outside [1, %u]", i, k, f, nfiles);
+		else {
+			ix->chunk_file[k] = f;
+			used[f - 1] = 1;
+			prev = k;
+		}
+	}
+	for (uint32_t f = 0; f < nfiles && !rc; f++)
+		if (!used[f])
+			rc = BAD("referenced file %u: no chunk references it", f);
+out:
+	ckpt_free(used);
+	return rc;
 }
 
 static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
@@ -455,6 +560,13 @@ static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 		if (ix->save_id == 0)
 			return BAD("save id 0 in a version-3 index");
 	}
+	uint32_t nfiles = 0, nrefs = 0;
+	if (version >= 4) {
+		nfiles = ckpt_cursor_u32(c);
+		nrefs = ckpt_cursor_u32(c);
+		if (!c->ok)
+			return BAD("truncated version-4 header (%zu bytes left)", c->left);
+	}
 	if (flags)
 		return BAD("flags 0x%x unknown", flags);
 	if (ix->world == 0 || ix->rank >= ix->world)
@@ -465,14 +577,21 @@ static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 	/* Counts against the bytes that remain, before allocating anything: a 4-billion
 	 * count in a short buffer fails here. */
 	uint64_t need = (uint64_t)ntensors * IO_INDEX_TENSOR_MIN +
-	                (uint64_t)nchunks * IO_INDEX_CHUNK_BYTES;
+	                (uint64_t)nchunks * IO_INDEX_CHUNK_BYTES +
+	                (uint64_t)nfiles * IO_INDEX_FILE_BYTES + (uint64_t)nrefs * IO_INDEX_REF_BYTES;
 	if (need > c->left)
-		return BAD("%u tensors and %u chunks need >= %llu bytes, %zu left", ntensors,
-		           nchunks, (unsigned long long)need, c->left);
+		return BAD("%u tensors, %u chunks, %u files and %u references need >= %llu bytes, "
+		           "%zu left", ntensors, nchunks, nfiles, nrefs, (unsigned long long)need,
+		           c->left);
 	ix->tensors = ckpt_calloc(ntensors ? ntensors : 1, sizeof *ix->tensors);
 	ix->chunks = ckpt_calloc(nchunks ? nchunks : 1, sizeof *ix->chunks);
 	if (!ix->tensors || !ix->chunks)
 		return ckpt_err(-ENOMEM, "shard index: %u tensors, %u chunks", ntensors, nchunks);
+	if (version >= 4) {
+		int rc = refs_decode(c, ix, nfiles, nrefs, nchunks);
+		if (rc)
+			return rc;
+	}
 	for (uint32_t i = 0; i < ntensors; i++) {
 		ix->ntensors = i + 1;         /* so that free sees the names decoded so far */
 		int rc = tensor_decode(c, &ix->tensors[i], i);
@@ -481,7 +600,8 @@ static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 	}
 	ix->nchunks = nchunks;
 	for (uint32_t i = 0; i < nchunks; i++) {
-		int rc = chunk_decode(c, &ix->chunks[i], i, ix->data_end);
+		int rc = chunk_decode(c, &ix->chunks[i], i, ix->data_end,
+		                      io_chunk_file(ix, i) != 0);
 		if (rc)
 			return rc;
 	}

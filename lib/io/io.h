@@ -18,7 +18,7 @@
 
 #include "ckpt_internal.h"
 
-#define IO_FORMAT_VERSION    4u   /* 3: the save id (header, index); 4: bytegroup */
+#define IO_FORMAT_VERSION    4u   /* 3: the save id (header, index); 4: bytegroup, references */
 #define IO_HEADER_BYTES      4096u            /* first block of every shard file */
 #define IO_TRAILER_BYTES     64u              /* last bytes of every shard file */
 #define IO_MAX_CHUNK_BYTES   (1ull << 30)     /* largest raw chunk a reader accepts */
@@ -58,6 +58,16 @@ struct io_chunk_entry {
 	uint8_t  hash[CKPT_HASH_BYTES];  /* XXH3-128 of the raw bytes, canonical form */
 };
 
+/* A shard file that chunks of another shard reference (format 4): the one that
+ * physically holds their bytes, never one that references them in turn. Its path is
+ * ckpt_path_shard(root, step, rank, save_id); save_id 0 names a file of format 1
+ * or 2 (no save id in its name). */
+struct io_ref_file {
+	uint64_t step;
+	uint64_t save_id;
+	uint32_t rank;
+};
+
 struct io_shard_index {
 	uint64_t step;
 	uint32_t rank, world;
@@ -73,7 +83,21 @@ struct io_shard_index {
 	uint64_t blocks_len;
 	uint8_t  blocks_hash[CKPT_HASH_BYTES];   /* XXH3-128 of the table's blocks_len bytes */
 	uint64_t save_id;          /* the attempt that wrote the shard (version 3); 0 before */
+	/* References (version 4, docs/format.md §3b): chunks whose bytes lie in another
+	 * shard file, an earlier step's, named in files. chunk_file is NULL when nfiles
+	 * is 0, else one entry per chunk: 0 for this file, f + 1 for files[f]. A
+	 * referenced chunk's file_offset, stored_len and codec are those of its bytes in
+	 * that file; its hash and block hashes are the same bytes'. */
+	uint32_t nfiles;
+	struct io_ref_file *files;
+	uint32_t *chunk_file;
 };
+
+/* The file holding chunk k's bytes: 0 for the shard itself, f + 1 for ix->files[f]. */
+static inline uint32_t io_chunk_file(const struct io_shard_index *ix, uint32_t k)
+{
+	return ix->chunk_file ? ix->chunk_file[k] : 0;
+}
 
 /* Block hashes of a chunk of len raw bytes: one per block_bytes block (the last may
  * be short) when len > block_bytes; 0 otherwise (a chunk of one block, or no block
@@ -231,7 +255,8 @@ struct io_shard_result {
 	size_t   footer_len;
 	uint8_t  footer_hash[CKPT_HASH_BYTES];
 	uint64_t file_size;
-	uint64_t logical_bytes, stored_bytes;
+	uint64_t logical_bytes, stored_bytes;   /* stored: bytes written to this file */
+	uint64_t ref_chunks, ref_bytes;         /* chunks (raw bytes) appended as references */
 };
 
 struct io_shard_writer;
@@ -309,6 +334,22 @@ struct io_append {
 bool io_shard_writer_ready(struct io_shard_writer *w);
 int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
                            const struct io_append *opt);
+/* A chunk already stored in an earlier step's shard file (format 4): where its
+ * bytes are there, and their hashes (chunk and, for a raw chunk of several blocks,
+ * blocks of the writer's block size: they go into this file's block table). */
+struct io_chunk_ref {
+	struct io_ref_file      file;      /* the file that physically holds the bytes */
+	uint8_t                 codec;     /* as stored there */
+	uint64_t                file_offset, stored_len;
+	const struct io_hashes *hashes;
+};
+/* Append the next chunk of tensor t, len raw bytes, as a reference to ref's bytes:
+ * nothing is written for it, the index records ref's place (docs/format.md §3b).
+ * The caller vouches that the bytes there are these (same XXH3-128); every reader
+ * checks it. Same order rules as io_shard_writer_append. The writer must have a
+ * save id, and ref->file an earlier step. Errors: -EINVAL, -ENOMEM. */
+int io_shard_writer_append_ref(struct io_shard_writer *w, uint32_t t, size_t len,
+                               const struct io_chunk_ref *ref);
 /* Durability point of the shard: waits for every write, writes footer and trailer,
  * truncates to the final size, fdatasync()s the file (its directory entry was made
  * durable by io_shard_writer_open). Only after 0 may the shard be voted for. The writer is freed in every case; on failure
@@ -359,6 +400,11 @@ struct io_shard_index *io_shard_reader_take_index(struct io_shard_reader *r);
  * (hash mismatch, short file), CKPT_EFORMAT, -EIO, -ENOMEM; messages name the file
  * and the table's offset. */
 int  io_shard_reader_load_blocks(struct io_shard_reader *r);
+/* Chunk k's block hashes in the shard's own table (io_chunk_nblocks of them), loaded
+ * by io_shard_reader_load_blocks if not yet: *out points into the reader (valid
+ * until it is closed), NULL for a chunk without blocks. Errors: those of
+ * io_shard_reader_load_blocks; -EINVAL for k out of range. */
+int  io_shard_reader_chunk_blocks(struct io_shard_reader *r, uint32_t k, const uint8_t **out);
 /* What batches read through this reader since it was opened. */
 struct io_read_stats {
 	uint64_t reads;            /* chunk reads issued (whole or partial) */

@@ -46,6 +46,9 @@
 #define IO_INDEX_HDR3_BYTES    96u   /* version 3: + save id */
 #define IO_INDEX_TENSOR_MIN    24u   /* name_len 2 + name >= 1 + 5 enums + raw 8 + run 8, ndim 0 */
 #define IO_INDEX_CHUNK_BYTES   56u
+#define IO_INDEX_HDR4_BYTES    104u  /* version 4: + counts of referenced files, references */
+#define IO_INDEX_FILE_BYTES    24u   /* step, save id, rank, reserved */
+#define IO_INDEX_REF_BYTES     8u    /* chunk, file (1-based) */
 
 /* The block table (docs/format.md §3a): a 32-byte header, then the hashes. */
 #define IO_BLOCKS_HDR_BYTES    32u

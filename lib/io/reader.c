@@ -21,6 +21,13 @@
  * when a request first needs it; a reader that only ever reads whole chunks never
  * reads it.
  *
+ * A chunk of a format-4 shard may be a reference: its bytes lie in an earlier
+ * step's shard file (docs/format.md §3b), which the reader opens on first need, from
+ * the same root, and holds to the index's entry (its header's step, rank and save
+ * id) before it reads from it. Everything else is the same as for a chunk of the
+ * file itself: the same hash and block checks, against the referencing index; the
+ * messages name both files.
+ *
  * Threads: a reader belongs to the thread that owns its engine.
  */
 #include <errno.h>
@@ -53,6 +60,17 @@ struct io_shard_reader {
 	struct io_read_stats stats;
 	io_fetch_fn       fetch;          /* non-NULL: bytes come from it, not from fd */
 	void             *fetch_arg;
+	struct rd_ref    *refs;           /* [ix->nfiles]: referenced files, opened on need */
+};
+
+/* A file that references of this shard point into (format 4). */
+struct rd_ref {
+	bool     tried;
+	int      rc;                      /* the open's answer, repeated to later callers */
+	int      fd;
+	uint64_t size;
+	char    *name;                    /* "PATH (referenced by PATH)", for messages */
+	char    *msg;
 };
 
 static int open_file(const char *path, int *fd)
@@ -246,6 +264,15 @@ void io_shard_reader_close(struct io_shard_reader *r)
 		return;
 	if (r->fd >= 0)
 		close(r->fd);
+	if (r->refs) {
+		for (uint32_t f = 0; f < r->ix->nfiles; f++) {
+			if (r->refs[f].fd >= 0)
+				close(r->refs[f].fd);
+			ckpt_free(r->refs[f].name);
+			ckpt_free(r->refs[f].msg);
+		}
+		ckpt_free(r->refs);
+	}
 	io_index_free(r->owned);
 	ckpt_free(r->blocks_msg);
 	ckpt_free(r->blocks_buf);
@@ -282,6 +309,12 @@ static int reader_finish(struct io_shard_reader *r, const struct io_shard_index 
 		              (unsigned long long)index->data_end);
 	else
 		r->ix = index;
+	if (!rc && r->ix->nfiles) {
+		if (!(r->refs = ckpt_calloc(r->ix->nfiles, sizeof *r->refs)))
+			rc = ckpt_err(-ENOMEM, "%s: %u referenced files", r->path, r->ix->nfiles);
+		for (uint32_t f = 0; !rc && f < r->ix->nfiles; f++)
+			r->refs[f].fd = -1;
+	}
 	if (rc) {
 		io_shard_reader_close(r);
 		return rc;
@@ -406,6 +439,116 @@ int io_shard_reader_load_blocks(struct io_shard_reader *r)
 	return r->blocks_rc;
 }
 
+int io_shard_reader_chunk_blocks(struct io_shard_reader *r, uint32_t k, const uint8_t **out)
+{
+	*out = NULL;
+	if (k >= r->ix->nchunks)
+		return ckpt_err(-EINVAL, "%s: chunk %u of %u", r->path, k, r->ix->nchunks);
+	if (!io_chunk_nblocks(r->ix, &r->ix->chunks[k]))
+		return 0;
+	int rc = io_shard_reader_load_blocks(r);
+	if (rc)
+		return rc;
+	if (!r->blocks)               /* the decoder refuses such an index; checked anyway */
+		return ckpt_err(CKPT_EFORMAT, "%s: chunk %u has blocks, the shard no block table",
+		                r->path, k);
+	*out = r->blocks + r->first_block[k] * CKPT_HASH_BYTES;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ references */
+
+/* Open referenced file f: <root>/<its shard path>, root being the one this shard
+ * lies in (<root>/step-…/rank-….shard), and check that its header is the file the
+ * index names (a file replaced under that name is not read from). */
+static int ref_open(struct io_shard_reader *r, struct rd_ref *ref, uint32_t f)
+{
+	const struct io_ref_file *e = &r->ix->files[f];
+	if (r->fetch)
+		return ckpt_err(CKPT_EFORMAT, "%s: references chunks of step %llu, which a shard "
+		                "fetched through ckptd cannot follow", r->path,
+		                (unsigned long long)e->step);
+	char root[4096], path[4400];
+	const char *end = strrchr(r->path, '/');
+	while (end && end > r->path && end[-1] != '/')
+		end--;                        /* back over the step directory's name */
+	size_t n = end && end > r->path ? (size_t)(end - r->path - 1) : 0;
+	if (!n || n >= sizeof root)
+		return ckpt_err(CKPT_EFORMAT, "%s: not in a step directory of a root: its "
+		                "references cannot be followed", r->path);
+	memcpy(root, r->path, n);
+	root[n] = '\0';
+	int rc = ckpt_path_shard(path, sizeof path, root, e->step, e->rank, e->save_id);
+	if (rc)
+		return ckpt_err(rc, "%s: path of referenced file %u", r->path, f);
+	size_t nl = strlen(path) + strlen(r->path) + 32;
+	if (!(ref->name = ckpt_malloc(nl)))
+		return ckpt_err(-ENOMEM, "%s: referenced file", r->path);
+	snprintf(ref->name, nl, "%s, referenced by %s", path, r->path);
+	if ((rc = open_file(path, &ref->fd)))
+		return rc == -ENOENT
+			? ckpt_err(CKPT_ECORRUPT, "%s: referenced file %s is missing", r->path, path)
+			: ckpt_err_prefix(rc, "%s: referenced file", r->path);
+	struct stat st;
+	if (fstat(ref->fd, &st) < 0)
+		return ckpt_err(-errno, "stat %s", path);
+	ref->size = (uint64_t)st.st_size;
+	uint8_t *h = io_aligned_alloc(IO_HEADER_BYTES);
+	if (!h)
+		return ckpt_err(-ENOMEM, "%s: header", path);
+	ssize_t got;
+	do
+		got = pread(ref->fd, h, IO_HEADER_BYTES, 0);
+	while (got < 0 && errno == EINTR);
+	uint32_t v = got == (ssize_t)IO_HEADER_BYTES ? ckpt_get_le32(h + IO_HDR_OFF_VERSION) : 0;
+	if (got != (ssize_t)IO_HEADER_BYTES || memcmp(h, IO_HEADER_MAGIC, IO_MAGIC_BYTES) ||
+	    v == 0 || v > IO_FORMAT_VERSION ||
+	    ckpt_get_le64(h + IO_HDR_OFF_HASH) != XXH3_64bits(h, IO_HDR_OFF_HASH) ||
+	    ckpt_get_le64(h + IO_HDR_OFF_STEP) != e->step ||
+	    ckpt_get_le32(h + IO_HDR_OFF_RANK) != e->rank ||
+	    (v >= 3 ? ckpt_get_le64(h + IO_HDR_OFF_SAVE_ID) : 0) != e->save_id)
+		rc = ckpt_err(CKPT_ECORRUPT, "%s: referenced file %s is not the shard of step %llu "
+		              "rank %u attempt %016llx that it references (header missing, damaged "
+		              "or another file's)", r->path, path, (unsigned long long)e->step,
+		              e->rank, (unsigned long long)e->save_id);
+	ckpt_free(h);
+	return rc;
+}
+
+/* Where chunk k's bytes are read from: this file, or the referenced file that holds
+ * them (opened once; its answer, success or error, holds for later requests). */
+static int chunk_src(struct io_shard_reader *r, uint32_t k, int *fd, uint64_t *size,
+                     const char **name)
+{
+	uint32_t f = io_chunk_file(r->ix, k);
+	*fd = r->fd;
+	*size = r->file_size;
+	*name = r->path;
+	if (!f)
+		return 0;
+	struct rd_ref *ref = &r->refs[f - 1];
+	if (!ref->tried) {
+		ref->tried = true;
+		if ((ref->rc = ref_open(r, ref, f - 1)))
+			ref->msg = ckpt_strdup(ckpt_err_msg());
+	} else if (ref->rc) {
+		ckpt_err_restore(ref->msg ? ref->msg : "referenced file");
+	}
+	if (ref->rc)
+		return ref->rc;
+	*fd = ref->fd;
+	*size = ref->size;
+	*name = ref->name;
+	return 0;
+}
+
+/* The file chunk k's messages name (its source once opened). */
+static const char *chunk_name(const struct io_shard_reader *r, uint32_t k)
+{
+	uint32_t f = io_chunk_file(r->ix, k);
+	return f && r->refs[f - 1].name ? r->refs[f - 1].name : r->path;
+}
+
 /* ------------------------------------------------------------------ batch reads */
 
 /* Memory for one read or one decompressed chunk: a pool buffer or an aligned
@@ -494,10 +637,6 @@ static int req_check(const struct io_read_req *q, size_t i)
 	if (q->flags & ~(unsigned)IO_READ_CHECK_BLOCKS)
 		return ckpt_err(-EINVAL, "%s: chunk %u: read flags 0x%x unknown", q->reader->path,
 		                q->chunk, q->flags);
-	if (!ckpt_range_ok(c->file_offset, ckpt_align_up(c->stored_len, CKPT_ALIGN),
-	                   q->reader->file_size))
-		return ckpt_err(CKPT_ECORRUPT, "%s: chunk %u at offset %llu past end of file",
-		                q->reader->path, q->chunk, (unsigned long long)c->file_offset);
 	return 0;
 }
 
@@ -547,6 +686,15 @@ static int rd_start(struct rd_batch *b, size_t i)
 		return rc;
 	struct io_shard_reader *r = q->reader;
 	const struct io_chunk_entry *c = &r->ix->chunks[q->chunk];
+	int fd;
+	uint64_t fsize;
+	const char *fname;
+	if ((rc = chunk_src(r, q->chunk, &fd, &fsize, &fname)))
+		return ckpt_err_prefix(rc, "tensor '%s' chunk %u", r->ix->tensors[c->tensor].name,
+		                       q->chunk);
+	if (!ckpt_range_ok(c->file_offset, ckpt_align_up(c->stored_len, CKPT_ALIGN), fsize))
+		return ckpt_err(CKPT_ECORRUPT, "%s: chunk %u at offset %llu past end of file",
+		                fname, q->chunk, (unsigned long long)c->file_offset);
 	uint64_t off = c->file_offset;
 	size_t len = (size_t)ckpt_align_up(c->stored_len, CKPT_ALIGN);
 	if (nb) {
@@ -581,10 +729,10 @@ static int rd_start(struct rd_batch *b, size_t i)
 		rd_done(b, si, rc ? rc : (int64_t)len);
 		return 0;
 	}
-	rc = io_engine_queue(b->e, IO_OP_READ, r->fd, s->in.p, len, off, rd_done, b, si);
+	rc = io_engine_queue(b->e, IO_OP_READ, fd, s->in.p, len, off, rd_done, b, si);
 	if (rc < 0) {
 		mem_release(b, &s->in);
-		return ckpt_err(rc, "read %s at offset %llu", r->path, (unsigned long long)off);
+		return ckpt_err(rc, "read %s at offset %llu", fname, (unsigned long long)off);
 	}
 	r->stats.reads++;
 	r->stats.partial_reads += nb != 0;
@@ -613,7 +761,7 @@ static int check_blocks(struct io_shard_reader *r, const struct io_read_req *q, 
 		if (memcmp(given ? given + j * CKPT_HASH_BYTES : h, want, CKPT_HASH_BYTES))
 			return ckpt_err(CKPT_ECORRUPT, "tensor '%s' chunk %u block %llu (file %s, offset "
 			                "%llu): %s", ix->tensors[c->tensor].name, q->chunk,
-			                (unsigned long long)(b0 + j), r->path,
+			                (unsigned long long)(b0 + j), chunk_name(r, q->chunk),
 			                (unsigned long long)(c->file_offset + from),
 			                given ? "the block table's hash does not match the chunk's bytes"
 			                      : "block hash mismatch");
@@ -639,16 +787,17 @@ static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 	struct io_shard_reader *r = q->reader;
 	const struct io_chunk_entry *c = &r->ix->chunks[q->chunk];
 	const char *tname = r->ix->tensors[c->tensor].name;
+	const char *fname = chunk_name(r, q->chunk);
 	unsigned long long off = (unsigned long long)c->file_offset;
 	if (s->res < 0 && r->fetch)     /* the fetch's message says what failed */
 		return ckpt_err_prefix((int)s->res, "tensor '%s' chunk %u (%s, offset %llu)", tname,
-		                       q->chunk, r->path, off);
+		                       q->chunk, fname, off);
 	if (s->res < 0)
 		return ckpt_err((int)s->res, "read %s at offset %llu (tensor '%s' chunk %u)",
-		                r->path, off, tname, q->chunk);
+		                fname, off, tname, q->chunk);
 	if ((uint64_t)s->res != s->len)
 		return ckpt_err(CKPT_ECORRUPT, "tensor '%s' chunk %u (file %s, offset %llu): short "
-		                "read, %lld of %zu bytes (truncated?)", tname, q->chunk, r->path, off,
+		                "read, %lld of %zu bytes (truncated?)", tname, q->chunk, fname, off,
 		                (long long)s->res, s->len);
 	if (s->nb)
 		return rd_finish_blocks(s, q, cb);
@@ -672,7 +821,7 @@ static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 		                     (size_t)c->raw_len, s->in.p, (size_t)c->stored_len);
 		if (rc)
 			ckpt_err_prefix(rc, "tensor '%s' chunk %u (file %s, offset %llu)", tname,
-			                q->chunk, r->path, off);
+			                q->chunk, fname, off);
 		/* The compressed bytes are done with: let the next read have them. */
 		mem_release(b, &s->in);
 		raw = out.p;
@@ -683,7 +832,7 @@ static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 		                       b->scratch);
 		if (memcmp(h, c->hash, CKPT_HASH_BYTES))
 			rc = ckpt_err(CKPT_ECORRUPT, "tensor '%s' chunk %u (file %s, offset %llu): "
-			              "hash mismatch", tname, q->chunk, r->path, off);
+			              "hash mismatch", tname, q->chunk, fname, off);
 		/* The bytes are the chunk's: a block that differs is a bad table. */
 		else if (nb)
 			rc = check_blocks(r, q, 0, nb, raw, b->scratch);

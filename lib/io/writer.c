@@ -36,6 +36,13 @@
  * with its message and returned by the next append or by finish; buffers still
  * return on every path.
  *
+ * Format 4 adds references: a chunk whose bytes are already in an earlier step's
+ * shard file (its caller found the same hash at the same place there) is recorded
+ * with that file's place of them and not written again (io_shard_writer_append_ref).
+ * The header, written at open, is written again by finish with version 4 when the
+ * shard holds a reference, so that header, index and trailer say the same version
+ * and a build that knows only version 3 refuses the file at its trailer.
+ *
  * Durability order (docs/format.md §8.6; the vote depends on it): at open, the file is
  * created and its directory fsync()ed, so that its entry is durable before any
  * chunk is written; in finish, every chunk write completed -> footer and trailer
@@ -119,11 +126,15 @@ struct io_shard_writer {
 	uint32_t          names_cap;       /* power of two, > 2 * ntensors */
 	struct io_chunk_entry *chunks;
 	uint32_t          nchunks, ccap;
+	uint32_t         *chunk_file;      /* per chunk: 0 here, f + 1 in files[f] (format 4) */
+	struct io_ref_file *files;         /* the files references point into */
+	uint32_t          nfiles, fcap;
 	int64_t           cur;             /* tensor receiving chunks, or -1 */
 	unsigned          inflight;
 	bool              tail_done;
 	int64_t           tail_res;
 	uint64_t          logical, stored;
+	uint64_t          nrefs, ref_bytes;  /* chunks appended as references, their raw bytes */
 	int               err;             /* first failure; sticky */
 	char              err_msg[1024];
 };
@@ -260,6 +271,8 @@ static void w_free(struct io_shard_writer *w)
 	ckpt_free(w->appended);
 	ckpt_free(w->names);
 	ckpt_free(w->chunks);
+	ckpt_free(w->chunk_file);
+	ckpt_free(w->files);
 	ckpt_free(w->blocks);
 	ckpt_free(w->path);
 	ckpt_free(w);
@@ -511,9 +524,12 @@ static int append_check(struct io_shard_writer *w, uint32_t t, size_t len)
 	if (w->nchunks == w->ccap) {
 		uint32_t cap = w->ccap ? (w->ccap > UINT32_MAX / 2 ? UINT32_MAX : w->ccap * 2) : 64;
 		struct io_chunk_entry *nc = ckpt_realloc(w->chunks, (size_t)cap * sizeof *nc);
-		if (!nc)
+		if (nc)
+			w->chunks = nc;
+		uint32_t *nf = nc ? ckpt_realloc(w->chunk_file, (size_t)cap * sizeof *nf) : NULL;
+		if (!nf)
 			return ckpt_err(-ENOMEM, "%s: chunk table", w->path);
-		w->chunks = nc;
+		w->chunk_file = nf;
 		w->ccap = cap;
 	}
 	return 0;
@@ -837,6 +853,7 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	struct io_tensor_entry *te = &w->tensors[t];
 	struct io_chunk_entry *c = &w->chunks[w->nchunks];
 	memset(c, 0, sizeof *c);
+	w->chunk_file[w->nchunks] = 0;
 	c->tensor = t;
 	c->raw_offset = w->appended[t];
 	c->raw_len = len;
@@ -890,6 +907,92 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	if (r < 0)
 		w_fail(w, r);
 	return w->err ? w_error(w) : 0;
+}
+
+/* The number (1-based) of file f in the writer's table of referenced files, added
+ * when new; 0 on -ENOMEM (message recorded). */
+static uint32_t ref_file_number(struct io_shard_writer *w, const struct io_ref_file *f)
+{
+	for (uint32_t i = 0; i < w->nfiles; i++)
+		if (w->files[i].step == f->step && w->files[i].save_id == f->save_id &&
+		    w->files[i].rank == f->rank)
+			return i + 1;
+	if (w->nfiles == w->fcap) {
+		uint32_t cap = w->fcap ? w->fcap * 2 : 4;
+		struct io_ref_file *n = ckpt_realloc(w->files, (size_t)cap * sizeof *n);
+		if (!n) {
+			ckpt_err(-ENOMEM, "%s: table of referenced files", w->path);
+			return 0;
+		}
+		w->files = n;
+		w->fcap = cap;
+	}
+	w->files[w->nfiles] = *f;
+	return ++w->nfiles;
+}
+
+int io_shard_writer_append_ref(struct io_shard_writer *w, uint32_t t, size_t len,
+                               const struct io_chunk_ref *ref)
+{
+	if (w->err)
+		return w_error(w);
+	if (!ref || !ref->hashes)
+		return ckpt_err(-EINVAL, "%s: reference without its hashes", w->path);
+	/* A reference is a format-4 record, which has the save id of format 3; and it
+	 * points back in time only (the decoder's rule). */
+	if (!w->save_id || ref->file.step >= w->step)
+		return ckpt_err(-EINVAL, "%s: reference to step %llu from step %llu%s", w->path,
+		                (unsigned long long)ref->file.step, (unsigned long long)w->step,
+		                w->save_id ? "" : " (a file without a save id cannot hold one)");
+	if ((ref->codec != IO_CODEC_RAW && ref->codec != IO_CODEC_ZSTD) ||
+	    ref->file_offset < IO_HEADER_BYTES || ref->file_offset % CKPT_ALIGN ||
+	    (ref->codec == IO_CODEC_RAW ? ref->stored_len != len
+	                                : !ref->stored_len || ref->stored_len > len))
+		return ckpt_err(-EINVAL, "%s: reference to a chunk at offset %llu (%llu bytes, codec "
+		                "%u) that cannot hold %zu raw bytes", w->path,
+		                (unsigned long long)ref->file_offset,
+		                (unsigned long long)ref->stored_len, ref->codec, len);
+	int rc = append_check(w, t, len);
+	if (rc)
+		return rc;
+	/* The referenced chunk's blocks are this chunk's (the same bytes): its hashes go
+	 * into this file's block table, so that a partial read of it is checked as any. */
+	const struct io_hashes *h = ref->hashes;
+	uint64_t nb = ref->codec == IO_CODEC_RAW ? io_nblocks(len, w->block_bytes) : 0;
+	uint8_t *bdst = NULL;
+	if (nb && (!h->blocks || h->block_bytes != w->block_bytes))
+		return ckpt_err(-EINVAL, "%s: reference without the block hashes of its chunk",
+		                w->path);
+	if (nb && !(bdst = blocks_reserve(w, nb)))
+		return -ENOMEM;
+	uint32_t f = ref_file_number(w, &ref->file);
+	if (!f)
+		return -ENOMEM;
+	if (nb)
+		memcpy(bdst, h->blocks, (size_t)nb * CKPT_HASH_BYTES);
+	struct io_tensor_entry *te = &w->tensors[t];
+	struct io_chunk_entry *c = &w->chunks[w->nchunks];
+	memset(c, 0, sizeof *c);
+	c->tensor = t;
+	c->codec = ref->codec;
+	c->raw_offset = w->appended[t];
+	c->raw_len = len;
+	c->file_offset = ref->file_offset;
+	c->stored_len = ref->stored_len;
+	memcpy(c->hash, h->chunk, CKPT_HASH_BYTES);
+	w->chunk_file[w->nchunks] = f;
+	w->nblocks += nb;
+	if ((int64_t)t != w->cur) {
+		te->first_chunk = w->nchunks;
+		w->cur = t;
+	}
+	te->nchunks++;
+	w->nchunks++;
+	w->appended[t] += len;
+	w->logical += len;
+	w->nrefs++;
+	w->ref_bytes += len;
+	return 0;
 }
 
 /* ------------------------------------------------------------------ finish */
@@ -966,7 +1069,17 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 		.save_id = w->save_id,
 		.ntensors = w->ntensors, .nchunks = w->nchunks,
 		.tensors = w->tensors, .chunks = w->chunks, .block_bytes = w->block_bytes,
+		.nfiles = w->nfiles, .files = w->files,
+		.chunk_file = w->nfiles ? w->chunk_file : NULL,
 	};
+	/* References make the file version 4: its header says so too (written at open
+	 * with the options' version; written again here, before the sync that covers
+	 * it), and so do index and trailer. */
+	if (w->nfiles && w->version < 4) {
+		w->version = 4;
+		if ((rc = write_header(w)))
+			return rc;
+	}
 	/* The block table, when some chunk has blocks, goes right after the last chunk;
 	 * the footer names it by place and hash, and starts after it. */
 	void *table = NULL;
@@ -1018,6 +1131,8 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 		return ckpt_err_prefix(rc, "%s: footer written by this writer", w->path);
 	res->logical_bytes = w->logical;
 	res->stored_bytes = w->stored;
+	res->ref_chunks = w->nrefs;
+	res->ref_bytes = w->ref_bytes;
 	return 0;
 }
 

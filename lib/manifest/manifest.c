@@ -35,8 +35,25 @@ static int step_read(struct manifest *m, MDB_txn *txn, uint64_t step,
 	if (rc)
 		return ckpt_err_prefix(rc, "manifest %s", m->dir);
 	/* It would point into a page of txn: the metadata is read by manifest_step_meta
-	 * (or copied, by a write that keeps it). */
+	 * (or copied, by a write that keeps it), the references by manifest_step_refs. */
 	out->meta = NULL;
+	out->refs_raw_ = NULL;
+	return 0;
+}
+
+/* The references of a decoded record, copied (the record's bytes lie in a page of
+ * the transaction). */
+static int refs_copy(const struct manifest *m, const struct manifest_step *r,
+                     struct manifest_ref **out)
+{
+	*out = NULL;
+	if (!r->nrefs)
+		return 0;
+	if (!(*out = ckpt_malloc((size_t)r->nrefs * sizeof **out)))
+		return ckpt_err(-ENOMEM, "manifest %s: step %llu: %u references", m->dir,
+		                (unsigned long long)r->step, r->nrefs);
+	for (uint32_t i = 0; i < r->nrefs; i++)
+		manifest_ref_at(r->refs_raw_, i, &(*out)[i]);
 	return 0;
 }
 
@@ -44,10 +61,12 @@ static int step_read(struct manifest *m, MDB_txn *txn, uint64_t step,
  * 0 when the record has none). Copied because the write that follows may move or
  * reuse the page it lies in. */
 static int step_meta_copy(struct manifest *m, MDB_txn *txn, uint64_t step, char **copy,
-                          uint32_t *len)
+                          uint32_t *len, struct manifest_ref **refs)
 {
 	*copy = NULL;
 	*len = 0;
+	if (refs)
+		*refs = NULL;
 	uint8_t k[MANIFEST_STEP_KEY_BYTES];
 	manifest_step_key(k, step);
 	MDB_val key = { sizeof k, k }, val;
@@ -57,6 +76,8 @@ static int step_meta_copy(struct manifest *m, MDB_txn *txn, uint64_t step, char 
 	struct manifest_step r;
 	if ((rc = manifest_step_decode(val.mv_data, val.mv_size, step, &r, NULL, 0)))
 		return ckpt_err_prefix(rc, "manifest %s", m->dir);
+	if (refs && (rc = refs_copy(m, &r, refs)))
+		return rc;
 	if (!r.meta_len)
 		return 0;
 	if (!(*copy = ckpt_malloc(r.meta_len)))
@@ -336,13 +357,18 @@ static int trust_txn(struct manifest *m, MDB_txn *txn, void *varg)
 	if (rc)
 		return rc;
 	r.trust = a->trust;
-	/* A verified step keeps its metadata. */
+	/* A verified step keeps its metadata and its references. */
 	char *meta;
-	if ((rc = step_meta_copy(m, txn, a->step, &meta, &r.meta_len)))
+	struct manifest_ref *refs;
+	if ((rc = step_meta_copy(m, txn, a->step, &meta, &r.meta_len, &refs))) {
+		ckpt_free(refs);
 		return rc;
+	}
 	r.meta = meta;
+	r.refs = refs;
 	rc = step_write(m, txn, &r, NULL);
 	ckpt_free(meta);
+	ckpt_free(refs);
 	return rc;
 }
 
@@ -463,6 +489,36 @@ int manifest_step_meta(struct manifest *m, uint64_t step, void *dst, size_t cap,
 	return rc;
 }
 
+int manifest_step_refs(struct manifest *m, uint64_t step, struct manifest_ref **refs,
+                       uint32_t *nrefs)
+{
+	if (!m || !refs || !nrefs)
+		return ckpt_err(-EINVAL, "manifest_step_refs: NULL argument");
+	*refs = NULL;
+	*nrefs = 0;
+	MDB_txn *txn;
+	int rc = manifest_txn_begin(m, MDB_RDONLY, &txn);
+	if (rc)
+		return manifest_fail(m, rc, "step %llu: begin read transaction",
+		                     (unsigned long long)step);
+	uint8_t k[MANIFEST_STEP_KEY_BYTES];
+	manifest_step_key(k, step);
+	MDB_val key = { sizeof k, k }, val;
+	struct manifest_step r;
+	rc = mdb_get(txn, m->dbi_steps, &key, &val);
+	if (rc == MDB_NOTFOUND)
+		rc = ckpt_err(CKPT_ENOTFOUND, "manifest %s: step %llu: no such step", m->dir,
+		              (unsigned long long)step);
+	else if (rc)
+		rc = manifest_fail(m, rc, "step %llu: read step record", (unsigned long long)step);
+	else if ((rc = manifest_step_decode(val.mv_data, val.mv_size, step, &r, NULL, 0)))
+		ckpt_err_prefix(rc, "manifest %s", m->dir);
+	else if (!(rc = refs_copy(m, &r, refs)))
+		*nrefs = r.nrefs;
+	manifest_txn_abort(m, txn);
+	return rc;
+}
+
 /* A read transaction and a cursor on the steps database; on failure nothing is left
  * open and the error names the manifest. */
 static int steps_cursor_open(struct manifest *m, MDB_txn **txn, MDB_cursor **cur)
@@ -509,6 +565,7 @@ static int steps_walk(struct manifest *m, bool descending, step_visit_fn fn, voi
 			break;
 		}
 		r.meta = NULL;        /* as step_read: nothing points into the transaction */
+		r.refs_raw_ = NULL;
 		if ((ret = fn(&r, arg)) != 0)
 			break;
 	}
@@ -516,6 +573,72 @@ static int steps_walk(struct manifest *m, bool descending, step_visit_fn fn, voi
 		ret = manifest_fail(m, rc, "walk steps database");
 	mdb_cursor_close(cur);
 	manifest_txn_abort(m, txn);
+	return ret;
+}
+
+int manifest_refs_all(struct manifest *m, struct manifest_ref **refs, uint64_t **by,
+                      size_t *n, bool *any_damaged, uint64_t *damaged_max)
+{
+	*refs = NULL;
+	*by = NULL;
+	*n = 0;
+	*any_damaged = false;
+	*damaged_max = 0;
+	MDB_txn *txn;
+	MDB_cursor *cur;
+	int rc = steps_cursor_open(m, &txn, &cur);
+	if (rc)
+		return rc;
+	MDB_val key, val;
+	size_t cap = 0;
+	int ret = 0;
+	MDB_cursor_op op = MDB_FIRST;
+	while (!ret && (rc = mdb_cursor_get(cur, &key, &val, op)) == 0) {
+		op = MDB_NEXT;
+		struct manifest_step r;
+		uint64_t step = key.mv_size == MANIFEST_STEP_KEY_BYTES ? ckpt_get_be64(key.mv_data) : 0;
+		if (key.mv_size != MANIFEST_STEP_KEY_BYTES ||
+		    manifest_step_decode(val.mv_data, val.mv_size, step, &r, NULL, 0)) {
+			/* Unreadable: it may reference anything below it. */
+			*any_damaged = true;
+			*damaged_max = key.mv_size == MANIFEST_STEP_KEY_BYTES ? step : UINT64_MAX;
+			ckpt_err_clear();
+			continue;
+		}
+		if (r.state != CKPT_STATE_COMMITTED || !r.nrefs)
+			continue;
+		if (*n + r.nrefs > cap) {
+			size_t ncap = cap ? cap : 64;
+			while (ncap < *n + r.nrefs)
+				ncap *= 2;
+			struct manifest_ref *nr = ckpt_realloc(*refs, ncap * sizeof *nr);
+			if (nr)
+				*refs = nr;
+			uint64_t *nb = nr ? ckpt_realloc(*by, ncap * sizeof *nb) : NULL;
+			if (!nb) {
+				ret = ckpt_err(-ENOMEM, "manifest %s: references of %zu files", m->dir,
+				               ncap);
+				break;
+			}
+			*by = nb;
+			cap = ncap;
+		}
+		for (uint32_t i = 0; i < r.nrefs; i++, (*n)++) {
+			manifest_ref_at(r.refs_raw_, i, &(*refs)[*n]);
+			(*by)[*n] = step;
+		}
+	}
+	if (ret == 0 && rc != MDB_NOTFOUND)
+		ret = manifest_fail(m, rc, "walk steps database");
+	mdb_cursor_close(cur);
+	manifest_txn_abort(m, txn);
+	if (ret) {
+		ckpt_free(*refs);
+		ckpt_free(*by);
+		*refs = NULL;
+		*by = NULL;
+		*n = 0;
+	}
 	return ret;
 }
 

@@ -23,8 +23,9 @@
 
 #include "ckpt_internal.h"
 
-#define MANIFEST_FORMAT_VERSION 3u   /* 2: shard tables (docs/format.md §8.4a); 3: save ids,
-                                        in-flight records, checksummed records */
+#define MANIFEST_FORMAT_VERSION 4u   /* 2: shard tables (docs/format.md §8.4a); 3: save ids,
+                                        in-flight records, checksummed records; 4: step
+                                        records that list the files they reference */
 #define MANIFEST_MAX_JOB_ID     256u
 #define MANIFEST_MAX_PATH       1024u
 #define MANIFEST_MAX_META       65536u   /* = CKPT_MAX_META: a step's user metadata */
@@ -93,6 +94,16 @@ int  manifest_coordinator_set(struct manifest *m, uint64_t incarnation);
 int  manifest_coordinator_get(struct manifest *m, uint64_t *incarnation);
 void manifest_close(struct manifest *m);            /* NULL: no-op */
 
+#define MANIFEST_MAX_REFS        (1u << 20)   /* files one step's shards reference */
+
+/* A shard file of another step that a committed step's shards reference (an
+ * incremental save, docs/format.md §3b, §8.3): it must stay while the step does. */
+struct manifest_ref {
+	uint64_t step;
+	uint64_t save_id;          /* the attempt whose file it is (0: a file without one) */
+	uint32_t rank;
+};
+
 /* One checkpoint (step) record. */
 struct manifest_step {
 	uint64_t step;
@@ -111,6 +122,12 @@ struct manifest_step {
 	 * struct manifest_step set meta_len and leave meta NULL. */
 	const char *meta;
 	uint32_t    meta_len;
+	/* The files of other steps that its shards reference (a COMMITTED record only),
+	 * written from these by manifest_commit; readers that fill a struct
+	 * manifest_step set nrefs and leave refs NULL: manifest_step_refs reads them. */
+	const struct manifest_ref *refs;
+	uint32_t    nrefs;
+	const uint8_t *refs_raw_;  /* private to lib/manifest */
 };
 
 /* One rank's shard record. In results, path and index point into memory owned by
@@ -160,6 +177,16 @@ int manifest_step_get(struct manifest *m, uint64_t step, struct manifest_step *o
  * small: nothing copied, *len set), CKPT_ENOTFOUND (no record), or a damaged
  * record's error. A record without metadata gives 0 with *len = 0. */
 int manifest_step_meta(struct manifest *m, uint64_t step, void *dst, size_t cap, size_t *len);
+/* The files step's record references, copied into *refs (ckpt_malloc'd; NULL when
+ * none): 0, CKPT_ENOTFOUND, or a damaged record's error. */
+int manifest_step_refs(struct manifest *m, uint64_t step, struct manifest_ref **refs,
+                       uint32_t *nrefs);
+/* Every reference of every COMMITTED record: refs[i] is referenced by by[i] (both
+ * ckpt_malloc'd, n entries). Records that do not decode are skipped, and
+ * *damaged_max gets the highest such step (0 and *any_damaged false when none):
+ * a reference points to an earlier step only, so GC spares every step below it. */
+int manifest_refs_all(struct manifest *m, struct manifest_ref **refs, uint64_t **by,
+                      size_t *n, bool *any_damaged, uint64_t *damaged_max);
 /* Latest COMMITTED step. CKPT_ENOTFOUND if none. Every record is read and checked on
  * the way: a damaged one (CKPT_ECORRUPT, naming its key) fails the call rather than
  * let an older step pass for the latest. */

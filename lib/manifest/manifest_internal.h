@@ -17,9 +17,12 @@
 
 /* Record versions: the first u16 of every value. A decoder accepts versions
  * 1..current and refuses newer ones with CKPT_EVERSION. */
-#define MANIFEST_STEP_REC_VERSION  3u  /* 2: save id, incarnation, checksum; 3: user
+#define MANIFEST_STEP_REC_VERSION  4u  /* 2: save id, incarnation, checksum; 3: user
                                           metadata (written only by a record that
-                                          has some: the others stay version 2) */
+                                          has some: the others stay version 2);
+                                          4: referenced files (only a record that
+                                          has some) */
+#define MANIFEST_REF_BYTES         24u /* step, save id, rank, reserved */
 #define MANIFEST_SHARD_REC_VERSION 3u  /* 2: footer offset and length; index optional;
                                           3: checksum */
 
@@ -86,6 +89,8 @@ void manifest_shard_key(uint8_t out[MANIFEST_SHARD_KEY_BYTES], uint64_t step, ui
 size_t manifest_step_encode(const struct manifest_step *rec, const char *note, uint8_t *out);
 /* 0, or -EINVAL naming the field (job_id too long, bad state or trust). */
 int manifest_step_check(const struct manifest_step *rec);
+/* Reference i of a decoded record's refs_raw_ (bounds checked by the decoder). */
+void manifest_ref_at(const uint8_t *raw, uint32_t i, struct manifest_ref *out);
 /* Decode a step record found under key step. 0, CKPT_EFORMAT, CKPT_EVERSION or
  * CKPT_ECORRUPT (its checksum does not match: the message names step). note/note_cap optional: the abort reason, truncated.
  * out->meta points INTO p (valid as long as p is), out->meta_len its length. */

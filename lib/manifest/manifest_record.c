@@ -76,6 +76,13 @@ bool manifest_path_ok(const char *path, size_t len)
  * Only a record with metadata is written as version 3: a build that reads
  * version 2 at most still reads every other record, and refuses that one with
  * CKPT_EVERSION rather than misread it.
+ *
+ * Version 4 is version 3 whose metadata may be empty (M = 0), followed by the files
+ * of other steps that the step's shards reference (an incremental save):
+ * 68+J+N+M    4  R, referenced files (1..MANIFEST_MAX_REFS)
+ * 72+J+N+M  24R  R x { step u64, save id u64, rank u32, reserved u32 = 0 }
+ * then the checksum. Only a COMMITTED record with references is version 4; GC and
+ * retention read them to keep those files (docs/format.md §8.6a).
  */
 
 int manifest_step_check(const struct manifest_step *rec)
@@ -95,7 +102,18 @@ int manifest_step_check(const struct manifest_step *rec)
 		return ckpt_err(-EINVAL, "step %llu: metadata of %u bytes: longer than %u, or "
 		                "holding a NUL", (unsigned long long)rec->step, rec->meta_len,
 		                MANIFEST_MAX_META);
+	if (rec->refs && (rec->nrefs == 0 || rec->nrefs > MANIFEST_MAX_REFS))
+		return ckpt_err(-EINVAL, "step %llu: %u referenced files (at most %u)",
+		                (unsigned long long)rec->step, rec->nrefs, MANIFEST_MAX_REFS);
 	return 0;
+}
+
+void manifest_ref_at(const uint8_t *raw, uint32_t i, struct manifest_ref *out)
+{
+	const uint8_t *p = raw + (size_t)i * MANIFEST_REF_BYTES;
+	out->step = ckpt_get_le64(p);
+	out->save_id = ckpt_get_le64(p + 8);
+	out->rank = ckpt_get_le32(p + 16);
 }
 
 size_t manifest_step_encode(const struct manifest_step *rec, const char *note, uint8_t *out)
@@ -103,10 +121,14 @@ size_t manifest_step_encode(const struct manifest_step *rec, const char *note, u
 	size_t jl = strnlen(rec->job_id, MANIFEST_MAX_JOB_ID);
 	size_t nl = note ? strnlen(note, MANIFEST_MAX_NOTE) : 0;
 	size_t ml = rec->meta ? rec->meta_len : 0;
-	size_t n = MANIFEST_STEP_REC_FIXED + jl + nl + (ml ? 4 + ml : 0) + MANIFEST_CHECK_BYTES;
+	size_t rl = rec->refs ? rec->nrefs : 0;
+	/* The lowest version that holds the record: 4 with references, 3 with metadata. */
+	unsigned ver = rl ? 4 : ml ? 3 : 2;
+	size_t n = MANIFEST_STEP_REC_FIXED + jl + nl + (ver >= 3 ? 4 + ml : 0) +
+	           (rl ? 4 + rl * MANIFEST_REF_BYTES : 0) + MANIFEST_CHECK_BYTES;
 	if (!out)
 		return n;
-	ckpt_put_le16(out + 0, ml ? MANIFEST_STEP_REC_VERSION : 2);
+	ckpt_put_le16(out + 0, (uint16_t)ver);
 	ckpt_put_le16(out + 2, (uint16_t)jl);
 	ckpt_put_le32(out + 4, rec->state);
 	ckpt_put_le32(out + 8, rec->trust);
@@ -122,9 +144,21 @@ size_t manifest_step_encode(const struct manifest_step *rec, const char *note, u
 	memcpy(out + MANIFEST_STEP_REC_FIXED, rec->job_id, jl);
 	if (nl)
 		memcpy(out + MANIFEST_STEP_REC_FIXED + jl, note, nl);
-	if (ml) {
+	if (ver >= 3) {
 		ckpt_put_le32(out + MANIFEST_STEP_REC_FIXED + jl + nl, (uint32_t)ml);
-		memcpy(out + MANIFEST_STEP_REC_FIXED + jl + nl + 4, rec->meta, ml);
+		if (ml)
+			memcpy(out + MANIFEST_STEP_REC_FIXED + jl + nl + 4, rec->meta, ml);
+	}
+	if (rl) {
+		uint8_t *p = out + MANIFEST_STEP_REC_FIXED + jl + nl + 4 + ml;
+		ckpt_put_le32(p, (uint32_t)rl);
+		p += 4;
+		for (size_t i = 0; i < rl; i++, p += MANIFEST_REF_BYTES) {
+			ckpt_put_le64(p, rec->refs[i].step);
+			ckpt_put_le64(p + 8, rec->refs[i].save_id);
+			ckpt_put_le32(p + 16, rec->refs[i].rank);
+			ckpt_put_le32(p + 20, 0);
+		}
 	}
 	uint8_t k[MANIFEST_STEP_KEY_BYTES];
 	manifest_step_key(k, rec->step);
@@ -188,14 +222,33 @@ int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest
 		/* Its length is checked before the bytes are taken: a hostile length is
 		 * refused, never read past. */
 		ml = ckpt_cursor_u32(&c);
-		if (c.ok && (ml == 0 || ml > MANIFEST_MAX_META))
+		if (c.ok && ((ml == 0 && ver == 3) || ml > MANIFEST_MAX_META))
 			return ckpt_err(CKPT_EFORMAT, "step %llu: step record: metadata length %u "
-			                "(1..%u)", s, ml, MANIFEST_MAX_META);
-		meta = ckpt_cursor_take(&c, ml);
+			                "(%u..%u)", s, ml, ver == 3 ? 1 : 0, MANIFEST_MAX_META);
+		meta = ml ? ckpt_cursor_take(&c, ml) : NULL;
+	}
+	uint32_t rl = 0;
+	const uint8_t *refs = NULL;
+	if (ver >= 4) {
+		rl = ckpt_cursor_u32(&c);
+		/* The count against its limit, then against the bytes left. */
+		if (c.ok && (rl == 0 || rl > MANIFEST_MAX_REFS))
+			return ckpt_err(CKPT_EFORMAT, "step %llu: step record: %u referenced files "
+			                "(1..%u)", s, rl, MANIFEST_MAX_REFS);
+		refs = ckpt_cursor_take(&c, (size_t)rl * MANIFEST_REF_BYTES);
+		for (uint32_t i = 0; refs && i < rl; i++) {
+			struct manifest_ref e;
+			manifest_ref_at(refs, i, &e);
+			if (ckpt_get_le32(refs + (size_t)i * MANIFEST_REF_BYTES + 20) || e.step >= step)
+				return ckpt_err(CKPT_EFORMAT, "step %llu: step record: referenced file %u "
+				                "(step %llu): reserved bytes, or not an earlier step", s, i,
+				                (unsigned long long)e.step);
+		}
 	}
 	if (!c.ok || c.left != 0)
 		return ckpt_err(CKPT_EFORMAT, "step %llu: step record is %zu bytes, its fields say "
-		                "otherwise (job id %u, note %u, metadata %u bytes)", s, n, jl, nl, ml);
+		                "otherwise (job id %u, note %u, metadata %u bytes, %u references)", s,
+		                n, jl, nl, ml, rl);
 	if ((jl && memchr(job, '\0', jl)) || (nl && memchr(why, '\0', nl)) ||
 	    (ml && memchr(meta, '\0', ml)))
 		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: NUL inside job id, note or "
@@ -206,6 +259,9 @@ int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest
 		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: bad trust %u", s, r.trust);
 	if (r.state == CKPT_STATE_COMMITTED && r.world == 0)
 		return ckpt_err(CKPT_EFORMAT, "step %llu: committed step record with world 0", s);
+	if (rl && r.state != CKPT_STATE_COMMITTED)
+		return ckpt_err(CKPT_EFORMAT, "step %llu: step record: references in a record that "
+		                "is not committed", s);
 	if (jl)
 		memcpy(r.job_id, job, jl);
 	r.job_id[jl] = '\0';
@@ -217,6 +273,8 @@ int manifest_step_decode(const void *p, size_t n, uint64_t step, struct manifest
 	}
 	r.meta = (const char *)meta;
 	r.meta_len = ml;
+	r.nrefs = rl;
+	r.refs_raw_ = refs;
 	*out = r;
 	return 0;
 }

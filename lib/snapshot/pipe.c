@@ -8,6 +8,13 @@
  * writes in flight. A pipe that took every free buffer would leave the writer one
  * buffer at a time, and the disk, the bound of a durable save, would idle.
  *
+ * A chunk of an incremental save found unchanged where it lies (the caller hashed
+ * it in place) takes its place in that order without a buffer or a copy: it has
+ * nothing to land, and it keeps the order of the file. Such chunks do not count
+ * against the window, which bounds buffers: the ring has PIPE_STORED_AHEAD more
+ * slots for them, so that the caller hashes on while a copied chunk ahead of them
+ * waits for the disk (otherwise hashing and writing would take turns).
+ *
  * Why issue returns -EAGAIN instead of blocking for a buffer when chunks are
  * pending: buffers come back only when the writer reaps its completions, which it
  * does inside its own calls on this same thread. Blocking here would wait for a
@@ -28,12 +35,19 @@ struct pipe_slot {
 	bool     device;                 /* copy in flight on the stream; hash at next() */
 	uint8_t  hash[CKPT_HASH_BYTES];  /* host chunks: computed while copying */
 	uint8_t *blocks;                 /* its block hashes, computed with the chunk's */
+	bool     no_blocks;              /* a stored chunk given without block hashes */
+	unsigned ev;                     /* a device copy's event (of window events) */
 };
+
+#define PIPE_STORED_AHEAD 256u
 
 struct snapshot_pipe {
 	struct snapshot  *sn;
 	struct io_pool   *pool;
 	unsigned          window, head, count;   /* ring: slots [head, head+count) */
+	unsigned          cap;                   /* ring slots: window + PIPE_STORED_AHEAD */
+	unsigned          buffered;              /* pending chunks that hold a buffer */
+	unsigned          ev_next;               /* next device event, mod window */
 	struct pipe_slot *slots;
 	uint8_t          *block_store;           /* the slots' block hashes */
 	uint32_t          block_bytes;           /* 0: no block hashes */
@@ -61,15 +75,17 @@ int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned windo
 	/* A chunk is at most one pool buffer: room for that many block hashes a slot. */
 	size_t per = (size_t)io_nblocks(io_pool_buf_bytes(pool), block_bytes) * CKPT_HASH_BYTES;
 	struct snapshot_pipe *p = ckpt_calloc(1, sizeof *p);
-	if (!p || !(p->slots = ckpt_calloc(window, sizeof *p->slots)) ||
-	    (per && !(p->block_store = ckpt_malloc(per * window)))) {
+	unsigned cap = window + PIPE_STORED_AHEAD;
+	if (!p || !(p->slots = ckpt_calloc(cap, sizeof *p->slots)) ||
+	    (per && !(p->block_store = ckpt_malloc(per * cap)))) {
 		if (p)
 			ckpt_free(p->slots);
 		ckpt_free(p);
-		return ckpt_err(-ENOMEM, "snapshot pipe of %u slots", window);
+		return ckpt_err(-ENOMEM, "snapshot pipe of %u slots", cap);
 	}
-	for (unsigned i = 0; per && i < window; i++)
+	for (unsigned i = 0; per && i < cap; i++)
 		p->slots[i].blocks = p->block_store + i * per;
+	p->cap = cap;
 	p->block_bytes = block_bytes;
 	p->sn = sn;
 	p->pool = pool;
@@ -95,7 +111,7 @@ static int pipe_take(struct snapshot_pipe *p, size_t n)
 	if (n == 0 || n > io_pool_buf_bytes(p->pool))
 		return ckpt_err(-EINVAL, "snapshot pipe: chunk of %zu bytes (buffers hold %zu)", n,
 		                io_pool_buf_bytes(p->pool));
-	if (p->count == p->window)
+	if (p->buffered == p->window || p->count == p->cap)
 		return -EAGAIN;
 	int b = io_pool_get(p->pool, 0);
 	if (b < 0) {
@@ -131,15 +147,19 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 	int b = pipe_take(p, n);
 	if (b < 0)
 		return b;
-	unsigned slot = (p->head + p->count) % p->window;
-	struct pipe_slot *s = &p->slots[slot];
+	struct pipe_slot *s = &p->slots[(p->head + p->count) % p->cap];
 	void *dst = io_pool_addr(p->pool, (unsigned)b);
 	s->buf = (unsigned)b;
 	s->len = n;
 	s->tag = tag;
 	s->device = mem == CKPT_MEM_DEVICE;
+	s->no_blocks = false;
 	if (s->device) {
-		int rc = snap_dev_copy(p->sn, dst, src, n, slot);
+		/* Events are the window's: at most window device copies are pending, taken
+		 * out in order, so the one window copies back is done with its event. */
+		s->ev = p->ev_next;
+		p->ev_next = (p->ev_next + 1) % p->window;
+		int rc = snap_dev_copy(p->sn, dst, src, n, s->ev);
 		if (rc) {
 			/* The copy may have been queued before the event failed: wait for the
 			 * stream before the buffer can go to another owner. */
@@ -154,6 +174,7 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 		io_copy_hash128_blocks(dst, src, n, p->block_bytes, s->hash, s->blocks);
 	}
 	p->count++;
+	p->buffered++;
 	return 0;
 }
 
@@ -169,17 +190,50 @@ int snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, voi
 		io_pool_put(p->pool, (unsigned)b);
 		return rc;
 	}
-	unsigned slot = (p->head + p->count) % p->window;
-	struct pipe_slot *s = &p->slots[slot];
+	struct pipe_slot *s = &p->slots[(p->head + p->count) % p->cap];
 	s->buf = (unsigned)b;
 	s->len = n;
 	s->tag = tag;
 	s->device = false;
+	s->no_blocks = false;
 	/* The source wrote into a buffer nobody else owns: hash it while it is warm
 	 * (chunk and blocks in one pass). */
 	io_copy_hash128_blocks(NULL, dst, n, p->block_bytes, s->hash, s->blocks);
 	p->count++;
+	p->buffered++;
 	return 0;
+}
+
+int snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct io_hashes *h,
+                               uint64_t tag)
+{
+	if (p->sealed)
+		return ckpt_err(-EINVAL, "snapshot pipe: issue after seal");
+	uint64_t nb = h->blocks ? io_nblocks(n, p->block_bytes) : 0;
+	/* The slot's block store holds a pool buffer's worth: so must the chunk. */
+	if (n == 0 || n > io_pool_buf_bytes(p->pool) || (nb && h->block_bytes != p->block_bytes))
+		return ckpt_err(-EINVAL, "snapshot pipe: stored chunk of %zu bytes (buffers hold "
+		                "%zu; block hashes of %u bytes)", n, io_pool_buf_bytes(p->pool),
+		                nb ? h->block_bytes : p->block_bytes);
+	if (p->count == p->cap)
+		return -EAGAIN;
+	struct pipe_slot *s = &p->slots[(p->head + p->count) % p->cap];
+	s->buf = SNAPSHOT_NO_BUF;
+	s->len = n;
+	s->tag = tag;
+	s->device = false;
+	s->no_blocks = !h->blocks;
+	memcpy(s->hash, h->chunk, CKPT_HASH_BYTES);
+	if (nb)
+		memcpy(s->blocks, h->blocks, (size_t)nb * CKPT_HASH_BYTES);
+	p->count++;
+	return 0;
+}
+
+bool snapshot_pipe_room(const struct snapshot_pipe *p) { return p->count < p->cap; }
+bool snapshot_pipe_head_stored(const struct snapshot_pipe *p)
+{
+	return p->count && p->slots[p->head].buf == SNAPSHOT_NO_BUF;
 }
 
 int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
@@ -187,11 +241,10 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 {
 	if (!p->count)
 		return ckpt_err(-ENOENT, "snapshot pipe: nothing pending");
-	unsigned slot = p->head;
-	struct pipe_slot *s = &p->slots[slot];
+	struct pipe_slot *s = &p->slots[p->head];
 	if (s->device) {
 		/* This chunk's event only: later copies keep running meanwhile. */
-		int rc = snap_dev_wait(p->sn, slot);
+		int rc = snap_dev_wait(p->sn, s->ev);
 		if (rc)
 			return rc;
 		/* Hashed from the pinned buffer after the copy landed, never on the device:
@@ -204,9 +257,11 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 	*len = s->len;
 	*tag = s->tag;
 	memcpy(h->chunk, s->hash, CKPT_HASH_BYTES);
-	h->block_bytes = p->block_bytes;
-	h->blocks = s->blocks;
-	p->head = (p->head + 1) % p->window;
+	h->block_bytes = s->no_blocks ? 0 : p->block_bytes;
+	h->blocks = s->no_blocks ? NULL : s->blocks;
+	if (s->buf != SNAPSHOT_NO_BUF)
+		p->buffered--;
+	p->head = (p->head + 1) % p->cap;
 	p->count--;
 	return 0;
 }
@@ -239,8 +294,9 @@ void snapshot_pipe_close(struct snapshot_pipe *p)
 	if (p->device_chunks || p->sealed)
 		snap_dev_quiesce(p->sn);
 	while (p->count) {
-		io_pool_put(p->pool, p->slots[p->head].buf);
-		p->head = (p->head + 1) % p->window;
+		if (p->slots[p->head].buf != SNAPSHOT_NO_BUF)
+			io_pool_put(p->pool, p->slots[p->head].buf);
+		p->head = (p->head + 1) % p->cap;
 		p->count--;
 	}
 	ckpt_free(p->slots);

@@ -33,6 +33,7 @@
 #ifndef CKPT_SNAPSHOT_H
 #define CKPT_SNAPSHOT_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -113,6 +114,21 @@ int  snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int
 typedef int (*snapshot_fill_fn)(void *arg, uint64_t off, void *dst, size_t n);
 int  snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, void *arg,
                               uint64_t off, size_t n, uint64_t tag);
+/* A chunk of n bytes that needs no copy: the caller hashed it where it lies and
+ * found its bytes stored already (an incremental save's unchanged chunk). It keeps
+ * its place in issue order, takes no pool buffer and does not count against the
+ * window (the pipe holds a bounded number of such chunks beyond it);
+ * next() gives it back with *buf SNAPSHOT_NO_BUF and the hashes given here (h's
+ * block hashes, of the pipe's block size, are copied; h->blocks NULL: none). Returns 0, or -EAGAIN when the pipe is full (take a
+ * chunk out first; snapshot_pipe_room says so beforehand). Errors: -EINVAL. */
+#define SNAPSHOT_NO_BUF UINT_MAX
+int  snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct io_hashes *h,
+                                uint64_t tag);
+/* Whether the pipe has room for a stored chunk (a copy may still find the window
+ * full, or wait for a buffer). */
+bool snapshot_pipe_room(const struct snapshot_pipe *p);
+/* Whether the oldest pending chunk is one issued by snapshot_pipe_issue_stored. */
+bool snapshot_pipe_head_stored(const struct snapshot_pipe *p);
 /* The pipe's first device copy waits, on the GPU, for fence (snapshot_fence; NULL:
  * no wait). The fence must live until the pipe is closed. Call before the first
  * issue. */
@@ -127,7 +143,8 @@ bool snapshot_pipe_head_ready(const struct snapshot_pipe *p);
 uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p);
 /*
  * Take out the oldest chunk once its copy has landed (waits on that chunk's event
- * only): its pool buffer (the caller owns it from now on), length, the XXH3-128 of
+ * only): its pool buffer (the caller owns it from now on; SNAPSHOT_NO_BUF for a
+ * chunk issued by snapshot_pipe_issue_stored), length, the XXH3-128 of
  * its bytes and of its blocks (computed from the pool buffer for device chunks;
  * h->blocks points into the pipe and stays valid until the next issue or close)
  * and tag. Errors: -ENOENT (nothing pending), CUDA failures converted (the buffer

@@ -137,6 +137,7 @@ class Opts(Structure):
         ("target", c_char_p),
         ("compress_codec", c_int),
         ("compress_threads", c_uint),
+        ("incremental", c_int),
     ]
 
 
@@ -266,6 +267,7 @@ _PROTOS = {
 # Declared when the library has them (added in later minor versions).
 _OPTIONAL = {
     "ckpt_save_set_meta": (c_int, [_P, c_char_p, c_size_t]),
+    "ckpt_save_set_incremental": (c_int, [_P, c_int]),
     "ckpt_step_meta": (c_int, [_P, c_uint64, c_char_p, c_size_t, POINTER(c_size_t)]),
 }
 

@@ -82,6 +82,14 @@ def _step_arg(step: Optional[int]) -> int:
     return step
 
 
+def _flag(what: str, v: Any) -> bool:
+    """A switch given as a bool (or 0 / 1): anything else is a mistake, not a truth
+    value (incremental="no" would otherwise turn it on)."""
+    if isinstance(v, bool) or (isinstance(v, int) and v in (0, 1)):
+        return bool(v)
+    raise TypeError(f"{what} must be True or False, got {v!r}")
+
+
 def _meta_text(meta: Union[Mapping[str, Any], str, bytes]) -> bytes:
     if isinstance(meta, Mapping):
         return json.dumps(meta, allow_nan=False, separators=(",", ":")).encode()
@@ -229,6 +237,11 @@ class Checkpointer(_Closing):
     "Multi-node deployments"). target: "ckptd://HOST:PORT[,HOST:PORT...]" to save
     through ckptd (default CKPT_TARGET), passed to the library as it is.
 
+    incremental: True makes saves reference the chunks that did not change since the
+    previous committed step instead of writing them again (docs/format.md §3b); such
+    a step's files are no longer self-contained. Default CKPT_INCREMENTAL, then off;
+    one save may choose otherwise (save(incremental=), Save.set_incremental).
+
     log: a logging.Logger that receives this context's log lines instead of stderr
     (at the matching level, with ckpt_job, ckpt_rank and ckpt_step as extra
     attributes), or a callable(level, message, where); log_level filters them
@@ -253,7 +266,7 @@ class Checkpointer(_Closing):
                  keep_last: Optional[int] = None, keep_every: Optional[int] = None,
                  keep_seconds: Optional[float] = None,
                  manifest_dir: Optional[Union[str, os.PathLike]] = None,
-                 target: Optional[str] = None):
+                 target: Optional[str] = None, incremental: Optional[bool] = None):
         self._ctx: Optional[int] = None
         self._lock = threading.Lock()
         self._handles: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -311,6 +324,8 @@ class Checkpointer(_Closing):
             if not 1 <= int(compress_threads) <= 64:
                 raise ValueError("compress_threads must be 1 to 64")
             o.compress_threads = int(compress_threads)
+        if incremental is not None:   # None: -1, CKPT_INCREMENTAL then off
+            o.incremental = 1 if _flag("incremental", incremental) else 0
         if timeout is not None:
             o.timeout_ms = max(1, int(timeout * 1000))
         if gds is not None:
@@ -386,11 +401,14 @@ class Checkpointer(_Closing):
     def save(self, step: int, tensors: Optional[Mapping[str, Any]] = None, *,
              blobs: Optional[Mapping[str, Any]] = None, kind: str = "model",
              policy: str = "replicated", meta: Optional[Mapping[str, Any]] = None,
-             wait: bool = False) -> "Save":
+             wait: bool = False, incremental: Optional[bool] = None) -> "Save":
         """Save whole arrays and blobs as step in one call; returns the submitted Save.
         Every tensor is saved whole with the given kind and policy (for boxes of sharded
-        tensors use begin() and Save.add). wait=True also waits for the commit."""
+        tensors use begin() and Save.add). wait=True also waits for the commit.
+        incremental: this save's choice (Save.set_incremental); None: the root's."""
         def fill(s: Save) -> None:
+            if incremental is not None:
+                s.set_incremental(incremental)
             for name, arr in (tensors or {}).items():
                 s.add(name, arr, kind=kind, policy=policy)
             for name, data in (blobs or {}).items():
@@ -577,6 +595,14 @@ class Save(_Handle):
             raise NotImplementedError("this libckpt cannot store step metadata")
         text = _meta_text(meta)
         check(lib.ckpt_save_set_meta(self._s(), text, len(text)))
+
+    def set_incremental(self, on: bool) -> None:
+        """Whether this save references the chunks unchanged since the previous
+        committed step instead of writing them (ckpt_save_set_incremental); the default
+        is the Checkpointer's. Before submit()."""
+        if not _lib.has("ckpt_save_set_incremental"):
+            raise NotImplementedError("this libckpt cannot save incrementally")
+        check(lib.ckpt_save_set_incremental(self._s(), 1 if _flag("incremental", on) else 0))
 
     def fill_and_submit(self, fill: "Callable[[Save], None]",
                         meta: Optional[Mapping[str, Any]] = None,

@@ -387,13 +387,15 @@ def _assign_writers(sizes: List[Tuple[str, int]], world: int) -> Dict[str, int]:
 def save(ck: Checkpointer, step: int, state: Mapping[str, Any], *,
          meta: Optional[Mapping[str, Any]] = None,
          rank_bound: Optional[Sequence[str]] = None, replicas: str = "spread",
-         allow_pickle: bool = False, wait: bool = False) -> Save:
+         allow_pickle: bool = False, wait: bool = False,
+         incremental: Optional[bool] = None) -> Save:
     """Save state (a dict of parts) as step; returns the submitted Save.
 
     rank_bound: the top-level keys saved as each rank's own (default: the parts of
     kind "rng"). replicas: "spread" (each whole tensor written by one rank, the ranks
     sharing the bytes) or "all" (every rank writes it and the library checks that the
-    copies agree). wait=True waits for the commit too."""
+    copies agree). wait=True waits for the commit too. incremental: this save's
+    choice (Save.set_incremental); None: the Checkpointer's."""
     if not isinstance(state, Mapping):
         raise TypeError("state must be a dict of parts, e.g. {'model': model, ...}")
     if replicas not in ("spread", "all"):
@@ -420,6 +422,8 @@ def save(ck: Checkpointer, step: int, state: Mapping[str, Any], *,
              if l.policy is None and not (not l.is_numpy and _is_dtensor(l.value))]
     writers = _assign_writers(plain, world) if replicas == "spread" else {}
     def fill(s: Save) -> None:
+        if incremental is not None:
+            s.set_incremental(incremental)
         for name, kind, policy, text in records:
             s.add_blob(name, text, kind=kind, policy=policy)
         for l in leaves:

@@ -454,6 +454,48 @@ static void json_name(FILE *f, const char *name)
 	}
 }
 
+/* The files of other steps that step's chunks reference (an incremental save):
+ * every chunk whose file is not in the step's own directory, per file. */
+struct ref_use { char file[256]; uint64_t chunks, raw_bytes; };
+
+static int collect_refs(ckpt_load *l, uint64_t step, struct ref_use **out, int *n)
+{
+	*out = NULL;
+	*n = 0;
+	char own[64];
+	snprintf(own, sizeof own, "step-%020" PRIu64 "/", step);
+	int cnt = ckpt_load_count(l);
+	for (int i = 0; i < cnt; i++) {
+		struct ckpt_chunk_info *ch = NULL;
+		int nch = 0;
+		int rc = get_chunks(l, (unsigned)i, &ch, &nch);
+		for (int k = 0; !rc && k < nch; k++) {
+			if (!strncmp(ch[k].file, own, strlen(own)))
+				continue;
+			int j = 0;
+			while (j < *n && strcmp((*out)[j].file, ch[k].file))
+				j++;
+			if (j == *n) {
+				struct ref_use *r = realloc(*out, (size_t)(*n + 1) * sizeof *r);
+				if (!r) {
+					rc = -ENOMEM;
+					break;
+				}
+				*out = r;
+				memset(&r[j], 0, sizeof r[j]);
+				snprintf(r[j].file, sizeof r[j].file, "%s", ch[k].file);
+				(*n)++;
+			}
+			(*out)[j].chunks++;
+			(*out)[j].raw_bytes += ch[k].raw_len;
+		}
+		free(ch);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 static int cmd_show(const struct args *a)
 {
 	if (a->npos != 1)
@@ -491,6 +533,16 @@ static int cmd_show(const struct args *a)
 		ckpt_close(c);
 		return x;
 	}
+	struct ref_use *refs = NULL;
+	int nrefs = 0;
+	if ((rc = collect_refs(l, ckpt_load_step(l), &refs, &nrefs))) {
+		doc_drop(&d);
+		free(meta);
+		ckpt_load_close(l);
+		int x = fail(rc, "show");
+		ckpt_close(c);
+		return x;
+	}
 	if (a->json) {
 		fprintf(f, "{\"ok\":true,\"step\":%" PRIu64 ",\"world\":%u,\"trust\":\"%s\","
 		        "\"commit_time\":\"%s\",\"logical_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64,
@@ -498,6 +550,14 @@ static int cmd_show(const struct args *a)
 		        tool_time(si.commit_time_ns, t), si.logical_bytes, si.stored_bytes);
 		if (meta)
 			meta_json(f, meta);
+		fprintf(f, ",\"references\":[");
+		for (int j = 0; j < nrefs; j++) {
+			fprintf(f, "%s{\"file\":", j ? "," : "");
+			tool_json_str(f, refs[j].file);
+			fprintf(f, ",\"chunks\":%" PRIu64 ",\"raw_bytes\":%" PRIu64 "}",
+			        refs[j].chunks, refs[j].raw_bytes);
+		}
+		fprintf(f, "]");
 		fprintf(f, ",\"tensors\":[");
 	} else {
 		fprintf(f, "step %" PRIu64 ": world %u, %d tensors and blobs, %s logical, %s stored, "
@@ -506,6 +566,9 @@ static int cmd_show(const struct args *a)
 		        trust_name(si.trust), tool_time(si.commit_time_ns, t));
 		if (meta)
 			meta_print(f, meta);
+		for (int j = 0; j < nrefs; j++)
+			fprintf(f, "references %s: %" PRIu64 " chunks, %s (not written again)\n",
+			        refs[j].file, refs[j].chunks, tool_bytes(refs[j].raw_bytes, b1));
 		fprintf(f, "%-40s %-9s %-7s %-20s %-10s %6s %6s %11s %11s\n", "NAME", "KIND", "DTYPE",
 		        "SHAPE", "POLICY", "SHARDS", "CHUNKS", "BYTES", "STORED");
 	}
@@ -585,6 +648,7 @@ static int cmd_show(const struct args *a)
 		x = EXIT_OK;
 	}
 	free(meta);
+	free(refs);
 	ckpt_load_close(l);
 	ckpt_close(c);
 	return x;
