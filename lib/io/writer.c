@@ -944,7 +944,8 @@ int io_shard_writer_append_ref(struct io_shard_writer *w, uint32_t t, size_t len
 		return ckpt_err(-EINVAL, "%s: reference to step %llu from step %llu%s", w->path,
 		                (unsigned long long)ref->file.step, (unsigned long long)w->step,
 		                w->save_id ? "" : " (a file without a save id cannot hold one)");
-	if ((ref->codec != IO_CODEC_RAW && ref->codec != IO_CODEC_ZSTD) ||
+	if ((ref->codec != IO_CODEC_RAW && ref->codec != IO_CODEC_ZSTD &&
+	     ref->codec != IO_CODEC_BYTEGROUP) ||
 	    ref->file_offset < IO_HEADER_BYTES || ref->file_offset % CKPT_ALIGN ||
 	    (ref->codec == IO_CODEC_RAW ? ref->stored_len != len
 	                                : !ref->stored_len || ref->stored_len > len))
@@ -955,6 +956,12 @@ int io_shard_writer_append_ref(struct io_shard_writer *w, uint32_t t, size_t len
 	int rc = append_check(w, t, len);
 	if (rc)
 		return rc;
+	/* The chunks before it leave the ring first: their block hashes take their
+	 * places in the table (a compressed one gives its reserved places back), and
+	 * this chunk's follow them. */
+	w_retire_all(w);
+	if (w->err)
+		return w_error(w);
 	/* The referenced chunk's blocks are this chunk's (the same bytes): its hashes go
 	 * into this file's block table, so that a partial read of it is checked as any. */
 	const struct io_hashes *h = ref->hashes;
@@ -982,6 +989,7 @@ int io_shard_writer_append_ref(struct io_shard_writer *w, uint32_t t, size_t len
 	memcpy(c->hash, h->chunk, CKPT_HASH_BYTES);
 	w->chunk_file[w->nchunks] = f;
 	w->nblocks += nb;
+	w->bend += nb;
 	if ((int64_t)t != w->cur) {
 		te->first_chunk = w->nchunks;
 		w->cur = t;

@@ -213,6 +213,46 @@ START_TEST(incr_roundtrip)
 }
 END_TEST
 
+/* Compressed saves (zstd, bytegroup): an unchanged chunk is referenced in its stored
+ * form, whatever its codec, and every step loads bit for bit. */
+START_TEST(incr_compressed)
+{
+	static const int codecs[] = { CKPT_CODEC_ZSTD, CKPT_CODEC_BYTEGROUP };
+	for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++) {
+		struct ckpt_opts o;
+		ckpt_opts_init(&o, sizeof o);
+		o.root = root;
+		o.rank = 0;
+		o.world = 1;
+		o.chunk_bytes = CHUNK;
+		o.pool_bytes = 16 * CHUNK;
+		o.timeout_ms = 10000;
+		o.incremental = 1;
+		o.zstd_level = 1;
+		o.compress_codec = codecs[i];
+		ckpt_ctx *c = NULL;
+		ck_assert_msg(ckpt_open(&o, &c) == 0, "open: %s", ckpt_last_error());
+		uint64_t base = 10 * (i + 1);
+		/* The first save whole (this codec's chunks to reference), then two more. */
+		for (uint64_t step = base + 1; step <= base + 3; step++)
+			ck_assert_msg(save_step(c, step, step == base + 1) == 0, "codec %d, step "
+			              "%llu: %s", codecs[i], (unsigned long long)step,
+			              ckpt_last_error());
+		for (uint64_t step = base + 1; step <= base + 3; step++)
+			check_step(c, step);
+		struct ckpt_step_info a, b;
+		step_info(c, base + 1, &a);
+		step_info(c, base + 2, &b);
+		ck_assert_uint_eq(b.logical_bytes, a.logical_bytes);
+		ck_assert_msg(b.stored_bytes < a.stored_bytes, "codec %d: step %llu stored %llu "
+		              "bytes, its predecessor %llu: nothing referenced", codecs[i],
+		              (unsigned long long)(base + 2), (unsigned long long)b.stored_bytes,
+		              (unsigned long long)a.stored_bytes);
+		ckpt_close(c);
+	}
+}
+END_TEST
+
 /* Off by the option, by the environment and by one save: every byte written. */
 START_TEST(incr_off)
 {
@@ -588,6 +628,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, incr_bitflip_in_referenced);
 	tcase_add_test(tc, incr_missing_referenced);
 	tcase_add_test(tc, incr_inplace);
+	tcase_add_test(tc, incr_compressed);
 	tcase_add_loop_test(tc, incr_crash_matrix, 0, (int)(sizeof crash_points /
 	                                                    sizeof crash_points[0]));
 	suite_add_tcase(s, tc);

@@ -319,17 +319,32 @@ START_TEST(bytegroup_version)
 	ck_assert_mem_eq(again, buf, len);
 	io_index_free(back);
 	free(again);
-	/* The same bytes called version 3: a bytegroup chunk it cannot have. */
+	/* Version 4 carries the counts of referenced files and references, here 0 and
+	 * 0. The same bytes called version 3, without them: a bytegroup chunk it
+	 * cannot have. */
+	ck_assert_uint_eq(ckpt_get_le32((uint8_t *)buf + IO_INDEX_HDR3_BYTES), 0);
+	ck_assert_uint_eq(ckpt_get_le32((uint8_t *)buf + IO_INDEX_HDR3_BYTES + 4), 0);
+	memmove((uint8_t *)buf + IO_INDEX_HDR3_BYTES, (uint8_t *)buf + IO_INDEX_HDR4_BYTES,
+	        len - IO_INDEX_HDR4_BYTES);
 	ckpt_put_le32((uint8_t *)buf + 8, 3);
-	expect_bad_bytes(buf, len, CKPT_EFORMAT, "chunk 0: bytegroup codec in a version-3 index");
+	expect_bad_bytes(buf, len - 8, CKPT_EFORMAT,
+	                 "chunk 0: bytegroup codec in a version-3 index");
 	free(buf);
-	/* Version 4 with no bytegroup chunk is not the lowest version: malformed. */
+	/* Version 4 with no bytegroup chunk and no reference is not the lowest
+	 * version: malformed. */
 	ix->chunks[0].codec = IO_CODEC_ZSTD;
 	ck_assert(!io_index_has_bytegroup(ix));
 	ck_assert_int_eq(io_index_encode(ix, &buf, &len), 0);
 	ck_assert_uint_eq(ckpt_get_le32((uint8_t *)buf + 8), 3);
-	ckpt_put_le32((uint8_t *)buf + 8, IO_BYTEGROUP_VERSION);
-	expect_bad_bytes(buf, len, CKPT_EFORMAT, "version 4 without a bytegroup chunk");
+	uint8_t *v4 = calloc(1, len + 8);
+	ck_assert_ptr_nonnull(v4);
+	memcpy(v4, buf, IO_INDEX_HDR3_BYTES);
+	memcpy(v4 + IO_INDEX_HDR4_BYTES, (uint8_t *)buf + IO_INDEX_HDR3_BYTES,
+	       len - IO_INDEX_HDR3_BYTES);
+	ckpt_put_le32(v4 + 8, IO_BYTEGROUP_VERSION);
+	expect_bad_bytes(v4, len + 8, CKPT_EFORMAT,
+	                 "version 4 without a bytegroup chunk or a reference");
+	free(v4);
 	free(buf);
 	io_index_free(ix);
 	/* Only dtypes with byte planes: tensor 3 is u8. */
