@@ -769,7 +769,12 @@ static int prev_name_cmp(const void *a, const void *b, void *arg)
 	return strcmp(ix->tensors[*(const uint32_t *)a].name, ix->tensors[*(const uint32_t *)b].name);
 }
 
-/* The highest committed step below step, or CKPT_ENOTFOUND. */
+/* The highest committed step below step, or CKPT_ENOTFOUND; CKPT_ENOTFOUND too,
+ * with its message, where a committed step is at or above step (docs/format.md
+ * §3b, "Lifetime"): a step saved below the latest committed one references
+ * nothing, for retention after another commit, or GC from another thread, may
+ * remove its previous step before it commits, and nothing holds those files
+ * until then. The latest committed step they never remove. */
 static int prev_step_find(struct manifest *m, uint64_t step, uint64_t *out)
 {
 	int n = manifest_steps_list(m, false, NULL, 0);
@@ -780,7 +785,14 @@ static int prev_step_find(struct manifest *m, uint64_t step, uint64_t *out)
 		return ckpt_err(-ENOMEM, "list of %d committed steps", n);
 	int got = manifest_steps_list(m, false, steps, (size_t)n);
 	int rc = CKPT_ENOTFOUND;
-	for (int i = (got < n ? got : n); rc == CKPT_ENOTFOUND && i-- > 0;)
+	int have = got < n ? got : n;
+	if (have > 0 && steps[have - 1] >= step) {
+		rc = ckpt_err(CKPT_ENOTFOUND, "step %llu is committed, at or above this one: a "
+		              "step saved below the latest references nothing",
+		              (unsigned long long)steps[have - 1]);
+		have = 0;
+	}
+	for (int i = have; rc == CKPT_ENOTFOUND && i-- > 0;)
 		if (steps[i] < step) {
 			*out = steps[i];
 			rc = 0;
@@ -821,10 +833,18 @@ static int save_prev_open(ckpt_ctx *c, const ckpt_save *s, struct save_prev *p)
 	uint32_t rank = (uint32_t)c->cfg.rank;
 	struct io_shard_reader *rd = NULL;
 	int rc = glue_manifest(c, &m);
-	if (!rc)
+	if (!rc) {
+		ckpt_err_clear();         /* a message below is prev_step_find's own */
 		rc = prev_step_find(m, s->step, &step);
-	if (rc == CKPT_ENOTFOUND)
-		return 0;                 /* the first step: nothing to reference */
+	}
+	if (rc == CKPT_ENOTFOUND) {
+		/* The first step, or one below the latest: nothing to reference. */
+		if (ckpt_err_msg()[0])
+			ckpt_log(CKPT_LOG_INFO, "step %llu: a full save: %s",
+			         (unsigned long long)s->step, ckpt_err_msg());
+		ckpt_err_clear();
+		return 0;
+	}
 	if (!rc)
 		rc = manifest_step_get(m, step, &rec);
 	if (!rc && (rec.state != CKPT_STATE_COMMITTED || !rec.save_id ||
