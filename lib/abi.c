@@ -44,11 +44,11 @@ _Static_assert(CKPT_MAX_META == 65536, "CKPT_MAX_META is part of the ABI");
 #define ABI_SIZE_FIRST(type) \
 	_Static_assert(offsetof(struct type, size) == 0, "struct " #type ": size first")
 
-ABI_LAYOUT(ckpt_opts,            192, incremental,      184);
+ABI_LAYOUT(ckpt_opts,            200, device_pool_bytes, 192);
 ABI_LAYOUT(ckpt_log_ctx,          24, step,              16);
 ABI_LAYOUT(ckpt_gds_stats,        56, files_refused,     48);
 ABI_LAYOUT(ckpt_tensor,           64, mem,               56);
-ABI_LAYOUT(ckpt_save_stats,       48, commit_seconds,    40);
+ABI_LAYOUT(ckpt_save_stats,       72, device_unchanged_bytes, 64);
 ABI_LAYOUT(ckpt_step_info,        72, dir_bytes,         64);
 ABI_LAYOUT(ckpt_tensor_info,     176, stored_bytes,     168);
 ABI_LAYOUT(ckpt_load_req,         56, flags,             48);

@@ -642,6 +642,17 @@ static int config_resolve_with(const struct ckpt_opts *o, struct glue_config *cf
 	}
 	cfg->incremental = inc == 1;
 
+	/* The device staging pool: off unless asked for (it takes device memory the
+	 * training may want). */
+	cfg->device_pool_bytes = OPT(o, device_pool_bytes, (size_t)0);
+	if (!cfg->device_pool_bytes) {
+		if ((rc = env_size("CKPT_DEVICE_POOL_BYTES", &sz)) < 0) return rc;
+		cfg->device_pool_bytes = rc ? sz : 0;
+	}
+	if (cfg->device_pool_bytes && cfg->device_pool_bytes < cfg->chunk_bytes)
+		return ckpt_err(-EINVAL, "device pool of %zu bytes is smaller than one chunk of %zu",
+		                cfg->device_pool_bytes, cfg->chunk_bytes);
+
 	cfg->gds = OPT(o, gds, 0u);
 	if (cfg->gds & ~(unsigned)(CKPT_GDS_LOAD | CKPT_GDS_SAVE | CKPT_GDS_OFF))
 		return ckpt_err(-EINVAL, "gds 0x%x: unknown bits", cfg->gds);

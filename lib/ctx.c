@@ -667,6 +667,7 @@ void ckpt_close(ckpt_ctx *c)
 	io_pool_destroy(c->pool);
 	/* After the pool: its memory is pinned through the snapshot object. */
 	snapshot_destroy(c->snap);
+	save_stage_rec_free(c->stage_rec);
 	manifest_close(c->manifest);
 	for (size_t i = 0; i < c->nold_manifests; i++)
 		manifest_close(c->old_manifests[i]);

@@ -40,6 +40,7 @@ struct glue_config {
 	unsigned max_inflight, timeout_ms, queue_depth;
 	unsigned gds;              /* enum ckpt_gds bits asked for (0: none) */
 	bool     incremental;      /* saves reference unchanged chunks (ckpt_opts.incremental) */
+	size_t   device_pool_bytes; /* the device staging pool (0: none) */
 	/* This rank's node: ranks node_first .. node_first+node_size-1 (1: unknown). */
 	int      node_id, node_first, node_size;
 	bool     tree;                /* the hierarchical commit: relay through the node leader */
@@ -56,6 +57,10 @@ int  config_resolve(const struct ckpt_opts *o, struct glue_config *cfg);
  * config_resolve, so that its own lines reach the callback. -EINVAL: a bad level. */
 int  config_log(const struct ckpt_opts *o, struct ckpt_log_sink *sink);
 void config_free(struct glue_config *cfg);
+
+/* Free what the save worker kept of the device staging pool (ckpt_close). NULL: no-op. */
+struct save_stage_rec;
+void save_stage_rec_free(struct save_stage_rec *r);
 
 /* One item added to a save: a tensor box or a blob. Owned by its save. */
 struct save_item {
@@ -101,6 +106,7 @@ struct ckpt_save {
 	char              msg[1024];      /* ckpt_last_error of the outcome */
 	uint64_t          t_submit, t_snapshot, t_durable, t_commit;
 	uint64_t          stored_bytes;
+	uint64_t          ref_bytes, staged_bytes, unchanged_bytes;   /* ckpt_save_stats */
 };
 
 struct ckpt_ctx {
@@ -127,6 +133,8 @@ struct ckpt_ctx {
 	struct ckpt_save  *live;          /* the saves begun and not yet freed */
 	bool               stopping;
 	struct io_engine  *save_engine;   /* owned by the worker thread */
+	/* what the device staging pool holds, chunk by chunk (lib/save.c; the worker's) */
+	struct save_stage_rec *stage_rec;
 
 	/* the coordinator role (rank 0, not read-only): the root's lock (lib/lock.c) and
 	 * this context's incarnation, a random id that the steps it begins carry */

@@ -485,6 +485,9 @@ int ckpt_save_stats(const ckpt_save *s, struct ckpt_save_stats *st)
 	pthread_mutex_lock(&c->lock);
 	v.logical_bytes = s->logical_bytes;
 	v.stored_bytes = s->stored_bytes;
+	v.referenced_bytes = s->ref_bytes;
+	v.device_staged_bytes = s->staged_bytes;
+	v.device_unchanged_bytes = s->unchanged_bytes;
 	if (s->t_snapshot) v.snapshot_seconds = (double)(s->t_snapshot - s->t_submit) / 1e9;
 	if (s->t_durable)  v.durable_seconds = (double)(s->t_durable - s->t_submit) / 1e9;
 	if (s->t_commit)   v.commit_seconds = (double)(s->t_commit - s->t_submit) / 1e9;
@@ -593,7 +596,46 @@ struct save_cursor {
 		uint64_t  changed_off;
 		uint64_t  nrefs, ref_bytes, inplace_chunks;
 	} prev;
+	/* The device staging pool (save_stage): the chunks from item stage_item at
+	 * stage_off on are staged, stage_n of them (stage_item SIZE_MAX: none); the
+	 * issue and drain passes are at staged chunk stage_issue, stage_drain. */
+	size_t   stage_item;
+	uint64_t stage_off;
+	size_t   stage_n, stage_issue, stage_drain;
+	struct save_staged {
+		const uint8_t *addr;              /* its place in the staging pool */
+		bool     diffed;                  /* compare-and-copied on the device */
+		uint8_t  was[CKPT_HASH_BYTES];    /* diffed: the hash of what the pool held */
+	} *staged;
+	bool     stage_diffs;                 /* any chunk diffed */
+	bool     released;                    /* the snapshot event is out */
+	uint64_t staged_bytes, unchanged_bytes;
 };
+
+/* What the device staging pool holds, chunk by chunk, after the last save that
+ * staged (the save worker's; freed by ckpt_close): a chunk's item name, place and
+ * length, its offset in the pool, and — once its copy to the host was hashed —
+ * the hash of the bytes there. The next save compares on the device only against
+ * a chunk it finds here at the same place with its hash known. */
+struct save_stage_rec {
+	struct stage_chunk {
+		char    *name;
+		uint64_t off, len, at;
+		uint8_t  hash[CKPT_HASH_BYTES];
+		bool     known;
+	} *c;
+	size_t n, cap;
+};
+
+void save_stage_rec_free(struct save_stage_rec *r)
+{
+	if (!r)
+		return;
+	for (size_t i = 0; i < r->n; i++)
+		ckpt_free(r->c[i].name);
+	ckpt_free(r->c);
+	ckpt_free(r);
+}
 
 /* Every copy has landed: the snapshot point. Runs on a CUDA thread when there were
  * device copies (it must not call CUDA), else on the worker inside seal. */
@@ -657,22 +699,74 @@ static int save_gds_write(void *arg, int fd, const char *path, uint64_t off, siz
 #define SAVE_ISSUE_ASYNC SIZE_MAX
 static int save_prev_inplace(ckpt_ctx *c, struct save_cursor *cur, const ckpt_save *s,
                              const struct save_item *it, size_t n);
+static int save_issue_staged(ckpt_ctx *c, struct save_cursor *cur, const ckpt_save *s,
+                             size_t n);
+static int save_prev_stored(ckpt_ctx *c, struct save_cursor *cur, const ckpt_save *s,
+                            size_t n, const uint8_t *data, const uint8_t *hash);
+static void save_stage_drained(ckpt_ctx *c, struct save_cursor *cur, uint64_t tag,
+                               uint64_t off, const struct io_hashes *h);
+
+static bool save_in_stage(const struct save_cursor *cur)
+{
+	return cur->stage_item != SIZE_MAX &&
+	       (cur->item > cur->stage_item ||
+	        (cur->item == cur->stage_item && cur->off >= cur->stage_off));
+}
+
+/* Every read of the caller's memory is queued: the rest reads the staging pool.
+ * The snapshot event is recorded now, and handed out. */
+static int save_release_caller(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur)
+{
+	void *ev = NULL;
+	int rc = snapshot_pipe_release(cur->pipe, &ev, save_snapshot_landed, s);
+	if (rc)
+		return rc;
+	cur->released = true;
+	save_publish_event(c, s, ev);
+	return 0;
+}
+
 static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t limit)
 {
 	size_t chunk = c->cfg.chunk_bytes, issued = 0;
+	int rc;
 	while (cur->item < s->nitems) {
-		if (issued == limit)
-			return 1;
 		const struct save_item *it = &s->items[cur->item];
 		if (cur->off >= it->raw_bytes) {
 			cur->item++;
 			cur->off = 0;
 			continue;
 		}
+		bool staged = save_in_stage(cur);
+		if (staged && !cur->released) {
+			if ((rc = save_release_caller(c, s, cur)))
+				return rc;
+			/* The caller is waiting for the event, to queue its own work behind it:
+			 * the first pass ends here, and the CUDA calls of the copies out of the
+			 * staging pool come after the shard file is set up, not in its way. */
+			if (limit == SAVE_ISSUE_ASYNC)
+				return 1;
+		}
+		if (issued == limit)
+			return 1;
+		/* The first pass stops where chunks compared on the device begin: whether
+		 * they need a copy at all is known once the previous step is open. */
+		if (staged && cur->stage_diffs && limit == SAVE_ISSUE_ASYNC && !cur->prev.ix)
+			return 1;
 		size_t n = (size_t)(it->raw_bytes - cur->off < chunk ? it->raw_bytes - cur->off : chunk);
+		if (staged) {
+			rc = save_issue_staged(c, cur, s, n);
+			if (rc == -EAGAIN)
+				return rc;
+			if (rc < 0)
+				return ckpt_err_prefix(rc, "tensor '%s'", it->name);
+			cur->off += n;
+			issued++;
+			continue;
+		}
 		/* An incremental save looks at a host chunk where it lies first: unchanged
 		 * since the previous step, it needs no copy. */
-		int rc = save_prev_inplace(c, cur, s, it, n);
+		rc = save_prev_inplace(c, cur, s, it, n);
 		if (rc == 1) {
 			cur->off += n;
 			issued++;
@@ -698,15 +792,15 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 		return 0;
 	cur->sealed = true;
 	void *ev = NULL;
-	int rc = snapshot_pipe_seal(cur->pipe, &ev, cur->gds ? save_gds_landed : save_snapshot_landed,
-	                            s);
+	rc = snapshot_pipe_seal(cur->pipe, &ev, cur->gds ? save_gds_landed : save_snapshot_landed, s);
 	if (rc)
 		return rc;
 	/* ckpt_save_snapshot_event may hand the event out from now on; a GPUDirect
-	 * Storage save hands it out once its writes are done (save_run). */
+	 * Storage save hands it out once its writes are done (save_run); a save that
+	 * released its caller's memory into the staging pool did already. */
 	if (cur->gds)
 		cur->gds_event = ev;
-	else
+	else if (!cur->released)
 		save_publish_event(c, s, ev);
 	return 0;
 }
@@ -1013,6 +1107,44 @@ static bool save_prev_blocks(ckpt_ctx *c, struct save_prev *p, uint32_t k,
 }
 
 /*
+ * The chunk at cur's place, n bytes, whose bytes are known without a copy: data
+ * (hashed here, where it lies) or, data NULL, bytes whose hash is known. When that
+ * hash equals the previous step's chunk at the same place, the chunk is issued as
+ * stored (snapshot_pipe_issue_stored): it becomes a reference when taken out. 1 when
+ * issued so, 0 when it must be copied, -EAGAIN (pipe full: checked before hashing),
+ * or the pipe's error.
+ */
+static int save_prev_stored(ckpt_ctx *c, struct save_cursor *cur, const ckpt_save *s,
+                            size_t n, const uint8_t *data, const uint8_t *hash)
+{
+	struct save_prev *p = &cur->prev;
+	int64_t k = save_prev_find(p, &p->issue, s, cur->item, cur->off, n);
+	const uint8_t *blocks;
+	if (k < 0 || !save_prev_blocks(c, p, (uint32_t)k, &blocks))
+		return 0;
+	if (!snapshot_pipe_room(cur->pipe))
+		return -EAGAIN;
+	struct io_hashes h = { .block_bytes = IO_BLOCK_BYTES, .blocks = blocks };
+	if (data)
+		io_hash128(data, n, h.chunk);
+	else
+		memcpy(h.chunk, hash, CKPT_HASH_BYTES);
+	if (memcmp(h.chunk, p->ix->chunks[k].hash, CKPT_HASH_BYTES)) {
+		p->changed_item = cur->item;
+		p->changed_off = cur->off;
+		return 0;
+	}
+	/* The block hashes are the previous step's for these bytes (the same bytes: the
+	 * chunk's hash says so), as save_prev_match takes a copy's. */
+	int rc = snapshot_pipe_issue_stored(cur->pipe, n, &h, cur->item);
+	if (rc)
+		return rc;
+	if (data)
+		p->inplace_chunks++;
+	return 1;
+}
+
+/*
  * Before the chunk of host memory at cur's place, n bytes of item it, is copied:
  * hash it where it lies, in the caller's memory (read only, at memory speed: no pool
  * buffer, no copy), and when the hash equals the previous step's chunk at the same
@@ -1031,25 +1163,37 @@ static int save_prev_inplace(ckpt_ctx *c, struct save_cursor *cur, const ckpt_sa
 		return 0;
 	if (p->changed_item == cur->item && p->changed_off == cur->off)
 		return 0;                 /* hashed already, and changed: copy it */
-	int64_t k = save_prev_find(p, &p->issue, s, cur->item, cur->off, n);
-	const uint8_t *blocks;
-	if (k < 0 || !save_prev_blocks(c, p, (uint32_t)k, &blocks))
-		return 0;
-	if (!snapshot_pipe_room(cur->pipe))
-		return -EAGAIN;
-	struct io_hashes h = { .block_bytes = IO_BLOCK_BYTES, .blocks = blocks };
-	io_hash128((const uint8_t *)it->data + cur->off, n, h.chunk);
-	if (memcmp(h.chunk, p->ix->chunks[k].hash, CKPT_HASH_BYTES)) {
-		p->changed_item = cur->item;
-		p->changed_off = cur->off;
-		return 0;
+	return save_prev_stored(c, cur, s, n, (const uint8_t *)it->data + cur->off, NULL);
+}
+
+/*
+ * A staged chunk at cur's place, n bytes: issued as stored when the compare-and-copy
+ * found the staging pool's bytes unchanged and those bytes are the previous step's
+ * chunk there (the hash they had when they were copied out equals that chunk's);
+ * otherwise copied to the host from the staging pool like any device chunk, and
+ * compared after the copy as before. 1 when issued (either way), -EAGAIN, errors.
+ */
+static int save_issue_staged(ckpt_ctx *c, struct save_cursor *cur, const ckpt_save *s,
+                             size_t n)
+{
+	if (cur->stage_issue >= cur->stage_n)
+		return ckpt_err(-EINVAL, "staged chunk %zu of %zu", cur->stage_issue, cur->stage_n);
+	const struct save_staged *sc = &cur->staged[cur->stage_issue];
+	int rc = 0;
+	bool changed = true;
+	if (sc->diffed && cur->prev.ix &&
+	    !(rc = snapshot_pipe_stage_changed(cur->pipe, (uint32_t)cur->stage_issue, &changed)) &&
+	    !changed && (rc = save_prev_stored(c, cur, s, n, NULL, sc->was)) == 1) {
+		cur->unchanged_bytes += n;
+		cur->stage_issue++;
+		return 1;
 	}
-	/* The block hashes are the previous step's for these bytes (the same bytes: the
-	 * chunk's hash says so), as save_prev_match takes a copy's. */
-	int rc = snapshot_pipe_issue_stored(cur->pipe, n, &h, cur->item);
+	if (rc < 0)
+		return rc;
+	rc = snapshot_pipe_issue(cur->pipe, sc->addr, n, CKPT_MEM_DEVICE, cur->item);
 	if (rc)
 		return rc;
-	p->inplace_chunks++;
+	cur->stage_issue++;
 	return 1;
 }
 
@@ -1076,6 +1220,7 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 	const struct save_item *it = &s->items[tag];
 	uint64_t off = cur->out_off;
 	cur->out_off += n;
+	save_stage_drained(c, cur, tag, off, &h);
 	struct io_chunk_ref ref;
 	if (w->w && save_prev_match(cur, s, tag, off, n, &h, &ref)) {
 		rc = io_shard_writer_append_ref(w->w, (uint32_t)tag, n, &ref);
@@ -1160,6 +1305,165 @@ static uint64_t save_size_hint(const ckpt_ctx *c, const ckpt_save *s)
 	return total + CKPT_ALIGN;      /* the block table's header and padding */
 }
 
+/* ------------------------------------------------------------------ the device staging pool
+ *
+ * With ckpt_opts.device_pool_bytes a save copies the last part of its state that
+ * fits into the device staging pool, device to device, before anything else; once
+ * the chunks before that part are issued (the pinned path, as without a pool) the
+ * caller's memory is released: the snapshot event is recorded and the landed
+ * callback queued behind those copies, and every staged chunk is then copied to the
+ * host, hashed and written from the pool, in the background. The last part, not the
+ * first: the first chunks are issued at once in any case, into the host pool's
+ * window, so staging the rest is what brings the release forward.
+ */
+
+/* Plan the staged chunks and queue their copies. Host items among them are copied
+ * host to device first, before the fence (the worker copies host memory without
+ * waiting for it, on the pinned path too); the device items after it. An
+ * incremental save compare-and-copies a chunk that the pool still holds, by the
+ * record of the last save, at the same place (same item name, offset, length,
+ * offset in the pool) with its hash known. */
+static int save_stage(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur)
+{
+	cur->stage_item = SIZE_MAX;
+	if (!c->cfg.device_pool_bytes || cur->gds || !s->fence)
+		return 0;
+	bool diff = s->incremental && !glue_remote(c);
+	uint64_t room = snapshot_stage_reserve(c->snap, c->cfg.device_pool_bytes, diff);
+	diff = diff && snapshot_stage_can_diff(c->snap);
+	const uint64_t chunk = c->cfg.chunk_bytes, A = SNAPSHOT_STAGE_ALIGN;
+	uint64_t used = 0;
+	size_t nchunks = 0;
+	for (size_t i = s->nitems; room && i-- > 0;) {
+		const struct save_item *it = &s->items[i];
+		if (it->source)
+			break;                /* read by this thread when issued: not staged */
+		if (!it->raw_bytes)
+			continue;
+		uint64_t fit = (room - used) / A * A;
+		uint64_t nch = (it->raw_bytes + chunk - 1) / chunk;
+		uint64_t k = it->raw_bytes <= fit ? 0 : (it->raw_bytes - fit + chunk - 1) / chunk;
+		if (k >= nch)
+			break;
+		used += ckpt_align_up(it->raw_bytes - k * chunk, A);
+		nchunks += (size_t)(nch - k);
+		cur->stage_item = i;
+		cur->stage_off = k * chunk;
+		if (k)
+			break;
+	}
+	if (cur->stage_item == SIZE_MAX)
+		return 0;
+	struct save_stage_rec *r = c->stage_rec;
+	if (!r && !(r = c->stage_rec = ckpt_calloc(1, sizeof *r)))
+		return ckpt_err(-ENOMEM, "device staging record");
+	if (nchunks > r->cap) {
+		struct stage_chunk *e = ckpt_realloc(r->c, nchunks * sizeof *e);
+		if (!e)
+			return ckpt_err(-ENOMEM, "device staging record of %zu chunks", nchunks);
+		memset(e + r->cap, 0, (nchunks - r->cap) * sizeof *e);
+		r->c = e;
+		r->cap = nchunks;
+	}
+	if (!(cur->staged = ckpt_calloc(nchunks, sizeof *cur->staged)))
+		return ckpt_err(-ENOMEM, "%zu staged chunks", nchunks);
+	/* The record, chunk by chunk, in the pool's order: what was there decides the
+	 * comparison; what will be there replaces it, its hash unknown until copied out. */
+	uint64_t at = 0;
+	size_t j = 0;
+	for (size_t i = cur->stage_item; i < s->nitems; i++) {
+		const struct save_item *it = &s->items[i];
+		uint64_t off0 = i == cur->stage_item ? cur->stage_off : 0;
+		for (uint64_t off = off0; off < it->raw_bytes; off += chunk, j++) {
+			uint64_t len = it->raw_bytes - off < chunk ? it->raw_bytes - off : chunk;
+			uint64_t where = at + (off - off0);
+			struct stage_chunk *e = &r->c[j];
+			bool same = j < r->n && e->known && e->off == off && e->len == len &&
+			            e->at == where && !strcmp(e->name, it->name);
+			struct save_staged *sc = &cur->staged[j];
+			sc->diffed = diff && same && it->mem == CKPT_MEM_DEVICE &&
+			             (uintptr_t)it->data % 16 == 0 && j < SNAPSHOT_STAGE_FLAGS;
+			if (sc->diffed)
+				memcpy(sc->was, e->hash, CKPT_HASH_BYTES);
+			cur->stage_diffs |= sc->diffed;
+			if (j >= r->n || strcmp(e->name, it->name)) {
+				char *name = ckpt_strdup(it->name);
+				if (!name)   /* nothing copied yet: the rest stays as it was */
+					return ckpt_err(-ENOMEM, "device staging record");
+				if (j < r->n)
+					ckpt_free(e->name);
+				e->name = name;
+			}
+			e->off = off;
+			e->len = len;
+			e->at = where;
+			e->known = false;
+			if (j >= r->n)
+				r->n = j + 1;
+		}
+		at += ckpt_align_up(it->raw_bytes > off0 ? it->raw_bytes - off0 : 0, A);
+	}
+	for (size_t k = nchunks; k < r->n; k++) {
+		ckpt_free(r->c[k].name);
+		r->c[k].name = NULL;
+	}
+	r->n = nchunks;
+	cur->stage_n = nchunks;
+	/* The copies: host items, then (after the fence) device items, each item's run
+	 * of chunks diffed or not in one call. */
+	for (int pass = 0; pass < 2; pass++) {
+		j = 0;
+		for (size_t i = cur->stage_item; i < s->nitems; i++) {
+			const struct save_item *it = &s->items[i];
+			uint64_t off0 = i == cur->stage_item ? cur->stage_off : 0;
+			uint64_t off = off0;
+			bool host = it->mem != CKPT_MEM_DEVICE;
+			while (off < it->raw_bytes) {
+				size_t j0 = j;
+				bool d = cur->staged[j].diffed;
+				uint64_t end = off;
+				while (end < it->raw_bytes && cur->staged[j].diffed == d) {
+					end += it->raw_bytes - end < chunk ? it->raw_bytes - end : chunk;
+					j++;
+				}
+				if (host == (pass == 0)) {
+					const void *addr;
+					int rc = snapshot_pipe_stage(cur->pipe, (const uint8_t *)it->data + off,
+					                             (size_t)(end - off), it->mem,
+					                             r->c[j0].at, d ? chunk : 0, (uint32_t)j0,
+					                             &addr);
+					if (rc)
+						return ckpt_err_prefix(rc, "tensor '%s'", it->name);
+					for (size_t k = j0; k < j; k++)
+						cur->staged[k].addr = (const uint8_t *)addr +
+						                      (r->c[k].off - off);
+					cur->staged_bytes += end - off;
+				}
+				off = end;
+			}
+		}
+	}
+	ckpt_log(CKPT_LOG_DEBUG, "step %llu: %zu chunk(s), %llu bytes, staged on the device "
+	         "from tensor '%s' at %llu%s", (unsigned long long)s->step, nchunks,
+	         (unsigned long long)cur->staged_bytes, s->items[cur->stage_item].name,
+	         (unsigned long long)cur->stage_off,
+	         cur->stage_diffs ? "; some compared with what the pool held" : "");
+	return 0;
+}
+
+/* A chunk taken out of the pipe at item tag's offset off: if staged, its hash is
+ * now the record's (the bytes the pool holds there). */
+static void save_stage_drained(ckpt_ctx *c, struct save_cursor *cur, uint64_t tag,
+                               uint64_t off, const struct io_hashes *h)
+{
+	if (cur->stage_item == SIZE_MAX || tag < cur->stage_item ||
+	    (tag == cur->stage_item && off < cur->stage_off) || cur->stage_drain >= cur->stage_n)
+		return;
+	struct stage_chunk *e = &c->stage_rec->c[cur->stage_drain++];
+	memcpy(e->hash, h->chunk, CKPT_HASH_BYTES);
+	e->known = true;
+}
+
 void save_run(ckpt_ctx *c, ckpt_save *s)
 {
 	char dir[4200] = "", path[4300] = "";
@@ -1176,11 +1480,14 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	         (unsigned long long)s->step, (double)(t_run - s->t_submit) / 1e6);
 	cur.ctx = c;
 	cur.out_item = SIZE_MAX;
+	cur.stage_item = SIZE_MAX;
 	cur.gds = save_uses_gds(c, s);
 	unsigned window = snapshot_pipe_window(io_pool_nbufs(c->pool), c->cfg.queue_depth);
 	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, IO_BLOCK_BYTES, &cur.pipe)))
 		goto out;
 	snapshot_pipe_after(cur.pipe, s->fence);
+	if ((rc = save_stage(c, s, &cur)))
+		goto out;
 	/* Device copies first, as many as the window takes, before any file is touched:
 	 * the caller waits for the snapshot point (or the snapshot event) and for nothing
 	 * else, and the copies run on the stream while the shard file is set up. Host
@@ -1189,7 +1496,8 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	rc = save_issue(c, s, &cur, SAVE_ISSUE_ASYNC);
 	ckpt_log(CKPT_LOG_DEBUG, "step %llu: first issue pass %.3f ms: %s",
 	         (unsigned long long)s->step, (double)(ckpt_now_ns() - t_run) / 1e6,
-	         rc == -EAGAIN ? "window full" : rc == 1 ? "host memory next" :
+	         rc == -EAGAIN ? "window full" : rc == 1 && cur.released ? "caller released" :
+	         rc == 1 ? "host memory next" :
 	         rc ? "failed" : "all issued and sealed");
 	if (rc && rc != -EAGAIN && rc != 1)
 		goto out;
@@ -1272,6 +1580,9 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	pthread_mutex_lock(&c->lock);
 	s->t_durable = ckpt_now_ns();
 	s->stored_bytes = res.stored_bytes;
+	s->ref_bytes = cur.prev.ref_bytes;
+	s->staged_bytes = cur.staged_bytes;
+	s->unchanged_bytes = cur.unchanged_bytes;
 	pthread_mutex_unlock(&c->lock);
 
 	/* The vote; with one rank this process is its own coordinator and decides now. */
@@ -1303,6 +1614,7 @@ out:
 	if (cur.gds_event)
 		save_publish_event(c, s, cur.gds_event);   /* the save owns it: freed with s */
 	save_prev_close(&cur.prev);
+	ckpt_free(cur.staged);
 	if (sink.w)
 		io_shard_writer_abort(sink.w);
 	remote_writer_abort(sink.rw);

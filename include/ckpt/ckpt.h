@@ -285,6 +285,16 @@ struct ckpt_opts {
 	 * then off. Saves through ckptd are never incremental. One save may turn it off
 	 * or on (ckpt_save_set_incremental). */
 	int         incremental;
+	/* The device staging pool (docs/gpu.md, "Device staging pool"): bytes of spare
+	 * memory on the device of the save's tensors, taken once (cudaMalloc) at the first
+	 * save with device tensors and held until ckpt_close. A save copies the caller's
+	 * tensors into it on the device, so its snapshot point (and event) comes after
+	 * device-to-device copies; the device-to-host copies, hashing and writes then run
+	 * from it in the background. The last part of the state that fits goes there;
+	 * the rest takes the pinned path as without it. 0: CKPT_DEVICE_POOL_BYTES, then
+	 * none (off). Ignored without a device, for GPUDirect Storage saves, and for saves
+	 * of host memory only. */
+	size_t      device_pool_bytes;
 	/* append only */
 };
 
@@ -502,6 +512,12 @@ struct ckpt_save_stats {
 	double   snapshot_seconds; /* submit -> snapshot point */
 	double   durable_seconds;  /* submit -> shard durable on this rank */
 	double   commit_seconds;   /* submit -> committed */
+	/* Where the bytes went (0 until the shard is durable): */
+	uint64_t referenced_bytes; /* not written: references to the previous committed
+	                            * step's chunks (incremental saves) */
+	uint64_t device_staged_bytes;    /* copied into the device staging pool */
+	uint64_t device_unchanged_bytes; /* found unchanged in the device staging pool:
+	                                  * neither copied to the host nor written */
 };
 /* Fill *st (st->size set by the caller; the fields of what has not happened yet are
  * 0). Errors: -EINVAL (st->size smaller than its size field). */

@@ -123,6 +123,7 @@ void snapshot_destroy(struct snapshot *sn)
 		cudart.StreamSynchronize(sn->load_stream);
 		cudart.StreamDestroy(sn->load_stream);
 	}
+	snap_stage_destroy(sn);     /* the save stream is idle: nothing reads the pool */
 	for (unsigned i = 0; i < sn->nevents; i++)
 		cudart.EventDestroy(sn->events[i]);
 	(void)cudart.GetLastError();

@@ -55,6 +55,9 @@ static void load(void)
 		missing = CUDART_NAME(f);
 	CKPT_CUDART_FUNCTIONS(CUDART_BIND)
 #undef CUDART_BIND
+#define CUDART_BIND_OPTIONAL(f) t.f = (__typeof__(t.f))dlsym(lib, CUDART_NAME(f));
+	CKPT_CUDART_OPTIONAL(CUDART_BIND_OPTIONAL)
+#undef CUDART_BIND_OPTIONAL
 	if (missing) {
 		snprintf(load_why, sizeof load_why, "%s has no %s", tried, missing);
 		dlclose(lib);

@@ -23,13 +23,21 @@
 	X(StreamWaitEvent) X(EventCreateWithFlags) X(EventRecord) X(EventSynchronize)    \
 	X(EventDestroy) X(MemcpyAsync) X(LaunchHostFunc) X(Malloc) X(Free)
 
+/* X(name): functions of newer runtimes (CUDA 12 and later), used where present: a
+ * runtime without them still loads, and only what needs them is off (the device
+ * staging pool's compare-and-copy). */
+#define CKPT_CUDART_OPTIONAL(X) \
+	X(LibraryLoadData) X(LibraryUnload) X(LibraryGetKernel) X(LaunchKernel) X(MemsetAsync)
+
 struct cudart_api {
 #define CKPT_CUDART_MEMBER(f) __typeof__(&cuda##f) f;
 	CKPT_CUDART_FUNCTIONS(CKPT_CUDART_MEMBER)
+	CKPT_CUDART_OPTIONAL(CKPT_CUDART_MEMBER)
 #undef CKPT_CUDART_MEMBER
 };
 
-/* Filled once by cudart_load; read-only after. */
+/* Filled once by cudart_load; read-only after. An optional function the runtime
+ * lacks is NULL. */
 extern struct cudart_api cudart;
 
 /* Load the runtime once per process: CKPT_CUDART (a file name or path) if set, else

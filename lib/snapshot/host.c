@@ -124,6 +124,54 @@ void snap_dev_quiesce(struct snapshot *sn)
 {
 	CKPT_UNUSED(sn);
 }
+
+/* No device: no staging pool, and the pipe never reaches the rest. */
+size_t snapshot_stage_reserve(struct snapshot *sn, size_t bytes, bool diff)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(bytes);
+	CKPT_UNUSED(diff);
+	return 0;
+}
+
+bool snapshot_stage_can_diff(const struct snapshot *sn)
+{
+	CKPT_UNUSED(sn);
+	return false;
+}
+
+size_t snapshot_stage_room(const struct snapshot *sn)
+{
+	CKPT_UNUSED(sn);
+	return 0;
+}
+
+int snap_dev_stage(struct snapshot *sn, uint64_t off, const void *src, size_t n,
+                   size_t chunk_bytes, uint32_t flag, const void **staged)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(off);
+	CKPT_UNUSED(src);
+	CKPT_UNUSED(n);
+	CKPT_UNUSED(chunk_bytes);
+	CKPT_UNUSED(flag);
+	*staged = NULL;
+	return ckpt_err(CKPT_ENODEV, NO_CUDA);
+}
+
+int snap_dev_stage_clear(struct snapshot *sn)
+{
+	CKPT_UNUSED(sn);
+	return ckpt_err(CKPT_ENODEV, NO_CUDA);
+}
+
+int snap_dev_stage_flags(struct snapshot *sn, uint32_t *flags, uint32_t n)
+{
+	CKPT_UNUSED(sn);
+	CKPT_UNUSED(flags);
+	CKPT_UNUSED(n);
+	return ckpt_err(CKPT_ENODEV, NO_CUDA);
+}
 /* GPUDirect Storage needs a device: never enabled here, so the glue never calls the
  * rest (they answer -ENOTSUP should it do so). */
 int snapshot_gds_enable(struct snapshot *sn)

@@ -55,6 +55,14 @@ struct snapshot_pipe {
 	void             *fence;                 /* the first device copy waits for it */
 	uint64_t          device_chunks;
 	bool              sealed;
+	/* The device staging pool: copies queued into it, the release (the snapshot
+	 * event, once every read of the caller's memory is queued), the compare-and-copy
+	 * flags: cleared on the device before the first comparison, read back once. */
+	uint64_t          staged;
+	bool              released;
+	bool              flags_cleared;
+	uint32_t          nflags;                /* flags [0, nflags) in use */
+	uint32_t         *flags;                 /* read back; NULL until then */
 };
 
 unsigned snapshot_pipe_window(unsigned nbufs, unsigned queue_depth)
@@ -127,23 +135,31 @@ static int pipe_take(struct snapshot_pipe *p, size_t n)
 	return b;
 }
 
+/* Before the save's first device copy (into the pool or the staging pool). */
+static int pipe_prepare(struct snapshot_pipe *p)
+{
+	if (p->prepared)
+		return 0;
+	/* Events for every slot at once: creating them is the slow part of the first
+	 * device save, and doing it here keeps it out of the copy loop. */
+	int rc = snap_dev_prepare(p->sn, p->window);
+	/* Once, before the first copy: every later copy of the save is behind it on the
+	 * same stream. */
+	if (!rc && p->fence)
+		rc = snap_dev_after(p->sn, p->fence);
+	if (!rc)
+		p->prepared = true;
+	return rc;
+}
+
 int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int mem,
                         uint64_t tag)
 {
 	if (mem != CKPT_MEM_HOST && mem != CKPT_MEM_DEVICE)
 		return ckpt_err(-EINVAL, "snapshot pipe: memory kind %d not resolved", mem);
-	if (mem == CKPT_MEM_DEVICE && !p->prepared) {
-		/* Events for every slot at once: creating them is the slow part of the
-		 * first device save, and doing it here keeps it out of the copy loop. */
-		int rc = snap_dev_prepare(p->sn, p->window);
-		/* Once, before the first copy: every later copy of the save is behind it on
-		 * the same stream. */
-		if (!rc && p->fence)
-			rc = snap_dev_after(p->sn, p->fence);
-		if (rc)
-			return rc;
-		p->prepared = true;
-	}
+	int rc;
+	if (mem == CKPT_MEM_DEVICE && (rc = pipe_prepare(p)))
+		return rc;
 	int b = pipe_take(p, n);
 	if (b < 0)
 		return b;
@@ -159,7 +175,7 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 		 * out in order, so the one window copies back is done with its event. */
 		s->ev = p->ev_next;
 		p->ev_next = (p->ev_next + 1) % p->window;
-		int rc = snap_dev_copy(p->sn, dst, src, n, s->ev);
+		rc = snap_dev_copy(p->sn, dst, src, n, s->ev);
 		if (rc) {
 			/* The copy may have been queued before the event failed: wait for the
 			 * stream before the buffer can go to another owner. */
@@ -266,6 +282,78 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 	return 0;
 }
 
+int snapshot_pipe_stage(struct snapshot_pipe *p, const void *src, size_t n, int mem,
+                        uint64_t off, size_t chunk_bytes, uint32_t flag, const void **staged)
+{
+	*staged = NULL;
+	size_t room = snapshot_stage_room(p->sn);
+	uint64_t nflags = chunk_bytes ? (n + chunk_bytes - 1) / chunk_bytes : 0;
+	if (p->released || p->sealed || n == 0 || off % SNAPSHOT_STAGE_ALIGN || off > room ||
+	    n > room - off || (mem != CKPT_MEM_HOST && mem != CKPT_MEM_DEVICE))
+		return ckpt_err(-EINVAL, "staging pool: %zu bytes at offset %llu (it holds %zu)%s", n,
+		                (unsigned long long)off, room,
+		                p->released || p->sealed ? ", after the release" : "");
+	if (chunk_bytes && (mem != CKPT_MEM_DEVICE || (uintptr_t)src % 16 || chunk_bytes % 4096 ||
+	                    !snapshot_stage_can_diff(p->sn) || flag > SNAPSHOT_STAGE_FLAGS ||
+	                    nflags > SNAPSHOT_STAGE_FLAGS - flag))
+		return ckpt_err(-EINVAL, "staging pool: no comparison possible for %zu bytes at %p "
+		                "(flags %u..%llu of %u)", n, src, flag,
+		                (unsigned long long)(flag + nflags), SNAPSHOT_STAGE_FLAGS);
+	int rc = pipe_prepare(p);
+	if (!rc && chunk_bytes && !p->flags_cleared && !(rc = snap_dev_stage_clear(p->sn)))
+		p->flags_cleared = true;
+	if (!rc)
+		rc = snap_dev_stage(p->sn, off, src, n, chunk_bytes, flag, staged);
+	if (rc) {
+		/* Copies queued before may still read the caller's memory. */
+		snap_dev_quiesce(p->sn);
+		return rc;
+	}
+	p->staged += n;
+	if (chunk_bytes && flag + nflags > p->nflags)
+		p->nflags = (uint32_t)(flag + nflags);
+	return 0;
+}
+
+int snapshot_pipe_release(struct snapshot_pipe *p, void **event, void (*landed)(void *),
+                          void *arg)
+{
+	*event = NULL;
+	if (p->released || p->sealed)
+		return ckpt_err(-EINVAL, "snapshot pipe: released twice, or after the seal");
+	p->released = true;
+	if (!snapshot_has_device(p->sn)) {
+		landed(arg);
+		return 0;
+	}
+	int rc = snap_dev_seal(p->sn, event, p->device_chunks || p->staged ? landed : NULL, arg);
+	if (rc == 0 && !p->device_chunks && !p->staged)
+		landed(arg);
+	return rc;
+}
+
+bool snapshot_pipe_released(const struct snapshot_pipe *p) { return p->released; }
+
+int snapshot_pipe_stage_changed(struct snapshot_pipe *p, uint32_t flag, bool *changed)
+{
+	*changed = true;
+	if (flag >= p->nflags)
+		return ckpt_err(-EINVAL, "staging pool: flag %u of %u compared", flag, p->nflags);
+	if (!p->flags) {
+		uint32_t *f = ckpt_malloc((size_t)p->nflags * sizeof *f);
+		if (!f)
+			return ckpt_err(-ENOMEM, "%u staging flags", p->nflags);
+		int rc = snap_dev_stage_flags(p->sn, f, p->nflags);
+		if (rc) {
+			ckpt_free(f);
+			return rc;
+		}
+		p->flags = f;
+	}
+	*changed = p->flags[flag] != 0;
+	return 0;
+}
+
 int snapshot_pipe_seal(struct snapshot_pipe *p, void **event, void (*landed)(void *),
                        void *arg)
 {
@@ -273,6 +361,8 @@ int snapshot_pipe_seal(struct snapshot_pipe *p, void **event, void (*landed)(voi
 	if (p->sealed)
 		return ckpt_err(-EINVAL, "snapshot pipe: sealed twice");
 	p->sealed = true;
+	if (p->released)
+		return 0;                 /* the event and landed came with the release */
 	if (!snapshot_has_device(p->sn)) {
 		landed(arg);
 		return 0;
@@ -291,7 +381,7 @@ void snapshot_pipe_close(struct snapshot_pipe *p)
 		return;
 	/* Copies may still be landing in buffers we are about to give back, and the
 	 * landed callback may still hold its argument: wait for both. */
-	if (p->device_chunks || p->sealed)
+	if (p->device_chunks || p->sealed || p->staged || p->released)
 		snap_dev_quiesce(p->sn);
 	while (p->count) {
 		if (p->slots[p->head].buf != SNAPSHOT_NO_BUF)
@@ -301,5 +391,6 @@ void snapshot_pipe_close(struct snapshot_pipe *p)
 	}
 	ckpt_free(p->slots);
 	ckpt_free(p->block_store);
+	ckpt_free(p->flags);
 	ckpt_free(p);
 }

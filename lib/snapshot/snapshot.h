@@ -166,6 +166,62 @@ int  snapshot_pipe_seal(struct snapshot_pipe *p, void **event, void (*landed)(vo
  * held back into the pool, free. NULL: no-op. */
 void snapshot_pipe_close(struct snapshot_pipe *p);
 
+/* ------------------------------------------------------------------ device staging pool */
+
+/*
+ * The device staging pool (stage.c; docs/gpu.md, "Device staging pool"): one
+ * allocation of device memory on the bound device, made by the first reserve and
+ * held until destroy; the last SNAPSHOT_STAGE_FLAG_BYTES of it hold the flags of the
+ * compare-and-copy. A save copies chunks of the caller's tensors into it on the
+ * device (snapshot_pipe_stage), releases the caller's memory once every read of it
+ * is queued (snapshot_pipe_release: the snapshot event), and then copies the staged
+ * chunks to the host through the pipe like any device chunk, from the pool.
+ *
+ * The pool's bytes stay there after a save: the next save may compare against them
+ * (compare-and-copy) and learn which chunks did not change without copying them.
+ */
+#define SNAPSHOT_STAGE_FLAGS      16384u                       /* chunks compared per save */
+#define SNAPSHOT_STAGE_FLAG_BYTES ((size_t)SNAPSHOT_STAGE_FLAGS * 4u)
+#define SNAPSHOT_STAGE_ALIGN      4096u   /* of each staged range */
+
+/* Reserve the staging pool of bytes (> SNAPSHOT_STAGE_FLAG_BYTES) on the bound
+ * device, once; with diff, also load the compare-and-copy kernel (once). Returns the
+ * bytes chunks may use, 0 when there is no pool: host mode, no bound device, or the
+ * allocation failed (logged once, WARN, with CUDA's words; not tried again). A
+ * kernel that cannot be loaded is logged once (INFO) and only the comparison is off
+ * (snapshot_stage_can_diff). Worker thread only (after snapshot_pipe_open). */
+size_t snapshot_stage_reserve(struct snapshot *sn, size_t bytes, bool diff);
+/* What reserve returned last (0: no pool), and whether the kernel is loaded. */
+size_t snapshot_stage_room(const struct snapshot *sn);
+bool   snapshot_stage_can_diff(const struct snapshot *sn);
+
+/*
+ * Queue the copy of n bytes of src (mem HOST or DEVICE, resolved) to offset off of
+ * the staging pool (aligned to SNAPSHOT_STAGE_ALIGN) on the copy stream, after the
+ * fence (snapshot_pipe_after); *staged: their address in the pool. With chunk_bytes
+ * > 0 (device memory, src aligned to 16, snapshot_stage_can_diff): a compare-and-copy
+ * against what the pool holds there: only the 16-byte words that differ are written,
+ * and staged chunk flag + i (the i-th chunk_bytes piece of the range) is marked
+ * changed if any of its words differed (snapshot_pipe_stage_changed). Before
+ * snapshot_pipe_release. Errors: -EINVAL (outside the pool, flags beyond
+ * SNAPSHOT_STAGE_FLAGS, a comparison not possible), CUDA failures converted.
+ */
+int  snapshot_pipe_stage(struct snapshot_pipe *p, const void *src, size_t n, int mem,
+                         uint64_t off, size_t chunk_bytes, uint32_t flag,
+                         const void **staged);
+/*
+ * Every read of the caller's memory is queued: what is issued after this reads the
+ * staging pool (or the caller's host memory, which the caller must not do: the save
+ * decides). *event and landed as snapshot_pipe_seal, which then records nothing
+ * more. At most once, before seal. Errors: CUDA failures converted.
+ */
+int  snapshot_pipe_release(struct snapshot_pipe *p, void **event, void (*landed)(void *),
+                           void *arg);
+bool snapshot_pipe_released(const struct snapshot_pipe *p);
+/* After the compare-and-copies: whether staged chunk flag changed. The first call
+ * waits for them (the worker waits, after the release). Errors: CUDA's. */
+int  snapshot_pipe_stage_changed(struct snapshot_pipe *p, uint32_t flag, bool *changed);
+
 /* Destroy an event from seal. NULL: no-op. Safe while a stream still waits on it. */
 void snapshot_event_destroy(struct snapshot *sn, void *event);
 

@@ -35,12 +35,21 @@ struct snapshot {
 	 * [mirror_host, +mirror_len) is also at mirror_dev (snapshot_copy_out uses it). */
 	const uint8_t *mirror_host, *mirror_dev;
 	size_t       mirror_len;
+	/* The device staging pool (stage.c), on the bound device. */
+	uint8_t     *stage;            /* NULL: none (yet) */
+	size_t       stage_bytes;
+	bool         stage_tried;      /* the allocation failed once: not again */
+	bool         diff_tried;       /* the kernel was looked for */
+	cudaLibrary_t stage_lib;       /* the compare-and-copy kernel's, or NULL */
+	cudaKernel_t stage_diff;
 #endif
 };
 
 #ifdef CKPT_HAVE_CUDA
 /* Release GPUDirect Storage (gds.c); no-op when it was never enabled. */
 void snap_gds_destroy(struct snapshot *sn);
+/* Release the staging pool and the kernel (stage.c); no-op without them. */
+void snap_stage_destroy(struct snapshot *sn);
 #endif
 
 /* ---- the device backend (cuda.c, or host.c without CUDA) ----
@@ -58,6 +67,13 @@ int  snap_dev_copy(struct snapshot *sn, void *dst, const void *src, size_t n, un
 int  snap_dev_wait(struct snapshot *sn, unsigned slot);
 /* Create and record *event on the save stream; enqueue landed(arg) after it. */
 int  snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), void *arg);
+/* The staging pool (stage.c): queue on the save stream the copy of n bytes of src to
+ * the pool's offset off, or with chunk_bytes > 0 the compare-and-copy marking flags
+ * [flag, ...) (cleared first by snap_dev_stage_clear); read n flags back, waiting. */
+int  snap_dev_stage(struct snapshot *sn, uint64_t off, const void *src, size_t n,
+                    size_t chunk_bytes, uint32_t flag, const void **staged);
+int  snap_dev_stage_clear(struct snapshot *sn);
+int  snap_dev_stage_flags(struct snapshot *sn, uint32_t *flags, uint32_t n);
 /* Wait for everything queued on the save stream (errors are logged, not returned:
  * the caller is already tearing down). */
 void snap_dev_quiesce(struct snapshot *sn);

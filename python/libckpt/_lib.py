@@ -138,6 +138,7 @@ class Opts(Structure):
         ("compress_codec", c_int),
         ("compress_threads", c_uint),
         ("incremental", c_int),
+        ("device_pool_bytes", c_size_t),
     ]
 
 
@@ -171,6 +172,8 @@ class SaveStats(Structure):
         ("logical_bytes", c_uint64), ("stored_bytes", c_uint64),
         ("snapshot_seconds", c_double), ("durable_seconds", c_double),
         ("commit_seconds", c_double),
+        ("referenced_bytes", c_uint64), ("device_staged_bytes", c_uint64),
+        ("device_unchanged_bytes", c_uint64),
     ]
 
 

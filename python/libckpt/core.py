@@ -141,6 +141,9 @@ class SaveStats:
     snapshot_seconds: float
     durable_seconds: float
     commit_seconds: float
+    referenced_bytes: int = 0        # not written: references to the previous step
+    device_staged_bytes: int = 0     # copied into the device staging pool
+    device_unchanged_bytes: int = 0  # found unchanged there: not copied, not written
 
 
 _PY_LEVELS = {0: 40, 1: 30, 2: 20, 3: 10}     # logging.ERROR, WARNING, INFO, DEBUG
@@ -242,6 +245,11 @@ class Checkpointer(_Closing):
     a step's files are no longer self-contained. Default CKPT_INCREMENTAL, then off;
     one save may choose otherwise (save(incremental=), Save.set_incremental).
 
+    device_pool_bytes: a staging pool of that many bytes of the save tensors' GPU
+    memory (default CKPT_DEVICE_POOL_BYTES, then none): a save copies its CUDA
+    tensors there, device to device, so they may change again after those copies
+    (docs/gpu.md, "Device staging pool").
+
     log: a logging.Logger that receives this context's log lines instead of stderr
     (at the matching level, with ckpt_job, ckpt_rank and ckpt_step as extra
     attributes), or a callable(level, message, where); log_level filters them
@@ -266,7 +274,8 @@ class Checkpointer(_Closing):
                  keep_last: Optional[int] = None, keep_every: Optional[int] = None,
                  keep_seconds: Optional[float] = None,
                  manifest_dir: Optional[Union[str, os.PathLike]] = None,
-                 target: Optional[str] = None, incremental: Optional[bool] = None):
+                 target: Optional[str] = None, incremental: Optional[bool] = None,
+                 device_pool_bytes: Optional[int] = None):
         self._ctx: Optional[int] = None
         self._lock = threading.Lock()
         self._handles: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -312,6 +321,7 @@ class Checkpointer(_Closing):
             o.secret = ctypes.cast(buf, c_void_p)
             o.secret_len = len(sb)
         for fname, val in (("pool_bytes", pool_bytes), ("chunk_bytes", chunk_bytes),
+                           ("device_pool_bytes", device_pool_bytes),
                            ("max_inflight", max_inflight),
                            ("queue_depth", queue_depth)):
             if val is not None:
@@ -669,7 +679,8 @@ class Save(_Handle):
         st.size = ctypes.sizeof(st)
         check(lib.ckpt_save_stats(self._s(), byref(st)))
         return SaveStats(st.logical_bytes, st.stored_bytes, st.snapshot_seconds,
-                         st.durable_seconds, st.commit_seconds)
+                         st.durable_seconds, st.commit_seconds, st.referenced_bytes,
+                         st.device_staged_bytes, st.device_unchanged_bytes)
 
     def close(self) -> None:
         """Free the handle: a submitted save is waited for first, an unsubmitted one

@@ -30,6 +30,7 @@ static void setup(void)
 	unsetenv("CKPT_FAULT");
 	unsetenv("CKPT_COMPRESS");
 	unsetenv("CKPT_COMPRESS_THREADS");
+	unsetenv("CKPT_DEVICE_POOL_BYTES");
 	unsetenv("RANK");
 	unsetenv("WORLD_SIZE");
 }
@@ -309,6 +310,68 @@ START_TEST(every_dtype_bytegroup)
 	check_step(c, 2, ts, CKPT_DTYPE_MAX_);
 	ckpt_close(c);
 	tt_free(ts, CKPT_DTYPE_MAX_);
+}
+END_TEST
+
+/* The device staging pool asked for where no device is usable: saves take the
+ * host path, bit-exact, and say nothing was staged; its option and variable are
+ * checked (a pool smaller than a chunk, a size that is not one). */
+START_TEST(device_pool_without_device)
+{
+	ckpt_ctx *c = NULL;
+	struct ckpt_opts o;
+	opts_one(&o, root);
+	o.chunk_bytes = 64 << 10;
+	o.device_pool_bytes = 32 << 10;
+	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "device pool of 32768 bytes"));
+	setenv("CKPT_DEVICE_POOL_BYTES", "lots", 1);
+	opts_one(&o, root);
+	ck_assert_int_eq(ckpt_open(&o, &c), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "CKPT_DEVICE_POOL_BYTES"));
+	setenv("CKPT_DEVICE_POOL_BYTES", "64M", 1);
+	opts_one(&o, root);
+	o.chunk_bytes = 64 << 10;
+	o.pool_bytes = 256 << 10;
+	o.incremental = 1;
+	ck_assert_int_eq(ckpt_open(&o, &c), 0);
+	unsetenv("CKPT_DEVICE_POOL_BYTES");
+	struct tt ts[2];
+	uint64_t big[2] = { 700, 1000 }, odd[1] = { 100003 };
+	tt_make(&ts[0], "big", CKPT_F32, 2, big, 17);
+	tt_make(&ts[1], "odd", CKPT_U8, 1, odd, 18);
+	for (uint64_t step = 1; step <= 2; step++) {
+		ckpt_save *s;
+		ck_assert_int_eq(ckpt_save_begin(c, step, &s), 0);
+		for (size_t i = 0; i < 2; i++) {
+			struct ckpt_tensor t = {
+				.name = ts[i].name, .kind = CKPT_KIND_MODEL, .dtype = ts[i].dtype,
+				.policy = CKPT_SHARDED, .ndim = ts[i].ndim, .global_shape = ts[i].shape,
+				.data = ts[i].data, .mem = CKPT_MEM_AUTO,
+			};
+			ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
+		}
+		ck_assert_int_eq(ckpt_save_submit(s), 0);
+		ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
+		struct ckpt_save_stats st = { .size = sizeof st };
+		ck_assert_int_eq(ckpt_save_stats(s, &st), 0);
+		ckpt_save_free(s);
+		ck_assert_uint_eq(st.device_staged_bytes, 0);
+		ck_assert_uint_eq(st.device_unchanged_bytes, 0);
+		/* The second step changed nothing: every byte referenced, none written. */
+		ck_assert_uint_eq(st.referenced_bytes, step == 2 ? ts[0].bytes + ts[1].bytes : 0);
+		ck_assert_uint_eq(st.stored_bytes, step == 2 ? 0 : ts[0].bytes + ts[1].bytes);
+		check_step(c, step, ts, 2);
+	}
+	/* A caller built against the options before the field: the field is not read. */
+	ckpt_close(c);
+	opts_one(&o, root);
+	o.size = offsetof(struct ckpt_opts, device_pool_bytes);
+	o.chunk_bytes = 64 << 10;
+	o.pool_bytes = 256 << 10;
+	ck_assert_int_eq(ckpt_open(&o, &c), 0);
+	ckpt_close(c);
+	tt_free(ts, 2);
 }
 END_TEST
 
@@ -982,6 +1045,7 @@ int main(void)
 	tcase_add_test(tc, empty_scalar_and_one);
 	tcase_add_test(tc, larger_than_pool_and_zstd);
 	tcase_add_test(tc, every_dtype_bytegroup);
+	tcase_add_test(tc, device_pool_without_device);
 	tcase_add_test(tc, slices_of_every_shape);
 	tcase_add_test(tc, snapshot_point);
 	tcase_add_test(tc, bad_inputs);

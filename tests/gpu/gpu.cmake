@@ -55,6 +55,8 @@ ckpt_gpu_test(test_gpu_overwrite SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_overwrite
 ckpt_gpu_add(test_gpu_overwrite test_gpu_overwrite)
 ckpt_gpu_test(test_gpu_pool SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_pool.c)
 ckpt_gpu_add(test_gpu_pool test_gpu_pool)
+ckpt_gpu_test(test_gpu_stage SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_stage.c)
+ckpt_gpu_add(test_gpu_stage test_gpu_stage)
 if(CMAKE_CUDA_COMPILER)
   ckpt_gpu_test(test_gpu_event SOURCES ${CKPT_GPU_TEST_DIR}/test_gpu_event.c
                 ${CKPT_GPU_TEST_DIR}/flip_kernel.cu)

@@ -1,0 +1,160 @@
+/*
+ * stage.c — the device staging pool (snapshot.h): one cudaMalloc on the bound
+ * device, the copies into it (cudaMemcpyAsync, device to device or host to device),
+ * and the compare-and-copy kernel that finds which chunks did not change since the
+ * pool last held them.
+ *
+ * The kernel is the library's only one. libckpt is C and loads the runtime on
+ * demand (cudart.c); the kernel travels as PTX text (stage_ptx.h, generated from
+ * stage_kernel.cu by scripts/gen-stage-ptx.sh) that the runtime compiles for the
+ * device when first loaded (cudaLibraryLoadData, CUDA 12 and later). Where it
+ * cannot be loaded — an older runtime or driver — the staging pool still works and
+ * only the comparison is off.
+ *
+ * Memory: the pool is exactly the bytes asked for; its last SNAPSHOT_STAGE_FLAG_BYTES
+ * hold one 32-bit flag per compared chunk. Nothing else is allocated on the device.
+ *
+ * Built only with CKPT_HAVE_CUDA; host.c stands in otherwise.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "snapshot/snapshot_internal.h"
+#include "snapshot/stage_ptx.h"
+
+/* Threads per block of the kernel (each moves 16 bytes a step) and the most bytes
+ * one block covers: blocks of up to 256 KiB keep the flag stores few (one per block
+ * that found a difference) and the grid large enough to fill the device. */
+#define STAGE_THREADS   256u
+#define STAGE_SEG_MAX   (256u << 10)
+
+static void stage_load_kernel(struct snapshot *sn)
+{
+	sn->diff_tried = true;
+	const char *why = NULL;
+	cudaError_t e = cudaSuccess;
+	if (!cudart.LibraryLoadData || !cudart.LibraryGetKernel || !cudart.LaunchKernel ||
+	    !cudart.MemsetAsync || !cudart.LibraryUnload) {
+		why = "this CUDA runtime has no cudaLibraryLoadData (CUDA 12 or later needed)";
+	} else if ((e = cudart.LibraryLoadData(&sn->stage_lib, stage_ptx, NULL, NULL, 0, NULL, NULL,
+	                                       0)) != cudaSuccess) {
+		sn->stage_lib = NULL;
+		why = "cudaLibraryLoadData";
+	} else if ((e = cudart.LibraryGetKernel(&sn->stage_diff, sn->stage_lib, "ckpt_stage_diff")) !=
+	           cudaSuccess) {
+		cudart.LibraryUnload(sn->stage_lib);
+		sn->stage_lib = NULL;
+		why = "cudaLibraryGetKernel";
+	}
+	if (!why)
+		return;
+	ckpt_log(CKPT_LOG_INFO, "device staging pool: no on-device comparison, every staged chunk "
+	         "is copied to the host: %s%s%s", why, e != cudaSuccess ? ": " : "",
+	         e != cudaSuccess ? cudart.GetErrorString(e) : "");
+	(void)cudart.GetLastError();
+}
+
+size_t snapshot_stage_reserve(struct snapshot *sn, size_t bytes, bool diff)
+{
+	if (!sn->device || bytes <= SNAPSHOT_STAGE_FLAG_BYTES)
+		return 0;
+	pthread_mutex_lock(&sn->lock);
+	int dev = sn->bound;
+	pthread_mutex_unlock(&sn->lock);
+	if (dev < 0)
+		return 0;
+	if (!sn->stage && !sn->stage_tried) {
+		sn->stage_tried = true;
+		/* The worker has the bound device current (snap_dev_prepare). */
+		void *m = NULL;
+		cudaError_t e = cudart.Malloc(&m, bytes);
+		if (e != cudaSuccess) {
+			ckpt_log(CKPT_LOG_WARN, "device staging pool of %zu bytes on CUDA device %d not "
+			         "allocated (%s: %s): saves take the pinned path", bytes, dev,
+			         cudart.GetErrorName(e), cudart.GetErrorString(e));
+			(void)cudart.GetLastError();
+			return 0;
+		}
+		sn->stage = m;
+		sn->stage_bytes = bytes;
+		ckpt_log(CKPT_LOG_INFO, "device staging pool: %zu bytes on CUDA device %d", bytes, dev);
+	}
+	if (!sn->stage)
+		return 0;
+	if (diff && !sn->diff_tried)
+		stage_load_kernel(sn);
+	return snapshot_stage_room(sn);
+}
+
+size_t snapshot_stage_room(const struct snapshot *sn)
+{
+	return sn->stage ? sn->stage_bytes - SNAPSHOT_STAGE_FLAG_BYTES : 0;
+}
+
+bool snapshot_stage_can_diff(const struct snapshot *sn)
+{
+	return sn->stage && sn->stage_lib;
+}
+
+void snap_stage_destroy(struct snapshot *sn)
+{
+	/* After the save stream was synchronised: nothing reads the pool any more. */
+	if (sn->stage)
+		cudart.Free(sn->stage);
+	if (sn->stage_lib)
+		cudart.LibraryUnload(sn->stage_lib);
+	sn->stage = NULL;
+	sn->stage_lib = NULL;
+	(void)cudart.GetLastError();
+}
+
+/* The largest power of two <= STAGE_SEG_MAX that divides chunk_bytes (a multiple of
+ * 4096): a block never spans two chunks. */
+static size_t stage_seg(size_t chunk_bytes)
+{
+	size_t seg = STAGE_SEG_MAX;
+	while (seg > 16 && chunk_bytes % seg)
+		seg >>= 1;
+	return seg;
+}
+
+int snap_dev_stage(struct snapshot *sn, uint64_t off, const void *src, size_t n,
+                   size_t chunk_bytes, uint32_t flag, const void **staged)
+{
+	uint8_t *dst = sn->stage + off;
+	cudaError_t e;
+	*staged = dst;
+	if (!chunk_bytes) {
+		e = cudart.MemcpyAsync(dst, src, n, cudaMemcpyDefault, sn->save_stream);
+		return e == cudaSuccess ? 0 : snap_cuda_err(e, "copy %zu bytes from %p into the device "
+		                                            "staging pool", n, src);
+	}
+	size_t seg = stage_seg(chunk_bytes);
+	unsigned long long nbytes = n;
+	unsigned seg_words = (unsigned)(seg / 16), chunk_segs = (unsigned)(chunk_bytes / seg);
+	uint32_t *flags = (uint32_t *)(sn->stage + sn->stage_bytes - SNAPSHOT_STAGE_FLAG_BYTES) + flag;
+	size_t blocks = (n + seg - 1) / seg;
+	void *args[] = { &src, &dst, &nbytes, &seg_words, &chunk_segs, &flags };
+	e = cudart.LaunchKernel((const void *)sn->stage_diff, (dim3){ (unsigned)blocks, 1, 1 },
+	                        (dim3){ STAGE_THREADS, 1, 1 }, args, 0, sn->save_stream);
+	return e == cudaSuccess ? 0 : snap_cuda_err(e, "compare-and-copy %zu bytes from %p into "
+	                                            "the device staging pool", n, src);
+}
+
+int snap_dev_stage_clear(struct snapshot *sn)
+{
+	cudaError_t e = cudart.MemsetAsync(sn->stage + sn->stage_bytes - SNAPSHOT_STAGE_FLAG_BYTES,
+	                                   0, SNAPSHOT_STAGE_FLAG_BYTES, sn->save_stream);
+	return e == cudaSuccess ? 0 : snap_cuda_err(e, "clear the staging pool's flags");
+}
+
+int snap_dev_stage_flags(struct snapshot *sn, uint32_t *flags, uint32_t n)
+{
+	/* Queued behind the comparisons on the same stream; the host waits here. */
+	cudaError_t e = cudart.MemcpyAsync(flags, sn->stage + sn->stage_bytes -
+	                                   SNAPSHOT_STAGE_FLAG_BYTES, (size_t)n * sizeof *flags,
+	                                   cudaMemcpyDefault, sn->save_stream);
+	if (e == cudaSuccess)
+		e = cudart.StreamSynchronize(sn->save_stream);
+	return e == cudaSuccess ? 0 : snap_cuda_err(e, "read the staging pool's flags");
+}

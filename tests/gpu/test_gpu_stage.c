@@ -1,0 +1,415 @@
+/*
+ * test_gpu_stage.c — the device staging pool (ckpt_opts.device_pool_bytes,
+ * docs/gpu.md "Device staging pool"):
+ *
+ *   event     pool >= state, a slow disk (every chunk write delayed), a host pool of
+ *             four chunks: the caller's stream waits on the snapshot event and
+ *             overwrites every tensor at once; the checkpoint holds the old values,
+ *             every byte was staged, and the snapshot point did not wait for the
+ *             disk (it came before a quarter of the save's time)
+ *   partial   device pool a third of the state: the last tensors are staged, the
+ *             first take the pinned path; overwrite after ckpt_save_wait_snapshot;
+ *             old values; staged bytes between 0 and the state
+ *   mixed     host tensors (after and between device ones, one at an odd address)
+ *             in the staged part: host-to-device staging, overwritten on the host
+ *             right after the snapshot point: old values
+ *   incr      incremental steps with the pool holding the previous snapshot: the
+ *             tensors that did not change are found unchanged on the device (neither
+ *             copied to the host nor written: device_unchanged_bytes, references),
+ *             one byte changed in the middle of a chunk is found, a tensor at an
+ *             address not aligned to 16 is copied (not compared); every step loads
+ *             bit-exact, also after the older step is deleted
+ *   small     a device pool smaller than the last chunk (with the flags): nothing
+ *             fits, the save takes the pinned path; overwrite after the snapshot
+ *             point; bit-exact
+ *   unaligned a tensor at an address not aligned to 16 in an incremental save:
+ *             staged by a plain copy, never compared, still referenced (by its hash,
+ *             after the copy) when unchanged
+ *
+ * Usage: test_gpu_stage     exit 0 / 1 / 77 (gpu_test.h)
+ */
+#include "gpu_test.h"
+
+#define CHUNK   (1u << 20)
+#define NT      6
+#define TBYTES  (6u << 20)                 /* each tensor: 6 chunks */
+#define STATE   ((size_t)NT * TBYTES)
+
+static ckpt_ctx *open_stage(const char *root, size_t pool, size_t device_pool, int incr)
+{
+	struct ckpt_opts o;
+	ckpt_opts_init(&o, sizeof o);
+	o.root = root;
+	o.rank = 0;
+	o.world = 1;
+	o.chunk_bytes = CHUNK;
+	o.pool_bytes = pool;
+	o.device_pool_bytes = device_pool;
+	o.incremental = incr;
+	ckpt_ctx *c = NULL;
+	int rc = ckpt_open(&o, &c);
+	CHECK(rc == 0, "open %s: %s", root, ckpt_last_error());
+	CHECK(ckpt_cuda_available(c) == 1, "a device is present but libckpt works on host memory");
+	return c;
+}
+
+struct state {
+	void    *dev[NT];
+	uint8_t *ref[NT];          /* what the device holds now */
+	char     names[NT][32];
+};
+
+static void state_make(struct state *st, uint64_t seed)
+{
+	for (int i = 0; i < NT; i++) {
+		st->dev[i] = gt_device_data(TBYTES, seed * 100 + (uint64_t)i, &st->ref[i]);
+		snprintf(st->names[i], sizeof st->names[i], "model/w%d", i);
+	}
+}
+
+static void state_free(struct state *st)
+{
+	for (int i = 0; i < NT; i++) {
+		CUDA_OK(cudaFree(st->dev[i]));
+		free(st->ref[i]);
+	}
+}
+
+static void add_all(ckpt_ctx *c, ckpt_save *s, struct state *st)
+{
+	static uint64_t shape[1] = { TBYTES / 2 };
+	for (int i = 0; i < NT; i++) {
+		struct ckpt_tensor t = {
+			.name = st->names[i], .kind = CKPT_KIND_MODEL, .dtype = CKPT_BF16,
+			.policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape, .data = st->dev[i],
+			.mem = CKPT_MEM_AUTO,
+		};
+		CKPT_OK(c, ckpt_save_add_tensor(s, &t));
+	}
+}
+
+static void check_step(ckpt_ctx *c, uint64_t step, uint8_t *const want[NT], char names[NT][32])
+{
+	ckpt_load *l;
+	CKPT_OK(c, ckpt_load_open(c, step, &l));
+	for (int i = 0; i < NT; i++)
+		gt_check_host_load(c, l, names[i], CKPT_BF16, 1, want[i], TBYTES);
+	ckpt_load_close(l);
+}
+
+static struct ckpt_save_stats stats_of(ckpt_save *s)
+{
+	struct ckpt_save_stats st = { .size = sizeof st };
+	CKPT_OK(NULL, ckpt_save_stats(s, &st));
+	return st;
+}
+
+/* The caller's stream waits on the event and overwrites everything at once. */
+static void test_event(const char *root)
+{
+	setenv("CKPT_FAULT", "after_chunk_write:slow:15", 1);
+	ckpt_ctx *c = open_stage(root, 4 * CHUNK, STATE + (8u << 20), 0);
+	unsetenv("CKPT_FAULT");
+	struct state st;
+	state_make(&st, 1);
+	cudaStream_t stream;
+	CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	ckpt_save *s;
+	CKPT_OK(c, ckpt_save_begin(c, 1, &s));
+	add_all(c, s, &st);
+	CKPT_OK(c, ckpt_save_set_stream(s, stream));
+	CKPT_OK(c, ckpt_save_submit(s));
+	cudaEvent_t ev;
+	CKPT_OK(c, ckpt_save_snapshot_event(s, &ev));
+	CUDA_OK(cudaStreamWaitEvent(stream, ev, 0));
+	for (int i = 0; i < NT; i++)
+		CUDA_OK(cudaMemsetAsync(st.dev[i], 0xEE, TBYTES, stream));
+	CUDA_OK(cudaStreamSynchronize(stream));
+	CKPT_OK(c, ckpt_save_wait(s, -1));
+	struct ckpt_save_stats ss = stats_of(s);
+	ckpt_save_free(s);
+	printf("event: staged %llu of %zu bytes; snapshot point %.4f s, durable %.4f s\n",
+	       (unsigned long long)ss.device_staged_bytes, STATE, ss.snapshot_seconds,
+	       ss.durable_seconds);
+	CHECK(ss.device_staged_bytes == STATE, "staged %llu bytes of %zu",
+	      (unsigned long long)ss.device_staged_bytes, STATE);
+	/* 36 writes of 15 ms each: on the pinned path with a pool of four chunks the
+	 * snapshot point would come after ~32 of them. */
+	CHECK(ss.snapshot_seconds < 0.25 * ss.durable_seconds, "the snapshot point (%.3f s) "
+	      "waited for the disk (durable %.3f s)", ss.snapshot_seconds, ss.durable_seconds);
+	check_step(c, 1, st.ref, st.names);
+	CHECK(!gt_device_equals(st.dev[0], st.ref[0], TBYTES), "the overwrite did not happen");
+	CUDA_OK(cudaStreamDestroy(stream));
+	state_free(&st);
+	ckpt_close(c);
+}
+
+/* A device pool of a third of the state. */
+static void test_partial(const char *root)
+{
+	ckpt_ctx *c = open_stage(root, 4 * CHUNK, STATE / 3, 0);
+	struct state st;
+	state_make(&st, 2);
+	ckpt_save *s;
+	CKPT_OK(c, ckpt_save_begin(c, 2, &s));
+	add_all(c, s, &st);
+	CKPT_OK(c, ckpt_save_submit(s));
+	CKPT_OK(c, ckpt_save_wait_snapshot(s, -1));
+	for (int i = 0; i < NT; i++)
+		CUDA_OK(cudaMemset(st.dev[i], 0xEE, TBYTES));
+	CUDA_OK(cudaDeviceSynchronize());
+	CKPT_OK(c, ckpt_save_wait(s, -1));
+	struct ckpt_save_stats ss = stats_of(s);
+	ckpt_save_free(s);
+	printf("partial: staged %llu of %zu bytes\n", (unsigned long long)ss.device_staged_bytes,
+	       STATE);
+	CHECK(ss.device_staged_bytes > 0 && ss.device_staged_bytes < STATE &&
+	      ss.device_staged_bytes % CHUNK == 0, "staged %llu bytes",
+	      (unsigned long long)ss.device_staged_bytes);
+	check_step(c, 2, st.ref, st.names);
+	state_free(&st);
+	ckpt_close(c);
+}
+
+/* Host tensors in the staged part. */
+static void test_mixed(const char *root)
+{
+	ckpt_ctx *c = open_stage(root, 4 * CHUNK, STATE * 2, 0);
+	struct state st;
+	state_make(&st, 3);
+	size_t hb = 3 * CHUNK + 5;
+	uint8_t *hbuf = malloc(hb + 1), *href = malloc(hb);
+	uint8_t *hmid = malloc(CHUNK), *hmid_ref = malloc(CHUNK);
+	CHECK(hbuf && href && hmid && hmid_ref, "malloc");
+	uint8_t *host = hbuf + 1;                  /* not aligned to 16 */
+	tu_fill(host, hb, tu_seed(), 301);
+	memcpy(href, host, hb);
+	tu_fill(hmid, CHUNK, tu_seed(), 302);
+	memcpy(hmid_ref, hmid, CHUNK);
+	ckpt_save *s;
+	CKPT_OK(c, ckpt_save_begin(c, 3, &s));
+	uint64_t shape[1] = { CHUNK };
+	struct ckpt_tensor mid = {
+		.name = "rng/mid", .kind = CKPT_KIND_RNG, .dtype = CKPT_U8, .policy = CKPT_SHARDED,
+		.ndim = 1, .global_shape = shape, .data = hmid, .mem = CKPT_MEM_HOST,
+	};
+	CKPT_OK(c, ckpt_save_add_tensor(s, &mid));
+	add_all(c, s, &st);
+	uint64_t hshape[1] = { hb };
+	struct ckpt_tensor last = {
+		.name = "rng/last", .kind = CKPT_KIND_RNG, .dtype = CKPT_U8, .policy = CKPT_SHARDED,
+		.ndim = 1, .global_shape = hshape, .data = host, .mem = CKPT_MEM_AUTO,
+	};
+	CKPT_OK(c, ckpt_save_add_tensor(s, &last));
+	CKPT_OK(c, ckpt_save_submit(s));
+	CKPT_OK(c, ckpt_save_wait_snapshot(s, -1));
+	memset(host, 0xEE, hb);
+	memset(hmid, 0xEE, CHUNK);
+	for (int i = 0; i < NT; i++)
+		CUDA_OK(cudaMemset(st.dev[i], 0xEE, TBYTES));
+	CUDA_OK(cudaDeviceSynchronize());
+	CKPT_OK(c, ckpt_save_wait(s, -1));
+	struct ckpt_save_stats ss = stats_of(s);
+	ckpt_save_free(s);
+	CHECK(ss.device_staged_bytes == STATE + hb + CHUNK, "staged %llu bytes of %zu",
+	      (unsigned long long)ss.device_staged_bytes, STATE + hb + CHUNK);
+	check_step(c, 3, st.ref, st.names);
+	ckpt_load *l;
+	CKPT_OK(c, ckpt_load_open(c, 3, &l));
+	gt_check_host_load(c, l, "rng/last", CKPT_U8, 1, href, hb);
+	gt_check_host_load(c, l, "rng/mid", CKPT_U8, 1, hmid_ref, CHUNK);
+	ckpt_load_close(l);
+	free(hbuf);
+	free(href);
+	free(hmid);
+	free(hmid_ref);
+	state_free(&st);
+	ckpt_close(c);
+}
+
+static struct ckpt_save_stats save_step(ckpt_ctx *c, uint64_t step, struct state *st)
+{
+	ckpt_save *s;
+	CKPT_OK(c, ckpt_save_begin(c, step, &s));
+	add_all(c, s, st);
+	CKPT_OK(c, ckpt_save_submit(s));
+	CKPT_OK(c, ckpt_save_wait_snapshot(s, -1));
+	CKPT_OK(c, ckpt_save_wait(s, -1));
+	struct ckpt_save_stats ss = stats_of(s);
+	ckpt_save_free(s);
+	printf("incr step %llu: staged %llu, unchanged on the device %llu, referenced %llu, "
+	       "stored %llu of %llu\n", (unsigned long long)step,
+	       (unsigned long long)ss.device_staged_bytes,
+	       (unsigned long long)ss.device_unchanged_bytes,
+	       (unsigned long long)ss.referenced_bytes, (unsigned long long)ss.stored_bytes,
+	       (unsigned long long)ss.logical_bytes);
+	return ss;
+}
+
+/* Rewrite tensor i on the device and in its reference (seeded). */
+static void change(struct state *st, int i, uint64_t seed)
+{
+	tu_fill(st->ref[i], TBYTES, tu_seed(), seed);
+	CUDA_OK(cudaMemcpy(st->dev[i], st->ref[i], TBYTES, cudaMemcpyHostToDevice));
+}
+
+static uint8_t **snapshot_refs(struct state *st)
+{
+	uint8_t **r = malloc(NT * sizeof *r);
+	CHECK(r, "malloc");
+	for (int i = 0; i < NT; i++) {
+		r[i] = malloc(TBYTES);
+		CHECK(r[i], "malloc");
+		memcpy(r[i], st->ref[i], TBYTES);
+	}
+	return r;
+}
+
+static void free_refs(uint8_t **r)
+{
+	for (int i = 0; i < NT; i++)
+		free(r[i]);
+	free(r);
+}
+
+static void test_incr(const char *root)
+{
+	ckpt_ctx *c = open_stage(root, 4 * CHUNK, STATE + (4u << 20), 1);
+	struct state st;
+	state_make(&st, 4);
+	struct ckpt_save_stats s1 = save_step(c, 10, &st);
+	CHECK(s1.device_unchanged_bytes == 0 && s1.referenced_bytes == 0,
+	      "the first step found %llu bytes unchanged", (unsigned long long)s1.device_unchanged_bytes);
+	uint8_t **r10 = snapshot_refs(&st);
+
+	/* Step 11: tensor 1 rewritten, one byte of tensor 4's third chunk changed. */
+	change(&st, 1, 4001);
+	size_t at = 2 * CHUNK + 12345;
+	st.ref[4][at] ^= 0x01;
+	CUDA_OK(cudaMemcpy((uint8_t *)st.dev[4] + at, &st.ref[4][at], 1, cudaMemcpyHostToDevice));
+	struct ckpt_save_stats s2 = save_step(c, 11, &st);
+	uint64_t want = STATE - TBYTES - CHUNK;
+	CHECK(s2.device_unchanged_bytes == want, "unchanged on the device: %llu, expected %llu",
+	      (unsigned long long)s2.device_unchanged_bytes, (unsigned long long)want);
+	CHECK(s2.referenced_bytes == want, "referenced %llu, expected %llu",
+	      (unsigned long long)s2.referenced_bytes, (unsigned long long)want);
+	uint8_t **r11 = snapshot_refs(&st);
+
+	/* Step 12: nothing changed but tensor 0. */
+	change(&st, 0, 4002);
+	struct ckpt_save_stats s3 = save_step(c, 12, &st);
+	CHECK(s3.device_unchanged_bytes == STATE - TBYTES, "unchanged on the device: %llu",
+	      (unsigned long long)s3.device_unchanged_bytes);
+	check_step(c, 10, r10, st.names);
+	check_step(c, 11, r11, st.names);
+	check_step(c, 12, st.ref, st.names);
+
+	/* Deleting the older steps keeps the newest loadable. */
+	struct ckpt_gc_opts go;
+	ckpt_gc_opts_init(&go, sizeof go);
+	go.keep_last = 1;
+	struct ckpt_gc_result gr = { .size = sizeof gr };
+	CKPT_OK(c, ckpt_catalog_gc(c, &go, &gr));
+	CHECK(gr.steps_removed == 2, "gc removed %llu steps", (unsigned long long)gr.steps_removed);
+	check_step(c, 12, st.ref, st.names);
+	free_refs(r10);
+	free_refs(r11);
+	state_free(&st);
+	ckpt_close(c);
+
+	/* A fresh context: the pool holds nothing, every chunk is copied and compared
+	 * after the copy (references still, by hash). */
+	c = open_stage(root, 4 * CHUNK, STATE + (4u << 20), 1);
+	struct state st2;
+	state_make(&st2, 4);          /* step 10's seeds: differs from 12 only in 0, 1, 4 */
+	struct ckpt_save_stats s4 = save_step(c, 13, &st2);
+	CHECK(s4.device_unchanged_bytes == 0, "a new context found %llu bytes unchanged on the "
+	      "device", (unsigned long long)s4.device_unchanged_bytes);
+	check_step(c, 13, st2.ref, st2.names);
+	state_free(&st2);
+	ckpt_close(c);
+}
+
+/* A tensor at an address not aligned to 16: staged by a plain copy, never compared. */
+static void test_unaligned(const char *root)
+{
+	ckpt_ctx *c = open_stage(root, 4 * CHUNK, 4 * CHUNK + (1u << 20), 1);
+	uint8_t *ref = malloc(2 * CHUNK);
+	CHECK(ref, "malloc");
+	tu_fill(ref, 2 * CHUNK, tu_seed(), 501);
+	uint8_t *base;
+	CUDA_OK(cudaMalloc((void **)&base, 2 * CHUNK + 16));
+	uint8_t *dev = base + 4;
+	CUDA_OK(cudaMemcpy(dev, ref, 2 * CHUNK, cudaMemcpyHostToDevice));
+	uint64_t shape[1] = { 2 * CHUNK };
+	for (uint64_t step = 20; step < 22; step++) {
+		ckpt_save *s;
+		CKPT_OK(c, ckpt_save_begin(c, step, &s));
+		struct ckpt_tensor t = {
+			.name = "odd", .kind = CKPT_KIND_MODEL, .dtype = CKPT_U8, .policy = CKPT_SHARDED,
+			.ndim = 1, .global_shape = shape, .data = dev, .mem = CKPT_MEM_AUTO,
+		};
+		CKPT_OK(c, ckpt_save_add_tensor(s, &t));
+		CKPT_OK(c, ckpt_save_submit(s));
+		CKPT_OK(c, ckpt_save_wait(s, -1));
+		struct ckpt_save_stats ss = stats_of(s);
+		ckpt_save_free(s);
+		CHECK(ss.device_staged_bytes == 2 * CHUNK && ss.device_unchanged_bytes == 0,
+		      "step %llu: staged %llu, unchanged %llu", (unsigned long long)step,
+		      (unsigned long long)ss.device_staged_bytes,
+		      (unsigned long long)ss.device_unchanged_bytes);
+		/* Unchanged all the same: referenced by its hash after the copy. */
+		CHECK(step == 20 || ss.referenced_bytes == 2 * CHUNK, "referenced %llu",
+		      (unsigned long long)ss.referenced_bytes);
+		ckpt_load *l;
+		CKPT_OK(c, ckpt_load_open(c, step, &l));
+		gt_check_host_load(c, l, "odd", CKPT_U8, 1, ref, 2 * CHUNK);
+		ckpt_load_close(l);
+	}
+	CUDA_OK(cudaFree(base));
+	free(ref);
+	ckpt_close(c);
+}
+
+/* Nothing fits: the last tensor's last chunk is bigger than the pool. */
+static void test_small(const char *root)
+{
+	ckpt_ctx *c = open_stage(root, 4 * CHUNK, CHUNK, 0);
+	struct state st;
+	state_make(&st, 5);
+	ckpt_save *s;
+	CKPT_OK(c, ckpt_save_begin(c, 30, &s));
+	add_all(c, s, &st);
+	CKPT_OK(c, ckpt_save_submit(s));
+	CKPT_OK(c, ckpt_save_wait_snapshot(s, -1));
+	for (int i = 0; i < NT; i++)
+		CUDA_OK(cudaMemset(st.dev[i], 0xEE, TBYTES));
+	CUDA_OK(cudaDeviceSynchronize());
+	CKPT_OK(c, ckpt_save_wait(s, -1));
+	struct ckpt_save_stats ss = stats_of(s);
+	ckpt_save_free(s);
+	CHECK(ss.device_staged_bytes == 0, "staged %llu bytes in a pool smaller than a chunk "
+	      "and its flags", (unsigned long long)ss.device_staged_bytes);
+	check_step(c, 30, st.ref, st.names);
+	state_free(&st);
+	ckpt_close(c);
+}
+
+int main(void)
+{
+	gt_require_device("test_gpu_stage");
+	char *root = tu_tmpdir("gpu-stage");
+	test_event(root);
+	test_partial(root);
+	test_mixed(root);
+	test_small(root);
+	tu_rmtree(root);
+	free(root);
+	root = tu_tmpdir("gpu-stage-incr");   /* its steps start with nothing below them */
+	test_incr(root);
+	test_unaligned(root);
+	tu_rmtree(root);
+	free(root);
+	printf("PASS test_gpu_stage\n");
+	return 0;
+}
