@@ -37,8 +37,10 @@
  *
  * The snapshot point of a save is when the last byte of its tensors has been
  * copied out (device-to-host copies into the pinned pool, chunk by chunk, on the
- * library's own non-blocking stream). From then on the caller may modify its
- * tensors. Two ways to wait for it:
+ * library's own non-blocking stream; with a device staging pool,
+ * ckpt_opts.device_pool_bytes, device-to-device copies into it for the part of the
+ * state it holds). From then on the caller may modify its tensors. Two ways to
+ * wait for it:
  *   - block the host: ckpt_save_wait_snapshot(s, timeout_ms);
  *   - block only the GPU: ckpt_save_snapshot_event(s, &ev), then
  *     cudaStreamWaitEvent(optimizer_stream, ev, 0) before the kernels that modify
@@ -52,7 +54,9 @@
  *     last chunks wait for pool buffers that the disk gives back, and
  *     ckpt_save_snapshot_event blocks the host until the last copy is issued: the
  *     stall is the part that did not fit. Size the pool to the per-rank state for a
- *     stall near zero.
+ *     stall near zero, or give the context a device staging pool: what it holds is
+ *     copied on the device before the event, and the rest of the pinned path
+ *     waits only for what it does not hold.
  *   - The event is owned by the save: valid until ckpt_save_free(s). Do not
  *     destroy it. A stream already waiting on it when the save is freed is safe.
  *   - The event says the copies are done, not that the save is durable or
