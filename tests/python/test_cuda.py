@@ -96,3 +96,34 @@ def test_cuda_model_resumes_bit_exactly(ck):
         assert [step(m2, o2) for _ in range(4)] == ref
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_device_pool_releases_after_device_copies(tmp_path):
+    """device_pool_bytes: the snapshot point comes after the device-to-device copies;
+    an overwrite right after it leaves the checkpoint with the old values; an
+    incremental step finds the unchanged tensor unchanged on the device."""
+    with lt.open(str(tmp_path / "pool"), device_pool_bytes=128 << 20, pool_bytes=8 << 20,
+                 chunk_bytes=1 << 20, incremental=True) as c:
+        if not c.cuda_available:
+            pytest.skip("libckpt was built without CUDA or cannot load the runtime")
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        w = torch.randn(4 << 20, device="cuda", generator=gen)      # 16 MiB
+        m = torch.randn(4 << 20, device="cuda", generator=gen)
+        want_w, want_m = w.clone(), m.clone()
+        h = lt.save(c, 1, {"model": {"w": w, "m": m}})
+        h.wait_snapshot()
+        w.fill_(3.0)
+        m.fill_(4.0)
+        st = h.wait()
+        assert st.device_staged_bytes >= 32 << 20             # and the structure record
+        got = {"w": torch.zeros_like(w), "m": torch.zeros_like(m)}
+        lt.load(c, {"model": got}, step=1)
+        assert torch.equal(got["w"], want_w) and torch.equal(got["m"], want_m)
+        st2 = lt.save(c, 2, {"model": {"w": w, "m": m}}).wait()   # both changed
+        assert st2.device_unchanged_bytes == 0
+        w.add_(1.0)                                                 # m unchanged
+        st3 = lt.save(c, 3, {"model": {"w": w, "m": m}}).wait()
+        assert st3.device_unchanged_bytes == 16 << 20
+        assert st3.referenced_bytes >= 16 << 20
+        lt.load(c, {"model": got}, step=3)
+        assert torch.equal(got["w"], w) and torch.equal(got["m"], m)
