@@ -1238,7 +1238,12 @@ static int pool_create(const struct ckptd_server_opts *o, struct io_pool **out)
 	cls[0].count = (unsigned)nbig;
 	for (unsigned c = 1; c < ncls; c++)
 		cls[c].count = (unsigned)rounds;
-	return io_pool_create_sized(cls, ncls, NULL, out);
+	int rc = io_pool_create_sized(cls, ncls, NULL, out);
+	if (!rc)
+		ckpt_log(CKPT_LOG_INFO, "pool: %u buffers of %zu KiB, and %u each of %zu down to %zu "
+		         "KiB for shorter chunks", cls[0].count, cls[0].bytes >> 10, cls[1].count,
+		         cls[1].bytes >> 10, cls[ncls - 1].bytes >> 10);
+	return rc;
 }
 
 int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **out)
