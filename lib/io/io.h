@@ -212,11 +212,26 @@ int      io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_a
 int      io_pool_create_classes(size_t buf_bytes, unsigned nbufs, size_t small_bytes,
                                 unsigned nsmall, const struct io_pool_alloc *alloc,
                                 struct io_pool **out);
+/* One class of buffers: count buffers of bytes each. */
+struct io_pool_class {
+	size_t   bytes;
+	unsigned count;
+};
+#define IO_POOL_MAX_CLASSES 12
+/* ncls classes (1 to IO_POOL_MAX_CLASSES) in one mapping, cls[0] the largest (the
+ * class io_pool_get, io_pool_buf_bytes, io_pool_nbufs and io_pool_nfree speak of),
+ * each next one's buffers strictly smaller; every class non-empty, its size a
+ * multiple of CKPT_ALIGN; at most INT_MAX buffers in all. Indices: cls[0]'s first,
+ * then cls[1]'s, and so on. Errors: -EINVAL, -ENOMEM. */
+int      io_pool_create_sized(const struct io_pool_class *cls, unsigned ncls,
+                              const struct io_pool_alloc *alloc, struct io_pool **out);
 void     io_pool_destroy(struct io_pool *p);      /* every buffer must be back */
 /* Take a free buffer; blocks up to timeout_ms (<0: forever). Index >= 0, or -ETIMEDOUT. */
 int      io_pool_get(struct io_pool *p, int timeout_ms);
-/* A buffer that holds n bytes padded to CKPT_ALIGN: a small one when the pool has
- * them and one is free, else a large one (n at most io_pool_buf_bytes). */
+/* A buffer that holds n bytes padded to CKPT_ALIGN (n at most io_pool_buf_bytes):
+ * one of the smallest class that holds it when one is free, else one of the next
+ * larger class that has one free; blocks up to timeout_ms while none of those
+ * classes has one. Index >= 0, or -ETIMEDOUT. */
 int      io_pool_get_fit(struct io_pool *p, size_t n, int timeout_ms);
 void     io_pool_put(struct io_pool *p, unsigned idx);
 void    *io_pool_addr(const struct io_pool *p, unsigned idx);
@@ -225,8 +240,13 @@ size_t   io_pool_len(const struct io_pool *p, unsigned idx);   /* 0: no such buf
 size_t   io_pool_buf_bytes(const struct io_pool *p);
 unsigned io_pool_nbufs(const struct io_pool *p);
 unsigned io_pool_nfree(struct io_pool *p);
-/* Both classes: indices [0, nslots), bytes of the buffers out, bytes in all. */
+/* Every class: indices [0, nslots), bytes of the buffers out, bytes in all. */
 unsigned io_pool_nslots(const struct io_pool *p);
+unsigned io_pool_nclasses(const struct io_pool *p);
+/* Class c's size and count, and (nfree not NULL) how many of it are free now.
+ * -EINVAL for no such class. */
+int      io_pool_class_info(struct io_pool *p, unsigned c, struct io_pool_class *out,
+                            unsigned *nfree);
 uint64_t io_pool_bytes_out(struct io_pool *p);
 uint64_t io_pool_bytes(const struct io_pool *p);
 

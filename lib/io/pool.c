@@ -9,13 +9,14 @@
  * "owned" bit so that a double put, which would hand one buffer to two owners, is
  * caught at the put: it aborts in debug builds and is logged and ignored otherwise.
  *
- * A pool may have a second class of smaller buffers after the large ones, in the
- * same mapping (io_pool_create_classes): a taker that knows its size asks for one
- * that fits (io_pool_get_fit), so that a small chunk does not hold a buffer sized
- * for the largest. The small buffers' indices follow the large ones'; everything
- * that takes an index (put, addr, io_pool_len, the engine's registration) serves
- * both classes, while io_pool_get, io_pool_nbufs and io_pool_nfree speak of the
- * large class only, which is what their callers size their work by.
+ * A pool may have several classes of buffers, each smaller than the one before,
+ * in the same mapping (io_pool_create_sized): a taker that knows its size asks for
+ * one that fits (io_pool_get_fit), so that a chunk shorter than the largest (a
+ * tensor's last piece, a bias) does not hold a buffer sized for the largest. The
+ * classes' indices follow one another, the largest class first; everything that
+ * takes an index (put, addr, io_pool_len, the engine's registration) serves every
+ * class, while io_pool_get, io_pool_nbufs and io_pool_nfree speak of the largest
+ * class only, which is what their callers size their work by.
  *
  * Threads: every function is thread-safe.
  */
@@ -28,64 +29,98 @@
 
 #include "io/io_internal.h"
 
+struct pool_class {
+	size_t    bytes;          /* each buffer's */
+	size_t    off;            /* the class's first buffer, from base */
+	unsigned  first, n;       /* its indices: [first, first + n) */
+	unsigned  nfree;
+	unsigned *stack;          /* free indices: nfree entries valid */
+};
+
 struct io_pool {
-	pthread_mutex_t lock;
-	pthread_cond_t  freed;
-	uint8_t        *base;
-	size_t          buf_bytes, small_bytes, total;
-	unsigned        nbufs, nfree;
-	unsigned        nsmall, nsfree;
-	unsigned       *free_stack;     /* nfree entries valid */
-	unsigned       *sfree_stack;    /* the small class's: nsfree entries valid */
-	bool           *owned;          /* owned[i]: buffer i is out of the pool */
-	struct io_pool_alloc alloc;     /* alloc.alloc NULL: our own mmap */
+	pthread_mutex_t   lock;
+	pthread_cond_t    freed;
+	uint8_t          *base;
+	size_t            total;
+	unsigned          nclass, nslots;
+	struct pool_class cls[IO_POOL_MAX_CLASSES];   /* largest first */
+	unsigned         *stacks;   /* the classes' free stacks, one allocation */
+	bool             *owned;    /* owned[i]: buffer i is out of the pool */
+	struct io_pool_alloc alloc; /* alloc.alloc NULL: our own mmap */
 };
 
 int io_pool_create(size_t buf_bytes, unsigned nbufs, const struct io_pool_alloc *alloc,
                    struct io_pool **out)
 {
-	return io_pool_create_classes(buf_bytes, nbufs, 0, 0, alloc, out);
+	struct io_pool_class c = { buf_bytes, nbufs };
+	return io_pool_create_sized(&c, 1, alloc, out);
 }
 
 int io_pool_create_classes(size_t buf_bytes, unsigned nbufs, size_t small_bytes,
                            unsigned nsmall, const struct io_pool_alloc *alloc,
                            struct io_pool **out)
 {
+	struct io_pool_class c[2] = { { buf_bytes, nbufs }, { small_bytes, nsmall } };
+	return io_pool_create_sized(c, nsmall ? 2 : 1, alloc, out);
+}
+
+static void pool_free_tables(struct io_pool *p)
+{
+	ckpt_free(p->stacks);
+	ckpt_free(p->owned);
+	ckpt_free(p);
+}
+
+int io_pool_create_sized(const struct io_pool_class *cls, unsigned ncls,
+                         const struct io_pool_alloc *alloc, struct io_pool **out)
+{
 	*out = NULL;
-	uint64_t total, stotal = 0;
-	if (buf_bytes == 0 || buf_bytes % CKPT_ALIGN || nbufs == 0 ||
-	    !ckpt_mul_u64(buf_bytes, nbufs, &total) || total > SIZE_MAX)
-		return ckpt_err(-EINVAL, "io pool: %u buffers of %zu bytes (need a non-zero "
-		                "multiple of %u)", nbufs, buf_bytes, CKPT_ALIGN);
-	if (nsmall && (small_bytes == 0 || small_bytes % CKPT_ALIGN || small_bytes >= buf_bytes ||
-	               nsmall > UINT_MAX - nbufs || !ckpt_mul_u64(small_bytes, nsmall, &stotal) ||
-	               total + stotal > SIZE_MAX))
-		return ckpt_err(-EINVAL, "io pool: %u small buffers of %zu bytes beside buffers of "
-		                "%zu (need a non-zero multiple of %u, smaller)", nsmall, small_bytes,
-		                buf_bytes, CKPT_ALIGN);
+	if (ncls == 0 || ncls > IO_POOL_MAX_CLASSES)
+		return ckpt_err(-EINVAL, "io pool: %u buffer classes (1 to %u)", ncls,
+		                IO_POOL_MAX_CLASSES);
+	uint64_t total = 0, slots = 0;
+	for (unsigned c = 0; c < ncls; c++) {
+		uint64_t bytes;
+		if (cls[c].bytes == 0 || cls[c].bytes % CKPT_ALIGN || cls[c].count == 0 ||
+		    (c && cls[c].bytes >= cls[c - 1].bytes) ||
+		    !ckpt_mul_u64(cls[c].bytes, cls[c].count, &bytes) ||
+		    !ckpt_add_u64(total, bytes, &total) || total > SIZE_MAX ||
+		    (slots += cls[c].count) > INT_MAX)
+			return ckpt_err(-EINVAL, "io pool: class %u of %u buffers of %zu bytes (each "
+			                "class needs buffers, a non-zero multiple of %u bytes, each "
+			                "smaller than the class before)", c, cls[c].count, cls[c].bytes,
+			                CKPT_ALIGN);
+	}
 	struct io_pool *p = ckpt_calloc(1, sizeof *p);
 	if (!p)
 		return ckpt_err(-ENOMEM, "io pool");
-	p->buf_bytes = buf_bytes;
-	p->small_bytes = nsmall ? small_bytes : 0;
-	p->total = (size_t)(total + stotal);
-	p->nbufs = p->nfree = nbufs;
-	p->nsmall = p->nsfree = nsmall;
-	p->free_stack = ckpt_calloc(nbufs, sizeof *p->free_stack);
-	p->sfree_stack = ckpt_calloc(nsmall ? nsmall : 1, sizeof *p->sfree_stack);
-	p->owned = ckpt_calloc((size_t)nbufs + nsmall, sizeof *p->owned);
+	p->total = (size_t)total;
+	p->nclass = ncls;
+	p->nslots = (unsigned)slots;
+	p->stacks = ckpt_calloc(p->nslots, sizeof *p->stacks);
+	p->owned = ckpt_calloc(p->nslots, sizeof *p->owned);
 	if (alloc && alloc->alloc)
 		p->alloc = *alloc;
-	if (!p->free_stack || !p->sfree_stack || !p->owned)
+	if (!p->stacks || !p->owned)
 		goto nomem;
+	size_t off = 0;
+	unsigned first = 0;
+	for (unsigned c = 0; c < ncls; c++) {
+		struct pool_class *k = &p->cls[c];
+		*k = (struct pool_class){ .bytes = cls[c].bytes, .off = off, .first = first,
+		                          .n = cls[c].count, .nfree = cls[c].count,
+		                          .stack = p->stacks + first };
+		/* Hand out low indices first: tests and logs read more easily. */
+		for (unsigned i = 0; i < k->n; i++)
+			k->stack[i] = first + k->n - 1 - i;
+		off += (size_t)k->n * k->bytes;
+		first += k->n;
+	}
 	if (p->alloc.alloc) {
 		p->base = p->alloc.alloc(p->total, p->alloc.arg);
 		if (p->base && (uintptr_t)p->base % CKPT_ALIGN) {
 			p->alloc.free(p->base, p->total, p->alloc.arg);
-			ckpt_free(p->free_stack);
-			ckpt_free(p->sfree_stack);
-			ckpt_free(p->owned);
-			ckpt_free(p);
+			pool_free_tables(p);
 			return ckpt_err(-EINVAL, "io pool: allocator returned unaligned memory");
 		}
 	} else {
@@ -93,63 +128,90 @@ int io_pool_create_classes(size_t buf_bytes, unsigned nbufs, size_t small_bytes,
 	}
 	if (!p->base)
 		goto nomem;
-	/* Hand out low indices first: tests and logs read more easily. */
-	for (unsigned i = 0; i < nbufs; i++)
-		p->free_stack[i] = nbufs - 1 - i;
-	for (unsigned i = 0; i < nsmall; i++)
-		p->sfree_stack[i] = nbufs + nsmall - 1 - i;
 	pthread_mutex_init(&p->lock, NULL);
 	ckpt_cond_init(&p->freed);
 	*out = p;
 	return 0;
 nomem:
-	ckpt_free(p->free_stack);
-	ckpt_free(p->sfree_stack);
-	ckpt_free(p->owned);
-	ckpt_free(p);
-	return ckpt_err(-ENOMEM, "io pool: %u buffers of %zu bytes", nbufs, buf_bytes);
+	pool_free_tables(p);
+	return ckpt_err(-ENOMEM, "io pool: %u buffers of %zu bytes in %u class(es), %llu bytes",
+	                (unsigned)slots, cls[0].bytes, ncls, (unsigned long long)total);
+}
+
+static unsigned pool_nfree_all(const struct io_pool *p)
+{
+	unsigned n = 0;
+	for (unsigned c = 0; c < p->nclass; c++)
+		n += p->cls[c].nfree;
+	return n;
 }
 
 void io_pool_destroy(struct io_pool *p)
 {
 	if (!p)
 		return;
-	if (p->nfree != p->nbufs || p->nsfree != p->nsmall)
+	unsigned nfree = pool_nfree_all(p);
+	if (nfree != p->nslots)
 		ckpt_log(CKPT_LOG_ERROR, "io pool: destroyed with %u of %u buffers still out",
-		         p->nbufs + p->nsmall - p->nfree - p->nsfree, p->nbufs + p->nsmall);
+		         p->nslots - nfree, p->nslots);
 	if (p->alloc.alloc)
 		p->alloc.free(p->base, p->total, p->alloc.arg);
 	else
 		io_unmap_buffers(p->base, p->total);
 	pthread_cond_destroy(&p->freed);
 	pthread_mutex_destroy(&p->lock);
-	ckpt_free(p->free_stack);
-	ckpt_free(p->sfree_stack);
-	ckpt_free(p->owned);
-	ckpt_free(p);
+	pool_free_tables(p);
 }
 
-int io_pool_get(struct io_pool *p, int timeout_ms)
+/* The smallest class with a free buffer among classes [0, fit] (those whose
+ * buffers hold what the taker needs), or -1. Under lock. */
+static int pool_class_free(const struct io_pool *p, unsigned fit)
+{
+	for (int c = (int)fit; c >= 0; c--)
+		if (p->cls[c].nfree)
+			return c;
+	return -1;
+}
+
+/* Take a buffer of class fit or, where none is free, of the smallest larger class
+ * that has one; wait up to timeout_ms while none of them has. */
+static int pool_take(struct io_pool *p, unsigned fit, int timeout_ms)
 {
 	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
 	pthread_mutex_lock(&p->lock);
-	while (p->nfree == 0) {
+	int c;
+	while ((c = pool_class_free(p, fit)) < 0) {
 		if (ckpt_cond_wait_until(&p->freed, &p->lock, deadline) == ETIMEDOUT &&
-		    p->nfree == 0) {
+		    (c = pool_class_free(p, fit)) < 0) {
 			pthread_mutex_unlock(&p->lock);
 			return -ETIMEDOUT;
 		}
 	}
-	unsigned idx = p->free_stack[--p->nfree];
+	struct pool_class *k = &p->cls[c];
+	unsigned idx = k->stack[--k->nfree];
 	p->owned[idx] = true;
 	pthread_mutex_unlock(&p->lock);
 	return (int)idx;
 }
 
+int io_pool_get(struct io_pool *p, int timeout_ms)
+{
+	return pool_take(p, 0, timeout_ms);
+}
+
+/* The class of buffer idx (idx < nslots). */
+static unsigned pool_class_of(const struct io_pool *p, unsigned idx)
+{
+	unsigned c = p->nclass - 1;
+	while (c > 0 && idx < p->cls[c].first)
+		c--;
+	return c;
+}
+
 void io_pool_put(struct io_pool *p, unsigned idx)
 {
 	pthread_mutex_lock(&p->lock);
-	if (idx >= p->nbufs + p->nsmall || !p->owned[idx]) {
+	if (idx >= p->nslots || !p->owned[idx]) {
 		pthread_mutex_unlock(&p->lock);
 		ckpt_log(CKPT_LOG_ERROR, "io pool: buffer %u put back but not taken "
 		         "(double put or bad index; ignored)", idx);
@@ -159,72 +221,74 @@ void io_pool_put(struct io_pool *p, unsigned idx)
 		return;
 	}
 	p->owned[idx] = false;
-	if (idx < p->nbufs)
-		p->free_stack[p->nfree++] = idx;
-	else
-		p->sfree_stack[p->nsfree++] = idx;
-	/* Takers of either class may wait: wake them all, each looks at its own. */
+	struct pool_class *k = &p->cls[pool_class_of(p, idx)];
+	k->stack[k->nfree++] = idx;
+	/* Takers of any class may wait: wake them all, each looks at its own. */
 	pthread_cond_broadcast(&p->freed);
 	pthread_mutex_unlock(&p->lock);
 }
 
-/* A small buffer where one fits and is free, else a large one: a small chunk never
- * waits for a large buffer while a small one is free, nor for a small one while a
- * large one is. */
+/* The smallest class whose buffers hold n bytes padded: a short chunk never waits
+ * for a large buffer while a smaller one that holds it is free, nor for its own
+ * class while a larger one is free. */
 int io_pool_get_fit(struct io_pool *p, size_t n, int timeout_ms)
 {
-	if (!p->nsmall || ckpt_align_up(n ? n : 1, CKPT_ALIGN) > p->small_bytes)
-		return io_pool_get(p, timeout_ms);
-	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
-	pthread_mutex_lock(&p->lock);
-	while (p->nsfree == 0 && p->nfree == 0) {
-		if (ckpt_cond_wait_until(&p->freed, &p->lock, deadline) == ETIMEDOUT &&
-		    p->nsfree == 0 && p->nfree == 0) {
-			pthread_mutex_unlock(&p->lock);
-			return -ETIMEDOUT;
-		}
-	}
-	unsigned idx = p->nsfree ? p->sfree_stack[--p->nsfree] : p->free_stack[--p->nfree];
-	p->owned[idx] = true;
-	pthread_mutex_unlock(&p->lock);
-	return (int)idx;
+	size_t need = ckpt_align_up(n ? n : 1, CKPT_ALIGN);
+	unsigned fit = p->nclass - 1;
+	while (fit > 0 && p->cls[fit].bytes < need)
+		fit--;
+	return pool_take(p, fit, timeout_ms);
 }
 
 void *io_pool_addr(const struct io_pool *p, unsigned idx)
 {
-	if (idx < p->nbufs)
-		return p->base + (size_t)idx * p->buf_bytes;
-	if (idx - p->nbufs < p->nsmall)
-		return p->base + (size_t)p->nbufs * p->buf_bytes +
-		       (size_t)(idx - p->nbufs) * p->small_bytes;
-	return NULL;
+	if (idx >= p->nslots)
+		return NULL;
+	const struct pool_class *k = &p->cls[pool_class_of(p, idx)];
+	return p->base + k->off + (size_t)(idx - k->first) * k->bytes;
 }
 
 size_t io_pool_len(const struct io_pool *p, unsigned idx)
 {
-	return idx < p->nbufs ? p->buf_bytes : idx - p->nbufs < p->nsmall ? p->small_bytes : 0;
+	return idx < p->nslots ? p->cls[pool_class_of(p, idx)].bytes : 0;
 }
 
-unsigned io_pool_nslots(const struct io_pool *p) { return p->nbufs + p->nsmall; }
+unsigned io_pool_nslots(const struct io_pool *p) { return p->nslots; }
+
+unsigned io_pool_nclasses(const struct io_pool *p) { return p->nclass; }
+
+int io_pool_class_info(struct io_pool *p, unsigned c, struct io_pool_class *out,
+                       unsigned *nfree)
+{
+	if (c >= p->nclass)
+		return -EINVAL;
+	pthread_mutex_lock(&p->lock);
+	*out = (struct io_pool_class){ p->cls[c].bytes, p->cls[c].n };
+	if (nfree)
+		*nfree = p->cls[c].nfree;
+	pthread_mutex_unlock(&p->lock);
+	return 0;
+}
 
 uint64_t io_pool_bytes_out(struct io_pool *p)
 {
+	uint64_t n = 0;
 	pthread_mutex_lock(&p->lock);
-	uint64_t n = (uint64_t)(p->nbufs - p->nfree) * p->buf_bytes +
-	             (uint64_t)(p->nsmall - p->nsfree) * p->small_bytes;
+	for (unsigned c = 0; c < p->nclass; c++)
+		n += (uint64_t)(p->cls[c].n - p->cls[c].nfree) * p->cls[c].bytes;
 	pthread_mutex_unlock(&p->lock);
 	return n;
 }
 
 uint64_t io_pool_bytes(const struct io_pool *p) { return p->total; }
 
-size_t io_pool_buf_bytes(const struct io_pool *p) { return p->buf_bytes; }
-unsigned io_pool_nbufs(const struct io_pool *p) { return p->nbufs; }
+size_t io_pool_buf_bytes(const struct io_pool *p) { return p->cls[0].bytes; }
+unsigned io_pool_nbufs(const struct io_pool *p) { return p->cls[0].n; }
 
 unsigned io_pool_nfree(struct io_pool *p)
 {
 	pthread_mutex_lock(&p->lock);
-	unsigned n = p->nfree;
+	unsigned n = p->cls[0].nfree;
 	pthread_mutex_unlock(&p->lock);
 	return n;
 }
@@ -234,13 +298,13 @@ int io_pool_index_of(const struct io_pool *p, const void *addr, size_t len)
 	uintptr_t a = (uintptr_t)addr, b = (uintptr_t)p->base;
 	if (a < b || a - b >= p->total)
 		return -1;
-	size_t big = (size_t)p->nbufs * p->buf_bytes;
-	if (a - b < big) {
-		size_t idx = (a - b) / p->buf_bytes, in = (a - b) % p->buf_bytes;
-		return len <= p->buf_bytes - in ? (int)idx : -1;
-	}
-	size_t idx = (a - b - big) / p->small_bytes, in = (a - b - big) % p->small_bytes;
-	return len <= p->small_bytes - in ? (int)(p->nbufs + idx) : -1;
+	size_t at = (size_t)(a - b);
+	unsigned c = p->nclass - 1;
+	while (c > 0 && at < p->cls[c].off)
+		c--;
+	const struct pool_class *k = &p->cls[c];
+	size_t idx = (at - k->off) / k->bytes, in = (at - k->off) % k->bytes;
+	return len <= k->bytes - in ? (int)(k->first + idx) : -1;
 }
 
 #define HUGE_BYTES ((size_t)2 << 20)

@@ -116,7 +116,14 @@ if exec 3<>"/dev/tcp/127.0.0.1/$mport_a"; then
   grep -q '^ckptd_saves_committed_total [1-9]' <<<"$m" && grep -q 'ckptd_quota_refusals_total [1-9]' <<<"$m" \
     && grep -q 'ckptd_job_used_bytes{job="one"} [1-9]' <<<"$m" \
     && ok "metrics: commits, refusals, per-job usage" || bad "metrics" "$m"
+  # Every buffer of every size is back once the streams have ended.
+  grep -q '^ckptd_pool_used_bytes 0$' <<<"$m" && ok "metrics: the pool is all back" \
+    || bad "pool buffers still out after the saves" "$(grep pool <<<"$m")"
 fi
+# The default pool (1 GiB, chunks of 16 MiB): three quarters in chunk-size buffers, the
+# rest in sizes halving down to 64 KiB, the same number of each.
+grep -q "pool: 48 buffers of 16384 KiB, and 16 each of 8192 down to 64 KiB" "$t/a.log" \
+  && ok "the pool's buffer sizes" || bad "pool layout" "$(grep 'pool:' "$t/a.log")"
 # A save that fails on one rank is aborted, and the home instance removes the files
 # that the other ranks made durable, on every instance.
 expect_rc 1 "quota of 262144 bytes exceeded" "rank 1 of job two over its quota on the second instance" \

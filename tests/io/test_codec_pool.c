@@ -264,6 +264,104 @@ static void *put_later(void *arg)
 	return NULL;
 }
 
+/* Several classes: a taker gets the smallest class that holds its bytes, then the
+ * next larger one with a buffer free, never a smaller one; a taker whose classes
+ * are all out waits even while smaller classes have buffers, and a put of a
+ * buffer it may take wakes it; indices, addresses and byte counts follow the
+ * classes; bad class tables are refused. */
+START_TEST(pool_sized_classes)
+{
+	struct io_pool *p;
+	struct io_pool_class bad_order[2] = { { 16384, 1 }, { 16384, 1 } };
+	struct io_pool_class bad_size[2] = { { 16384, 1 }, { 6000, 1 } };
+	struct io_pool_class bad_empty[2] = { { 16384, 1 }, { 4096, 0 } };
+	ck_assert_int_eq(io_pool_create_sized(bad_order, 2, NULL, &p), -EINVAL);
+	ck_assert_ptr_null(p);
+	ck_assert_int_eq(io_pool_create_sized(bad_size, 2, NULL, &p), -EINVAL);
+	ck_assert_int_eq(io_pool_create_sized(bad_empty, 2, NULL, &p), -EINVAL);
+	ck_assert_int_eq(io_pool_create_sized(bad_order, 0, NULL, &p), -EINVAL);
+	ck_assert_int_eq(io_pool_create_sized(bad_order, IO_POOL_MAX_CLASSES + 1, NULL, &p),
+	                 -EINVAL);
+	/* 32 KiB x 2, 16 KiB x 2, 8 KiB x 1, 4 KiB x 3: indices 0-1, 2-3, 4, 5-7. */
+	struct io_pool_class cls[4] = { { 32768, 2 }, { 16384, 2 }, { 8192, 1 }, { 4096, 3 } };
+	ck_assert_int_eq(io_pool_create_sized(cls, 4, NULL, &p), 0);
+	ck_assert_uint_eq(io_pool_nclasses(p), 4);
+	ck_assert_uint_eq(io_pool_nslots(p), 8);
+	ck_assert_uint_eq(io_pool_nbufs(p), 2);
+	ck_assert_uint_eq(io_pool_buf_bytes(p), 32768);
+	ck_assert_uint_eq(io_pool_bytes(p), 2 * 32768 + 2 * 16384 + 8192 + 3 * 4096);
+	struct io_pool_class info;
+	unsigned nfree;
+	ck_assert_int_eq(io_pool_class_info(p, 2, &info, &nfree), 0);
+	ck_assert_uint_eq(info.bytes, 8192);
+	ck_assert_uint_eq(info.count, 1);
+	ck_assert_uint_eq(nfree, 1);
+	ck_assert_int_eq(io_pool_class_info(p, 4, &info, NULL), -EINVAL);
+	/* Each buffer in its place: contiguous, aligned, the class's size. */
+	uint8_t *base = io_pool_addr(p, 0);
+	size_t off = 0;
+	for (unsigned i = 0; i < 8; i++) {
+		ck_assert_ptr_eq(io_pool_addr(p, i), base + off);
+		ck_assert_int_eq(io_pool_index_of(p, base + off, io_pool_len(p, i)), (int)i);
+		ck_assert_int_eq(io_pool_index_of(p, base + off + 1, io_pool_len(p, i)), -1);
+		off += io_pool_len(p, i);
+	}
+	ck_assert_uint_eq(io_pool_len(p, 4), 8192);
+	ck_assert_uint_eq(io_pool_len(p, 8), 0);
+	ck_assert_ptr_null(io_pool_addr(p, 8));
+	/* 5000 bytes fit the 8 KiB class; its one buffer gone, the 16 KiB class. */
+	int a = io_pool_get_fit(p, 5000, 0);
+	ck_assert_int_eq(a, 4);
+	int b = io_pool_get_fit(p, 5000, 0);
+	ck_assert_int_ge(b, 2);
+	ck_assert_int_le(b, 3);
+	/* Tiny takers: the 4 KiB class, never anything larger while it has some. */
+	int t[3];
+	for (int i = 0; i < 3; i++) {
+		t[i] = io_pool_get_fit(p, i == 0 ? 0 : 1 + (size_t)i * 1000, 0);
+		ck_assert_int_ge(t[i], 5);
+		ck_assert_uint_eq(io_pool_len(p, (unsigned)t[i]), 4096);
+	}
+	ck_assert_uint_eq(io_pool_bytes_out(p), 8192 + 16384 + 3 * 4096);
+	/* 4 KiB and 8 KiB classes out: a tiny taker goes up to the 16 KiB one. */
+	int c = io_pool_get_fit(p, 1, 0);
+	ck_assert_uint_eq(io_pool_len(p, (unsigned)c), 16384);
+	ck_assert_uint_eq(io_pool_nfree(p), 2);     /* the largest class untouched */
+	/* Then the 32 KiB class, and then nothing: -ETIMEDOUT. */
+	int d = io_pool_get_fit(p, 1, 0), e = io_pool_get_fit(p, 20000, 0);
+	ck_assert_uint_eq(io_pool_len(p, (unsigned)d), 32768);
+	ck_assert_uint_eq(io_pool_len(p, (unsigned)e), 32768);
+	ck_assert_int_eq(io_pool_get_fit(p, 1, 0), -ETIMEDOUT);
+	ck_assert_uint_eq(io_pool_bytes_out(p), io_pool_bytes(p));
+	/* A small buffer back: a large taker still has none, a small one gets it. */
+	io_pool_put(p, (unsigned)t[1]);
+	ck_assert_int_eq(io_pool_get_fit(p, 8193, 0), -ETIMEDOUT);
+	ck_assert_int_eq(io_pool_get(p, 0), -ETIMEDOUT);
+	ck_assert_int_eq(io_pool_get_fit(p, 4096, 0), t[1]);
+	/* A taker of 20000 bytes waits while only smaller classes come back, and a
+	 * put of a 32 KiB buffer wakes it. */
+	io_pool_put(p, (unsigned)a);
+	ck_assert_int_eq(io_pool_get_fit(p, 20000, 50), -ETIMEDOUT);
+	ck_assert_int_eq(io_pool_get_fit(p, 8192, 0), a);
+	pthread_t th;
+	struct putter pt = { p, (unsigned)d };
+	ck_assert_int_eq(pthread_create(&th, NULL, put_later, &pt), 0);
+	int w = io_pool_get_fit(p, 20000, 10000);
+	ck_assert_int_eq(w, d);
+	pthread_join(th, NULL);
+	int back[] = { a, b, t[0], t[1], t[2], c, w, e };
+	for (unsigned i = 0; i < sizeof back / sizeof back[0]; i++)
+		io_pool_put(p, (unsigned)back[i]);
+	ck_assert_uint_eq(io_pool_bytes_out(p), 0);
+	for (unsigned k = 0; k < 4; k++) {
+		ck_assert_int_eq(io_pool_class_info(p, k, &info, &nfree), 0);
+		ck_assert_uint_eq(nfree, cls[k].count);
+	}
+	io_pool_destroy(p);
+}
+END_TEST
+
+
 START_TEST(pool_blocking_get_woken_by_put)
 {
 	struct io_pool *p;
@@ -385,6 +483,7 @@ int main(void)
 	tcase_add_test(tc, zstd_corrupt_frames);
 	tcase_add_test(tc, pool_ownership);
 	tcase_add_test(tc, pool_classes);
+	tcase_add_test(tc, pool_sized_classes);
 	tcase_add_test(tc, pool_blocking_get_woken_by_put);
 	tcase_add_test(tc, pool_double_put_caught);
 	tcase_add_test(tc, pool_custom_allocator);
