@@ -1482,7 +1482,15 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	cur.out_item = SIZE_MAX;
 	cur.stage_item = SIZE_MAX;
 	cur.gds = save_uses_gds(c, s);
-	unsigned window = snapshot_pipe_window(io_pool_nbufs(c->pool), c->cfg.queue_depth);
+	/* The pipe's window is the pool less what the writer needs beside it: the
+	 * writes in flight and, when it compresses, its ring's chunks, each holding its
+	 * raw buffer and a second one to compress into (lib/io/writer.c). A window of
+	 * the rest would leave the compression workers without output buffers, and the
+	 * chunks would be compressed one by one as writes gave buffers back. */
+	unsigned beside = c->cfg.queue_depth;
+	if (c->cfg.zstd_level > 0 && !glue_remote(c))
+		beside += 4 * c->cfg.compress_threads;
+	unsigned window = snapshot_pipe_window(io_pool_nbufs(c->pool), beside);
 	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, IO_BLOCK_BYTES, &cur.pipe)))
 		goto out;
 	snapshot_pipe_after(cur.pipe, s->fence);
