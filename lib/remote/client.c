@@ -285,6 +285,9 @@ struct remote_writer {
 	unsigned            ngrants;
 	struct rw_pend { uint64_t ticket; unsigned buf; } pend[RW_PENDING];
 	unsigned            npend;
+	/* Where the stream's time went (CKPT_LOG=debug at finish): since open; the
+	 * sender sending and waiting for chunks; the worker waiting for the queue. */
+	uint64_t            t_open, ns_send, ns_idle, ns_full, chunks, sent;
 };
 
 static void item_release(struct remote_writer *w, struct rw_item *it)
@@ -426,14 +429,21 @@ static void *rw_sender(void *arg)
 			}
 			continue;
 		}
+		uint64_t t0 = ckpt_now_ns();
 		while (!w->count && !w->closing)
 			pthread_cond_wait(&w->cond, &w->lock);
+		uint64_t t1 = ckpt_now_ns();
+		w->ns_idle += t1 - t0;
 		if (!w->count)
 			break;
 		struct rw_item *it = &w->q[w->head];
 		bool failed = w->send_rc != 0 || w->peer_rc != 0;
 		pthread_mutex_unlock(&w->lock);
 		int rc = 0;
+		if (it->type == REMOTE_MSG_CHUNK) {
+			w->chunks++;
+			w->sent += it->stored;
+		}
 		if (!failed && w->direct && it->type == REMOTE_MSG_CHUNK) {
 			rc = rw_send_direct(w, it);
 		} else if (!failed) {
@@ -444,6 +454,7 @@ static void *rw_sender(void *arg)
 		}
 		item_release(w, it);
 		pthread_mutex_lock(&w->lock);
+		w->ns_send += ckpt_now_ns() - t1;
 		if (rc && !w->send_rc) {
 			w->send_rc = rc;
 			snprintf(w->send_msg, sizeof w->send_msg, "%s: %s", w->c->name, ckpt_err_msg());
@@ -512,8 +523,10 @@ static int rw_push(struct remote_writer *w, struct rw_item *it)
 		return rc;
 	}
 	pthread_mutex_lock(&w->lock);
+	uint64_t t0 = ckpt_now_ns();
 	while (w->count == RW_QUEUE)
 		pthread_cond_wait(&w->cond, &w->lock);
+	w->ns_full += ckpt_now_ns() - t0;
 	w->q[(w->head + w->count) % RW_QUEUE] = *it;
 	w->count++;
 	pthread_cond_broadcast(&w->cond);
@@ -573,6 +586,7 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 		return ckpt_err(-ENOMEM, "%s: shard stream", c->name);
 	w->c = c;
 	w->pool = pool;
+	w->t_open = ckpt_now_ns();
 	w->zstd_level = o->zstd_level;
 	w->codec = o->codec == IO_CODEC_BYTEGROUP ? IO_CODEC_BYTEGROUP : IO_CODEC_ZSTD;
 	pthread_mutex_init(&w->lock, NULL);
@@ -698,6 +712,12 @@ int remote_writer_finish(struct remote_writer *w, struct io_shard_result *res)
 	struct remote_conn *c = w->c;
 	rw_drain(w);
 	int rc = rw_failed(w);
+	/* The sender has stopped (rw_drain joined it): its figures are final. */
+	ckpt_log(CKPT_LOG_DEBUG, "%s: stream of %llu chunk(s), %.1f MiB, %.3f s since open; "
+	         "sender sending %.3f s, waiting for chunks %.3f s; worker waiting for the "
+	         "sender's queue %.3f s", c->name, (unsigned long long)w->chunks,
+	         (double)w->sent / 1048576.0, (double)(ckpt_now_ns() - w->t_open) / 1e9,
+	         (double)w->ns_send / 1e9, (double)w->ns_idle / 1e9, (double)w->ns_full / 1e9);
 	struct net_msg m = { 0 };
 	if (!rc)
 		rc = request(c, REMOTE_MSG_FINISH, NULL);
