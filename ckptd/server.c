@@ -127,6 +127,9 @@ struct dconn {
 	int64_t              queued;     /* chunks of the stream counted in queue_depth */
 	size_t               index_bytes;/* what the stream's index holds, about */
 	bool                 sent_error; /* an ERROR went out: the connection ends */
+	/* where the stream's time went (logged with DURABLE): since open, waiting for a
+	 * pool buffer, inside the writer's appends (its ring and writes) */
+	uint64_t             t_open, ns_buf, ns_append, nchunks;
 	struct ckptd_job     auth;       /* during the handshake: the job's secret */
 	struct ckpt_log_sink sink;       /* this connection's lines: job and rank */
 };
@@ -497,6 +500,8 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 		.step = o.step, .rank = d->hello.rank, .world = d->hello.world, .save_id = o.save_id,
 		.size_hint = o.size_hint, .block_bytes = o.block_bytes, .mode = 0600,
 	};
+	d->t_open = ckpt_now_ns();
+	d->ns_buf = d->ns_append = d->nchunks = 0;
 	if ((rc = io_shard_writer_open(d->engine, d->path, &wo, &d->w)))
 		goto fail;
 	/* The direct path where the rank asks and the transport can: a share of the
@@ -580,7 +585,7 @@ static int data_into(void *arg, uint16_t type, size_t len, void **dst)
 	}
 	if (!d->want_data || len != d->chunk.stored_len)
 		return data_unexpected(d, len);
-	uint64_t deadline = ckpt_deadline_ms(d->s->o.timeout_ms);
+	uint64_t deadline = ckpt_deadline_ms(d->s->o.timeout_ms), t0 = ckpt_now_ns();
 	int b;
 	/* A small chunk takes a small buffer: one the size of the largest chunk would
 	 * hold a stream of small tensors to a fraction of the pool. */
@@ -591,6 +596,7 @@ static int data_into(void *arg, uint16_t type, size_t len, void **dst)
 			return ckpt_err(-ETIMEDOUT, "no pool buffer free for %u ms (the disks are "
 			                "stalled)", d->s->o.timeout_ms);
 	}
+	d->ns_buf += ckpt_now_ns() - t0;
 	d->data_buf = b;
 	*dst = io_pool_addr(d->s->pool, (unsigned)b);
 	return 0;
@@ -620,9 +626,12 @@ static int chunk_append(struct dconn *d, unsigned b, bool rdma)
 		              "step %llu", j->id, (unsigned long long)d->quota, d->hello.rank,
 		              (unsigned long long)d->step);
 	} else {
+		uint64_t t0 = ckpt_now_ns();
 		rc = io_shard_writer_append(d->w, d->chunk.tensor, b, (size_t)d->chunk.raw_len,
 		                            &(struct io_append){ .hashes = &h, .codec = d->chunk.codec,
 		                                                 .stored_len = d->chunk.stored_len });
+		d->ns_append += ckpt_now_ns() - t0;
+		d->nchunks++;
 		/* The chunk is its writer's now (tests: a crash mid-stream, a slow disk). */
 		if (!rc && (rc = ckpt_fault(CKPT_FP_CKPTD_AFTER_CHUNK)) > 0)
 			rc = 0;
@@ -697,7 +706,9 @@ static int on_finish(struct dconn *d)
 		return ckpt_err(CKPT_EPROTO, "FINISH %s", d->w ? "before the last chunk's DATA" :
 		                "outside a shard stream");
 	struct io_shard_result res;
+	uint64_t t_fin = ckpt_now_ns();
 	int rc = io_shard_writer_finish(d->w, &res);
+	uint64_t t_end = ckpt_now_ns();
 	d->w = NULL;
 	stream_end(d, false);
 	/* Durable here, the rank not told yet (tests). */
@@ -718,9 +729,13 @@ static int on_finish(struct dconn *d)
 	atomic_fetch_add_explicit(&d->s->o.counters->bytes_written, res.file_size,
 	                          memory_order_relaxed);
 	atomic_fetch_add_explicit(&d->s->o.counters->shards_written, 1, memory_order_relaxed);
-	ckpt_log(CKPT_LOG_INFO, "job %s rank %u: step %llu durable, %llu bytes", d->job->id,
-	         d->hello.rank, (unsigned long long)res.index->step,
-	         (unsigned long long)res.file_size);
+	ckpt_log(CKPT_LOG_INFO, "job %s rank %u: step %llu durable, %llu bytes; the stream of "
+	         "%llu chunk(s) %.3f s: waiting for pool buffers %.3f s, in the writer's "
+	         "appends %.3f s, the rest receiving or waiting for the rank; finish %.3f s", d->job->id, d->hello.rank,
+	         (unsigned long long)res.index->step, (unsigned long long)res.file_size,
+	         (unsigned long long)d->nchunks, (double)(t_fin - d->t_open) / 1e9,
+	         (double)d->ns_buf / 1e9, (double)d->ns_append / 1e9,
+	         (double)(t_end - t_fin) / 1e9);
 	io_index_free(res.index);
 	ckpt_free(res.footer);
 	rc = b.ok ? send_ok(d, REMOTE_MSG_DURABLE, b.p, b.len) : ckpt_err(-ENOMEM, "DURABLE");

@@ -24,7 +24,8 @@
 # ckptd's write throughput (shard bytes written over the time from the first chunk
 # to the last shard durable, from its metrics polled every 10 ms), the ranks'
 # snapshot point with a rank pool smaller than their state (ckpt-synth's stall: the
-# slowest rank), ckptd's peak RSS (VmHWM). Targets: ckptd writes at >= 0.9 x the raw
+# slowest rank), ckptd's peak RSS (VmHWM); on stderr, ckptd's line per shard stream
+# saying where its time went (and the ranks' own with CKPT_LOG=debug). Targets: ckptd writes at >= 0.9 x the raw
 # write; the snapshot point comes at the network's pace (>= 0.9 x state / TCP beside
 # a raw write), sooner than the disk could take the state where the disk is the
 # slower; VmHWM <= --pool + 64 MiB. Prints a table with PASS or MISS for each; the
@@ -118,7 +119,7 @@ mkdir -m 700 "$dir/data"
 (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/secret"
  echo "bench secret-file=$dir/secret" > "$dir/jobs")
 "${in_cg[@]}" "$ckptd" --listen "$addr:0" --transport "$transport" --data "$dir/data" \
-  --jobs "$dir/jobs" --metrics 127.0.0.1:0 --pool "$pool" --chunk-max "$chunk" --log warn \
+  --jobs "$dir/jobs" --metrics 127.0.0.1:0 --pool "$pool" --chunk-max "$chunk" --log info \
   > "$dir/ckptd.out" 2> "$dir/ckptd.log" &
 pid=$!
 for _ in $(seq 600); do
@@ -157,6 +158,9 @@ rx_rdma=$(sed -n 's/^ckptd_bytes_received_rdma_write_total \([0-9]*\)$/\1/p' <<<
 kill -TERM "$pid"
 wait "$pid" || { cat "$dir/ckptd.log" >&2; log "ckptd did not stop cleanly"; exit 1; }
 pid=
+# Where each stream's time went on ckptd's side (one line per shard); the ranks' side
+# is in their own lines with CKPT_LOG=debug.
+grep -h "durable, " "$dir/ckptd.log" | sed 's/^/bench-ckptd: ckptd: /' >&2 || true
 rm -rf "$dir/data"
 log "raw write again..."
 raw2=$(raw_write)
