@@ -85,3 +85,33 @@ ckpt_gpu_add(test_gpu_order test_gpu_order)
 add_test(NAME test_cudart_on_demand COMMAND bash ${CKPT_GPU_TEST_DIR}/test_cudart_on_demand.sh
          $<TARGET_FILE:ckpt> $<TARGET_FILE:ckpt-synth>)
 set_tests_properties(test_cudart_on_demand PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "gpu")
+
+# The same programs against a stand-in runtime on host memory (fake_cudart.c), where
+# no GPU is: libckpt's device path — pinned pipe, snapshot events, loads to device
+# memory, the staging pool and its compare-and-copy — runs in every build, under the
+# sanitizers too. The stand-in is the test's CUDA runtime and, through CKPT_CUDART,
+# libckpt's.
+add_library(fakecudart SHARED ${CKPT_GPU_TEST_DIR}/fake_cudart.c)
+target_include_directories(fakecudart PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+set_target_properties(fakecudart PROPERTIES C_VISIBILITY_PRESET hidden)
+function(ckpt_gpu_fake name src)
+  add_executable(${name}_fake ${src} ${PROJECT_SOURCE_DIR}/tests/testutil.c)
+  target_include_directories(${name}_fake PRIVATE ${PROJECT_SOURCE_DIR}/tests
+                             ${PROJECT_SOURCE_DIR}/lib ${CKPT_GPU_TEST_DIR})
+  target_compile_definitions(${name}_fake PRIVATE _GNU_SOURCE)
+  target_link_libraries(${name}_fake PRIVATE ckpt_static fakecudart)
+endfunction()
+function(ckpt_gpu_fake_add name exe)
+  add_test(NAME ${name} COMMAND ${exe} ${ARGN})
+  set_tests_properties(${name} PROPERTIES TIMEOUT 300 LABELS "unit;snapshot"
+                       ENVIRONMENT "CKPT_CUDART=$<TARGET_FILE:fakecudart>")
+endfunction()
+ckpt_gpu_fake(test_gpu_roundtrip ${CKPT_GPU_TEST_DIR}/test_gpu_roundtrip.c)
+ckpt_gpu_fake_add(test_gpu_roundtrip_fake test_gpu_roundtrip_fake)
+ckpt_gpu_fake_add(test_gpu_load_device_fake test_gpu_roundtrip_fake --load-device)
+ckpt_gpu_fake(test_gpu_overwrite ${CKPT_GPU_TEST_DIR}/test_gpu_overwrite.c)
+ckpt_gpu_fake_add(test_gpu_overwrite_fake test_gpu_overwrite_fake)
+ckpt_gpu_fake(test_gpu_pool ${CKPT_GPU_TEST_DIR}/test_gpu_pool.c)
+ckpt_gpu_fake_add(test_gpu_pool_fake test_gpu_pool_fake)
+ckpt_gpu_fake(test_gpu_stage ${CKPT_GPU_TEST_DIR}/test_gpu_stage.c)
+ckpt_gpu_fake_add(test_gpu_stage_fake test_gpu_stage_fake)
