@@ -743,15 +743,13 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 				return rc;
 			/* The caller is waiting for the event, to queue its own work behind it:
 			 * the first pass ends here, and the CUDA calls of the copies out of the
-			 * staging pool come after the shard file is set up, not in its way. */
+			 * staging pool come after the shard file is set up, not in its way
+			 * (and after the previous step is open: whether a chunk compared on
+			 * the device needs a copy at all is known then). */
 			if (limit == SAVE_ISSUE_ASYNC)
 				return 1;
 		}
 		if (issued == limit)
-			return 1;
-		/* The first pass stops where chunks compared on the device begin: whether
-		 * they need a copy at all is known once the previous step is open. */
-		if (staged && cur->stage_diffs && limit == SAVE_ISSUE_ASYNC && !cur->prev.ix)
 			return 1;
 		size_t n = (size_t)(it->raw_bytes - cur->off < chunk ? it->raw_bytes - cur->off : chunk);
 		if (staged) {

@@ -64,8 +64,15 @@ size_t snapshot_stage_reserve(struct snapshot *sn, size_t bytes, bool diff)
 	if (dev < 0)
 		return 0;
 	if (!sn->stage && !sn->stage_tried) {
+		/* On the bound device, not the thread's current one: the save stream's
+		 * creation makes it the worker's current device (snap_dev_prepare). */
+		if (snap_dev_prepare(sn, 0)) {
+			ckpt_log(CKPT_LOG_WARN, "device staging pool not allocated: %s",
+			         ckpt_err_msg());
+			ckpt_err_clear();
+			return 0;
+		}
 		sn->stage_tried = true;
-		/* The worker has the bound device current (snap_dev_prepare). */
 		void *m = NULL;
 		cudaError_t e = cudart.Malloc(&m, bytes);
 		if (e != cudaSuccess) {
