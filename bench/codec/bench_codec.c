@@ -28,27 +28,13 @@
 
 #include "io/io_internal.h"
 
+#include "../bench_gen.h"
+
 #define CHUNK   (16u << 20)
 #define DEPTH   8u
 #define NBUFS   16u          /* libckpt's defaults: a 256 MiB pool of 16 MiB chunks */
 
 /* ------------------------------------------------------------------ data */
-
-static uint64_t rnd(uint64_t *s)
-{
-	/* splitmix64 */
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double gauss(uint64_t *s)
-{
-	double u1 = ((double)(rnd(s) >> 11) + 1.0) / 9007199254740993.0;
-	double u2 = (double)(rnd(s) >> 11) / 9007199254740992.0;
-	return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
 
 enum kind { K_TRAINED, K_MOMENT, K_RANDOM };
 static const char *const kind_name[] = { "trained (gaussian)", "Adam moment (g^2)", "random" };

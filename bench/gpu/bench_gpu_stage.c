@@ -47,6 +47,8 @@
 #include "ckpt/ckpt.h"
 #include "ckpt/cuda.h"
 
+#include "../bench_gen.h"
+
 #define FAIL(...) do { fprintf(stderr, "bench_gpu_stage: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 #define CUDA_OK(call) do {                                                           \
 	cudaError_t e_ = (call);                                                         \
@@ -91,21 +93,6 @@ static uint64_t parse_size(const char *s)
 	default: break;
 	}
 	return (uint64_t)v;
-}
-
-static uint64_t rnd(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double gauss(uint64_t *s)
-{
-	double u1 = ((double)(rnd(s) >> 11) + 1.0) / 9007199254740993.0;
-	double u2 = (double)(rnd(s) >> 11) / 9007199254740992.0;
-	return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
 /* FILL_BYTES of kind k's values (0 bf16 weights, 1 fp32 master weights, 2 exp_avg,

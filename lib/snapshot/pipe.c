@@ -315,6 +315,22 @@ int snapshot_pipe_stage(struct snapshot_pipe *p, const void *src, size_t n, int 
 	return 0;
 }
 
+/* The snapshot event and landed(arg) once every copy queued so far has landed: in
+ * device mode always an event, so that a caller's stream can wait on it whatever
+ * its tensors were; with no device copies it completes at once and landed runs here. */
+static int pipe_mark(struct snapshot_pipe *p, void **event, void (*landed)(void *), void *arg)
+{
+	if (!snapshot_has_device(p->sn)) {
+		landed(arg);
+		return 0;
+	}
+	bool queued = p->device_chunks || p->staged;
+	int rc = snap_dev_seal(p->sn, event, queued ? landed : NULL, arg);
+	if (rc == 0 && !queued)
+		landed(arg);
+	return rc;
+}
+
 int snapshot_pipe_release(struct snapshot_pipe *p, void **event, void (*landed)(void *),
                           void *arg)
 {
@@ -322,17 +338,8 @@ int snapshot_pipe_release(struct snapshot_pipe *p, void **event, void (*landed)(
 	if (p->released || p->sealed)
 		return ckpt_err(-EINVAL, "snapshot pipe: released twice, or after the seal");
 	p->released = true;
-	if (!snapshot_has_device(p->sn)) {
-		landed(arg);
-		return 0;
-	}
-	int rc = snap_dev_seal(p->sn, event, p->device_chunks || p->staged ? landed : NULL, arg);
-	if (rc == 0 && !p->device_chunks && !p->staged)
-		landed(arg);
-	return rc;
+	return pipe_mark(p, event, landed, arg);
 }
-
-bool snapshot_pipe_released(const struct snapshot_pipe *p) { return p->released; }
 
 int snapshot_pipe_stage_changed(struct snapshot_pipe *p, uint32_t flag, bool *changed)
 {
@@ -363,16 +370,7 @@ int snapshot_pipe_seal(struct snapshot_pipe *p, void **event, void (*landed)(voi
 	p->sealed = true;
 	if (p->released)
 		return 0;                 /* the event and landed came with the release */
-	if (!snapshot_has_device(p->sn)) {
-		landed(arg);
-		return 0;
-	}
-	/* Device mode: always hand out an event, so that a caller's stream can wait on
-	 * it whatever its tensors were; with no device copies it completes at once. */
-	int rc = snap_dev_seal(p->sn, event, p->device_chunks ? landed : NULL, arg);
-	if (rc == 0 && !p->device_chunks)
-		landed(arg);
-	return rc;
+	return pipe_mark(p, event, landed, arg);
 }
 
 void snapshot_pipe_close(struct snapshot_pipe *p)

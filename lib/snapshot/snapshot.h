@@ -217,7 +217,6 @@ int  snapshot_pipe_stage(struct snapshot_pipe *p, const void *src, size_t n, int
  */
 int  snapshot_pipe_release(struct snapshot_pipe *p, void **event, void (*landed)(void *),
                            void *arg);
-bool snapshot_pipe_released(const struct snapshot_pipe *p);
 /* After the compare-and-copies: whether staged chunk flag changed. The first call
  * waits for them (the worker waits, after the release). Errors: CUDA's. */
 int  snapshot_pipe_stage_changed(struct snapshot_pipe *p, uint32_t flag, bool *changed);

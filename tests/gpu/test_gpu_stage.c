@@ -152,23 +152,31 @@ static void test_event(const char *root)
 	ckpt_close(c);
 }
 
+/* Save st as step, overwrite every tensor right after the snapshot point, wait for
+ * the commit: the save's stats. */
+static struct ckpt_save_stats save_overwrite(ckpt_ctx *c, uint64_t step, struct state *st)
+{
+	ckpt_save *s;
+	CKPT_OK(c, ckpt_save_begin(c, step, &s));
+	add_all(c, s, st);
+	CKPT_OK(c, ckpt_save_submit(s));
+	CKPT_OK(c, ckpt_save_wait_snapshot(s, -1));
+	for (int i = 0; i < NT; i++)
+		CUDA_OK(cudaMemset(st->dev[i], 0xEE, TBYTES));
+	CUDA_OK(cudaDeviceSynchronize());
+	CKPT_OK(c, ckpt_save_wait(s, -1));
+	struct ckpt_save_stats ss = stats_of(s);
+	ckpt_save_free(s);
+	return ss;
+}
+
 /* A device pool of a third of the state. */
 static void test_partial(const char *root)
 {
 	ckpt_ctx *c = open_stage(root, 4 * CHUNK, STATE / 3, 0);
 	struct state st;
 	state_make(&st, 2);
-	ckpt_save *s;
-	CKPT_OK(c, ckpt_save_begin(c, 3, &s));
-	add_all(c, s, &st);
-	CKPT_OK(c, ckpt_save_submit(s));
-	CKPT_OK(c, ckpt_save_wait_snapshot(s, -1));
-	for (int i = 0; i < NT; i++)
-		CUDA_OK(cudaMemset(st.dev[i], 0xEE, TBYTES));
-	CUDA_OK(cudaDeviceSynchronize());
-	CKPT_OK(c, ckpt_save_wait(s, -1));
-	struct ckpt_save_stats ss = stats_of(s);
-	ckpt_save_free(s);
+	struct ckpt_save_stats ss = save_overwrite(c, 3, &st);
 	printf("partial: staged %llu of %zu bytes\n", (unsigned long long)ss.device_staged_bytes,
 	       STATE);
 	CHECK(ss.device_staged_bytes > 0 && ss.device_staged_bytes < STATE &&
@@ -385,17 +393,7 @@ static void test_small(const char *root)
 	ckpt_ctx *c = open_stage(root, 4 * CHUNK, CHUNK, 0);
 	struct state st;
 	state_make(&st, 5);
-	ckpt_save *s;
-	CKPT_OK(c, ckpt_save_begin(c, 30, &s));
-	add_all(c, s, &st);
-	CKPT_OK(c, ckpt_save_submit(s));
-	CKPT_OK(c, ckpt_save_wait_snapshot(s, -1));
-	for (int i = 0; i < NT; i++)
-		CUDA_OK(cudaMemset(st.dev[i], 0xEE, TBYTES));
-	CUDA_OK(cudaDeviceSynchronize());
-	CKPT_OK(c, ckpt_save_wait(s, -1));
-	struct ckpt_save_stats ss = stats_of(s);
-	ckpt_save_free(s);
+	struct ckpt_save_stats ss = save_overwrite(c, 30, &st);
 	CHECK(ss.device_staged_bytes == 0, "staged %llu bytes in a pool smaller than a chunk "
 	      "and its flags", (unsigned long long)ss.device_staged_bytes);
 	check_step(c, 30, st.ref, st.names);
