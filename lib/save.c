@@ -502,13 +502,19 @@ int ckpt_save_stats(const ckpt_save *s, struct ckpt_save_stats *st)
 
 static void save_mark_snapshot(ckpt_ctx *c, ckpt_save *s)
 {
+	uint64_t step = s->step, after = 0;
 	pthread_mutex_lock(&c->lock);
 	if (!s->snapshot_done) {
 		s->snapshot_done = true;
 		s->t_snapshot = ckpt_now_ns();
+		after = s->t_snapshot - s->t_submit;
 		pthread_cond_broadcast(&c->cond);
 	}
 	pthread_mutex_unlock(&c->lock);
+	/* s may be freed once the lock is let go (the caller was waiting for this). */
+	if (after)
+		ckpt_log(CKPT_LOG_DEBUG, "step %llu: snapshot point %.3f ms after submit",
+		         (unsigned long long)step, (double)after / 1e6);
 }
 
 static void save_finish(ckpt_ctx *c, ckpt_save *s, int rc)
