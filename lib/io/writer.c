@@ -64,6 +64,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,12 @@ struct io_shard_writer {
 	uint64_t          nrefs, ref_bytes;  /* chunks appended as references, their raw bytes */
 	int               err;             /* first failure; sticky */
 	char              err_msg[1024];
+	/* Where a compressing writer's time went (CKPT_LOG=debug at finish): since
+	 * open; the workers compressing (summed); the appending thread waiting for the
+	 * ring's oldest chunk, for an output buffer, and queueing writes (which waits
+	 * for the disk when its depth is full). */
+	uint64_t          t_open, ns_wait_done, ns_wait_buf, ns_write;
+	_Atomic uint64_t  ns_compress;
 };
 
 /* Keep the first failure; the message is in this thread's buffer (ckpt_err). */
@@ -383,6 +390,7 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 		return rc;
 	}
 	w_start_workers(w, nt);
+	w->t_open = ckpt_now_ns();
 	*out = w;
 	return 0;
 }
@@ -564,7 +572,9 @@ static void *w_worker(void *arg)
 		if (j->done)
 			continue;              /* stored raw: nothing to compress */
 		pthread_mutex_unlock(&w->jlock);
+		uint64_t t0 = ckpt_now_ns();
 		job_compress(w, j);
+		atomic_fetch_add_explicit(&w->ns_compress, ckpt_now_ns() - t0, memory_order_relaxed);
 		pthread_mutex_lock(&w->jlock);
 		j->done = true;
 		pthread_cond_broadcast(&w->jdone);
@@ -680,10 +690,13 @@ static void w_retire_head(struct io_shard_writer *w)
 		w->bend -= j->nb;
 	}
 	w->jhead++;
-	if (w->err)
+	if (w->err) {
 		io_pool_put(w->pool, wbuf);
-	else
+	} else {
+		uint64_t t0 = ckpt_now_ns();
 		w_write_chunk(w, j->k, wbuf, j->ext);
+		w->ns_write += ckpt_now_ns() - t0;
+	}
 }
 
 /* Retire the jobs that are done, oldest first; with wait, wait for the oldest
@@ -698,7 +711,9 @@ static unsigned w_retire(struct io_shard_writer *w, bool wait)
 		if (!j->done) {
 			if (!wait || n || !w->nthreads)
 				break;
+			uint64_t t0 = ckpt_now_ns();
 			pthread_cond_wait(&w->jdone, &w->jlock);   /* only with workers */
+			w->ns_wait_done += ckpt_now_ns() - t0;
 			continue;
 		}
 		if (w->nthreads)
@@ -755,10 +770,15 @@ static void w_push(struct io_shard_writer *w, const struct w_job *j)
  * waited for (backpressure); when they hold none, raw is always correct. */
 static int w_out_buffer(struct io_shard_writer *w)
 {
+	uint64_t t0 = 0;
 	for (;;) {
 		int ob = io_pool_get(w->pool, 0);
+		if (t0 && (ob >= 0 || w->err))
+			w->ns_wait_buf += ckpt_now_ns() - t0;
 		if (ob >= 0 || w->err)
 			return ob;
+		if (!t0)
+			t0 = ckpt_now_ns();
 		if (w->jhead != w->jtail)
 			w_retire(w, true);
 		else if (!w->inflight || io_engine_reap(w->e, true) < 0)
@@ -1149,7 +1169,16 @@ int io_shard_writer_finish(struct io_shard_writer *w, struct io_shard_result *re
 	memset(res, 0, sizeof *res);
 	/* Every chunk out of the ring and into a write (or back to the pool). */
 	w_retire_all(w);
+	unsigned nt = w->nthreads;
 	w_stop_workers(w);
+	if (nt)
+		ckpt_log(CKPT_LOG_DEBUG, "%s: %u chunk(s), %llu of %llu bytes stored, %.3f s since "
+		         "open; %u compression thread(s) busy %.3f s in all; the appender waited "
+		         "%.3f s for compression, %.3f s for output buffers, %.3f s queueing writes",
+		         w->path, w->nchunks, (unsigned long long)w->stored,
+		         (unsigned long long)w->logical, (double)(ckpt_now_ns() - w->t_open) / 1e9, nt,
+		         (double)atomic_load(&w->ns_compress) / 1e9, (double)w->ns_wait_done / 1e9,
+		         (double)w->ns_wait_buf / 1e9, (double)w->ns_write / 1e9);
 	int rc = finish_steps(w, res);
 	if (rc) {
 		ckpt_free(res->footer);
