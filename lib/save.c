@@ -1333,7 +1333,7 @@ static int save_stage(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur)
 	if (!c->cfg.device_pool_bytes || cur->gds || !s->fence)
 		return 0;
 	bool diff = s->incremental && !glue_remote(c);
-	uint64_t room = snapshot_stage_reserve(c->snap, c->cfg.device_pool_bytes, diff);
+	uint64_t room = snapshot_stage_reserve(c->snap, c->cfg.device_pool_bytes);
 	diff = diff && snapshot_stage_can_diff(c->snap);
 	const uint64_t chunk = c->cfg.chunk_bytes, A = SNAPSHOT_STAGE_ALIGN;
 	uint64_t used = 0;

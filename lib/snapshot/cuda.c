@@ -366,6 +366,12 @@ int snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), voi
 
 void snap_dev_quiesce(struct snapshot *sn)
 {
+	/* Staging copies batched and never launched are dropped: a failed save's, which
+	 * the next save must not launch. */
+	if (sn->batch) {
+		sn->batch->n = 0;
+		sn->batch_blocks = 0;
+	}
 	if (!sn->save_stream)
 		return;
 	cudaError_t e = cudart.StreamSynchronize(sn->save_stream);

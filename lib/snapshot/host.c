@@ -126,11 +126,10 @@ void snap_dev_quiesce(struct snapshot *sn)
 }
 
 /* No device: no staging pool, and the pipe never reaches the rest. */
-size_t snapshot_stage_reserve(struct snapshot *sn, size_t bytes, bool diff)
+size_t snapshot_stage_reserve(struct snapshot *sn, size_t bytes)
 {
 	CKPT_UNUSED(sn);
 	CKPT_UNUSED(bytes);
-	CKPT_UNUSED(diff);
 	return 0;
 }
 
@@ -146,17 +145,24 @@ size_t snapshot_stage_room(const struct snapshot *sn)
 	return 0;
 }
 
-int snap_dev_stage(struct snapshot *sn, uint64_t off, const void *src, size_t n,
+int snap_dev_stage(struct snapshot *sn, uint64_t off, const void *src, size_t n, bool device,
                    size_t chunk_bytes, uint32_t flag, const void **staged)
 {
 	CKPT_UNUSED(sn);
 	CKPT_UNUSED(off);
 	CKPT_UNUSED(src);
 	CKPT_UNUSED(n);
+	CKPT_UNUSED(device);
 	CKPT_UNUSED(chunk_bytes);
 	CKPT_UNUSED(flag);
 	*staged = NULL;
 	return ckpt_err(CKPT_ENODEV, NO_CUDA);
+}
+
+int snap_dev_stage_flush(struct snapshot *sn)
+{
+	CKPT_UNUSED(sn);
+	return 0;
 }
 
 int snap_dev_stage_clear(struct snapshot *sn)

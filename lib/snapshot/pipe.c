@@ -303,7 +303,8 @@ int snapshot_pipe_stage(struct snapshot_pipe *p, const void *src, size_t n, int 
 	if (!rc && chunk_bytes && !p->flags_cleared && !(rc = snap_dev_stage_clear(p->sn)))
 		p->flags_cleared = true;
 	if (!rc)
-		rc = snap_dev_stage(p->sn, off, src, n, chunk_bytes, flag, staged);
+		rc = snap_dev_stage(p->sn, off, src, n, mem == CKPT_MEM_DEVICE, chunk_bytes, flag,
+		                    staged);
 	if (rc) {
 		/* Copies queued before may still read the caller's memory. */
 		snap_dev_quiesce(p->sn);
@@ -325,7 +326,13 @@ static int pipe_mark(struct snapshot_pipe *p, void **event, void (*landed)(void 
 		return 0;
 	}
 	bool queued = p->device_chunks || p->staged;
-	int rc = snap_dev_seal(p->sn, event, queued ? landed : NULL, arg);
+	/* The staging copies batched so far are launched before the event. */
+	int rc = p->staged ? snap_dev_stage_flush(p->sn) : 0;
+	if (rc) {
+		snap_dev_quiesce(p->sn);
+		return rc;
+	}
+	rc = snap_dev_seal(p->sn, event, queued ? landed : NULL, arg);
 	if (rc == 0 && !queued)
 		landed(arg);
 	return rc;

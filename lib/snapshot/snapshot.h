@@ -185,12 +185,13 @@ void snapshot_pipe_close(struct snapshot_pipe *p);
 #define SNAPSHOT_STAGE_ALIGN      4096u   /* of each staged range */
 
 /* Reserve the staging pool of bytes (> SNAPSHOT_STAGE_FLAG_BYTES) on the bound
- * device, once; with diff, also load the compare-and-copy kernel (once). Returns the
- * bytes chunks may use, 0 when there is no pool: host mode, no bound device, or the
- * allocation failed (logged once, WARN, with CUDA's words; not tried again). A
- * kernel that cannot be loaded is logged once (INFO) and only the comparison is off
- * (snapshot_stage_can_diff). Worker thread only (after snapshot_pipe_open). */
-size_t snapshot_stage_reserve(struct snapshot *sn, size_t bytes, bool diff);
+ * device, once, and load the staging kernel (once). Returns the bytes chunks may
+ * use, 0 when there is no pool: host mode, no bound device, or the allocation failed
+ * (logged once, WARN, with CUDA's words; not tried again). A kernel that cannot be
+ * loaded is logged once (INFO): copies are then one cudaMemcpyAsync a range, and
+ * the comparison is off (snapshot_stage_can_diff). Worker thread only (after
+ * snapshot_pipe_open). */
+size_t snapshot_stage_reserve(struct snapshot *sn, size_t bytes);
 /* What reserve returned last (0: no pool), and whether the kernel is loaded. */
 size_t snapshot_stage_room(const struct snapshot *sn);
 bool   snapshot_stage_can_diff(const struct snapshot *sn);

@@ -14,6 +14,7 @@
 
 #ifdef CKPT_HAVE_CUDA
 #include "snapshot/cudart.h"
+#include "snapshot/stage_kernel.h"
 #endif
 
 /* Fields after create are written under lock only (lazy creation, binding). */
@@ -39,9 +40,11 @@ struct snapshot {
 	uint8_t     *stage;            /* NULL: none (yet) */
 	size_t       stage_bytes;
 	bool         stage_tried;      /* the allocation failed once: not again */
-	bool         diff_tried;       /* the kernel was looked for */
-	cudaLibrary_t stage_lib;       /* the compare-and-copy kernel's, or NULL */
-	cudaKernel_t stage_diff;
+	bool         kernel_tried;     /* the kernel was looked for */
+	cudaLibrary_t stage_lib;       /* the staging kernel's, or NULL */
+	cudaKernel_t stage_kernel;
+	struct stage_batch *batch;     /* ranges queued for its next launch (worker's) */
+	unsigned     batch_blocks;     /* the grid they make */
 #endif
 };
 
@@ -67,11 +70,15 @@ int  snap_dev_copy(struct snapshot *sn, void *dst, const void *src, size_t n, un
 int  snap_dev_wait(struct snapshot *sn, unsigned slot);
 /* Create and record *event on the save stream; enqueue landed(arg) after it. */
 int  snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), void *arg);
-/* The staging pool (stage.c): queue on the save stream the copy of n bytes of src to
- * the pool's offset off, or with chunk_bytes > 0 the compare-and-copy marking flags
- * [flag, ...) (cleared first by snap_dev_stage_clear); read n flags back, waiting. */
+/* The staging pool (stage.c): queue on the save stream the copy of n bytes of src
+ * (device memory, or host memory with !device) to the pool's offset off, or with
+ * chunk_bytes > 0 the compare-and-copy marking flags [flag, ...) (cleared first by
+ * snap_dev_stage_clear); read n flags back, waiting. */
 int  snap_dev_stage(struct snapshot *sn, uint64_t off, const void *src, size_t n,
-                    size_t chunk_bytes, uint32_t flag, const void **staged);
+                    bool device, size_t chunk_bytes, uint32_t flag, const void **staged);
+/* Launch what snap_dev_stage batched (device memory, with the kernel: one launch for
+ * up to STAGE_BATCH_MAX ranges); before anything that depends on those copies. */
+int  snap_dev_stage_flush(struct snapshot *sn);
 int  snap_dev_stage_clear(struct snapshot *sn);
 int  snap_dev_stage_flags(struct snapshot *sn, uint32_t *flags, uint32_t n);
 /* Wait for everything queued on the save stream (errors are logged, not returned:

@@ -8,10 +8,11 @@
  * device memory; cudaHostRegister marks host memory pinned. Every operation queued
  * on a stream runs when it is queued, in the calling thread: copies are memmove,
  * host functions are called, events are complete once recorded. The one kernel
- * libckpt launches, the staging pool's compare-and-copy (lib/snapshot/
- * stage_kernel.cu), is loaded from its PTX text (checked for its name) and run by
- * a C version of the same code with the same grid: its block-per-segment flags and
- * its tail are what the C side of libckpt depends on.
+ * libckpt launches, the staging pool's batched copy and compare-and-copy
+ * (lib/snapshot/stage_kernel.cu), is loaded from its PTX text (checked for its
+ * name) and run by a C version of the same code with the same grid, after checking
+ * the batch the C side of libckpt built: ranges in grid order, each its number of
+ * blocks, aligned; its block-per-segment flags and its tails.
  *
  * What it cannot show: ordering between streams (everything is done when queued),
  * and the PTX itself (tests/gpu on a GPU run that).
@@ -24,6 +25,8 @@
 #include <string.h>
 
 #include <cuda_runtime_api.h>
+
+#include "snapshot/stage_kernel.h"   /* the kernel's argument */
 
 #define FAKE_API __attribute__((visibility("default")))
 
@@ -232,7 +235,7 @@ FAKE_API cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code,
 {
 	(void)jo; (void)jv; (void)njo; (void)lo; (void)lv; (void)nlo;
 	/* The PTX of stage_kernel.cu: its entry must be there. */
-	if (!code || !strstr(code, ".entry ckpt_stage_diff("))
+	if (!code || !strstr(code, ".entry ckpt_stage("))
 		return cudaErrorInvalidPtx;
 	*lib = (cudaLibrary_t)&the_library;
 	return cudaSuccess;
@@ -243,37 +246,45 @@ FAKE_API cudaError_t cudaLibraryUnload(cudaLibrary_t lib)
 }
 FAKE_API cudaError_t cudaLibraryGetKernel(cudaKernel_t *k, cudaLibrary_t lib, const char *name)
 {
-	if (lib != (cudaLibrary_t)&the_library || strcmp(name, "ckpt_stage_diff"))
+	if (lib != (cudaLibrary_t)&the_library || strcmp(name, "ckpt_stage"))
 		return cudaErrorSymbolNotFound;
 	*k = (cudaKernel_t)&the_kernel;
 	return cudaSuccess;
 }
 
-/* stage_kernel.cu's ckpt_stage_diff, block by block. */
-static void stage_diff(dim3 grid, dim3 block, const uint8_t *src, uint8_t *dst,
-                       unsigned long long nbytes, unsigned seg_words, unsigned chunk_segs,
-                       unsigned *flags)
+/* stage_kernel.cu's ckpt_stage, block by block: the same arithmetic. */
+static void stage_block(const struct stage_batch *b, unsigned block)
 {
-	unsigned long long words = nbytes / 16;
-	for (unsigned b = 0; b < grid.x; b++) {
-		unsigned long long lo = (unsigned long long)b * seg_words;
-		unsigned long long hi = lo + seg_words < words ? lo + seg_words : words;
-		int diff = 0;
-		for (unsigned long long i = lo; i < hi; i++)
-			if (memcmp(src + 16 * i, dst + 16 * i, 16)) {
-				memcpy(dst + 16 * i, src + 16 * i, 16);
+	unsigned lo = 0, hi = b->n;
+	while (hi - lo > 1) {
+		unsigned mid = (lo + hi) / 2;
+		if (b->r[mid].first_block <= block)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	const struct stage_range *r = &b->r[lo];
+	const uint8_t *src = (const uint8_t *)(uintptr_t)r->src;
+	uint8_t *dst = (uint8_t *)(uintptr_t)r->dst;
+	unsigned long long nbytes = r->nbytes, words = nbytes / 16;
+	unsigned long long blk = block - r->first_block;
+	unsigned long long w0 = blk * b->seg_words;
+	unsigned long long w1 = w0 + b->seg_words < words ? w0 + b->seg_words : words;
+	bool last = (blk + 1) * b->seg_words * 16 >= nbytes;
+	int diff = 0;
+	for (unsigned long long i = w0; i < w1; i++)
+		if (memcmp(src + 16 * i, dst + 16 * i, 16)) {
+			memcpy(dst + 16 * i, src + 16 * i, 16);
+			diff = 1;
+		}
+	if (last)
+		for (unsigned long long i = words * 16; i < nbytes; i++)
+			if (src[i] != dst[i]) {
+				dst[i] = src[i];
 				diff = 1;
 			}
-		if (b == grid.x - 1)
-			for (unsigned long long i = words * 16; i < nbytes; i++)
-				if (src[i] != dst[i]) {
-					dst[i] = src[i];
-					diff = 1;
-				}
-		if (diff)
-			flags[b / chunk_segs] = 1;
-	}
-	(void)block;
+	if (diff && r->flag != STAGE_NO_FLAG)
+		((unsigned *)(uintptr_t)b->flags)[r->flag + blk / b->chunk_segs] = 1;
 }
 
 FAKE_API cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args,
@@ -284,19 +295,29 @@ FAKE_API cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, v
 	if (func != (const void *)&the_kernel || grid.y != 1 || grid.z != 1 || !grid.x ||
 	    block.x == 0 || block.x > 1024)
 		return cudaErrorInvalidValue;
-	const uint8_t *src = *(const uint8_t **)args[0];
-	uint8_t *dst = *(uint8_t **)args[1];
-	/* The kernel reads 16-byte words: both must be aligned, as on the device. */
-	if ((uintptr_t)src % 16 || (uintptr_t)dst % 16 || range_kind(src) != 2 ||
-	    range_kind(dst) != 2)
-		return cudaErrorMisalignedAddress;
-	stage_diff(grid, block, src, dst, *(unsigned long long *)args[2], *(unsigned *)args[3],
-	           *(unsigned *)args[4], *(unsigned **)args[5]);
+	const struct stage_batch *b = args[0];
+	if (!b->n || b->n > STAGE_BATCH_MAX || !b->seg_words || b->r[0].first_block)
+		return cudaErrorInvalidValue;
+	/* The ranges cover the grid in order, each its ceil(nbytes / segment) blocks;
+	 * the kernel reads 16-byte words: every address aligned, as on the device. */
+	unsigned long long seg = 16ull * b->seg_words;
+	for (unsigned k = 0; k < b->n; k++) {
+		const struct stage_range *r = &b->r[k];
+		unsigned long long end = k + 1 < b->n ? b->r[k + 1].first_block : grid.x;
+		if (!r->nbytes || end - r->first_block != (r->nbytes + seg - 1) / seg ||
+		    (r->flag != STAGE_NO_FLAG && !b->chunk_segs))
+			return cudaErrorInvalidValue;
+		if (r->src % 16 || r->dst % 16 || range_kind((const void *)(uintptr_t)r->src) != 2 ||
+		    range_kind((const void *)(uintptr_t)r->dst) != 2)
+			return cudaErrorMisalignedAddress;
+	}
+	for (unsigned x = 0; x < grid.x; x++)
+		stage_block(b, x);
 	__atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
 	return cudaSuccess;
 }
 
-/* For tests: how many compare-and-copy kernels ran. */
+/* For tests: how many staging kernels ran. */
 FAKE_API unsigned long long fake_cudart_kernel_launches(void);
 FAKE_API unsigned long long fake_cudart_kernel_launches(void)
 {

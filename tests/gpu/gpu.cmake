@@ -92,13 +92,13 @@ set_tests_properties(test_cudart_on_demand PROPERTIES SKIP_RETURN_CODE 77 TIMEOU
 # sanitizers too. The stand-in is the test's CUDA runtime and, through CKPT_CUDART,
 # libckpt's.
 add_library(fakecudart SHARED ${CKPT_GPU_TEST_DIR}/fake_cudart.c)
-target_include_directories(fakecudart PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+target_include_directories(fakecudart PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${PROJECT_SOURCE_DIR}/lib)
 set_target_properties(fakecudart PROPERTIES C_VISIBILITY_PRESET hidden)
 function(ckpt_gpu_fake name src)
   add_executable(${name}_fake ${src} ${PROJECT_SOURCE_DIR}/tests/testutil.c)
   target_include_directories(${name}_fake PRIVATE ${PROJECT_SOURCE_DIR}/tests
                              ${PROJECT_SOURCE_DIR}/lib ${CKPT_GPU_TEST_DIR})
-  target_compile_definitions(${name}_fake PRIVATE _GNU_SOURCE)
+  target_compile_definitions(${name}_fake PRIVATE _GNU_SOURCE CKPT_FAKE_CUDART)
   target_link_libraries(${name}_fake PRIVATE ckpt_static fakecudart)
 endfunction()
 function(ckpt_gpu_fake_add name exe)

@@ -26,6 +26,11 @@
  *   unaligned a tensor at an address not aligned to 16 in an incremental save:
  *             staged by a plain copy, never compared, still referenced (by its hash,
  *             after the copy) when unchanged
+ *   many      more tensors than one kernel launch takes, of lengths that are not
+ *             multiples of 16, one of them a chunk and 5 bytes: copied, then
+ *             compared; one changed byte in a short tensor and the last byte of the
+ *             5-byte chunk are found, the rest unchanged; bit-exact loads (on the
+ *             stand-in runtime also: the launches, a few per save, not one a tensor)
  *
  * Usage: test_gpu_stage     exit 0 / 1 / 77 (gpu_test.h)
  */
@@ -387,6 +392,99 @@ static void test_unaligned(const char *root)
 	ckpt_close(c);
 }
 
+#ifdef CKPT_FAKE_CUDART
+unsigned long long fake_cudart_kernel_launches(void);
+#endif
+
+#define NMANY 250
+
+static uint64_t many_save(ckpt_ctx *c, uint64_t step, void *const dev[NMANY],
+                          const size_t len[NMANY], uint64_t *staged)
+{
+	static char names[NMANY][16];
+	uint64_t shape[NMANY][1];
+	ckpt_save *s;
+	CKPT_OK(c, ckpt_save_begin(c, step, &s));
+	for (int i = 0; i < NMANY; i++) {
+		snprintf(names[i], sizeof names[i], "m/t%03d", i);
+		shape[i][0] = len[i];
+		struct ckpt_tensor t = {
+			.name = names[i], .kind = CKPT_KIND_MODEL, .dtype = CKPT_U8,
+			.policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape[i], .data = dev[i],
+			.mem = CKPT_MEM_AUTO,
+		};
+		CKPT_OK(c, ckpt_save_add_tensor(s, &t));
+	}
+	CKPT_OK(c, ckpt_save_submit(s));
+	CKPT_OK(c, ckpt_save_wait(s, -1));
+	struct ckpt_save_stats ss = stats_of(s);
+	ckpt_save_free(s);
+	*staged = ss.device_staged_bytes;
+	return ss.device_unchanged_bytes;
+}
+
+static void many_check(ckpt_ctx *c, uint64_t step, uint8_t *const ref[NMANY],
+                       const size_t len[NMANY])
+{
+	ckpt_load *l;
+	CKPT_OK(c, ckpt_load_open(c, step, &l));
+	for (int i = 0; i < NMANY; i++) {
+		char name[16];
+		snprintf(name, sizeof name, "m/t%03d", i);
+		gt_check_host_load(c, l, name, CKPT_U8, 1, ref[i], len[i]);
+	}
+	ckpt_load_close(l);
+}
+
+static void test_many(const char *root)
+{
+	void *dev[NMANY];
+	uint8_t *ref[NMANY];
+	size_t len[NMANY], total = 0;
+	for (int i = 0; i < NMANY; i++) {
+		len[i] = i == NMANY - 1 ? CHUNK + 5 : 1000 + 37 * (size_t)i;
+		dev[i] = gt_device_data(len[i], 7000 + (uint64_t)i, &ref[i]);
+		total += len[i];
+	}
+	ckpt_ctx *c = open_stage(root, 4 * CHUNK, 8 * CHUNK, 1);
+	uint64_t staged;
+#ifdef CKPT_FAKE_CUDART
+	unsigned long long k0 = fake_cudart_kernel_launches();
+#endif
+	uint64_t same = many_save(c, 40, dev, len, &staged);
+	CHECK(staged == total && same == 0, "step 40: staged %llu of %zu, unchanged %llu",
+	      (unsigned long long)staged, total, (unsigned long long)same);
+#ifdef CKPT_FAKE_CUDART
+	unsigned long long k1 = fake_cudart_kernel_launches();
+	/* 250 ranges, STAGE_BATCH_MAX (120) a launch. */
+	CHECK(k1 - k0 == 3, "step 40: %llu kernel launches for %d tensors", k1 - k0, NMANY);
+#endif
+	many_check(c, 40, ref, len);
+	/* One byte of a short tensor, and the last byte of the 5-byte chunk. */
+	size_t at[2][2] = { { 7, 3 }, { NMANY - 1, CHUNK + 4 } };
+	for (int k = 0; k < 2; k++) {
+		size_t i = at[k][0], b = at[k][1];
+		ref[i][b] ^= 0x5a;
+		CUDA_OK(cudaMemcpy((uint8_t *)dev[i] + b, &ref[i][b], 1, cudaMemcpyHostToDevice));
+	}
+	same = many_save(c, 41, dev, len, &staged);
+	CHECK(staged == total && same == total - len[7] - 5, "step 41: staged %llu, unchanged "
+	      "%llu, expected %zu", (unsigned long long)staged, (unsigned long long)same,
+	      total - len[7] - 5);
+#ifdef CKPT_FAKE_CUDART
+	unsigned long long k2 = fake_cudart_kernel_launches();
+	CHECK(k2 - k1 == 3, "step 41: %llu kernel launches for %d tensors", k2 - k1, NMANY);
+#endif
+	many_check(c, 41, ref, len);
+	printf("many: %d tensors, %zu bytes, %llu found unchanged on the device\n", NMANY, total,
+	       (unsigned long long)same);
+	for (int i = 0; i < NMANY; i++) {
+		CUDA_OK(cudaFree(dev[i]));
+		free(ref[i]);
+	}
+	ckpt_close(c);
+}
+
 /* Nothing fits: the last tensor's last chunk is bigger than the pool. */
 static void test_small(const char *root)
 {
@@ -414,6 +512,7 @@ int main(void)
 	root = tu_tmpdir("gpu-stage-incr");   /* its steps start with nothing below them */
 	test_incr(root);
 	test_unaligned(root);
+	test_many(root);
 	tu_rmtree(root);
 	free(root);
 	printf("PASS test_gpu_stage\n");
