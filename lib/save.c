@@ -1210,8 +1210,10 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 	uint64_t tag;
 	struct io_hashes h;
 	int rc = snapshot_pipe_next(cur->pipe, &b, &n, &h, &tag);
-	if (rc)
+	if (rc < 0)
 		return rc;
+	/* Unhashed: the writer's compression workers hash it (save_stream). */
+	const struct io_hashes *hashes = rc == 1 ? NULL : &h;
 	/* From here this function owns buffer b until the writer takes it. */
 	if ((rc = save_declare(w, s, (size_t)tag + 1, cur))) {
 		io_pool_put(c->pool, b);
@@ -1224,9 +1226,10 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 	const struct save_item *it = &s->items[tag];
 	uint64_t off = cur->out_off;
 	cur->out_off += n;
-	save_stage_drained(c, cur, tag, off, &h);
+	if (hashes)
+		save_stage_drained(c, cur, tag, off, hashes);
 	struct io_chunk_ref ref;
-	if (w->w && save_prev_match(cur, s, tag, off, n, &h, &ref)) {
+	if (w->w && hashes && save_prev_match(cur, s, tag, off, n, hashes, &ref)) {
 		rc = io_shard_writer_append_ref(w->w, (uint32_t)tag, n, &ref);
 		/* The bytes are on disk already: the buffer, if the chunk was copied (it
 		 * was not hashed in place), goes back unwritten. */
@@ -1249,7 +1252,7 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		return sink_append(w, (uint32_t)tag, b, n,
 		                   &(struct io_append){ .hashes = &h, .ext = &ext });
 	}
-	return sink_append(w, (uint32_t)tag, b, n, &(struct io_append){ .hashes = &h });
+	return sink_append(w, (uint32_t)tag, b, n, &(struct io_append){ .hashes = hashes });
 }
 
 /* Stream the rest of the items through the pipe into the writer. */
@@ -1559,6 +1562,14 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	/* Saves through ckptd write whole shards: they are never incremental. */
 	if (s->incremental && sink.w && (rc = save_prev_open(c, s, &cur.prev)))
 		goto out;
+	/* A save that compresses with workers leaves the hashing of device chunks to
+	 * them, beside the compression (one thread hashing every chunk would pace the
+	 * save). Not where the save needs a chunk's hash when it is taken out: against
+	 * the previous step, for the staging pool's record, to send it, or for
+	 * GPUDirect Storage's writes. */
+	if (sink.w && c->cfg.zstd_level > 0 && c->cfg.compress_threads > 0 && !cur.prev.ix &&
+	    cur.stage_item == SIZE_MAX && !cur.gds)
+		snapshot_pipe_leave_hashing(cur.pipe);
 	if ((rc = save_stream(c, s, &cur, &sink)))
 		goto out;
 	if (cur.prev.ix)

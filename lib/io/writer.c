@@ -87,6 +87,11 @@ struct w_job {
 	int         dtype;
 	uint64_t    nb;            /* its block hashes at the end of the table */
 	const struct io_ext_write *ext;
+	/* hashed by its worker (append had no hashes): its chunk hash, and its block
+	 * hashes in the slot's own store when it is stored raw; retire takes them */
+	bool        hash_here;
+	uint8_t     hash[CKPT_HASH_BYTES];
+	uint8_t    *blocks;
 	/* set by whoever compresses it */
 	size_t      clen;          /* stored size when compressed; 0: raw */
 	uint8_t     used;          /* the codec of the compressed bytes */
@@ -108,6 +113,8 @@ struct io_shard_writer {
 	 * [head, take) taken by a worker (or done), [take, tail) waiting for one */
 	struct w_job     *jobs;
 	unsigned          jcap;
+	uint8_t          *jblocks;         /* per slot: block hashes of a chunk hashed there */
+	size_t            jblocks_per;     /* bytes of one slot's */
 	uint64_t          jhead, jtake, jtail;
 	pthread_t        *threads;
 	unsigned          nthreads;        /* 0: compression runs in append */
@@ -270,6 +277,7 @@ static void w_free(struct io_shard_writer *w)
 	pthread_cond_destroy(&w->jdone);
 	ckpt_free(w->threads);
 	ckpt_free(w->jobs);
+	ckpt_free(w->jblocks);
 	if (w->fd >= 0)
 		close(w->fd);
 	for (uint32_t i = 0; i < w->ntensors; i++)
@@ -352,7 +360,10 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 	pthread_cond_init(&w->jdone, NULL);
 	unsigned nt = o->zstd_level > 0 ? o->compress_threads : 0;
 	w->jcap = nt ? 2 * nt : 1;
-	if (!(w->jobs = ckpt_calloc(w->jcap, sizeof *w->jobs))) {
+	w->jblocks_per = nt && block_bytes ? (size_t)io_nblocks(io_pool_buf_bytes(w->pool),
+	                                                        block_bytes) * CKPT_HASH_BYTES : 0;
+	if (!(w->jobs = ckpt_calloc(w->jcap, sizeof *w->jobs)) ||
+	    (w->jblocks_per && !(w->jblocks = ckpt_malloc(w->jcap * w->jblocks_per)))) {
 		w_free(w);
 		return ckpt_err(-ENOMEM, "%s: writer", path);
 	}
@@ -553,10 +564,18 @@ static struct w_job *job_at(const struct io_shard_writer *w, uint64_t seq)
 /* Compress job j (in a worker, or in append without workers): its own buffers only. */
 static void job_compress(struct io_shard_writer *w, struct w_job *j)
 {
+	const uint8_t *raw = io_pool_addr(w->pool, j->raw);
+	if (j->hash_here)
+		io_hash128(raw, j->len, j->hash);
 	/* cap len - 1: compression counts only if it is strictly smaller. */
 	j->clen = io_chunk_encode(w->codec, w->zstd_level, j->dtype,
 	                          io_pool_addr(w->pool, (unsigned)j->out), j->len - 1,
-	                          io_pool_addr(w->pool, j->raw), j->len, &j->used);
+	                          raw, j->len, &j->used);
+	/* Block hashes only for a chunk stored raw: a compressed one is read whole. */
+	if (j->hash_here && !j->clen && j->nb) {
+		uint8_t again[CKPT_HASH_BYTES];
+		io_copy_hash128_blocks(NULL, raw, j->len, w->block_bytes, again, j->blocks);
+	}
 }
 
 static void *w_worker(void *arg)
@@ -678,6 +697,12 @@ static void w_retire_head(struct io_shard_writer *w)
 		w->bytegroup |= j->used == IO_CODEC_BYTEGROUP;
 	} else if (j->out >= 0) {
 		io_pool_put(w->pool, (unsigned)j->out);
+	}
+	if (j->hash_here) {
+		memcpy(c->hash, j->hash, CKPT_HASH_BYTES);
+		if (c->codec == IO_CODEC_RAW && j->nb)
+			memcpy(w->blocks + w->nblocks * CKPT_HASH_BYTES, j->blocks,
+			       (size_t)j->nb * CKPT_HASH_BYTES);
 	}
 	/* Its block hashes sit right after those of the chunks written before it. */
 	if (c->codec == IO_CODEC_RAW) {
@@ -879,8 +904,13 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	c->raw_len = len;
 	/* The identity of a chunk is the hash of its raw bytes, taken while this
 	 * thread is the buffer's only owner; so are its block hashes, kept in case the
-	 * chunk is stored raw (decided when it leaves the ring). */
-	if (!h) {
+	 * chunk is stored raw (decided when it leaves the ring). Without hashes from
+	 * the caller, a chunk that a worker compresses is hashed by that worker (below):
+	 * hashing is then as parallel as compressing, not this thread's. */
+	bool later = !h && w->nthreads && w->zstd_level > 0 && !ext && !encoded && len > 1;
+	if (later) {
+		/* its hashes come at retire */
+	} else if (!h) {
 		io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, c->hash, bdst);
 	} else {
 		memcpy(c->hash, h->chunk, CKPT_HASH_BYTES);
@@ -909,6 +939,15 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	                   .nb = nb, .ext = ext };
 	if (w->zstd_level > 0 && !ext && !encoded && len > 1)
 		j.out = w_out_buffer(w);
+	if (later && j.out >= 0) {
+		j.hash_here = true;
+		j.blocks = w->jblocks ? w->jblocks + (w->jtail % w->jcap) * w->jblocks_per : NULL;
+	} else if (later) {
+		/* Stored raw with no worker involved: hashed here after all. Its block
+		 * hashes are the table's last nb (a retire may have moved them). */
+		io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, c->hash,
+		                       nb ? w->blocks + (w->bend - nb) * CKPT_HASH_BYTES : NULL);
+	}
 	w_push(w, &j);
 	w_retire(w, false);
 	/* Completions are only handled inside our calls. Return finished buffers now,

@@ -60,6 +60,7 @@ struct snapshot_pipe {
 	 * flags: cleared on the device before the first comparison, read back once. */
 	uint64_t          staged;
 	bool              released;
+	bool              leave_hashing;         /* device chunks come out unhashed */
 	bool              flags_cleared;
 	uint32_t          nflags;                /* flags [0, nflags) in use */
 	uint32_t         *flags;                 /* read back; NULL until then */
@@ -258,6 +259,7 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 	if (!p->count)
 		return ckpt_err(-ENOENT, "snapshot pipe: nothing pending");
 	struct pipe_slot *s = &p->slots[p->head];
+	bool unhashed = false;
 	if (s->device) {
 		/* This chunk's event only: later copies keep running meanwhile. */
 		int rc = snap_dev_wait(p->sn, s->ev);
@@ -265,22 +267,30 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 			return rc;
 		/* Hashed from the pinned buffer after the copy landed, never on the device:
 		 * the hashes must describe the bytes that go to the disk. */
-		io_copy_hash128_blocks(NULL, io_pool_addr(p->pool, s->buf), s->len, p->block_bytes,
-		                       s->hash, s->blocks);
+		unhashed = p->leave_hashing;
+		if (!unhashed)
+			io_copy_hash128_blocks(NULL, io_pool_addr(p->pool, s->buf), s->len,
+			                       p->block_bytes, s->hash, s->blocks);
 		s->device = false;
 	}
 	*buf = s->buf;
 	*len = s->len;
 	*tag = s->tag;
-	memcpy(h->chunk, s->hash, CKPT_HASH_BYTES);
-	h->block_bytes = s->no_blocks ? 0 : p->block_bytes;
-	h->blocks = s->no_blocks ? NULL : s->blocks;
+	if (unhashed) {
+		memset(h, 0, sizeof *h);
+	} else {
+		memcpy(h->chunk, s->hash, CKPT_HASH_BYTES);
+		h->block_bytes = s->no_blocks ? 0 : p->block_bytes;
+		h->blocks = s->no_blocks ? NULL : s->blocks;
+	}
 	if (s->buf != SNAPSHOT_NO_BUF)
 		p->buffered--;
 	p->head = (p->head + 1) % p->cap;
 	p->count--;
-	return 0;
+	return unhashed ? 1 : 0;
 }
+
+void snapshot_pipe_leave_hashing(struct snapshot_pipe *p) { p->leave_hashing = true; }
 
 int snapshot_pipe_stage(struct snapshot_pipe *p, const void *src, size_t n, int mem,
                         uint64_t off, size_t chunk_bytes, uint32_t flag, const void **staged)

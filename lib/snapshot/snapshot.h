@@ -147,11 +147,17 @@ uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p);
  * chunk issued by snapshot_pipe_issue_stored), length, the XXH3-128 of
  * its bytes and of its blocks (computed from the pool buffer for device chunks;
  * h->blocks points into the pipe and stays valid until the next issue or close)
- * and tag. Errors: -ENOENT (nothing pending), CUDA failures converted (the buffer
- * is then still the pipe's, and close() returns it).
+ * and tag. Returns 0, or 1 for a device chunk left unhashed after
+ * snapshot_pipe_leave_hashing (*h is then zero). Errors: -ENOENT (nothing pending),
+ * CUDA failures converted (the buffer is then still the pipe's, and close()
+ * returns it).
  */
 int  snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
                         struct io_hashes *h, uint64_t *tag);
+/* From now on device chunks come out of snapshot_pipe_next unhashed: the consumer
+ * hashes them elsewhere (a writer whose compression workers hash what they
+ * compress). Host chunks are hashed as they are copied, as before. */
+void snapshot_pipe_leave_hashing(struct snapshot_pipe *p);
 /*
  * Every copy has been issued. In device mode, *event (a cudaEvent_t, owned by the
  * caller: snapshot_event_destroy) is recorded on the copy stream after the last

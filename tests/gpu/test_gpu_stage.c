@@ -26,6 +26,10 @@
  *   unaligned a tensor at an address not aligned to 16 in an incremental save:
  *             staged by a plain copy, never compared, still referenced (by its hash,
  *             after the copy) when unchanged
+ *   compress  a compressing save (bytegroup, two workers) of device tensors, whose
+ *             chunks the writer's workers hash: bf16 weights compress, random bytes
+ *             are stored raw with their block hashes; everything loads bit-exact,
+ *             a slice of the raw tensor too (its blocks' hashes checked)
  *   many      more tensors than one kernel launch takes, of lengths that are not
  *             multiples of 16, one of them a chunk and 5 bytes: copied, then
  *             compared; one changed byte in a short tensor and the last byte of the
@@ -485,6 +489,76 @@ static void test_many(const char *root)
 	ckpt_close(c);
 }
 
+static void test_compress(const char *root)
+{
+	struct ckpt_opts o;
+	ckpt_opts_init(&o, sizeof o);
+	o.root = root;
+	o.rank = 0;
+	o.world = 1;
+	o.chunk_bytes = CHUNK;
+	o.pool_bytes = 16 * CHUNK;
+	o.zstd_level = 1;
+	o.compress_codec = CKPT_CODEC_BYTEGROUP;
+	o.compress_threads = 2;
+	ckpt_ctx *c = NULL;
+	CHECK(ckpt_open(&o, &c) == 0, "open %s: %s", root, ckpt_last_error());
+	/* bf16 of small values: the exponent planes compress. */
+	size_t wn = 3 * CHUNK + 4096, rn = 2 * CHUNK + 12288;
+	uint8_t *wref = malloc(wn), *rref;
+	CHECK(wref, "malloc");
+	uint64_t x = 88172645463325252ull;
+	for (size_t i = 0; i < wn / 2; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		float f = ((float)(x % 2001) - 1000.0f) * 2e-5f;
+		uint32_t u;
+		memcpy(&u, &f, sizeof u);
+		wref[2 * i] = (uint8_t)(u >> 16);
+		wref[2 * i + 1] = (uint8_t)(u >> 24);
+	}
+	void *wdev, *rdev = gt_device_data(rn, 9001, &rref);
+	CUDA_OK(cudaMalloc(&wdev, wn));
+	CUDA_OK(cudaMemcpy(wdev, wref, wn, cudaMemcpyHostToDevice));
+	uint64_t wshape[1] = { wn / 2 }, rshape[1] = { rn };
+	ckpt_save *s;
+	CKPT_OK(c, ckpt_save_begin(c, 50, &s));
+	struct ckpt_tensor tw = {
+		.name = "w", .kind = CKPT_KIND_MODEL, .dtype = CKPT_BF16, .policy = CKPT_SHARDED,
+		.ndim = 1, .global_shape = wshape, .data = wdev, .mem = CKPT_MEM_AUTO,
+	}, tr = {
+		.name = "r", .kind = CKPT_KIND_MODEL, .dtype = CKPT_U8, .policy = CKPT_SHARDED,
+		.ndim = 1, .global_shape = rshape, .data = rdev, .mem = CKPT_MEM_AUTO,
+	};
+	CKPT_OK(c, ckpt_save_add_tensor(s, &tw));
+	CKPT_OK(c, ckpt_save_add_tensor(s, &tr));
+	CKPT_OK(c, ckpt_save_submit(s));
+	CKPT_OK(c, ckpt_save_wait(s, -1));
+	struct ckpt_save_stats ss = stats_of(s);
+	ckpt_save_free(s);
+	printf("compress: stored %llu of %llu bytes\n", (unsigned long long)ss.stored_bytes,
+	       (unsigned long long)ss.logical_bytes);
+	CHECK(ss.stored_bytes < ss.logical_bytes && ss.stored_bytes > rn,
+	      "stored %llu of %llu: the weights did not compress, or the random bytes did",
+	      (unsigned long long)ss.stored_bytes, (unsigned long long)ss.logical_bytes);
+	ckpt_load *l;
+	CKPT_OK(c, ckpt_load_open(c, 50, &l));
+	gt_check_host_load(c, l, "w", CKPT_BF16, 1, wref, wn);
+	gt_check_host_load(c, l, "r", CKPT_U8, 1, rref, rn);
+	/* A slice across the first two chunks of the raw tensor: read by its blocks. */
+	uint64_t off[1] = { CHUNK - 5000 }, ext[1] = { 70000 };
+	uint8_t *got = malloc(ext[0]);
+	CHECK(got, "malloc");
+	CKPT_OK(c, ckpt_load_tensor(l, "r", CKPT_U8, 1, off, ext, got, CKPT_MEM_HOST));
+	CHECK(!memcmp(got, rref + off[0], ext[0]), "a slice of the raw tensor differs");
+	free(got);
+	ckpt_load_close(l);
+	CUDA_OK(cudaFree(wdev));
+	CUDA_OK(cudaFree(rdev));
+	free(wref);
+	free(rref);
+	ckpt_close(c);
+}
+
 /* Nothing fits: the last tensor's last chunk is bigger than the pool. */
 static void test_small(const char *root)
 {
@@ -507,6 +581,7 @@ int main(void)
 	test_partial(root);
 	test_mixed(root);
 	test_small(root);
+	test_compress(root);
 	tu_rmtree(root);
 	free(root);
 	root = tu_tmpdir("gpu-stage-incr");   /* its steps start with nothing below them */
