@@ -6,6 +6,7 @@
  *
  *   bench_gpu_stage --root DIR [--pool-bytes N (8G)] [--layers L] [--rows R] [--cols C]
  *                   [--fill random|model] [--changed FRACTION (0.1)] [--phases LIST]
+ *                   [--repeat N (5)]
  *
  * --fill model fills the tensors like a trained model's (bf16 and fp32 weights
  * gaussian with sigma 0.02, Adam's first moment gaussian with sigma 1e-3, the second
@@ -21,7 +22,9 @@
  *              the stream may write the tensors again), the host-visible stall
  *              (begin .. the wait queued), durable
  *   staged     the same with a device pool of the state + 64 MiB (one warm-up save
- *              first: it allocates the pool), and the device memory the process
+ *              first: it allocates the pool; then --repeat timed saves, the older
+ *              steps removed before each: the one of median stall is reported,
+ *              with every save's stall and modify), and the device memory the process
  *              holds beyond its tensors, with it and (pinned, whose context is
  *              still open then) without it: the difference is the pool's
  *   incr       incremental saves with the device pool: a save whose every chunk
@@ -45,6 +48,7 @@
 #include <cuda_runtime_api.h>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/catalog.h"
 #include "ckpt/cuda.h"
 
 #include "../bench_gen.h"
@@ -269,11 +273,13 @@ int main(int argc, char **argv)
 	unsigned layers = 16;
 	uint64_t rows = 4096, cols = 8192;
 	double frac = 0.1;
+	int repeat = 5;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--help")) {
 			printf("usage: bench_gpu_stage --root DIR [--pool-bytes N] [--layers L] [--rows R] "
-			       "[--cols C] [--fill random|model] [--changed F] [--phases LIST]\n");
+			       "[--cols C] [--fill random|model] [--changed F] [--phases LIST] "
+			       "[--repeat N]\n");
 			return 0;
 		}
 		if (!v)
@@ -286,11 +292,14 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--fill")) fill = v;
 		else if (!strcmp(a, "--changed")) frac = atof(v);
 		else if (!strcmp(a, "--phases")) phases = v;
+		else if (!strcmp(a, "--repeat")) repeat = atoi(v);
 		else FAIL("unknown option %s", a);
 		i++;
 	}
 	if (!root)
 		FAIL("--root DIR is required");
+	if (repeat < 1 || repeat > 16)
+		FAIL("--repeat takes 1 to 16");
 	int ndev = 0;
 	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
 		printf("SKIP bench_gpu_stage: no CUDA device\n");
@@ -369,11 +378,35 @@ int main(int argc, char **argv)
 		ckpt_ctx *c = open_ctx(dir, pool, dpool);
 		struct evsave w = event_save(c, 1, 0);
 		(void)w;
-		size_t used1 = device_used();
-		struct evsave r = event_save(c, 2, 0);
-		size_t used2 = device_used();
+		size_t used1 = device_used(), used2 = 0;
+		struct evsave rs[16];
+		for (int k = 0; k < repeat; k++) {
+			struct ckpt_gc_opts go;
+			ckpt_gc_opts_init(&go, sizeof go);
+			go.keep_last = 1;
+			struct ckpt_gc_result gr = { .size = sizeof gr };
+			CKPT_OK(ckpt_catalog_gc(c, &go, &gr));
+			rs[k] = event_save(c, 2 + (uint64_t)k, 0);
+			size_t u = device_used();
+			used2 = u > used2 ? u : used2;
+		}
 		ckpt_close(c);
-		print_ev("staged", &r);
+		/* The median by stall (insertion sort of indexes). */
+		int ix[16];
+		for (int k = 0; k < repeat; k++) {
+			int j = k;
+			while (j > 0 && rs[ix[j - 1]].stall_s > rs[k].stall_s) {
+				ix[j] = ix[j - 1];
+				j--;
+			}
+			ix[j] = k;
+		}
+		print_ev("staged", &rs[ix[repeat / 2]]);
+		printf("\"staged_runs\": [");
+		for (int k = 0; k < repeat; k++)
+			printf("%s{\"stall_s\": %.6f, \"modify_s\": %.6f}", k ? ", " : "", rs[k].stall_s,
+			       rs[k].modify_s);
+		printf("], ");
 		size_t peak = used1 > used2 ? used1 : used2;
 		/* What the pool adds to what a context uses on the device without one (its
 		 * streams and events: the pinned phase's figure). */

@@ -57,7 +57,10 @@ def main():
     print(f"| DCP's best (staging done) | {s(bs, 3)} | — | "
           f"{bs and sm and f'{bs / sm:.0f}x later than libckpt' or 'n/a'} | — | — |")
     stall = g(st, "staged", "stall_s")
-    print(f"| host-visible stall with the event, device pool | {ms(stall)} | — | — | <= 1 ms | "
+    runs = st.get("staged_runs") or []
+    every = ", ".join(ms(x.get("stall_s")) for x in runs)
+    print(f"| host-visible stall with the event, device pool (median of {len(runs) or 1} saves"
+          f"{': ' + every if every else ''}) | {ms(stall)} | — | — | <= 1 ms | "
           f"{ok(le(stall, 1e-3))} |")
     du = st.get("device_use_of_pool")
     du = None if du is None or du < 0 else du
