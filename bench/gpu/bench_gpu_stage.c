@@ -35,7 +35,8 @@
  *   incr_host  the same without the device pool (compared on the host after the copy)
  *   compress   a save with CKPT_COMPRESS as set in the environment (e.g.
  *              bytegroup): durable, stored / logical bytes per dtype and kind
- * Exit 77 without a device.
+ * Also, over all phases: the peak host RSS (VmHWM) against the RSS before the first
+ * context was opened, for host RSS <= host pool + 64 MiB. Exit 77 without a device.
  */
 #include <errno.h>
 #include <math.h>
@@ -221,6 +222,20 @@ static void print_ev(const char *name, const struct evsave *r)
 	       (unsigned long long)r->st.device_unchanged_bytes);
 }
 
+static uint64_t status_bytes(const char *field)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	uint64_t v = 0;
+	size_t n = strlen(field);
+	while (f && fgets(line, sizeof line, f))
+		if (!strncmp(line, field, n) && line[n] == ':')
+			v = strtoull(line + n + 1, NULL, 10) * 1024;
+	if (f)
+		fclose(f);
+	return v;
+}
+
 static size_t device_used(void)
 {
 	size_t fr, tot;
@@ -331,6 +346,9 @@ int main(int argc, char **argv)
 	CUDA_OK(cudaDeviceSynchronize());
 	CUDA_OK(cudaStreamCreateWithFlags(&opt, cudaStreamNonBlocking));
 	size_t used0 = device_used(), pinned_use = 0;
+	/* Host memory: the peak over every phase's context against the RSS before the
+	 * first (the tensors and the CUDA context are already there). */
+	uint64_t rss0 = status_bytes("VmRSS");
 	unsigned seed = 0;
 	char dir[4096];
 
@@ -452,6 +470,10 @@ int main(int argc, char **argv)
 			printf("%s\"%s\": %.4f", k ? ", " : "", kn[k], st[k] ? (double)lg[k] / (double)st[k] : 0);
 		printf("}, ");
 	}
+	uint64_t hwm = status_bytes("VmHWM");
+	printf("\"host_pool_bytes\": %llu, \"rss_before_open\": %llu, \"rss_peak\": %llu, "
+	       "\"rss_growth\": %llu, ", (unsigned long long)pool, (unsigned long long)rss0,
+	       (unsigned long long)hwm, (unsigned long long)(hwm > rss0 ? hwm - rss0 : 0));
 	printf("\"ok\": true}\n");
 	for (int i = 0; i < nts; i++)
 		cudaFree(ts[i].dev);
