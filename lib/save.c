@@ -1503,6 +1503,19 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	snapshot_pipe_after(cur.pipe, s->fence);
 	if ((rc = save_stage(c, s, &cur)))
 		goto out;
+	/* Who hashes device chunks, decided before the first is issued. One thread
+	 * hashing every chunk (7-9 GB/s) would pace a save that writes little of what
+	 * it hashes or sends faster than that. A save that compresses with workers
+	 * leaves it to them, beside the compression; that is not possible where the
+	 * save needs a chunk's hash when it is taken out: against the previous step,
+	 * for the staging pool's record, to send it, or for GPUDirect Storage's
+	 * writes. An incremental save, or one through ckptd, hashes on helpers instead
+	 * (as many as compression workers: the same share of the CPUs). */
+	if (!glue_remote(c) && c->cfg.zstd_level > 0 && c->cfg.compress_threads > 0 &&
+	    !s->incremental && cur.stage_item == SIZE_MAX && !cur.gds)
+		snapshot_pipe_leave_hashing(cur.pipe);
+	else if (s->incremental || glue_remote(c))
+		snapshot_pipe_hash_threads(cur.pipe, c->cfg.compress_threads);
 	/* Device copies first, as many as the window takes, before any file is touched:
 	 * the caller waits for the snapshot point (or the snapshot event) and for nothing
 	 * else, and the copies run on the stream while the shard file is set up. Host
@@ -1562,14 +1575,6 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	/* Saves through ckptd write whole shards: they are never incremental. */
 	if (s->incremental && sink.w && (rc = save_prev_open(c, s, &cur.prev)))
 		goto out;
-	/* A save that compresses with workers leaves the hashing of device chunks to
-	 * them, beside the compression (one thread hashing every chunk would pace the
-	 * save). Not where the save needs a chunk's hash when it is taken out: against
-	 * the previous step, for the staging pool's record, to send it, or for
-	 * GPUDirect Storage's writes. */
-	if (sink.w && c->cfg.zstd_level > 0 && c->cfg.compress_threads > 0 && !cur.prev.ix &&
-	    cur.stage_item == SIZE_MAX && !cur.gds)
-		snapshot_pipe_leave_hashing(cur.pipe);
 	if ((rc = save_stream(c, s, &cur, &sink)))
 		goto out;
 	if (cur.prev.ix)

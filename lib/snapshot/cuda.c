@@ -326,6 +326,15 @@ int snap_dev_copy(struct snapshot *sn, void *dst, const void *src, size_t n, uns
 	return 0;
 }
 
+int snap_dev_bind_thread(struct snapshot *sn)
+{
+	pthread_mutex_lock(&sn->lock);
+	int dev = sn->bound >= 0 ? sn->bound : sn->home;
+	pthread_mutex_unlock(&sn->lock);
+	cudaError_t e = cudart.SetDevice(dev);
+	return e == cudaSuccess ? 0 : snap_cuda_err(e, "select CUDA device %d for hashing", dev);
+}
+
 int snap_dev_wait(struct snapshot *sn, unsigned slot)
 {
 	cudaError_t e = cudart.EventSynchronize(sn->events[slot]);

@@ -120,6 +120,12 @@ int snap_dev_seal(struct snapshot *sn, void **event, void (*landed)(void *), voi
 	return ckpt_err(CKPT_ENODEV, NO_CUDA);
 }
 
+int snap_dev_bind_thread(struct snapshot *sn)
+{
+	CKPT_UNUSED(sn);
+	return 0;
+}
+
 void snap_dev_quiesce(struct snapshot *sn)
 {
 	CKPT_UNUSED(sn);

@@ -20,9 +20,21 @@
  * does inside its own calls on this same thread. Blocking here would wait for a
  * reap that nobody runs; taking a chunk out and appending it is what frees one.
  *
- * Threads: one thread per pipe (snapshot.h).
+ * Hashing helpers (snapshot_pipe_hash_threads): a device chunk is hashed from its
+ * pool buffer once its copy has landed. One thread doing that for every chunk
+ * paces a save whose writes are few (an incremental one that finds most chunks
+ * unchanged, after hashing them all) at about 7-9 GB/s. With helpers, device chunks
+ * are queued to them as they are issued; each waits for its chunk's event, hashes
+ * it and marks it done, and snapshot_pipe_next waits for that mark, in issue order
+ * as before. The helpers see only their queue and the slots in it, under hlock;
+ * a slot is reused only after next took it out, by which time its helper is done
+ * with it and with its event.
+ *
+ * Threads: one thread per pipe (snapshot.h), plus its hashing helpers.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +49,8 @@ struct pipe_slot {
 	uint8_t *blocks;                 /* its block hashes, computed with the chunk's */
 	bool     no_blocks;              /* a stored chunk given without block hashes */
 	unsigned ev;                     /* a device copy's event (of window events) */
+	bool     hashed;                 /* helpers: done (under hlock) */
+	int      hrc;                    /* helpers: its failure, or 0 */
 };
 
 #define PIPE_STORED_AHEAD 256u
@@ -64,6 +78,17 @@ struct snapshot_pipe {
 	bool              flags_cleared;
 	uint32_t          nflags;                /* flags [0, nflags) in use */
 	uint32_t         *flags;                 /* read back; NULL until then */
+	/* Hashing helpers: want of them, started at the first device chunk; their
+	 * queue of slot indexes [hq_head, hq_tail) (mod cap); the first failure's
+	 * message. hq_*, hstop, the slots' hashed and hrc, herr are under hlock. */
+	unsigned          hwant, nh;
+	pthread_t        *hthreads;
+	pthread_mutex_t   hlock;
+	pthread_cond_t    hwork, hdone;
+	unsigned         *hq;
+	uint64_t          hq_head, hq_tail;
+	bool              hstop;
+	char              herr[512];
 };
 
 unsigned snapshot_pipe_window(unsigned nbufs, unsigned queue_depth)
@@ -99,8 +124,87 @@ int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned windo
 	p->sn = sn;
 	p->pool = pool;
 	p->window = window;
+	pthread_mutex_init(&p->hlock, NULL);
+	pthread_cond_init(&p->hwork, NULL);
+	pthread_cond_init(&p->hdone, NULL);
 	*out = p;
 	return 0;
+}
+
+void snapshot_pipe_hash_threads(struct snapshot_pipe *p, unsigned n)
+{
+	if (!p->leave_hashing && !p->nh)
+		p->hwant = n > SNAPSHOT_PIPE_MAX_HASHERS ? SNAPSHOT_PIPE_MAX_HASHERS : n;
+}
+
+static void *pipe_hasher(void *arg)
+{
+	struct snapshot_pipe *p = arg;
+	/* Events are waited for on the save's device, as on the pipe's own thread. */
+	int bound = snap_dev_bind_thread(p->sn);
+	char msg[sizeof p->herr] = "";
+	if (bound)
+		snprintf(msg, sizeof msg, "%s", ckpt_err_msg());
+	pthread_mutex_lock(&p->hlock);
+	for (;;) {
+		while (!p->hstop && p->hq_head == p->hq_tail)
+			pthread_cond_wait(&p->hwork, &p->hlock);
+		if (p->hstop)
+			break;
+		struct pipe_slot *s = &p->slots[p->hq[p->hq_head++ % p->cap]];
+		pthread_mutex_unlock(&p->hlock);
+		int rc = bound ? bound : snap_dev_wait(p->sn, s->ev);
+		if (rc && !bound)
+			snprintf(msg, sizeof msg, "%s", ckpt_err_msg());
+		if (!rc)
+			io_copy_hash128_blocks(NULL, io_pool_addr(p->pool, s->buf), s->len,
+			                       p->block_bytes, s->hash, s->blocks);
+		pthread_mutex_lock(&p->hlock);
+		s->hrc = rc;
+		if (rc && !p->herr[0])
+			snprintf(p->herr, sizeof p->herr, "%s", msg);
+		s->hashed = true;
+		pthread_cond_broadcast(&p->hdone);
+	}
+	pthread_mutex_unlock(&p->hlock);
+	return NULL;
+}
+
+/* Start the helpers wanted, at the first device chunk (the device is bound then).
+ * None starting is not an error: next() hashes, as without them. */
+static void pipe_start_hashers(struct snapshot_pipe *p)
+{
+	unsigned n = p->hwant;
+	p->hwant = 0;
+	if (!n || !(p->hq = ckpt_calloc(p->cap, sizeof *p->hq)) ||
+	    !(p->hthreads = ckpt_calloc(n, sizeof *p->hthreads)))
+		return;
+	for (unsigned i = 0; i < n; i++) {
+		int rc = ckpt_thread_create(&p->hthreads[i], NULL, pipe_hasher, p);
+		if (rc) {
+			ckpt_log(CKPT_LOG_WARN, "snapshot pipe: hashing thread %u of %u: %s; going on "
+			         "with %u", i + 1, n, ckpt_strerror(-rc), i);
+			break;
+		}
+		p->nh++;
+	}
+}
+
+static void pipe_stop_hashers(struct snapshot_pipe *p)
+{
+	if (p->nh) {
+		pthread_mutex_lock(&p->hlock);
+		p->hstop = true;
+		pthread_cond_broadcast(&p->hwork);
+		pthread_mutex_unlock(&p->hlock);
+		for (unsigned i = 0; i < p->nh; i++)
+			pthread_join(p->hthreads[i], NULL);
+		p->nh = 0;
+	}
+	ckpt_free(p->hthreads);
+	ckpt_free(p->hq);
+	p->hthreads = NULL;
+	p->hq = NULL;
 }
 
 void snapshot_pipe_after(struct snapshot_pipe *p, void *fence) { p->fence = fence; }
@@ -185,6 +289,16 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 			return rc;
 		}
 		p->device_chunks++;
+		if (p->hwant)
+			pipe_start_hashers(p);
+		if (p->nh) {
+			pthread_mutex_lock(&p->hlock);
+			s->hashed = false;
+			s->hrc = 0;
+			p->hq[p->hq_tail++ % p->cap] = (p->head + p->count) % p->cap;
+			pthread_cond_signal(&p->hwork);
+			pthread_mutex_unlock(&p->hlock);
+		}
 	} else {
 		/* Host memory: the copy is done when this returns, hashed (the chunk and its
 		 * blocks) on the way so the bytes cross the memory bus once. */
@@ -260,7 +374,19 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 		return ckpt_err(-ENOENT, "snapshot pipe: nothing pending");
 	struct pipe_slot *s = &p->slots[p->head];
 	bool unhashed = false;
-	if (s->device) {
+	if (s->device && p->nh) {
+		/* Its helper waited for the copy and hashed it. */
+		pthread_mutex_lock(&p->hlock);
+		while (!s->hashed)
+			pthread_cond_wait(&p->hdone, &p->hlock);
+		int rc = s->hrc;
+		if (rc)
+			ckpt_err_restore(p->herr);
+		pthread_mutex_unlock(&p->hlock);
+		if (rc)
+			return rc;
+		s->device = false;
+	} else if (s->device) {
 		/* This chunk's event only: later copies keep running meanwhile. */
 		int rc = snap_dev_wait(p->sn, s->ev);
 		if (rc)
@@ -290,7 +416,13 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 	return unhashed ? 1 : 0;
 }
 
-void snapshot_pipe_leave_hashing(struct snapshot_pipe *p) { p->leave_hashing = true; }
+void snapshot_pipe_leave_hashing(struct snapshot_pipe *p)
+{
+	if (!p->nh) {
+		p->leave_hashing = true;
+		p->hwant = 0;
+	}
+}
 
 int snapshot_pipe_stage(struct snapshot_pipe *p, const void *src, size_t n, int mem,
                         uint64_t off, size_t chunk_bytes, uint32_t flag, const void **staged)
@@ -396,6 +528,8 @@ void snapshot_pipe_close(struct snapshot_pipe *p)
 		return;
 	/* Copies may still be landing in buffers we are about to give back, and the
 	 * landed callback may still hold its argument: wait for both. */
+	/* Helpers first: they may be hashing a buffer about to go back. */
+	pipe_stop_hashers(p);
 	if (p->device_chunks || p->sealed || p->staged || p->released)
 		snap_dev_quiesce(p->sn);
 	while (p->count) {
@@ -407,5 +541,8 @@ void snapshot_pipe_close(struct snapshot_pipe *p)
 	ckpt_free(p->slots);
 	ckpt_free(p->block_store);
 	ckpt_free(p->flags);
+	pthread_mutex_destroy(&p->hlock);
+	pthread_cond_destroy(&p->hwork);
+	pthread_cond_destroy(&p->hdone);
 	ckpt_free(p);
 }

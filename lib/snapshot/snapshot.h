@@ -158,6 +158,12 @@ int  snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
  * hashes them elsewhere (a writer whose compression workers hash what they
  * compress). Host chunks are hashed as they are copied, as before. */
 void snapshot_pipe_leave_hashing(struct snapshot_pipe *p);
+/* Hash device chunks on n helper threads (at most SNAPSHOT_PIPE_MAX_HASHERS),
+ * started at the first device chunk; snapshot_pipe_next then only waits for its
+ * chunk's hashes. Before the first device chunk, and not with leave_hashing (which
+ * wins). 0: the caller's thread hashes at next(), as by default. */
+#define SNAPSHOT_PIPE_MAX_HASHERS 16u
+void snapshot_pipe_hash_threads(struct snapshot_pipe *p, unsigned n);
 /*
  * Every copy has been issued. In device mode, *event (a cudaEvent_t, owned by the
  * caller: snapshot_event_destroy) is recorded on the copy stream after the last

@@ -66,6 +66,9 @@ int  snap_dev_prepare(struct snapshot *sn, unsigned n);
 int  snap_dev_after(struct snapshot *sn, void *fence);
 /* Queue the D2H copy of n bytes and record slot's event after it. */
 int  snap_dev_copy(struct snapshot *sn, void *dst, const void *src, size_t n, unsigned slot);
+/* Make the calling thread's current device the save's (a hashing helper's, before
+ * it waits for events). */
+int  snap_dev_bind_thread(struct snapshot *sn);
 /* Wait for slot's event (that chunk only). */
 int  snap_dev_wait(struct snapshot *sn, unsigned slot);
 /* Create and record *event on the save stream; enqueue landed(arg) after it. */

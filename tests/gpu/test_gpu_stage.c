@@ -26,6 +26,8 @@
  *   unaligned a tensor at an address not aligned to 16 in an incremental save:
  *             staged by a plain copy, never compared, still referenced (by its hash,
  *             after the copy) when unchanged
+ *   incrhost  incremental steps without the device pool: device chunks hashed on
+ *             helper threads after their copy, unchanged ones referenced; bit-exact
  *   compress  a compressing save (bytegroup, two workers) of device tensors, whose
  *             chunks the writer's workers hash: bf16 weights compress, random bytes
  *             are stored raw with their block hashes; everything loads bit-exact,
@@ -355,6 +357,33 @@ static void test_incr(const char *root)
 	ckpt_close(c);
 }
 
+/* Incremental without the device pool: the pipe's hashing helpers hash every
+ * device chunk after its copy; the unchanged ones become references. */
+static void test_incr_host(const char *root)
+{
+	ckpt_ctx *c = open_stage(root, 8 * CHUNK, 0, 1);
+	struct state st;
+	state_make(&st, 6);
+	struct ckpt_save_stats s1 = save_step(c, 60, &st);
+	CHECK(s1.referenced_bytes == 0 && s1.device_staged_bytes == 0, "step 60: referenced %llu",
+	      (unsigned long long)s1.referenced_bytes);
+	uint8_t **r60 = snapshot_refs(&st);
+	change(&st, 2, 6002);
+	size_t at = 4 * CHUNK + 777;
+	st.ref[5][at] ^= 0x10;
+	CUDA_OK(cudaMemcpy((uint8_t *)st.dev[5] + at, &st.ref[5][at], 1, cudaMemcpyHostToDevice));
+	struct ckpt_save_stats s2 = save_step(c, 61, &st);
+	uint64_t want = STATE - TBYTES - CHUNK;
+	CHECK(s2.referenced_bytes == want && s2.device_unchanged_bytes == 0, "step 61: referenced "
+	      "%llu, expected %llu", (unsigned long long)s2.referenced_bytes,
+	      (unsigned long long)want);
+	check_step(c, 60, r60, st.names);
+	check_step(c, 61, st.ref, st.names);
+	free_refs(r60);
+	state_free(&st);
+	ckpt_close(c);
+}
+
 /* A tensor at an address not aligned to 16: staged by a plain copy, never compared. */
 static void test_unaligned(const char *root)
 {
@@ -588,6 +617,10 @@ int main(void)
 	test_incr(root);
 	test_unaligned(root);
 	test_many(root);
+	tu_rmtree(root);
+	free(root);
+	root = tu_tmpdir("gpu-stage-incr-host");
+	test_incr_host(root);
 	tu_rmtree(root);
 	free(root);
 	printf("PASS test_gpu_stage\n");
