@@ -274,9 +274,11 @@ struct ckpt_opts {
 	 * bytegroup[:LEVEL] (docs/operations.md). */
 	int         compress_codec;
 	/* Threads that compress one rank's chunks while its writes go on (the pool bounds
-	 * the chunks they hold); 0: CKPT_COMPRESS_THREADS, then half of the rank's CPUs
-	 * (those it is pinned to, else the host's divided among the node's ranks), at
-	 * most 4, at least 1. At most 64. */
+	 * the chunks they hold), hashing the device chunks they compress; in an
+	 * incremental save or one through ckptd, as many threads hash device chunks
+	 * after their copy (docs/perf.md §9). 0: CKPT_COMPRESS_THREADS, then half of the
+	 * rank's CPUs (those it is pinned to, else the host's divided among the node's
+	 * ranks), at most 4, at least 1. At most 64. */
 	unsigned    compress_threads;
 	/* Incremental saves (docs/format.md §3b): a chunk whose bytes equal the same
 	 * chunk of the previous committed step (same tensor, box and chunk, known by its
