@@ -234,7 +234,10 @@ FAKE_API cudaError_t cudaLibraryLoadData(cudaLibrary_t *lib, const void *code,
                                          enum cudaLibraryOption *lo, void **lv, unsigned nlo)
 {
 	(void)jo; (void)jv; (void)njo; (void)lo; (void)lv; (void)nlo;
-	/* The PTX of stage_kernel.cu: its entry must be there. */
+	/* The PTX of stage_kernel.cu: its entry must be there. FAKE_CUDART_NO_KERNEL: a
+	 * runtime that cannot compile it (as a driver older than the PTX). */
+	if (getenv("FAKE_CUDART_NO_KERNEL"))
+		return cudaErrorUnsupportedPtxVersion;
 	if (!code || !strstr(code, ".entry ckpt_stage("))
 		return cudaErrorInvalidPtx;
 	*lib = (cudaLibrary_t)&the_library;

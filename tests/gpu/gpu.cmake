@@ -115,3 +115,6 @@ ckpt_gpu_fake(test_gpu_pool ${CKPT_GPU_TEST_DIR}/test_gpu_pool.c)
 ckpt_gpu_fake_add(test_gpu_pool_fake test_gpu_pool_fake)
 ckpt_gpu_fake(test_gpu_stage ${CKPT_GPU_TEST_DIR}/test_gpu_stage.c)
 ckpt_gpu_fake_add(test_gpu_stage_fake test_gpu_stage_fake)
+add_test(NAME test_gpu_stage_nokernel_fake COMMAND test_gpu_stage_fake)
+set_tests_properties(test_gpu_stage_nokernel_fake PROPERTIES TIMEOUT 300 LABELS "unit;snapshot"
+                     ENVIRONMENT "CKPT_CUDART=$<TARGET_FILE:fakecudart>;FAKE_CUDART_NO_KERNEL=1")
