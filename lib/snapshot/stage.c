@@ -142,7 +142,7 @@ static size_t stage_seg(size_t chunk_bytes)
 
 int snap_dev_stage_flush(struct snapshot *sn)
 {
-	struct stage_batch *b = sn->batch;
+	struct stage_batch *b = sn->batch;   /* there with the pool */
 	if (!b || !b->n)
 		return 0;
 	b->flags = (unsigned long long)(uintptr_t)(sn->stage + sn->stage_bytes -
@@ -164,7 +164,7 @@ int snap_dev_stage(struct snapshot *sn, uint64_t off, const void *src, size_t n,
 {
 	uint8_t *dst = sn->stage + off;
 	*staged = dst;
-	if (!device || !sn->stage_kernel || (uintptr_t)src % 16 || !sn->batch) {
+	if (!device || !sn->stage_lib || (uintptr_t)src % 16) {
 		if (chunk_bytes)
 			return ckpt_err(-EINVAL, "staging pool: no comparison possible for %zu bytes at "
 			                "%p", n, src);
