@@ -148,9 +148,12 @@ struct io_shard_writer {
 	/* Where a compressing writer's time went (CKPT_LOG=debug at finish): since
 	 * open; the workers compressing (summed); the appending thread waiting for the
 	 * ring's oldest chunk, for an output buffer, and queueing writes (which waits
-	 * for the disk when its depth is full). */
+	 * for the disk when its depth is full). For every writer: when its first
+	 * chunk's write was queued, and the steps of finish (the last writes drained,
+	 * the footer written, fdatasync done), each since open. */
 	uint64_t          t_open, ns_wait_done, ns_wait_buf, ns_write;
 	_Atomic uint64_t  ns_compress;
+	uint64_t          t_first_write, t_finish, t_drained, t_footer, t_synced;
 };
 
 /* Keep the first failure; the message is in this thread's buffer (ckpt_err). */
@@ -669,6 +672,8 @@ static int w_write_chunk(struct io_shard_writer *w, uint32_t k, unsigned wbuf,
 		io_pool_put(w->pool, wbuf);
 		return 0;
 	}
+	if (!w->t_first_write)
+		w->t_first_write = ckpt_now_ns();
 	rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, p + done, (size_t)(padded - done),
 	                     c->file_offset + done, w_write_done, w,
 	                     (uint64_t)k << 32 | wbuf | (done ? COOKIE_PART : 0));
@@ -1126,6 +1131,7 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 	int rc = w_drain(w);
 	if (rc)
 		return w_error(w);
+	w->t_drained = ckpt_now_ns();
 	for (uint32_t i = 0; i < w->ntensors; i++)
 		if (w->appended[i] != w->tensors[i].raw_bytes)
 			return ckpt_err(-EINVAL, "%s: tensor '%s' has %llu of %llu bytes", w->path,
@@ -1178,6 +1184,7 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 	ckpt_free(table);
 	if (rc)
 		return rc;
+	w->t_footer = ckpt_now_ns();
 	if ((rc = ckpt_fault(CKPT_FP_AFTER_FOOTER_WRITE)) < 0)
 		return ckpt_err_prefix(rc, "%s", w->path);
 	/* size_hint may have been larger than the shard: cut the file to its trailer. */
@@ -1191,6 +1198,7 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 	 * sync, for the power-cut campaign to catch. */
 	if (rc != CKPT_FA_SKIP && fdatasync(w->fd) < 0)
 		return ckpt_err(-errno, "fdatasync %s", w->path);
+	w->t_synced = ckpt_now_ns();
 	if ((rc = ckpt_fault(CKPT_FP_AFTER_FDATASYNC)) < 0)
 		return ckpt_err_prefix(rc, "%s", w->path);
 	/* Decoding what we wrote is cheap and proves the footer is readable. */
@@ -1206,6 +1214,7 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 int io_shard_writer_finish(struct io_shard_writer *w, struct io_shard_result *res)
 {
 	memset(res, 0, sizeof *res);
+	w->t_finish = ckpt_now_ns();
 	/* Every chunk out of the ring and into a write (or back to the pool). */
 	w_retire_all(w);
 	unsigned nt = w->nthreads;
@@ -1219,6 +1228,16 @@ int io_shard_writer_finish(struct io_shard_writer *w, struct io_shard_result *re
 		         (double)atomic_load(&w->ns_compress) / 1e9, (double)w->ns_wait_done / 1e9,
 		         (double)w->ns_wait_buf / 1e9, (double)w->ns_write / 1e9);
 	int rc = finish_steps(w, res);
+	if (!rc) {
+#define SINCE_OPEN(t) ((t) ? (double)((t) - w->t_open) / 1e9 : -1.0)
+		ckpt_log(CKPT_LOG_DEBUG, "%s: %llu bytes stored, durable %.3f s after open: first "
+		         "write queued at %.3f s, finish called at %.3f s, writes drained at %.3f "
+		         "s, footer written at %.3f s, fdatasync done at %.3f s", w->path,
+		         (unsigned long long)w->stored, SINCE_OPEN(w->t_synced),
+		         SINCE_OPEN(w->t_first_write), SINCE_OPEN(w->t_finish),
+		         SINCE_OPEN(w->t_drained), SINCE_OPEN(w->t_footer), SINCE_OPEN(w->t_synced));
+#undef SINCE_OPEN
+	}
 	if (rc) {
 		ckpt_free(res->footer);
 		io_index_free(res->index);
