@@ -44,10 +44,6 @@
 #include "remote/remote.h"
 #include "server.h"
 
-#define CKPTD_TAIL_SHARE 4           /* the smaller classes: a quarter of the pool */
-#define CKPTD_TAIL_MIN (64u << 10)   /* ... halving the chunk size down to this */
-#define CKPTD_TAIL_MIN_BIG 8         /* ... in a pool of at least 8 large buffers */
-#define CKPTD_MAX_SLOTS 16384        /* buffers in all: io_uring registers at most this */
 #define SRV_POLL_MS 200          /* how often an idle connection looks at the stop flag */
 #define SRV_LOCK_FILE "ckptd.lock"
 
@@ -1214,50 +1210,18 @@ static void *janitor_main(void *arg)
 /* ------------------------------------------------------------------ the server */
 
 /* The pool: buffers of the chunk size, and classes of a half, a quarter, ... of it
- * (down to CKPTD_TAIL_MIN) for the chunks that are shorter. A tensor's last piece
- * is anywhere from a few bytes to a whole chunk; held in a buffer of the chunk's
- * size it wastes up to all of one, and a state of many tensors then fills the
- * pool with a third more than its bytes. With classes a factor of two apart a
- * chunk wastes less than half its buffer, and when its class is empty it takes one
- * of the next larger class that has one free, not a whole chunk's. The smaller
- * classes share a quarter of the pool, the same number of buffers each (the last
- * pieces of a state's tensors are about as often of one size as of another); the
- * largest class keeps the rest. A pool of a few large buffers keeps every buffer
- * for any chunk: there the classes would cost a large buffer of the few. */
+ * for the chunks that are shorter (io_pool_create_halving says why). */
 static int pool_create(const struct ckptd_server_opts *o, struct io_pool **out)
 {
-	struct io_pool_class cls[IO_POOL_MAX_CLASSES];
-	unsigned ncls = 1;
-	uint64_t per_round = 0;     /* bytes of one buffer of each smaller class */
-	cls[0] = (struct io_pool_class){ o->buf_bytes, (unsigned)(o->pool_bytes / o->buf_bytes) };
-	for (size_t b = o->buf_bytes / 2; ncls < IO_POOL_MAX_CLASSES; b /= 2) {
-		size_t bytes = ckpt_align_up(b, CKPT_ALIGN);
-		if (bytes < CKPTD_TAIL_MIN || bytes >= cls[ncls - 1].bytes)
-			break;
-		cls[ncls++] = (struct io_pool_class){ bytes, 0 };
-		per_round += bytes;
-	}
-	uint64_t nbig = (o->pool_bytes - o->pool_bytes / CKPTD_TAIL_SHARE) / o->buf_bytes;
-	if (ncls == 1 || nbig < CKPTD_TAIL_MIN_BIG)
-		return io_pool_create_sized(cls, 1, NULL, out);
-	/* The smaller classes take what the largest leaves, as many rounds as fit, and
-	 * no more buffers in all than io_uring registers. */
-	uint64_t rounds = (o->pool_bytes - nbig * o->buf_bytes) / per_round;
-	uint64_t max_rounds = nbig < CKPTD_MAX_SLOTS ? (CKPTD_MAX_SLOTS - nbig) / (ncls - 1) : 0;
-	if (rounds > max_rounds) {
-		rounds = max_rounds;
-		nbig = (o->pool_bytes - rounds * per_round) / o->buf_bytes;
-	}
-	if (rounds == 0 || nbig > UINT_MAX)
-		return io_pool_create_sized(cls, 1, NULL, out);
-	cls[0].count = (unsigned)nbig;
-	for (unsigned c = 1; c < ncls; c++)
-		cls[c].count = (unsigned)rounds;
-	int rc = io_pool_create_sized(cls, ncls, NULL, out);
-	if (!rc)
+	int rc = io_pool_create_halving(o->buf_bytes, o->pool_bytes, NULL, out);
+	struct io_pool_class big, small, least;
+	unsigned n = rc ? 0 : io_pool_nclasses(*out);
+	if (n > 1 && !io_pool_class_info(*out, 0, &big, NULL) &&
+	    !io_pool_class_info(*out, 1, &small, NULL) &&
+	    !io_pool_class_info(*out, n - 1, &least, NULL))
 		ckpt_log(CKPT_LOG_INFO, "pool: %u buffers of %zu KiB, and %u each of %zu down to %zu "
-		         "KiB for shorter chunks", cls[0].count, cls[0].bytes >> 10, cls[1].count,
-		         cls[1].bytes >> 10, cls[ncls - 1].bytes >> 10);
+		         "KiB for shorter chunks", big.count, big.bytes >> 10, small.count,
+		         small.bytes >> 10, least.bytes >> 10);
 	return rc;
 }
 

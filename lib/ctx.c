@@ -768,8 +768,18 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 		ckpt_log(CKPT_LOG_WARN, "GPUDirect Storage asked for, not used: %s", ckpt_err_msg());
 		rc = 0;
 	}
-	if ((rc = io_pool_create(c->cfg.chunk_bytes, (unsigned)nbufs, snapshot_pool_alloc(c->snap),
-	                         &c->pool))) {
+	/* A rank saving through ckptd holds its chunks only until they are on the wire,
+	 * and the pool is what its copies can run ahead of the network: in classes of
+	 * halving sizes, so that a short chunk does not take a buffer of the chunk
+	 * size (io_pool_create_halving). A local save keeps buffers of one size: the
+	 * shard writer's queue depth and its compression count them. */
+	if (!ro && glue_remote(c))
+		rc = io_pool_create_halving(c->cfg.chunk_bytes, (uint64_t)nbufs * c->cfg.chunk_bytes,
+		                            snapshot_pool_alloc(c->snap), &c->pool);
+	else
+		rc = io_pool_create(c->cfg.chunk_bytes, (unsigned)nbufs, snapshot_pool_alloc(c->snap),
+		                    &c->pool);
+	if (rc) {
 		ckpt_err_prefix(rc, "buffer pool of %zu x %zu bytes", nbufs, c->cfg.chunk_bytes);
 		goto fail;
 	}

@@ -1497,7 +1497,7 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	unsigned beside = c->cfg.queue_depth;
 	if (c->cfg.zstd_level > 0 && !glue_remote(c))
 		beside += 4 * c->cfg.compress_threads;
-	unsigned window = snapshot_pipe_window(io_pool_nbufs(c->pool), beside);
+	unsigned window = snapshot_pipe_window(io_pool_nslots(c->pool), beside);
 	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, IO_BLOCK_BYTES, &cur.pipe)))
 		goto out;
 	snapshot_pipe_after(cur.pipe, s->fence);

@@ -225,6 +225,19 @@ struct io_pool_class {
  * then cls[1]'s, and so on. Errors: -EINVAL, -ENOMEM. */
 int      io_pool_create_sized(const struct io_pool_class *cls, unsigned ncls,
                               const struct io_pool_alloc *alloc, struct io_pool **out);
+/* About pool_bytes for chunks of at most buf_bytes (a multiple of CKPT_ALIGN):
+ * buffers of buf_bytes, and classes of a half, a quarter, ... of it (down to
+ * IO_POOL_HALVING_MIN) that share a quarter of the bytes, the same number of
+ * buffers each, for takers that know their size (io_pool_get_fit). At most
+ * IO_POOL_MAX_SLOTS buffers in all. A pool of fewer than IO_POOL_HALVING_MIN_BIG
+ * large buffers keeps them all large: pool_bytes / buf_bytes buffers, as
+ * io_pool_create. Errors: -EINVAL, -ENOMEM. */
+#define IO_POOL_HALVING_SHARE   4
+#define IO_POOL_HALVING_MIN     (64u << 10)
+#define IO_POOL_HALVING_MIN_BIG 8
+#define IO_POOL_MAX_SLOTS       16384   /* io_uring registers at most this many */
+int      io_pool_create_halving(size_t buf_bytes, uint64_t pool_bytes,
+                                const struct io_pool_alloc *alloc, struct io_pool **out);
 void     io_pool_destroy(struct io_pool *p);      /* every buffer must be back */
 /* Take a free buffer; blocks up to timeout_ms (<0: forever). Index >= 0, or -ETIMEDOUT. */
 int      io_pool_get(struct io_pool *p, int timeout_ms);

@@ -64,6 +64,54 @@ int io_pool_create_classes(size_t buf_bytes, unsigned nbufs, size_t small_bytes,
 	return io_pool_create_sized(c, nsmall ? 2 : 1, alloc, out);
 }
 
+/* Why halving classes: a tensor's last piece is anywhere from a few bytes to a
+ * whole chunk; held in a buffer of the chunk's size it wastes up to all of one, and
+ * a state of many tensors then fills the pool with a third more than its bytes (or,
+ * where the pool is smaller than the state, keeps few of its bytes in it). With
+ * classes a factor of two apart a chunk wastes less than half its buffer, and when
+ * its class is empty it takes one of the next larger class that has one free, not a
+ * whole chunk's. The smaller classes share a quarter of the pool, the same number
+ * of buffers each (the last pieces of a state's tensors are about as often of one
+ * size as of another); the largest class keeps the rest. A pool of a few large
+ * buffers keeps every buffer for any chunk: there the classes would cost a large
+ * buffer of the few. */
+int io_pool_create_halving(size_t buf_bytes, uint64_t pool_bytes,
+                           const struct io_pool_alloc *alloc, struct io_pool **out)
+{
+	*out = NULL;
+	if (buf_bytes == 0 || pool_bytes / buf_bytes == 0 || pool_bytes / buf_bytes > UINT_MAX)
+		return ckpt_err(-EINVAL, "io pool: %llu bytes in buffers of %zu",
+		                (unsigned long long)pool_bytes, buf_bytes);
+	struct io_pool_class cls[IO_POOL_MAX_CLASSES];
+	unsigned ncls = 1;
+	uint64_t per_round = 0;     /* bytes of one buffer of each smaller class */
+	cls[0] = (struct io_pool_class){ buf_bytes, (unsigned)(pool_bytes / buf_bytes) };
+	for (size_t b = buf_bytes / 2; ncls < IO_POOL_MAX_CLASSES; b /= 2) {
+		size_t bytes = ckpt_align_up(b, CKPT_ALIGN);
+		if (bytes < IO_POOL_HALVING_MIN || bytes >= cls[ncls - 1].bytes)
+			break;
+		cls[ncls++] = (struct io_pool_class){ bytes, 0 };
+		per_round += bytes;
+	}
+	uint64_t nbig = (pool_bytes - pool_bytes / IO_POOL_HALVING_SHARE) / buf_bytes;
+	if (ncls == 1 || nbig < IO_POOL_HALVING_MIN_BIG)
+		return io_pool_create_sized(cls, 1, alloc, out);
+	/* The smaller classes take what the largest leaves, as many rounds as fit, and
+	 * no more buffers in all than io_uring registers. */
+	uint64_t rounds = (pool_bytes - nbig * buf_bytes) / per_round;
+	uint64_t max_rounds = nbig < IO_POOL_MAX_SLOTS ? (IO_POOL_MAX_SLOTS - nbig) / (ncls - 1) : 0;
+	if (rounds > max_rounds) {
+		rounds = max_rounds;
+		nbig = (pool_bytes - rounds * per_round) / buf_bytes;
+	}
+	if (rounds == 0 || nbig > UINT_MAX)
+		return io_pool_create_sized(cls, 1, alloc, out);
+	cls[0].count = (unsigned)nbig;
+	for (unsigned c = 1; c < ncls; c++)
+		cls[c].count = (unsigned)rounds;
+	return io_pool_create_sized(cls, ncls, alloc, out);
+}
+
 static void pool_free_tables(struct io_pool *p)
 {
 	ckpt_free(p->stacks);

@@ -566,7 +566,7 @@ static int pool_register(struct remote_conn *c, struct io_pool *pool)
 		return 0;
 	net_mr_deregister(c->pool_mr);
 	c->pool_mr = NULL;
-	size_t len = io_pool_buf_bytes(pool) * io_pool_nbufs(pool);
+	size_t len = (size_t)io_pool_bytes(pool);   /* every class: one mapping */
 	int rc = net_mr_register(c->net, io_pool_addr(pool, 0), len, NET_MR_LOCAL, &c->pool_mr);
 	if (rc) {
 		ckpt_log(CKPT_LOG_INFO, "%s: chunks go as DATA messages: %s", c->name, ckpt_err_msg());
@@ -679,7 +679,7 @@ int remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, size
 	struct rw_item it = { .type = REMOTE_MSG_CHUNK, .buf = (int)buf, .stored = len };
 	if (w->zstd_level > 0 && len > 1) {
 		/* Compressed here, before the wire: what pays on the disk pays twice. */
-		int ob = io_pool_get(w->pool, 0);
+		int ob = io_pool_get_fit(w->pool, len, 0);
 		if (ob >= 0) {
 			/* cap len - 1: compression counts only if it is strictly smaller. */
 			uint8_t used;

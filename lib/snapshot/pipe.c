@@ -104,8 +104,8 @@ int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned windo
 	*out = NULL;
 	if (!sn || !pool || window == 0)
 		return ckpt_err(-EINVAL, "snapshot pipe: no snapshot, pool or window");
-	if (window > io_pool_nbufs(pool))
-		window = io_pool_nbufs(pool);
+	if (window > io_pool_nslots(pool))
+		window = io_pool_nslots(pool);
 	/* A chunk is at most one pool buffer: room for that many block hashes a slot. */
 	size_t per = (size_t)io_nblocks(io_pool_buf_bytes(pool), block_bytes) * CKPT_HASH_BYTES;
 	struct snapshot_pipe *p = ckpt_calloc(1, sizeof *p);
@@ -226,14 +226,16 @@ static int pipe_take(struct snapshot_pipe *p, size_t n)
 		                io_pool_buf_bytes(p->pool));
 	if (p->buffered == p->window || p->count == p->cap)
 		return -EAGAIN;
-	int b = io_pool_get(p->pool, 0);
+	/* One that fits: in a pool of several classes (io_pool_create_halving) a short
+	 * chunk takes a short buffer; in one of a single class, any. */
+	int b = io_pool_get_fit(p->pool, n, 0);
 	if (b < 0) {
 		if (p->count)
 			return -EAGAIN;
 		/* Nothing of ours pending: the buffers are with the writer's writes, which
 		 * its last append left with at least one free or none in flight, or with
 		 * a load running on another thread, which gives them back by itself. */
-		b = io_pool_get(p->pool, -1);
+		b = io_pool_get_fit(p->pool, n, -1);
 		if (b < 0)
 			return ckpt_err(b, "snapshot pipe: buffer pool");
 	}

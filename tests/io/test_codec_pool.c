@@ -362,6 +362,55 @@ START_TEST(pool_sized_classes)
 END_TEST
 
 
+/* The halving layout (ckptd's pool, a rank's when saving through ckptd): the chunk
+ * size and classes of a half, a quarter, ... down to 64 KiB sharing a quarter of
+ * the bytes, the same number each; never more bytes than asked; one class where the
+ * pool has few large buffers or the chunk size has no smaller class; bad sizes
+ * refused. */
+START_TEST(pool_halving_layout)
+{
+	struct io_pool *p;
+	struct io_pool_class info;
+	/* 16 MiB of 1 MiB chunks: 12 of 1 MiB, then 512, 256, 128, 64 KiB x 4. */
+	ck_assert_int_eq(io_pool_create_halving(1u << 20, 16u << 20, NULL, &p), 0);
+	ck_assert_uint_eq(io_pool_nclasses(p), 5);
+	ck_assert_uint_eq(io_pool_nbufs(p), 12);
+	ck_assert_uint_eq(io_pool_buf_bytes(p), 1u << 20);
+	for (unsigned c = 1; c < 5; c++) {
+		ck_assert_int_eq(io_pool_class_info(p, c, &info, NULL), 0);
+		ck_assert_uint_eq(info.bytes, (1u << 20) >> c);
+		ck_assert_uint_eq(info.count, 4);
+	}
+	ck_assert_uint_eq(io_pool_bytes(p), (12u << 20) + 4 * (960u << 10));
+	ck_assert_uint_le(io_pool_bytes(p), 16u << 20);
+	io_pool_destroy(p);
+	/* A chunk size that is not a power of two: halves rounded up to 4 KiB. */
+	ck_assert_int_eq(io_pool_create_halving(300u << 10, 4000u << 10, NULL, &p), 0);
+	ck_assert_uint_eq(io_pool_nbufs(p), 10);
+	ck_assert_uint_eq(io_pool_nclasses(p), 3);
+	ck_assert_int_eq(io_pool_class_info(p, 1, &info, NULL), 0);
+	ck_assert_uint_eq(info.bytes, 152u << 10);
+	ck_assert_int_eq(io_pool_class_info(p, 2, &info, NULL), 0);
+	ck_assert_uint_eq(info.bytes, 76u << 10);
+	ck_assert_uint_eq(io_pool_bytes(p), (3000u << 10) + 4 * (228u << 10));
+	io_pool_destroy(p);
+	/* Fewer than 8 large buffers would be left: all of one size, as many as fit. */
+	ck_assert_int_eq(io_pool_create_halving(1u << 20, (10u << 20) + 5, NULL, &p), 0);
+	ck_assert_uint_eq(io_pool_nclasses(p), 1);
+	ck_assert_uint_eq(io_pool_nbufs(p), 10);
+	io_pool_destroy(p);
+	/* 64 KiB chunks have no smaller class. */
+	ck_assert_int_eq(io_pool_create_halving(64u << 10, 64u << 20, NULL, &p), 0);
+	ck_assert_uint_eq(io_pool_nclasses(p), 1);
+	ck_assert_uint_eq(io_pool_nslots(p), 1024);
+	io_pool_destroy(p);
+	ck_assert_int_eq(io_pool_create_halving(0, 1u << 20, NULL, &p), -EINVAL);
+	ck_assert_ptr_null(p);
+	ck_assert_int_eq(io_pool_create_halving(1u << 20, (1u << 20) - 1, NULL, &p), -EINVAL);
+	ck_assert_int_eq(io_pool_create_halving(4095, 1u << 20, NULL, &p), -EINVAL);
+}
+END_TEST
+
 START_TEST(pool_blocking_get_woken_by_put)
 {
 	struct io_pool *p;
@@ -484,6 +533,7 @@ int main(void)
 	tcase_add_test(tc, pool_ownership);
 	tcase_add_test(tc, pool_classes);
 	tcase_add_test(tc, pool_sized_classes);
+	tcase_add_test(tc, pool_halving_layout);
 	tcase_add_test(tc, pool_blocking_get_woken_by_put);
 	tcase_add_test(tc, pool_double_put_caught);
 	tcase_add_test(tc, pool_custom_allocator);

@@ -145,6 +145,77 @@ START_TEST(pipe_eagain_when_pool_empty)
 }
 END_TEST
 
+/* A pool in halving classes (a rank saving through ckptd): short chunks take short
+ * buffers, so the window holds many more of them than the pool has buffers of the
+ * chunk size; a chunk of the chunk size still takes a large one, and with none of
+ * those free it gets -EAGAIN, not a short one. Bytes and hashes as from any pool. */
+START_TEST(pipe_fits_chunks_in_halving_pool)
+{
+	struct snapshot *sn = host_snapshot();
+	if (!sn)
+		return;
+	struct io_pool *pool;
+	/* 1 MiB chunks, 16 MiB: 12 of 1 MiB and 4 each of 512 down to 64 KiB. */
+	ck_assert_int_eq(io_pool_create_halving(1u << 20, 16u << 20, snapshot_pool_alloc(sn),
+	                                        &pool), 0);
+	ck_assert_uint_eq(io_pool_nbufs(pool), 12);
+	ck_assert_uint_eq(io_pool_nslots(pool), 28);
+	struct snapshot_pipe *p;
+	ck_assert_int_eq(snapshot_pipe_open(sn, pool, io_pool_nslots(pool), 0, &p), 0);
+	size_t total = 16u << 20;
+	uint8_t *src = malloc(total);
+	tu_fill(src, total, tu_seed(), 1);
+	/* 16 short chunks, four for each short class (each longer than the class below
+	 * holds), then 12 of 1 MiB: 28 chunks in a pool of 16 MiB, where buffers of
+	 * one size would have held 16. */
+	size_t lens[29], off[29], at = 0;
+	for (unsigned i = 0; i < 28; i++) {
+		lens[i] = i < 16 ? ((size_t)64 << 10 << (i / 4)) - 1000 * (i % 4) - 1 : 1u << 20;
+		off[i] = at;
+		at += lens[i];
+	}
+	lens[28] = 4096;
+	off[28] = 0;
+	ck_assert_uint_le(at, total);
+	for (unsigned i = 0; i < 28; i++)
+		ck_assert_int_eq(snapshot_pipe_issue(p, src + off[i], lens[i], CKPT_MEM_HOST, i), 0);
+	ck_assert_uint_eq(snapshot_pipe_pending(p), 28);
+	ck_assert_uint_eq(io_pool_bytes_out(pool), io_pool_bytes(pool));
+	/* Out in order, each in the smallest class that holds it, bytes and hash. */
+	for (unsigned k = 0; k < 29; k++) {
+		unsigned b;
+		size_t len;
+		uint64_t tag;
+		uint8_t want[CKPT_HASH_BYTES];
+		struct io_hashes h;
+		ck_assert_int_eq(snapshot_pipe_next(p, &b, &len, &h, &tag), 0);
+		ck_assert_uint_eq(tag, k);
+		ck_assert_uint_eq(len, lens[k]);
+		size_t fit = 64u << 10;
+		while (fit < len)
+			fit *= 2;
+		ck_assert_uint_eq(io_pool_len(pool, b), fit);
+		ck_assert(!memcmp(io_pool_addr(pool, b), src + off[k], len));
+		io_hash128(src + off[k], len, want);
+		ck_assert(!memcmp(h.chunk, want, sizeof want));
+		io_pool_put(pool, b);
+		if (k == 0) {
+			/* A 64 KiB buffer is free and the window has room: a chunk of 1 MiB
+			 * does not take it (-EAGAIN: chunks are pending), a short one does. */
+			ck_assert_int_eq(snapshot_pipe_issue(p, src, 1u << 20, CKPT_MEM_HOST, 99),
+			                 -EAGAIN);
+			ck_assert_int_eq(snapshot_pipe_issue(p, src + off[28], lens[28], CKPT_MEM_HOST,
+			                                     28), 0);
+		}
+	}
+	snapshot_pipe_close(p);
+	ck_assert_uint_eq(io_pool_bytes_out(pool), 0);
+	io_pool_destroy(pool);
+	snapshot_destroy(sn);
+	free(src);
+}
+END_TEST
+
 static int landed_calls;
 static void count_landed(void *arg)
 {
@@ -452,6 +523,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, pipe_owns_buffers_in_order);
 	tcase_add_test(tc, pipe_eagain_when_pool_empty);
+	tcase_add_test(tc, pipe_fits_chunks_in_halving_pool);
 	tcase_add_test(tc, pipe_seal_and_device_refused);
 	tcase_add_test(tc, pool_smaller_than_one_tensor);
 	tcase_add_test(tc, order_of_many_items);
