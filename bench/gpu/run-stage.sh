@@ -8,12 +8,13 @@
 #
 # Env: BENCH_DIR (/var/tmp/ckpt-stage-bench, removed at the end), BENCH_POOL (8G),
 #      BENCH_LAYERS (16), BENCH_COMPRESS_THREADS (8: compression workers of the
-#      compressed saves), BENCH_SKIP_DCP=1, OUT (results copied there).
+#      compressed saves), BENCH_BG_RUNS (3), BENCH_SKIP_DCP=1, OUT (results copied
+#      there).
 # Phases: raw (bench_raw_io: the disk's O_DIRECT write of the state's size), stage
-# (bench_gpu_stage: d2d, pinned, staged, incr, incr_host), bytegroup and zstd
-# (bench_gpu_stage --phases compress --fill model with CKPT_COMPRESS=bytegroup:1 and
-# zstd:1), dcp (dcp_bench.py --phases best). Each has a time limit; a failing one
-# does not stop the others.
+# (bench_gpu_stage: d2d, pinned, staged, incr, incr_host), bytegroup1..N (bench_gpu_stage
+# --phases compress --fill model with CKPT_COMPRESS=bytegroup:1, each between two raw
+# writes bgraw0..N), zstd (the same with zstd:1), dcp (dcp_bench.py --phases best).
+# Each has a time limit; a failing one does not stop the others.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-gpu}
@@ -21,6 +22,7 @@ dir=${BENCH_DIR:-/var/tmp/ckpt-stage-bench}
 pool=${BENCH_POOL:-8G}
 layers=${BENCH_LAYERS:-16}
 cthreads=${BENCH_COMPRESS_THREADS:-8}
+bg_runs=${BENCH_BG_RUNS:-3}
 res=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-stage-res.XXXXXX")
 trap 'rm -rf "$dir" "$res"' EXIT
 trap 'exit 130' INT TERM
@@ -54,12 +56,22 @@ phase raw 100 "$B/bench_raw_io" "$dir/raw.dat" "$mib"
 rm -f "$dir/raw.dat"
 phase stage 240 "$B/bench_gpu_stage" --root "$dir/s" --pool-bytes "$pool" --layers "$layers"
 rm -rf "$dir/s"
-for codec in bytegroup zstd; do
-  phase "$codec" 120 env CKPT_COMPRESS="$codec:1" CKPT_COMPRESS_THREADS="$cthreads" \
+compress() {  # compress NAME CODEC
+  phase "$1" 120 env CKPT_COMPRESS="$2:1" CKPT_COMPRESS_THREADS="$cthreads" \
     "$B/bench_gpu_stage" --root "$dir/c" --pool-bytes "$pool" --layers "$layers" \
     --phases compress --fill model
   rm -rf "$dir/c"
+}
+# The disk's speed drifts by 10-20 % from one raw write to the next: each bytegroup
+# save is measured against the raw writes right before and after it, BG_RUNS times.
+phase bgraw0 100 "$B/bench_raw_io" "$dir/raw.dat" "$mib" write
+rm -f "$dir/raw.dat"
+for i in $(seq "$bg_runs"); do
+  compress "bytegroup$i" bytegroup
+  phase "bgraw$i" 100 "$B/bench_raw_io" "$dir/raw.dat" "$mib" write
+  rm -f "$dir/raw.dat"
 done
+compress zstd zstd
 if [ "${BENCH_SKIP_DCP:-0}" != 1 ]; then
   phase dcp 200 python3 bench/gpu/dcp_bench.py --dir "$dir/dcp" --layers "$layers" \
     --phases best --budget 170 --json-out "$res/dcp.out.json"
