@@ -269,7 +269,8 @@ struct ckpt_opts {
 	/* What a save compresses with when zstd_level > 0 (enum ckpt_codec in
 	 * ckpt/catalog.h): CKPT_CODEC_ZSTD (0 means it too: the default), or
 	 * CKPT_CODEC_BYTEGROUP: the bytes of bf16, f16, f32 and f64 elements split into
-	 * planes, the planes that pay compressed with zstd (other dtypes: zstd). With
+	 * planes, the planes that pay compressed with zstd (at level 1 entropy-coded
+	 * unless they repeat; docs/format.md §5) (other dtypes: zstd). With
 	 * zstd_level -1, CKPT_COMPRESS chooses both: none, zstd[:LEVEL] or
 	 * bytegroup[:LEVEL] (docs/operations.md). */
 	int         compress_codec;
