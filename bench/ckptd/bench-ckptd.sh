@@ -17,7 +17,11 @@
 # final fdatasync — the shard writer's pattern without its format; before and after
 # the saves), and loopback TCP from W sender to W receiver processes
 # (ckptd_bench.py tcp), alone and while the disk takes a raw write (where ranks,
-# ckptd and the disk share a few CPUs, that is what a save can get). Over rdma the
+# ckptd and the disk share a few CPUs, that is what a save can get), each sender
+# going round one 16 MiB message into one 16 MiB buffer; and again beside a raw
+# write with each sender sending its share of distinct bytes and each receiver
+# keeping all it receives (--keep), as ckptd's pool holds a save's bytes until its
+# disk has them (printed beside the target, which is on the bare figure). Over rdma the
 # network's limit is instead the rdma transport's own throughput: one SIZE-byte
 # message through lib/net (bench_rdma: its RDMA WRITE ring, which DATA messages
 # take), alone and beside a raw write. Measured:
@@ -111,6 +115,9 @@ else
   tcp=$(python3 "$helper" tcp "$world" "$size_b")
   tcp_busy=$(python3 "$helper" tcp "$world" "$size_b" "${in_cg[@]}" "$raw_io" "$dir/raw.dat" \
              $((size_b >> 20)) write)
+  log "loopback TCP again, each sender sending its share of distinct bytes and each receiver keeping them..."
+  tcp_keep=$(python3 "$helper" tcp "$world" "$size_b" --keep "${in_cg[@]}" "$raw_io" \
+             "$dir/raw.dat" $((size_b >> 20)) write)
 fi
 
 # ckptd: its own data directory on the disk just measured, a jobs file with a
@@ -172,6 +179,7 @@ cat > "$dir.json" <<JSON
  "bytes_received": ${rx_all:-0}, "bytes_received_rdma_write": ${rx_rdma:-0},
  "rank_pool": $rank_pool_b, "ckptd_pool_bytes": $pool_b,
  "raw_write_Bps": [$raw1, $raw2], "tcp": $tcp, "tcp_beside_raw_write": $tcp_busy,
+ "tcp_keep_beside_raw_write": ${tcp_keep:-null},
  "ckptd_vmhwm_bytes": $((hwm_kb * 1024)),
  "saves": [${saves[*]}]}
 JSON
