@@ -120,7 +120,7 @@ struct dconn {
 	unsigned             ngrants, grant_target;
 	uint32_t             grant_seq;  /* the connection's last grant id: never reused */
 	uint64_t             starved_since; /* a direct stream with no grant out: since (ns) */
-	int64_t              queued;     /* chunks of the stream counted in queue_depth */
+	int64_t              queued;     /* this stream's share of queue_depth */
 	size_t               index_bytes;/* what the stream's index holds, about */
 	bool                 sent_error; /* an ERROR went out: the connection ends */
 	/* where the stream's time went (logged with DURABLE): since open, waiting for a
@@ -409,6 +409,16 @@ static int grants_top_up(struct dconn *d)
 	return rc;
 }
 
+/* The stream's chunks received and not yet written, into the queue_depth gauge:
+ * after every call of its writer that may take a chunk or reap a write. */
+static void queue_refresh(struct dconn *d)
+{
+	int64_t now = d->w ? (int64_t)io_shard_writer_pending(d->w) : 0;
+	atomic_fetch_add_explicit(&d->s->o.counters->queue_depth, now - d->queued,
+	                          memory_order_relaxed);
+	d->queued = now;
+}
+
 static void stream_end(struct dconn *d, bool abort)
 {
 	grants_release(d);
@@ -588,6 +598,7 @@ static int data_into(void *arg, uint16_t type, size_t len, void **dst)
 	while ((b = io_pool_get_fit(d->s->pool, len, 10)) < 0) {
 		/* Our own finished writes give buffers back; others' connections do theirs. */
 		io_shard_writer_ready(d->w);
+		queue_refresh(d);
 		if (ckpt_deadline_passed(deadline))
 			return ckpt_err(-ETIMEDOUT, "no pool buffer free for %u ms (the disks are "
 			                "stalled)", d->s->o.timeout_ms);
@@ -613,8 +624,6 @@ static int chunk_append(struct dconn *d, unsigned b, bool rdma)
 	memcpy(h.chunk, d->chunk.hash, CKPT_HASH_BYTES);
 	int rc = 0;
 	d->written += ckpt_align_up(d->chunk.stored_len, CKPT_ALIGN);
-	d->queued++;
-	atomic_fetch_add_explicit(&d->s->o.counters->queue_depth, 1, memory_order_relaxed);
 	if (d->quota && d->used_at_open + d->written > d->quota) {
 		io_pool_put(d->s->pool, b);
 		atomic_fetch_add_explicit(&d->s->o.counters->quota_refusals, 1, memory_order_relaxed);
@@ -628,6 +637,7 @@ static int chunk_append(struct dconn *d, unsigned b, bool rdma)
 		                                                 .stored_len = d->chunk.stored_len });
 		d->ns_append += ckpt_now_ns() - t0;
 		d->nchunks++;
+		queue_refresh(d);
 		/* The chunk is its writer's now (tests: a crash mid-stream, a slow disk). */
 		if (!rc && (rc = ckpt_fault(CKPT_FP_CKPTD_AFTER_CHUNK)) > 0)
 			rc = 0;
@@ -972,6 +982,7 @@ static void *conn_main(void *arg)
 			}
 			if (!d->ngrants) {
 				io_shard_writer_ready(d->w);
+				queue_refresh(d);
 				poll_ms = 10;
 				idle_since = ckpt_now_ns();   /* the rank waits for us, not we for it */
 				if (ckpt_now_ns() - d->starved_since >
@@ -992,8 +1003,10 @@ static void *conn_main(void *arg)
 			 * waits for its rank gives its finished writes' buffers back to the pool
 			 * (they return only inside its own calls). */
 			rc = 0;
-			if (d->w)
+			if (d->w) {
 				io_shard_writer_ready(d->w);
+				queue_refresh(d);
+			}
 			if (!d->w && ckpt_now_ns() - idle_since > (uint64_t)s->o.idle_ms * 1000000u) {
 				/* An idle connection holds a thread: the rank connects again when it
 				 * next needs one. */

@@ -365,6 +365,10 @@ struct io_append {
  * disk: finished writes are reaped (without waiting) first. true also when the
  * writer has failed, so that the next append reports it. */
 bool io_shard_writer_ready(struct io_shard_writer *w);
+/* Chunks appended whose bytes are not yet written: in the compression ring, or in a
+ * write still in flight. Completions count as they are reaped, inside this writer's
+ * calls (io_shard_writer_ready reaps without waiting). The appending thread's. */
+unsigned io_shard_writer_pending(const struct io_shard_writer *w);
 int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, size_t len,
                            const struct io_append *opt);
 /* A chunk already stored in an earlier step's shard file (format 4): where its

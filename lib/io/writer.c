@@ -836,6 +836,12 @@ static uint8_t *blocks_reserve(struct io_shard_writer *w, uint64_t nb)
 	return w->blocks + w->bend * CKPT_HASH_BYTES;
 }
 
+unsigned io_shard_writer_pending(const struct io_shard_writer *w)
+{
+	/* jhead and jtail move only on this thread (the workers take and mark). */
+	return (unsigned)(w->jtail - w->jhead) + w->inflight;
+}
+
 bool io_shard_writer_ready(struct io_shard_writer *w)
 {
 	if (w->err)

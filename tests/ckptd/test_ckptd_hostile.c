@@ -909,6 +909,33 @@ START_TEST(pool_not_leaked)
 }
 END_TEST
 
+/* ckptd_queue_depth counts chunks received and not yet written: three chunks of a
+ * stream that then waits for its rank are written within moments, and the gauge
+ * says 0 while the stream is still open (it counted them until the stream ended). */
+START_TEST(queue_depth_follows_writes)
+{
+	uint64_t before = atomic_load(&counters.bytes_received);
+	struct net_conn *c = conn_a();
+	start_stream(c, 3000, 1u << 20);
+	for (unsigned k = 0; k < 3; k++) {
+		send_chunk(c, 0, 65536);
+		send_data(c, 65536, (uint8_t)k);
+	}
+	/* Received: the stream's bytes show, then the writes go out. */
+	int64_t q = -1;
+	for (int i = 0; i < 150 && atomic_load(&counters.bytes_received) < before + 3 * 65536; i++)
+		usleep(10000);
+	ck_assert_uint_eq(atomic_load(&counters.bytes_received), before + 3 * 65536);
+	for (int i = 0; i < 150 && (q = atomic_load(&counters.queue_depth)) != 0; i++)
+		usleep(10000);
+	ck_assert_int_eq(q, 0);
+	ck_assert(!log_has("shard stream idle"));   /* still open */
+	net_close(c);
+	after_attack();
+	ck_assert_int_eq(atomic_load(&counters.queue_depth), 0);
+}
+END_TEST
+
 /* A stop with a stream stalled inside a DATA: the stream is aborted after its grace
  * and its buffer is back before the pool goes. */
 START_TEST(stop_while_stalled)
@@ -1017,6 +1044,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, index_bounded);
 	tcase_add_test(tc, idle_closed_and_rank_reconnects);
 	tcase_add_test(tc, pool_not_leaked);
+	tcase_add_test(tc, queue_depth_follows_writes);
 	tcase_add_test(tc, stop_while_stalled);
 	tcase_add_test(tc, honest_under_fire);
 	suite_add_tcase(s, tc);

@@ -427,6 +427,53 @@ START_TEST(external_writes)
 }
 END_TEST
 
+/* io_shard_writer_pending: chunks appended and not yet written. It never counts
+ * more than were appended nor more than the engine's depth (no compression ring
+ * here); once the disk is done it is 0 before finish (the completions reaped by
+ * io_shard_writer_ready), and a writer that compresses counts its ring too. */
+START_TEST(pending_counts_unwritten_chunks)
+{
+	struct fx f;
+	fx_init(&f, "shard-pending");
+	for (int zstd = 0; zstd <= 1; zstd++) {
+		unlink(f.path);
+		struct io_shard_writer *w;
+		ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){
+		                 .step = 1, .rank = 0, .world = 1, .size_hint = 8u * BUF_BYTES,
+		                 .zstd_level = zstd, .compress_threads = zstd ? 2 : 0,
+		                 .block_bytes = f.block_bytes }, &w), 0);
+		struct io_tensor_desc d;
+		uint64_t sh, of, ex;
+		char name[64];
+		tensor_desc(&d, &sh, &of, &ex, name, sizeof name, 0, 6u * BUF_BYTES);
+		ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), 0);
+		ck_assert_uint_eq(io_shard_writer_pending(w), 0);
+		for (unsigned k = 0; k < 6; k++) {
+			int b = io_pool_get(f.pool, 10000);
+			ck_assert_int_ge(b, 0);
+			tensor_bytes(io_pool_addr(f.pool, (unsigned)b), BUF_BYTES, f.seed, k, true);
+			ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, BUF_BYTES, NULL), 0);
+			unsigned n = io_shard_writer_pending(w);
+			ck_assert_uint_le(n, k + 1);
+			if (!zstd)
+				ck_assert_uint_le(n, DEPTH);
+		}
+		unsigned n = io_shard_writer_pending(w);
+		for (int i = 0; i < 10000 && n; i++) {
+			usleep(1000);
+			io_shard_writer_ready(w);
+			n = io_shard_writer_pending(w);
+		}
+		ck_assert_uint_eq(n, 0);
+		struct io_shard_result res;
+		ck_assert_int_eq(io_shard_writer_finish(w, &res), 0);
+		ck_assert_uint_eq(res.index->nchunks, 6);
+		result_free(&res);
+	}
+	fx_done(&f);
+}
+END_TEST
+
 START_TEST(empty_shard)
 {
 	struct fx f;
@@ -966,6 +1013,7 @@ int main(void)
 	tcase_add_test(tc, round_trip_zstd_incompressible);
 	tcase_add_test(tc, empty_shard);
 	tcase_add_test(tc, external_writes);
+	tcase_add_test(tc, pending_counts_unwritten_chunks);
 	tcase_add_test(tc, batch_across_files_and_callback_stop);
 	tcase_add_test(tc, read_with_smaller_pool);
 	tcase_add_test(tc, flipped_bit_in_chunk);
