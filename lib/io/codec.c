@@ -360,7 +360,9 @@ static size_t plane_compress(ZSTD_CCtx *c, void *dst, size_t want, const void *p
 		if (!ZSTD_isError(e) && !ZSTD_isError(l) && l + l / 32 < e)
 			entropy = false;
 		else
-			entropy = entropy_params(c);   /* compressCCtx kept them; a reset is cheap */
+			/* Set again: zstd documents that compressCCtx ignores the advanced
+			 * parameters, not that it leaves them as they were. */
+			entropy = entropy_params(c);
 	}
 	if (entropy)
 		r = ZSTD_compress2(c, dst, want, plane, m);
