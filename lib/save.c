@@ -581,6 +581,15 @@ struct save_cursor {
 	bool     gds_refused;   /* cuFile refused the file: write from out_host */
 	const uint8_t *out_host;/* the pool copy of the chunk being appended */
 	ckpt_ctx *ctx;
+	/* A save streamed from where the state lies (save_direct): the chunks before
+	 * item tail_item at tail_off are hashed in place and sent from the caller's
+	 * memory, the rest copied into the pool first; src_issued and src_drained count
+	 * the former; src_sealed once remote_writer_src_seal was called. */
+	bool     direct;
+	size_t   tail_item;
+	uint64_t tail_off;
+	uint64_t src_issued, src_drained;
+	bool     src_sealed;
 	/* Incremental: this rank's shard of the previous committed step, or ix NULL. */
 	struct save_prev {
 		struct io_shard_index *ix;
@@ -651,9 +660,11 @@ static void save_snapshot_landed(void *arg)
 	save_mark_snapshot(s->ctx, s);
 }
 
-/* The copies of a GPUDirect Storage save have landed: not yet the snapshot point,
- * since the writes still read the device tensors (save_publish_snapshot). */
-static void save_gds_landed(void *arg)
+/* The copies have landed, but it is not yet the snapshot point: the writes of a
+ * GPUDirect Storage save still read the device tensors (save_run marks it once they
+ * are done), and the sends of a direct save read the caller's memory (its sender
+ * marks it once they are done: save_direct_release). */
+static void save_landed_still_read(void *arg)
 {
 	CKPT_UNUSED(arg);
 }
@@ -768,6 +779,24 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 			issued++;
 			continue;
 		}
+		/* A direct save hashes the chunks before its tail where they lie: they are
+		 * sent from there. */
+		if (cur->direct && (cur->item < cur->tail_item ||
+		                    (cur->item == cur->tail_item && cur->off < cur->tail_off))) {
+			rc = snapshot_pipe_issue_inplace(cur->pipe, (const uint8_t *)it->data + cur->off,
+			                                 n, cur->item);
+			if (rc == -EAGAIN)
+				return rc;
+			if (rc)
+				return ckpt_err_prefix(rc, "tensor '%s'", it->name);
+			cur->src_issued++;
+			cur->off += n;
+			issued++;
+			if (limit == SAVE_ISSUE_ASYNC &&
+			    (cur->off < it->raw_bytes || cur->item + 1 < s->nitems))
+				return 1;
+			continue;
+		}
 		/* An incremental save looks at a host chunk where it lies first: unchanged
 		 * since the previous step, it needs no copy. */
 		rc = save_prev_inplace(c, cur, s, it, n);
@@ -796,7 +825,8 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 		return 0;
 	cur->sealed = true;
 	void *ev = NULL;
-	rc = snapshot_pipe_seal(cur->pipe, &ev, cur->gds ? save_gds_landed : save_snapshot_landed, s);
+	rc = snapshot_pipe_seal(cur->pipe, &ev, cur->gds || cur->direct ? save_landed_still_read
+	                                                                 : save_snapshot_landed, s);
 	if (rc)
 		return rc;
 	/* ckpt_save_snapshot_event may hand the event out from now on; a GPUDirect
@@ -1201,6 +1231,84 @@ static int save_issue_staged(ckpt_ctx *c, struct save_cursor *cur, const ckpt_sa
 	return 1;
 }
 
+/*
+ * A direct save: a save through ckptd over tcp (or unix) of host memory only, raw,
+ * whose state is larger than its pool. Copying each chunk into the pool before it
+ * is sent would cross the memory bus once more for nothing the kernel's own copy
+ * into the socket does not already do: a chunk sent is out of the caller's memory.
+ * So the pool takes the state's tail, copied as its turn comes, while the chunks
+ * before it are hashed where they lie and sent from there; the snapshot point comes
+ * when the last of those has been sent and the tail copied, which is as soon as
+ * with every chunk copied (the pool holds the same tail then), with one copy of
+ * the state fewer on the rank's CPUs. Not over rdma, whose direct path RDMA-writes
+ * from the registered pool; not compressed (compression reads the pool buffer).
+ */
+static bool save_direct_ok(const ckpt_ctx *c, const ckpt_save *s, const struct save_cursor *cur)
+{
+	if (!glue_remote(c) || c->cfg.zstd_level > 0 || c->cfg.transport == CKPT_TRANSPORT_RDMA ||
+	    s->incremental || cur->gds || cur->stage_item != SIZE_MAX)
+		return false;
+	for (size_t i = 0; i < s->nitems; i++)
+		if (s->items[i].mem != CKPT_MEM_HOST || s->items[i].source)
+			return false;
+	return true;
+}
+
+/* The tail: as many of the last chunks as the pool's buffers (of a fitting size,
+ * within the pipe's window) take at once, found by taking them; the save is direct
+ * when that is not the whole state. */
+static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor *cur,
+                            unsigned window)
+{
+	if (!save_direct_ok(c, s, cur))
+		return 0;
+	unsigned *taken = ckpt_malloc((size_t)window * sizeof *taken), n = 0;
+	if (!taken)
+		return ckpt_err(-ENOMEM, "save of step %llu: plan of %u buffers",
+		                (unsigned long long)s->step, window);
+	size_t chunk = c->cfg.chunk_bytes, item = 0;
+	uint64_t off = 0;
+	bool all = true;
+	for (size_t i = s->nitems; all && i-- > 0;) {
+		uint64_t bytes = s->items[i].raw_bytes;
+		for (uint64_t o = bytes ? (bytes - 1) / chunk * chunk : 0; bytes; o -= chunk) {
+			int b = n < window ? io_pool_get_fit(c->pool, (size_t)(bytes - o < chunk ?
+			                                                     bytes - o : chunk), 0) : -1;
+			if (b < 0) {
+				all = false;
+				break;
+			}
+			taken[n++] = (unsigned)b;
+			item = i;
+			off = o;
+			if (o == 0)
+				break;
+		}
+	}
+	bool tail = n > 0;
+	while (n)
+		io_pool_put(c->pool, taken[--n]);
+	ckpt_free(taken);
+	if (all)
+		return 0;           /* the state fits: every chunk copied, at copy speed */
+	cur->direct = true;
+	cur->tail_item = tail ? item : s->nitems;   /* not even the last chunk fit: none */
+	cur->tail_off = tail ? off : 0;
+	return 0;
+}
+
+/* Every chunk before the tail has been issued and appended: once the sender has
+ * sent them, the caller's memory is released (the tail was copied before the pipe
+ * was sealed). */
+static void save_direct_release(ckpt_save *s, struct save_cursor *cur, struct save_sink *w)
+{
+	if (!cur->direct || !cur->sealed || cur->src_sealed || !w->rw ||
+	    cur->src_drained != cur->src_issued)
+		return;
+	cur->src_sealed = true;
+	remote_writer_src_seal(w->rw, save_snapshot_landed, s);
+}
+
 /* Take the oldest chunk out of the pipe once its copy landed, and append it. */
 static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
                           struct save_sink *w)
@@ -1241,6 +1349,17 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		}
 		return rc;
 	}
+	if (b == SNAPSHOT_SRC_BUF) {  /* a direct save's, sent from where it lies */
+		if (!w->rw)
+			return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu hashed in place with no "
+			                "stream to send it", it->name, (unsigned long long)off);
+		rc = remote_writer_append_src(w->rw, (uint32_t)tag, (const uint8_t *)it->data + off, n,
+		                              &h);
+		if (!rc)
+			cur->src_drained++;
+		save_direct_release(s, cur, w);
+		return rc;
+	}
 	if (b == SNAPSHOT_NO_BUF)     /* save_prev_inplace matched this very chunk */
 		return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu issued as stored in step %llu "
 		                "and not found there when appended", it->name,
@@ -1276,14 +1395,17 @@ static int save_stream(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 			continue;
 		if (rc != -EAGAIN)
 			break;
+		save_direct_release(s, cur, w);
 		if ((rc = save_drain_one(c, s, cur, w)))
 			return rc;
 	}
 	if (rc)
 		return rc;
+	save_direct_release(s, cur, w);
 	while (snapshot_pipe_pending(cur->pipe))
 		if ((rc = save_drain_one(c, s, cur, w)))
 			return rc;
+	save_direct_release(s, cur, w);
 	return save_declare(w, s, s->nitems, cur);   /* trailing empty items */
 }
 
@@ -1502,6 +1624,8 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		goto out;
 	snapshot_pipe_after(cur.pipe, s->fence);
 	if ((rc = save_stage(c, s, &cur)))
+		goto out;
+	if ((rc = save_direct_plan(c, s, &cur, window)))
 		goto out;
 	/* Who hashes device chunks, decided before the first is issued. One thread
 	 * hashing every chunk (7-9 GB/s) would pace a save that writes little of what

@@ -8,7 +8,7 @@ mkdir -p "$dir"
 pkgs="liburing-dev liburing2 liblmdb-dev liblmdb0 libxxhash-dev libxxhash0 check libsubunit-dev libsubunit0
       libibverbs-dev libibverbs1 librdmacm-dev librdmacm1 ibverbs-providers libnl-3-200 libnl-route-3-200
       libzstd-dev libssl-dev libjansson-dev libjansson4
-      libmicrohttpd-dev libmicrohttpd12 libsystemd-dev"
+      libmicrohttpd-dev libmicrohttpd12 libsystemd-dev libsystemd0"
 [ -n "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -print -quit 2>/dev/null)" ] || apt-get update -q
 cd "$dir" && apt-get -o APT::Sandbox::User=root download -q $pkgs
 ls -1 "$dir"/*.deb | wc -l

@@ -107,11 +107,11 @@ def tcp(world, total, keep, cmd):
     while ready < world:
         ready += len(os.read(rd, world - ready))
     beside = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) if cmd else None
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), cpu_times()
     for c in conns:
         c.sendall(b"g")
     got = [int.from_bytes(os.read(rd, 8), "little") for _ in range(world)]
-    secs = time.monotonic() - t0
+    secs, cpu1 = time.monotonic() - t0, cpu_times()
     out = beside.communicate()[0].strip().splitlines() if beside else []
     if beside and (beside.returncode or not out):
         sys.exit(f"tcp: {cmd[0]} failed (exit {beside.returncode})")
@@ -123,7 +123,7 @@ def tcp(world, total, keep, cmd):
     if sum(got) != total:
         sys.exit(f"tcp: {sum(got)} of {total} bytes arrived")
     print(json.dumps({"bytes": total, "world": world, "seconds": secs, "Bps": total / secs,
-                      "keep": keep, "beside": json.loads(out[-1]) if out else None}))
+                      "keep": keep, "cpu_busy": (cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]), "beside": json.loads(out[-1]) if out else None}))
 
 
 def cpu_times():
@@ -168,6 +168,7 @@ def watch(port, shards, timeout):
     print("ready", file=sys.stderr, flush=True)
     t_first = t_last = None
     pool_max = polls = 0
+    cpu = []   # (seconds since the first chunk, busy, total jiffies) at each poll after it
     m = base
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -178,6 +179,8 @@ def watch(port, shards, timeout):
         received = m["ckptd_bytes_received_total"] - base["ckptd_bytes_received_total"]
         if t_first is None and (m["ckptd_pool_used_bytes"] > 0 or received > 0):
             t_first, cpu_first = now, cpu_times()
+        if t_first is not None:
+            cpu.append((now - t_first, *cpu_times()))
         if m["ckptd_shards_written_total"] - base["ckptd_shards_written_total"] >= shards:
             t_last, cpu_last = now, cpu_times()
             break
@@ -189,9 +192,18 @@ def watch(port, shards, timeout):
     print(json.dumps({"t_first": t_first, "t_last": t_last, "seconds": t_last - t_first,
                       "bytes_received": d("ckptd_bytes_received_total"),
                       "bytes_written": d("ckptd_bytes_written_total"),
-                      "pool_used_max": pool_max, "polls": polls,
+                      "pool_used_max": pool_max, "polls": polls, "cpu": cpu,
                       "cpu_busy": (cpu_last[0] - cpu_first[0]) /
                                   max(1, cpu_last[1] - cpu_first[1])}))
+
+
+def busy_until(watch, secs):
+    """The CPUs' busy share from ckptd's first chunk to secs after it (the polls')."""
+    cpu = watch.get("cpu") or []
+    upto = [c for c in cpu if c[0] <= secs]
+    if len(upto) < 2:
+        return None
+    return (upto[-1][1] - upto[0][1]) / max(1, upto[-1][2] - upto[0][2])
 
 
 def table(path):
@@ -287,14 +299,21 @@ def table(path):
     print()
     print("| save | ranks: begin -> committed | begin -> snapshot point | submit -> shard durable "
           "| ckptd: first chunk -> last DURABLE | ckptd GB/s | ckptd pool in use, most seen "
-          "| CPUs busy meanwhile (all processes) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| CPUs busy meanwhile (all processes) | ... until the snapshot point |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for i, s in enumerate(saves, 1):
         w, y = s["watch"], s["synth"]
+        b = busy_until(w, y["stall_seconds"])
         print(f"| {i} | {y['seconds']:.2f} s | {y['stall_seconds']:.2f} s | "
               f"{y['durable_seconds']:.2f} s | {w['seconds']:.2f} s | "
               f"{w['bytes_written'] / w['seconds'] / G:.2f} | {w['pool_used_max'] / MiB:.0f} MiB | "
-              f"{100 * w['cpu_busy']:.0f} % |")
+              f"{100 * w['cpu_busy']:.0f} % | " + ("-" if b is None else f"{100 * b:.0f} %") + " |")
+    nets = [(n, r.get(k)) for n, k in (("alone", "tcp"), ("beside a raw write", "tcp_beside_raw_write"),
+                                       ("bytes kept", "tcp_keep_beside_raw_write"))]
+    busy = ", ".join(f"{n} {100 * x['cpu_busy']:.0f} %" for n, x in nets if x and "cpu_busy" in x)
+    if busy:
+        print()
+        print(f"CPUs busy during the TCP limits (all processes): {busy}.")
 
 
 def main():

@@ -256,6 +256,7 @@ struct rw_item {
 	uint16_t type;          /* REMOTE_MSG_TENSOR or REMOTE_MSG_CHUNK (then DATA) */
 	struct ckpt_buf head;   /* the message (CHUNK: its header) */
 	int      buf;           /* CHUNK: the pool buffer holding the stored bytes */
+	const uint8_t *src;     /* CHUNK: or the caller's memory (remote_writer_append_src) */
 	size_t   stored;
 };
 
@@ -287,7 +288,12 @@ struct remote_writer {
 	unsigned            npend;
 	/* Where the stream's time went (CKPT_LOG=debug at finish): since open; the
 	 * sender sending and waiting for chunks; the worker waiting for the queue. */
-	uint64_t            t_open, ns_send, ns_idle, ns_full, chunks, sent;
+	uint64_t            t_open, ns_send, ns_idle, ns_full, chunks, sent, src_chunks;
+	/* Chunks sent from the caller's memory: queued and not yet sent (under lock),
+	 * and what to call once none is left after remote_writer_src_seal. */
+	unsigned            src_pending;
+	void              (*src_done)(void *);
+	void               *src_arg;
 };
 
 static void item_release(struct remote_writer *w, struct rw_item *it)
@@ -443,13 +449,16 @@ static void *rw_sender(void *arg)
 		if (it->type == REMOTE_MSG_CHUNK) {
 			w->chunks++;
 			w->sent += it->stored;
+			w->src_chunks += it->src != NULL;
 		}
+		bool from_src = it->src != NULL;
 		if (!failed && w->direct && it->type == REMOTE_MSG_CHUNK) {
 			rc = rw_send_direct(w, it);
 		} else if (!failed) {
 			rc = net_send(net, it->type, it->head.p, it->head.len, w->c->timeout_ms);
 			if (!rc && it->type == REMOTE_MSG_CHUNK)
-				rc = net_send(net, REMOTE_MSG_DATA, io_pool_addr(w->pool, (unsigned)it->buf),
+				rc = net_send(net, REMOTE_MSG_DATA,
+				              it->src ? it->src : io_pool_addr(w->pool, (unsigned)it->buf),
 				              it->stored, w->c->timeout_ms);
 		}
 		item_release(w, it);
@@ -462,6 +471,15 @@ static void *rw_sender(void *arg)
 		w->head = (w->head + 1) % RW_QUEUE;
 		w->count--;
 		pthread_cond_broadcast(&w->cond);
+		/* The kernel has the bytes of the last chunk read from the caller's memory
+		 * (or the stream failed, and nothing reads them any more). */
+		if (from_src && --w->src_pending == 0 && w->src_done) {
+			void (*done)(void *) = w->src_done;
+			w->src_done = NULL;
+			pthread_mutex_unlock(&w->lock);
+			done(w->src_arg);
+			pthread_mutex_lock(&w->lock);
+		}
 	}
 	pthread_mutex_unlock(&w->lock);
 	return NULL;
@@ -529,6 +547,7 @@ static int rw_push(struct remote_writer *w, struct rw_item *it)
 	w->ns_full += ckpt_now_ns() - t0;
 	w->q[(w->head + w->count) % RW_QUEUE] = *it;
 	w->count++;
+	w->src_pending += it->src != NULL;
 	pthread_cond_broadcast(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 	return 0;
@@ -647,7 +666,7 @@ int remote_writer_add_tensor(struct remote_writer *w, const struct io_tensor_des
 		w->tcap = cap;
 	}
 	w->dtypes[w->ntensors++] = t->dtype;
-	struct rw_item it = { .type = REMOTE_MSG_TENSOR, .buf = -1 };
+	struct rw_item it = { .type = REMOTE_MSG_TENSOR, .buf = -1, .src = NULL };
 	ckpt_buf_init(&it.head);
 	remote_tensor_encode(&it.head, t);
 	return rw_push(w, &it);
@@ -667,8 +686,10 @@ bool remote_writer_ready(struct remote_writer *w)
 	return room;
 }
 
-int remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, size_t len,
-                         const struct io_hashes *h)
+/* A CHUNK of len raw bytes: from pool buffer buf (compressed here when the job
+ * compresses), or, buf -1, sent from src where it lies. */
+static int rw_append(struct remote_writer *w, uint32_t t, int buf, const void *src, size_t len,
+                     const struct io_hashes *h)
 {
 	struct remote_chunk ch = {
 		.tensor = t, .codec = IO_CODEC_RAW, .raw_len = len, .stored_len = len,
@@ -676,8 +697,8 @@ int remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, size
 		.blocks = h->blocks,
 	};
 	memcpy(ch.hash, h->chunk, CKPT_HASH_BYTES);
-	struct rw_item it = { .type = REMOTE_MSG_CHUNK, .buf = (int)buf, .stored = len };
-	if (w->zstd_level > 0 && len > 1) {
+	struct rw_item it = { .type = REMOTE_MSG_CHUNK, .buf = buf, .src = src, .stored = len };
+	if (buf >= 0 && w->zstd_level > 0 && len > 1) {
 		/* Compressed here, before the wire: what pays on the disk pays twice. */
 		int ob = io_pool_get_fit(w->pool, len, 0);
 		if (ob >= 0) {
@@ -686,9 +707,9 @@ int remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, size
 			size_t clen = io_chunk_encode(w->codec, w->zstd_level,
 			                              t < w->ntensors ? w->dtypes[t] : 0,
 			                              io_pool_addr(w->pool, (unsigned)ob), len - 1,
-			                              io_pool_addr(w->pool, buf), len, &used);
+			                              io_pool_addr(w->pool, (unsigned)buf), len, &used);
 			if (clen && clen < len) {
-				io_pool_put(w->pool, buf);
+				io_pool_put(w->pool, (unsigned)buf);
 				it.buf = ob;
 				it.stored = clen;
 				ch.codec = used;
@@ -706,6 +727,36 @@ int remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, size
 	return rw_push(w, &it);
 }
 
+int remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, size_t len,
+                         const struct io_hashes *h)
+{
+	return rw_append(w, t, (int)buf, NULL, len, h);
+}
+
+int remote_writer_append_src(struct remote_writer *w, uint32_t t, const void *src, size_t len,
+                             const struct io_hashes *h)
+{
+	/* Such a chunk goes as it lies: never compressed, never RDMA-written (the
+	 * direct path writes from the registered pool only). */
+	if (w->zstd_level > 0 || w->direct)
+		return ckpt_err(-EINVAL, "%s: a chunk from the caller's memory on a stream that %s",
+		                w->c->name, w->direct ? "RDMA-writes its chunks" : "compresses");
+	return rw_append(w, t, -1, src, len, h);
+}
+
+void remote_writer_src_seal(struct remote_writer *w, void (*done)(void *), void *arg)
+{
+	pthread_mutex_lock(&w->lock);
+	bool now = w->src_pending == 0;
+	if (!now) {
+		w->src_done = done;
+		w->src_arg = arg;
+	}
+	pthread_mutex_unlock(&w->lock);
+	if (now)
+		done(arg);
+}
+
 int remote_writer_finish(struct remote_writer *w, struct io_shard_result *res)
 {
 	memset(res, 0, sizeof *res);
@@ -713,9 +764,11 @@ int remote_writer_finish(struct remote_writer *w, struct io_shard_result *res)
 	rw_drain(w);
 	int rc = rw_failed(w);
 	/* The sender has stopped (rw_drain joined it): its figures are final. */
-	ckpt_log(CKPT_LOG_DEBUG, "%s: stream of %llu chunk(s), %.1f MiB, %.3f s since open; "
+	ckpt_log(CKPT_LOG_DEBUG, "%s: stream of %llu chunk(s) (%llu sent from the caller's "
+	         "memory), %.1f MiB, %.3f s since open; "
 	         "sender sending %.3f s, waiting for chunks %.3f s; worker waiting for the "
 	         "sender's queue %.3f s", c->name, (unsigned long long)w->chunks,
+	         (unsigned long long)w->src_chunks,
 	         (double)w->sent / 1048576.0, (double)(ckpt_now_ns() - w->t_open) / 1e9,
 	         (double)w->ns_send / 1e9, (double)w->ns_idle / 1e9, (double)w->ns_full / 1e9);
 	struct net_msg m = { 0 };

@@ -203,6 +203,15 @@ int  remote_writer_add_tensor(struct remote_writer *w, const struct io_tensor_de
 bool remote_writer_ready(struct remote_writer *w);
 int  remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, size_t len,
                           const struct io_hashes *h);
+/* A chunk of len raw bytes hashed where they lie, sent from src by the sender: src
+ * must stay as hashed until the sender has sent it (remote_writer_src_seal says
+ * when). Not on a stream that compresses or RDMA-writes its chunks (-EINVAL). */
+int  remote_writer_append_src(struct remote_writer *w, uint32_t t, const void *src, size_t len,
+                              const struct io_hashes *h);
+/* No more chunks from the caller's memory: done(arg) runs once every one appended
+ * has been sent (the kernel has its bytes) or given up by a failed stream — here if
+ * none is pending, else on the sender's thread. Called at most once per stream. */
+void remote_writer_src_seal(struct remote_writer *w, void (*done)(void *), void *arg);
 /* Waits for DURABLE: then *res is the shard as ckptd made it durable (its footer
  * decoded and checked against its hash). The writer is freed in every case. */
 int  remote_writer_finish(struct remote_writer *w, struct io_shard_result *res);

@@ -363,6 +363,34 @@ int snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct i
 	return 0;
 }
 
+int snapshot_pipe_issue_inplace(struct snapshot_pipe *p, const void *src, size_t n,
+                                uint64_t tag)
+{
+	if (p->sealed)
+		return ckpt_err(-EINVAL, "snapshot pipe: issue after seal");
+	/* The slot's block store holds a pool buffer's worth: so must the chunk. */
+	if (n == 0 || n > io_pool_buf_bytes(p->pool))
+		return ckpt_err(-EINVAL, "snapshot pipe: chunk of %zu bytes in place (buffers "
+		                "hold %zu)", n, io_pool_buf_bytes(p->pool));
+	if (p->count == p->cap)
+		return -EAGAIN;
+	struct pipe_slot *s = &p->slots[(p->head + p->count) % p->cap];
+	s->buf = SNAPSHOT_SRC_BUF;
+	s->len = n;
+	s->tag = tag;
+	s->device = false;
+	s->no_blocks = false;
+	io_copy_hash128_blocks(NULL, src, n, p->block_bytes, s->hash, s->blocks);
+	p->count++;
+	return 0;
+}
+
+/* A pending chunk that holds a pool buffer (not stored, not in place). */
+static bool slot_buffered(const struct pipe_slot *s)
+{
+	return s->buf != SNAPSHOT_NO_BUF && s->buf != SNAPSHOT_SRC_BUF;
+}
+
 bool snapshot_pipe_room(const struct snapshot_pipe *p) { return p->count < p->cap; }
 bool snapshot_pipe_head_stored(const struct snapshot_pipe *p)
 {
@@ -411,7 +439,7 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 		h->block_bytes = s->no_blocks ? 0 : p->block_bytes;
 		h->blocks = s->no_blocks ? NULL : s->blocks;
 	}
-	if (s->buf != SNAPSHOT_NO_BUF)
+	if (slot_buffered(s))
 		p->buffered--;
 	p->head = (p->head + 1) % p->cap;
 	p->count--;
@@ -535,7 +563,7 @@ void snapshot_pipe_close(struct snapshot_pipe *p)
 	if (p->device_chunks || p->sealed || p->staged || p->released)
 		snap_dev_quiesce(p->sn);
 	while (p->count) {
-		if (p->slots[p->head].buf != SNAPSHOT_NO_BUF)
+		if (slot_buffered(&p->slots[p->head]))
 			io_pool_put(p->pool, p->slots[p->head].buf);
 		p->head = (p->head + 1) % p->cap;
 		p->count--;

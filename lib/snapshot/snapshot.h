@@ -124,6 +124,16 @@ int  snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, vo
 #define SNAPSHOT_NO_BUF UINT_MAX
 int  snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct io_hashes *h,
                                 uint64_t tag);
+/* A chunk of host memory of n bytes that is not copied: it is hashed here, where it
+ * lies (the chunk and its blocks), and its bytes are read from there again by its
+ * consumer, which must be done with them before the caller's memory is released (a
+ * stream to ckptd sends it from there: lib/save.c, save_direct). Like a stored chunk
+ * it takes no pool buffer and does not count against the window; next() gives it
+ * back with *buf SNAPSHOT_SRC_BUF. Returns 0, or -EAGAIN when the pipe is full.
+ * Errors: -EINVAL. */
+#define SNAPSHOT_SRC_BUF (UINT_MAX - 1)
+int  snapshot_pipe_issue_inplace(struct snapshot_pipe *p, const void *src, size_t n,
+                                 uint64_t tag);
 /* Whether the pipe has room for a stored chunk (a copy may still find the window
  * full, or wait for a buffer). */
 bool snapshot_pipe_room(const struct snapshot_pipe *p);
@@ -144,7 +154,8 @@ uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p);
 /*
  * Take out the oldest chunk once its copy has landed (waits on that chunk's event
  * only): its pool buffer (the caller owns it from now on; SNAPSHOT_NO_BUF for a
- * chunk issued by snapshot_pipe_issue_stored), length, the XXH3-128 of
+ * chunk issued by snapshot_pipe_issue_stored, SNAPSHOT_SRC_BUF for one issued by
+ * snapshot_pipe_issue_inplace), length, the XXH3-128 of
  * its bytes and of its blocks (computed from the pool buffer for device chunks;
  * h->blocks points into the pipe and stays valid until the next issue or close)
  * and tag. Returns 0, or 1 for a device chunk left unhashed after

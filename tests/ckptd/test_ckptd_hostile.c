@@ -962,6 +962,55 @@ START_TEST(stop_while_stalled)
 }
 END_TEST
 
+/* A state 32 times the rank's pool, saved through ckptd over tcp: all but its tail is
+ * sent from the tensor where it lies (lib/save.c, save_direct), so the snapshot point
+ * must wait for those sends. The tensor is overwritten the moment the snapshot point
+ * comes: what was committed is what was there before, bit for bit (were the caller
+ * released before the last send, ckptd would get overwritten bytes whose hashes do
+ * not match, or the load would find them). */
+START_TEST(direct_save_releases_after_sends)
+{
+	enum { N = 8u << 20 };                      /* floats: 32 MiB */
+	float *w = malloc(N * sizeof *w), *want = malloc(N * sizeof *w);
+	float *got = malloc(N * sizeof *w);
+	ck_assert(w && want && got);
+	tu_fill(want, N * sizeof *w, tu_seed(), 77);
+	ckpt_ctx *c = honest_open("joba", SECRET_A, 0);
+	for (uint64_t step = 200; step < 203; step++) {
+		memcpy(w, want, N * sizeof *w);
+		w[step] = (float)step;                  /* each step its own bytes */
+		want[step] = (float)step;
+		ckpt_save *s;
+		ck_assert_msg(ckpt_save_begin(c, step, &s) == 0, "%s", ckpt_last_error());
+		uint64_t shape[1] = { N };
+		struct ckpt_tensor t = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
+		                         .policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape,
+		                         .data = w };
+		ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
+		ck_assert_int_eq(ckpt_save_submit(s), 0);
+		ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
+		memset(w, 0xa5, N * sizeof *w);
+		ck_assert_msg(ckpt_save_wait(s, -1) == 0, "step %llu: %s", (unsigned long long)step,
+		              ckpt_last_error());
+		ckpt_save_free(s);
+		ckpt_load *l;
+		ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "%s", ckpt_last_error());
+		memset(got, 0, N * sizeof *got);
+		ck_assert_msg(ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, got,
+		                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
+		ck_assert_msg(memcmp(got, want, N * sizeof *w) == 0, "step %llu: the committed "
+		              "tensor holds bytes written after the snapshot point",
+		              (unsigned long long)step);
+		ckpt_load_close(l);
+	}
+	ckpt_close(c);
+	free(w);
+	free(want);
+	free(got);
+	after_attack();
+}
+END_TEST
+
 /* ------------------------------------------------------------------ honest jobs meanwhile */
 
 static atomic_bool attacking;
@@ -1045,6 +1094,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, idle_closed_and_rank_reconnects);
 	tcase_add_test(tc, pool_not_leaked);
 	tcase_add_test(tc, queue_depth_follows_writes);
+	tcase_add_test(tc, direct_save_releases_after_sends);
 	tcase_add_test(tc, stop_while_stalled);
 	tcase_add_test(tc, honest_under_fire);
 	suite_add_tcase(s, tc);

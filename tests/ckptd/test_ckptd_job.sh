@@ -86,6 +86,16 @@ expect_rc 0 "0 mismatches" "7 ranks restored onto 4" \
   env CKPT_TARGET="$one" "$synth" verify --root "$t/unused" --step 20 --bytes 16M --seed 5 --world 4
 expect_rc 0 "saved step 30: 1 rank" "a world of 1" \
   env CKPT_TARGET="$one" "$synth" save --root "$t/unused" --step 30 --bytes 8M --seed 6 --world 1
+# A state larger than the ranks' pools goes from where it lies: every chunk but the
+# pool's tail is sent from the tensors, and it restores bit for bit.
+out=$(CKPT_TARGET="$two" CKPT_LOG=debug "$synth" save --root "$t/unused" --step 31 --bytes 48M \
+      --seed 7 --world 2 --pool 4M --chunk 1M 2>&1)
+src=$(sed -n "s/.*chunk(s) (\([0-9]*\) sent from the caller's memory).*/\1/p" <<<"$out" \
+      | sort -n | head -1)
+[ "${src:-0}" -gt 8 ] && ok "chunks sent from the tensors where they lie (at least $src a rank)" \
+  || bad "no chunks sent from the caller's memory" "$(grep 'stream of' <<<"$out")"
+expect_rc 0 "0 mismatches" "that step restored onto 3 ranks" \
+  env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step 31 --bytes 48M --seed 7 --world 3
 
 # Refusals: each specific, nothing outside the job's directory, the job unaffected.
 expect_rc 1 "server failed to prove the job secret" "a wrong secret is refused" \
