@@ -6,7 +6,9 @@
  * made durable when the file is created: lib/io/writer.c).
  *
  * The snapshot point is reached when the last byte of the caller's data has been
- * copied into the pool: from then on the caller may change its tensors. Copies
+ * copied into the pool (or, for a save through ckptd that sends chunks from where
+ * they lie, into the socket: save_direct): from then on the caller may change its
+ * tensors. Copies
  * run ahead of the writer through a window of pool buffers (lib/snapshot; device
  * memory by DMA on a CUDA stream), so the snapshot point comes at copy speed when
  * the state fits. When the state is larger than the pool, buffers come back as

@@ -19,9 +19,11 @@
 # (ckptd_bench.py tcp), alone and while the disk takes a raw write (where ranks,
 # ckptd and the disk share a few CPUs, that is what a save can get), each sender
 # going round one 16 MiB message into one 16 MiB buffer; and again beside a raw
-# write with each sender sending its share of distinct bytes and each receiver
-# keeping all it receives (--keep), as ckptd's pool holds a save's bytes until its
-# disk has them (printed beside the target, which is on the bare figure). Over rdma the
+# write with each sender sending its share of distinct bytes, from memory allocated
+# as the ranks' tensors are, and each receiver keeping all it receives (--keep), as
+# ckptd's pool holds a save's bytes until its disk has them: the network's limit for
+# a save's bytes, which the snapshot point's target is on (the bare figure, whose
+# buffers the CPUs' caches hold, is printed beside it). Over rdma the
 # network's limit is instead the rdma transport's own throughput: one SIZE-byte
 # message through lib/net (bench_rdma: its RDMA WRITE ring, which DATA messages
 # take), alone and beside a raw write. Measured:
@@ -30,8 +32,9 @@
 # snapshot point with a rank pool smaller than their state (ckpt-synth's stall: the
 # slowest rank), ckptd's peak RSS (VmHWM); on stderr, ckptd's line per shard stream
 # saying where its time went (and the ranks' own with CKPT_LOG=debug). Targets: ckptd writes at >= 0.9 x the raw
-# write; the snapshot point comes at the network's pace (>= 0.9 x state / TCP beside
-# a raw write), sooner than the disk could take the state where the disk is the
+# write; the snapshot point comes at the network's pace (>= 0.9 x (state - the ranks'
+# pools) / TCP of distinct bytes kept, beside a raw write; over rdma the transport's
+# figure), sooner than the disk could take the state where the disk is the
 # slower; VmHWM <= --pool + 64 MiB. Prints a table with PASS or MISS for each; the
 # figures go to $BENCH_DIR.json.
 set -euo pipefail
