@@ -113,6 +113,68 @@ START_TEST(pipe_owns_buffers_in_order)
 }
 END_TEST
 
+/* Chunks hashed in place take no buffer and no place in the window: three of them
+ * between two copies, with the window (2) full of copies, come out in issue order as
+ * SNAPSHOT_SRC_BUF with the hashes of the caller's bytes, chunk and blocks; closing
+ * with one pending gives back only the copies' buffers. */
+START_TEST(pipe_inplace_chunks_take_no_buffer)
+{
+	struct snapshot *sn = host_snapshot();
+	if (!sn)
+		return;
+	struct io_pool *pool;
+	ck_assert_int_eq(io_pool_create(BUF, 4, snapshot_pool_alloc(sn), &pool), 0);
+	struct snapshot_pipe *p;
+	ck_assert_int_eq(snapshot_pipe_open(sn, pool, 2, 16384, &p), 0);
+	uint8_t *src = malloc(6 * (size_t)BUF);
+	tu_fill(src, 6 * (size_t)BUF, tu_seed(), 3);
+	ck_assert_int_eq(snapshot_pipe_issue(p, src, BUF, CKPT_MEM_HOST, 0), 0);
+	for (unsigned k = 1; k < 4; k++)
+		ck_assert_int_eq(snapshot_pipe_issue_inplace(p, src + k * BUF, BUF - k * 1000, k), 0);
+	ck_assert_int_eq(snapshot_pipe_issue(p, src + 4 * BUF, BUF, CKPT_MEM_HOST, 4), 0);
+	ck_assert_int_eq(snapshot_pipe_issue(p, src + 5 * BUF, BUF, CKPT_MEM_HOST, 5), -EAGAIN);
+	ck_assert_uint_eq(snapshot_pipe_pending(p), 5);
+	ck_assert_uint_eq(io_pool_nfree(pool), 2);
+	ck_assert(!snapshot_pipe_head_stored(p));
+	for (unsigned k = 0; k < 4; k++) {
+		unsigned b;
+		size_t len;
+		uint64_t tag;
+		struct io_hashes h;
+		ck_assert_int_eq(snapshot_pipe_next(p, &b, &len, &h, &tag), 0);
+		ck_assert_uint_eq(tag, k);
+		if (k == 0) {
+			/* A copy out: room in the window for one more copy. */
+			ck_assert_uint_ne(b, SNAPSHOT_SRC_BUF);
+			io_pool_put(pool, b);
+			ck_assert_int_eq(snapshot_pipe_issue(p, src + 5 * BUF, BUF, CKPT_MEM_HOST, 5), 0);
+			continue;
+		}
+		ck_assert_uint_eq(b, SNAPSHOT_SRC_BUF);
+		ck_assert_uint_eq(len, BUF - k * 1000);
+		uint8_t want[CKPT_HASH_BYTES];
+		io_hash128(src + k * BUF, len, want);
+		ck_assert(!memcmp(h.chunk, want, sizeof want));
+		ck_assert_uint_eq(h.block_bytes, 16384);
+		for (unsigned j = 0; j < io_nblocks(len, 16384); j++) {
+			size_t from = j * 16384u, n = len - from < 16384 ? len - from : 16384;
+			io_hash128(src + k * BUF + from, n, want);
+			ck_assert(!memcmp(h.blocks + j * CKPT_HASH_BYTES, want, sizeof want));
+		}
+		/* Taking an in-place chunk out frees no place in the window. */
+		ck_assert_int_eq(snapshot_pipe_issue(p, src, BUF, CKPT_MEM_HOST, 6), -EAGAIN);
+	}
+	/* The copies of chunks 4 and 5 pending, the window full; one more in place. */
+	ck_assert_int_eq(snapshot_pipe_issue_inplace(p, src, BUF, 6), 0);
+	ck_assert_uint_eq(snapshot_pipe_pending(p), 3);
+	snapshot_pipe_close(p);
+	ck_assert_uint_eq(io_pool_nfree(pool), 4);
+	io_pool_destroy(pool);
+	snapshot_destroy(sn);
+	free(src);
+}
+END_TEST
+
 START_TEST(pipe_eagain_when_pool_empty)
 {
 	struct snapshot *sn = host_snapshot();
@@ -522,6 +584,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, pipe_owns_buffers_in_order);
+	tcase_add_test(tc, pipe_inplace_chunks_take_no_buffer);
 	tcase_add_test(tc, pipe_eagain_when_pool_empty);
 	tcase_add_test(tc, pipe_fits_chunks_in_halving_pool);
 	tcase_add_test(tc, pipe_seal_and_device_refused);
