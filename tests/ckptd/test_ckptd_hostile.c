@@ -1003,6 +1003,28 @@ START_TEST(direct_save_releases_after_sends)
 		              (unsigned long long)step);
 		ckpt_load_close(l);
 	}
+	/* ckptd's disk fails in the middle of a direct save: the save fails with the
+	 * disk's error, the caller is released (wait_snapshot returns), the step is not
+	 * there, and the next save goes through. */
+	setenv("CKPT_FAULT", "after_chunk_write:40:eio", 1);
+	ckpt_fault_reload();
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, 210, &s), 0);
+	uint64_t shape[1] = { N };
+	struct ckpt_tensor t = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
+	                         .policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape,
+	                         .data = w };
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	(void)ckpt_save_wait_snapshot(s, WAIT_MS);
+	int rc = ckpt_save_wait(s, WAIT_MS);
+	ck_assert_msg(rc == -EIO, "a save whose chunks ckptd failed to write: %d (%s)", rc,
+	              ckpt_last_error());
+	ckpt_save_free(s);
+	unsetenv("CKPT_FAULT");
+	ckpt_fault_reload();
+	ckpt_load *l;
+	ck_assert_int_ne(ckpt_load_open(c, 210, &l), 0);
 	ckpt_close(c);
 	free(w);
 	free(want);
