@@ -446,12 +446,12 @@ static void *rw_sender(void *arg)
 		bool failed = w->send_rc != 0 || w->peer_rc != 0;
 		pthread_mutex_unlock(&w->lock);
 		int rc = 0;
+		bool from_src = it->src != NULL;
 		if (it->type == REMOTE_MSG_CHUNK) {
 			w->chunks++;
 			w->sent += it->stored;
-			w->src_chunks += it->src != NULL;
+			w->src_chunks += from_src;
 		}
-		bool from_src = it->src != NULL;
 		if (!failed && w->direct && it->type == REMOTE_MSG_CHUNK) {
 			rc = rw_send_direct(w, it);
 		} else if (!failed) {
@@ -666,7 +666,7 @@ int remote_writer_add_tensor(struct remote_writer *w, const struct io_tensor_des
 		w->tcap = cap;
 	}
 	w->dtypes[w->ntensors++] = t->dtype;
-	struct rw_item it = { .type = REMOTE_MSG_TENSOR, .buf = -1, .src = NULL };
+	struct rw_item it = { .type = REMOTE_MSG_TENSOR, .buf = -1 };
 	ckpt_buf_init(&it.head);
 	remote_tensor_encode(&it.head, t);
 	return rw_push(w, &it);

@@ -968,9 +968,25 @@ END_TEST
  * comes: what was committed is what was there before, bit for bit (were the caller
  * released before the last send, ckptd would get overwritten bytes whose hashes do
  * not match, or the load would find them). */
+enum { BIG_N = 8u << 20 };                      /* floats: 32 MiB */
+
+/* A save of step: one tensor "big" of BIG_N floats at w, submitted. */
+static ckpt_save *big_save(ckpt_ctx *c, uint64_t step, const float *w)
+{
+	ckpt_save *s;
+	ck_assert_msg(ckpt_save_begin(c, step, &s) == 0, "%s", ckpt_last_error());
+	uint64_t shape[1] = { BIG_N };
+	struct ckpt_tensor t = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
+	                         .policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape,
+	                         .data = w };
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	return s;
+}
+
 START_TEST(direct_save_releases_after_sends)
 {
-	enum { N = 8u << 20 };                      /* floats: 32 MiB */
+	enum { N = BIG_N };
 	float *w = malloc(N * sizeof *w), *want = malloc(N * sizeof *w);
 	float *got = malloc(N * sizeof *w);
 	ck_assert(w && want && got);
@@ -980,14 +996,7 @@ START_TEST(direct_save_releases_after_sends)
 		memcpy(w, want, N * sizeof *w);
 		w[step] = (float)step;                  /* each step its own bytes */
 		want[step] = (float)step;
-		ckpt_save *s;
-		ck_assert_msg(ckpt_save_begin(c, step, &s) == 0, "%s", ckpt_last_error());
-		uint64_t shape[1] = { N };
-		struct ckpt_tensor t = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
-		                         .policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape,
-		                         .data = w };
-		ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
-		ck_assert_int_eq(ckpt_save_submit(s), 0);
+		ckpt_save *s = big_save(c, step, w);
 		ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
 		memset(w, 0xa5, N * sizeof *w);
 		ck_assert_msg(ckpt_save_wait(s, -1) == 0, "step %llu: %s", (unsigned long long)step,
@@ -1008,14 +1017,7 @@ START_TEST(direct_save_releases_after_sends)
 	 * there, and the next save goes through. */
 	setenv("CKPT_FAULT", "after_chunk_write:40:eio", 1);
 	ckpt_fault_reload();
-	ckpt_save *s;
-	ck_assert_int_eq(ckpt_save_begin(c, 210, &s), 0);
-	uint64_t shape[1] = { N };
-	struct ckpt_tensor t = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
-	                         .policy = CKPT_SHARDED, .ndim = 1, .global_shape = shape,
-	                         .data = w };
-	ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
-	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	ckpt_save *s = big_save(c, 210, w);
 	(void)ckpt_save_wait_snapshot(s, WAIT_MS);
 	int rc = ckpt_save_wait(s, WAIT_MS);
 	ck_assert_msg(rc == -EIO, "a save whose chunks ckptd failed to write: %d (%s)", rc,
