@@ -505,15 +505,20 @@ static void rw_poll_peer(struct remote_writer *w)
 		return;
 	if (rc)
 		/* The connection failed (a ckptd that died, a reset): say which ckptd. */
-		w->peer_rc = ckpt_err_prefix(rc, "%s", w->c->name);
+		rc = ckpt_err_prefix(rc, "%s", w->c->name);
 	else if (m.type == REMOTE_MSG_ERROR)
-		w->peer_rc = remote_error_take(m.payload, m.len, w->c->name);
+		rc = remote_error_take(m.payload, m.len, w->c->name);
 	else
-		w->peer_rc = ckpt_err(CKPT_EPROTO, "%s: message type %u during a shard stream",
-		                      w->c->name, m.type);
-	if (w->peer_rc)
-		snprintf(w->peer_msg, sizeof w->peer_msg, "%s", ckpt_err_msg());
+		rc = ckpt_err(CKPT_EPROTO, "%s: message type %u during a shard stream", w->c->name,
+		              m.type);
 	net_msg_free(&m);
+	/* Under the lock: the sender reads them to stop sending. */
+	pthread_mutex_lock(&w->lock);
+	if (rc && !w->peer_rc) {
+		w->peer_rc = rc;
+		snprintf(w->peer_msg, sizeof w->peer_msg, "%s", ckpt_err_msg());
+	}
+	pthread_mutex_unlock(&w->lock);
 }
 
 /* The stream's failure, if any, as this thread's error: ckptd's own word first. */
