@@ -141,7 +141,9 @@ static int req_submit(struct io_engine *e, unsigned slot)
 	unsigned n = left > IO_MAX_SQE_BYTES ? IO_MAX_SQE_BYTES : (unsigned)left;
 	uint8_t *a = r->addr + r->done;
 	uint64_t off = r->off + r->done;
-	if (r->op == IO_OP_WRITE) {
+	if (r->op == IO_OP_FSYNC) {
+		io_uring_prep_fsync(sqe, r->fd, 0);
+	} else if (r->op == IO_OP_WRITE) {
 		if (r->fixed >= 0)
 			io_uring_prep_write_fixed(sqe, r->fd, a, n, off, r->fixed);
 		else
@@ -181,7 +183,7 @@ int io_engine_queue(struct io_engine *e, enum io_op op, int fd, void *addr, size
 	};
 	r->aligned = (uintptr_t)addr % CKPT_ALIGN == 0 && off % CKPT_ALIGN == 0 &&
 	             len % CKPT_ALIGN == 0;
-	if (e->registered && e->pool)
+	if (e->registered && e->pool && op != IO_OP_FSYNC)
 		r->fixed = io_pool_index_of(e->pool, addr, len);
 	int rc = req_submit(e, slot);
 	if (rc < 0) {
@@ -213,8 +215,8 @@ static void req_complete(struct io_engine *e, unsigned slot, int res)
 	struct io_req *r = &e->reqs[slot];
 	if ((res == -EAGAIN || res == -EINTR) && ++r->retries < IO_MAX_RETRIES)
 		goto again;
-	if (res < 0) {
-		req_finish(e, slot, res);
+	if (res < 0 || r->op == IO_OP_FSYNC) {
+		req_finish(e, slot, res < 0 ? res : 0);
 		return;
 	}
 	if (res == 0) {

@@ -272,6 +272,8 @@ struct io_engine;
 int  io_engine_create(struct io_pool *pool, unsigned depth, struct io_engine **out);
 void io_engine_destroy(struct io_engine *e);
 struct io_pool *io_engine_pool(const struct io_engine *e);
+/* Requests queued and not yet completed (0: the engine may go to another thread). */
+unsigned io_engine_inflight(const struct io_engine *e);
 
 /* ------------------------------------------------------------------ shard writer */
 

@@ -75,15 +75,17 @@ int io_pool_index_of(const struct io_pool *p, const void *addr, size_t len);
 
 /* ------------------------------------------------------------------ engine requests
  *
- * A request is one read or write of len bytes at a file offset. The engine keeps
- * it until the whole length is done: short transfers are resubmitted for the
- * remainder, -EAGAIN/-EINTR are retried. Then done(owner, cookie, res) is called
- * exactly once, from whichever io_engine_reap() call sees the last completion, with
- * res = bytes transferred (< len only for a read that met end of file) or -errno.
+ * A request is one read or write of len bytes at a file offset, or an fsync of fd
+ * (IO_OP_FSYNC: addr, len and off unused; it runs on the kernel's workers, so the
+ * thread that queues it does not wait for the disk). The engine keeps it until the
+ * whole length is done: short transfers are resubmitted for the remainder,
+ * -EAGAIN/-EINTR are retried. Then done(owner, cookie, res) is called exactly once,
+ * from whichever io_engine_reap() call sees the last completion, with res = bytes
+ * transferred (< len only for a read that met end of file; 0 for an fsync) or -errno.
  */
 typedef void (*io_done_fn)(void *owner, uint64_t cookie, int64_t res);
 
-enum io_op { IO_OP_READ = 0, IO_OP_WRITE = 1 };
+enum io_op { IO_OP_READ = 0, IO_OP_WRITE = 1, IO_OP_FSYNC = 2 };
 
 /* Queue and submit a request. Blocks (reaping completions) while every slot is
  * busy. 0, or -errno from io_uring_submit (nothing queued, done is not called). */
@@ -92,7 +94,6 @@ int io_engine_queue(struct io_engine *e, enum io_op op, int fd, void *addr, size
 /* Handle completions: wait for at least one when wait and requests are in flight.
  * Returns the number of requests finished (their done called), or -errno. */
 int io_engine_reap(struct io_engine *e, bool wait);
-unsigned io_engine_inflight(const struct io_engine *e);
 unsigned io_engine_depth(const struct io_engine *e);
 
 /* Aligned temporary buffer for O_DIRECT (footer, header, oversized chunks). */

@@ -44,10 +44,11 @@
  * and a build that knows only version 3 refuses the file at its trailer.
  *
  * Durability order (docs/format.md §8.6; the vote depends on it): at open, the file is
- * created and its directory fsync()ed, so that its entry is durable before any
- * chunk is written; in finish, every chunk write completed -> footer and trailer
- * written -> file truncated to its size -> fdatasync(file). Only then does finish
- * return 0: the rank votes only once data, footer, size and name are all durable.
+ * created, and its header's write and its directory's fsync are queued on the
+ * engine, so that its entry is made durable as the first chunks are written; in
+ * finish, every write and that fsync completed -> footer and trailer written ->
+ * file truncated to its size -> fdatasync(file). Only then does finish return 0: the
+ * rank votes only once data, footer, size and name are all durable.
  *
  * Why the directory first: on ext4 an fsync of a directory commits the whole
  * running journal transaction, which holds the file's block allocations, extent
@@ -57,6 +58,13 @@
  * entry (and the header), and the fdatasync is the one sync that covers the data,
  * footer and size: without it they are lost in a power cut (tests/crash shows
  * both). The cost is the same one directory sync per file, moved.
+ *
+ * Why queued rather than done in open: both wait for the disk, and the disk may be
+ * busy with other writers' chunks (ckptd's other streams, the other ranks of a
+ * node): a synchronous 4 KiB write and a journal commit behind them held open for
+ * up to hundreds of milliseconds, and with it the stream's first chunk (ckptd
+ * answers OPEN once its writer is open). The kernel's workers run the fsync, and
+ * finish waits for both as for any write.
  *
  * Threads: a writer belongs to the thread that owns its engine; its compression
  * workers touch only the ring (under its lock) and the buffers of the jobs they took.
@@ -138,7 +146,10 @@ struct io_shard_writer {
 	struct io_ref_file *files;         /* the files references point into */
 	uint32_t          nfiles, fcap;
 	int64_t           cur;             /* tensor receiving chunks, or -1 */
-	unsigned          inflight;
+	unsigned          inflight;        /* requests on the engine: writes, open's two */
+	unsigned          open_inflight;   /* of which open's */
+	uint8_t          *hdr;             /* the header block open queued */
+	int               dirfd;           /* the directory open queued an fsync of, or -1 */
 	bool              tail_done;
 	int64_t           tail_res;
 	uint64_t          logical, stored;
@@ -225,31 +236,65 @@ static int w_drain(struct io_shard_writer *w)
 
 /* ------------------------------------------------------------------ open */
 
-/* fsync the directory of path. skip (a test knob of the fault table) leaves it out. */
-static int sync_dir_of(const char *path)
+static void header_fill(const struct io_shard_writer *w, uint8_t *h);
+
+#define OPEN_HEADER  0u    /* open's cookies (w_open_done) */
+#define OPEN_DIRSYNC 1u
+
+static void w_open_done(void *owner, uint64_t cookie, int64_t res)
 {
-	int rc = ckpt_fault(CKPT_FP_BEFORE_DIR_FSYNC);
-	if (rc < 0)
-		return ckpt_err_prefix(rc, "%s", path);
+	struct io_shard_writer *w = owner;
+	w->inflight--;
+	w->open_inflight--;
+	if (cookie == OPEN_DIRSYNC) {
+		if (res < 0) {
+			ckpt_err((int)res, "fsync the directory of %s", w->path);
+			w_fail(w, (int)res);
+		}
+	} else if (res != IO_HEADER_BYTES) {
+		ckpt_err(res < 0 ? (int)res : -EIO, "write %s header at offset 0%s", w->path,
+		         res < 0 ? "" : ": short write");
+		w_fail(w, res < 0 ? (int)res : -EIO);
+	}
+}
+
+/* Queue the header's write and the fsync of path's directory. skip (a test knob of
+ * the fault table) leaves the fsync out. */
+static int queue_open_writes(struct io_shard_writer *w)
+{
+	if (!(w->hdr = io_aligned_alloc(IO_HEADER_BYTES)))
+		return ckpt_err(-ENOMEM, "%s: header block", w->path);
+	header_fill(w, w->hdr);
+	int rc = io_engine_queue(w->e, IO_OP_WRITE, w->fd, w->hdr, IO_HEADER_BYTES, 0,
+	                         w_open_done, w, OPEN_HEADER);
+	if (rc)
+		return ckpt_err(rc, "queue the write of %s header", w->path);
+	w->inflight++;
+	w->open_inflight++;
+	if ((rc = ckpt_fault(CKPT_FP_BEFORE_DIR_FSYNC)) < 0)
+		return ckpt_err_prefix(rc, "%s", w->path);
 	if (rc == CKPT_FA_SKIP)
 		return 0;
 	char dir[4096];
-	const char *slash = strrchr(path, '/');
-	if (!slash)
-		return ckpt_fsync_dir(".");
-	size_t n = slash == path ? 1 : (size_t)(slash - path);
+	const char *slash = strrchr(w->path, '/');
+	size_t n = !slash ? 1 : slash == w->path ? 1 : (size_t)(slash - w->path);
 	if (n >= sizeof dir)
-		return ckpt_err(-ENAMETOOLONG, "directory of %s", path);
-	memcpy(dir, path, n);
+		return ckpt_err(-ENAMETOOLONG, "directory of %s", w->path);
+	memcpy(dir, slash ? w->path : ".", n);
 	dir[n] = '\0';
-	return ckpt_fsync_dir(dir);
+	if ((w->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+		return ckpt_err(-errno, "open directory %s for fsync", dir);
+	if ((rc = io_engine_queue(w->e, IO_OP_FSYNC, w->dirfd, NULL, 0, 0, w_open_done, w,
+	                          OPEN_DIRSYNC)))
+		return ckpt_err(rc, "queue the fsync of directory %s", dir);
+	w->inflight++;
+	w->open_inflight++;
+	return 0;
 }
 
-static int write_header(struct io_shard_writer *w)
+/* The header block (IO_HEADER_BYTES at h) of w's file as it stands. */
+static void header_fill(const struct io_shard_writer *w, uint8_t *h)
 {
-	uint8_t *h = io_aligned_alloc(IO_HEADER_BYTES);
-	if (!h)
-		return ckpt_err(-ENOMEM, "%s: header block", w->path);
 	memset(h, 0, IO_HEADER_BYTES);
 	memcpy(h, IO_HEADER_MAGIC, IO_MAGIC_BYTES);
 	ckpt_put_le32(h + IO_HDR_OFF_VERSION, w->version);
@@ -260,8 +305,17 @@ static int write_header(struct io_shard_writer *w)
 	ckpt_put_le64(h + IO_HDR_OFF_CTIME, ckpt_wall_ns());
 	ckpt_put_le64(h + IO_HDR_OFF_SAVE_ID, w->save_id);   /* 0 before version 3 */
 	ckpt_put_le64(h + IO_HDR_OFF_HASH, XXH3_64bits(h, IO_HDR_OFF_HASH));
-	/* One 4 KiB synchronous write: open is not on the hot path, and it keeps
-	 * the header out of the pool (whose buffers the caller may all hold). */
+}
+
+/* The header written again in finish (version 4), once open's write has completed:
+ * one 4 KiB synchronous write, out of the pool (whose buffers the caller may all
+ * hold). */
+static int write_header(struct io_shard_writer *w)
+{
+	uint8_t *h = io_aligned_alloc(IO_HEADER_BYTES);
+	if (!h)
+		return ckpt_err(-ENOMEM, "%s: header block", w->path);
+	header_fill(w, h);
 	ssize_t n;
 	do
 		n = pwrite(w->fd, h, IO_HEADER_BYTES, 0);
@@ -283,6 +337,9 @@ static void w_free(struct io_shard_writer *w)
 	ckpt_free(w->jblocks);
 	if (w->fd >= 0)
 		close(w->fd);
+	if (w->dirfd >= 0)
+		close(w->dirfd);
+	ckpt_free(w->hdr);
 	for (uint32_t i = 0; i < w->ntensors; i++)
 		ckpt_free((char *)w->tensors[i].name);
 	ckpt_free(w->tensors);
@@ -346,6 +403,7 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 		return ckpt_err(-ENOMEM, "%s: writer", path);
 	}
 	w->fd = -1;                        /* w_free before the file is open */
+	w->dirfd = -1;
 	w->e = e;
 	w->pool = io_engine_pool(e);
 	w->step = o->step;
@@ -392,13 +450,16 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 	/* Extending O_DIRECT writes serialise on the inode size update: size it first. */
 	if (o->size_hint && ftruncate(w->fd, (off_t)o->size_hint) < 0)
 		rc = ckpt_err(-errno, "ftruncate %s to %llu", path, (unsigned long long)o->size_hint);
+	/* The header, and the name durable with the first chunks rather than after the
+	 * data (see the top of this file): the vote still follows, since finish waits
+	 * for both. */
 	if (!rc)
-		rc = write_header(w);
-	/* The name, durable now rather than after the data (see the top of this file):
-	 * the vote still follows it, since finish comes later. */
-	if (!rc)
-		rc = sync_dir_of(w->path);
+		rc = queue_open_writes(w);
 	if (rc) {
+		char msg[sizeof w->err_msg];
+		snprintf(msg, sizeof msg, "%s", ckpt_err_msg());
+		w_drain(w);          /* what was queued completes before its memory goes */
+		ckpt_err_restore(msg);
 		unlink(path);
 		w_free(w);
 		return rc;
@@ -839,7 +900,7 @@ static uint8_t *blocks_reserve(struct io_shard_writer *w, uint64_t nb)
 unsigned io_shard_writer_pending(const struct io_shard_writer *w)
 {
 	/* jhead and jtail move only on this thread (the workers take and mark). */
-	return (unsigned)(w->jtail - w->jhead) + w->inflight;
+	return (unsigned)(w->jtail - w->jhead) + w->inflight - w->open_inflight;
 }
 
 bool io_shard_writer_ready(struct io_shard_writer *w)

@@ -752,6 +752,73 @@ static void arm_fault(const char *spec)
 	ckpt_fault_reload();
 }
 
+static void fsync_done(void *owner, uint64_t cookie, int64_t res)
+{
+	(void)cookie;
+	int64_t *out = owner;
+	*out = res;
+}
+
+/* open queues the header's write and its directory's fsync on the engine rather than
+ * waiting for the disk: the engine's fsync reports 0, or the fd's error; open
+ * returns with open's requests in flight or done but never counted as chunks; a
+ * failure injected before the fsync fails open and leaves no file; and finish waits
+ * for both (the file reads back with its header). */
+START_TEST(open_queues_header_and_directory_sync)
+{
+	struct fx f;
+	fx_init(&f, "shard-open");
+	int dfd = open(f.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	ck_assert_int_ge(dfd, 0);
+	int64_t res = 1;
+	ck_assert_int_eq(io_engine_queue(f.e, IO_OP_FSYNC, dfd, NULL, 0, 0, fsync_done, &res, 7), 0);
+	while (io_engine_inflight(f.e))
+		ck_assert_int_ge(io_engine_reap(f.e, true), 0);
+	ck_assert_int_eq(res, 0);
+	close(dfd);
+	res = 1;
+	ck_assert_int_eq(io_engine_queue(f.e, IO_OP_FSYNC, dfd, NULL, 0, 0, fsync_done, &res, 7), 0);
+	while (io_engine_inflight(f.e))
+		ck_assert_int_ge(io_engine_reap(f.e, true), 0);
+	ck_assert_int_eq(res, -EBADF);
+
+	struct io_writer_opts o = { .step = 3, .rank = 0, .world = 1, .size_hint = 4u * BUF_BYTES,
+	                            .block_bytes = f.block_bytes };
+	struct io_shard_writer *w;
+	arm_fault("before_dir_fsync:1:eio");
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &o, &w), -EIO);
+	arm_fault(NULL);
+	ck_assert(!file_exists(f.path));
+	ck_assert_uint_eq(io_engine_inflight(f.e), 0);
+
+	ck_assert_msg(io_shard_writer_open(f.e, f.path, &o, &w) == 0, "%s", ckpt_err_msg());
+	ck_assert_uint_eq(io_shard_writer_pending(w), 0);
+	int queued = 0;          /* open's two, reaped here: their callbacks are the writer's */
+	while (io_engine_inflight(f.e))
+		queued += io_engine_reap(f.e, true);
+	ck_assert_int_eq(queued, 2);
+	ck_assert_uint_eq(io_shard_writer_pending(w), 0);
+	struct io_tensor_desc d;
+	uint64_t sh, of, ex;
+	char name[64];
+	tensor_desc(&d, &sh, &of, &ex, name, sizeof name, 0, BUF_BYTES);
+	ck_assert_int_eq(io_shard_writer_add_tensor(w, &d), 0);
+	int b = io_pool_get(f.pool, 10000);
+	ck_assert_int_ge(b, 0);
+	tensor_bytes(io_pool_addr(f.pool, (unsigned)b), BUF_BYTES, f.seed, 0, true);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, BUF_BYTES, NULL), 0);
+	struct io_shard_result r;
+	ck_assert_msg(io_shard_writer_finish(w, &r) == 0, "%s", ckpt_err_msg());
+	ck_assert_uint_eq(io_engine_inflight(f.e), 0);
+	result_free(&r);
+	struct io_shard_reader *rd;
+	ck_assert_msg(io_shard_reader_open(f.e, f.path, NULL, &rd) == 0, "%s", ckpt_err_msg());
+	ck_assert_uint_eq(io_shard_reader_index(rd)->step, 3);
+	io_shard_reader_close(rd);
+	fx_done(&f);
+}
+END_TEST
+
 START_TEST(injected_chunk_write_errors)
 {
 	struct fx f;
@@ -1020,6 +1087,7 @@ int main(void)
 	tcase_add_test(tc, damaged_metadata);
 	tcase_add_test(tc, crafted_trailers_and_versions);
 	tcase_add_test(tc, truncated_file);
+	tcase_add_test(tc, open_queues_header_and_directory_sync);
 	tcase_add_test(tc, injected_chunk_write_errors);
 	tcase_add_test(tc, injected_finish_errors);
 	tcase_add_test(tc, real_efbig_half_way);
