@@ -46,6 +46,7 @@
 
 #define SRV_POLL_MS 200          /* how often an idle connection looks at the stop flag */
 #define SRV_LOCK_FILE "ckptd.lock"
+#define SRV_IDLE_ENGINES 64      /* engines kept for the next connections (engine_put) */
 
 struct djob {
 	struct djob     *next;
@@ -79,10 +80,16 @@ struct ckptd_server {
 	int                  wake[2];
 	atomic_bool          stop;
 	uint64_t             stop_deadline;
-	pthread_mutex_t      lock;       /* jobs, nconns */
+	pthread_mutex_t      lock;       /* jobs, nconns, idle engines */
 	pthread_cond_t       cond;
 	struct djob         *jobs;
 	unsigned             nconns;
+	/* Engines of connections that ended, for the next ones (engine_get): each has
+	 * the whole pool registered, which takes milliseconds per GiB of pool, and a
+	 * new connection must not spend that before its first chunk. At most
+	 * SRV_IDLE_ENGINES (each holds its registration's kernel memory). */
+	struct io_engine   **idle_engines;
+	unsigned             nidle_engines;
 	/* the janitor: one thread removing what the jobs' coordinators gave up */
 	pthread_t            janitor;
 	bool                 janitor_started;
@@ -348,7 +355,30 @@ static int engine_get(struct dconn *d)
 {
 	if (d->engine)
 		return 0;
-	return io_engine_create(d->s->pool, d->s->o.queue_depth, &d->engine);
+	struct ckptd_server *s = d->s;
+	pthread_mutex_lock(&s->lock);
+	if (s->nidle_engines)
+		d->engine = s->idle_engines[--s->nidle_engines];
+	pthread_mutex_unlock(&s->lock);
+	if (d->engine)
+		return 0;
+	return io_engine_create(s->pool, s->o.queue_depth, &d->engine);
+}
+
+/* A connection's engine at its end: kept for the next connection when it is idle
+ * (its writer finished or aborted, every request reaped) and there is room. */
+static void engine_put(struct ckptd_server *s, struct io_engine *e)
+{
+	if (!e)
+		return;
+	pthread_mutex_lock(&s->lock);
+	bool keep = io_engine_inflight(e) == 0 && s->idle_engines &&
+	            s->nidle_engines < SRV_IDLE_ENGINES;
+	if (keep)
+		s->idle_engines[s->nidle_engines++] = e;
+	pthread_mutex_unlock(&s->lock);
+	if (!keep)
+		io_engine_destroy(e);
 }
 
 /* Every grant back to the pool, each revoked first: once deregistered, the rank's
@@ -456,10 +486,11 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	if ((rc = job_dir(j)) || (rc = engine_get(d)))
 		return rc;
 	/* The quota counts what the job holds here and what its streams in flight say
-	 * they will add. */
+	 * they will add. Only a quota needs it: the walk over the job's files is not
+	 * free on a disk busy with the other streams, and the rank waits for OPEN_OK. */
+	uint64_t held = auth.quota_bytes ? du(j->root, 0) : 0, used;
 	pthread_mutex_lock(&j->lock);
-	uint64_t used;
-	if (!ckpt_add_u64(du(j->root, 0), j->reserved, &used))
+	if (!ckpt_add_u64(held, j->reserved, &used))
 		used = UINT64_MAX;
 	/* Compared without a sum: a hint near 2^64 must not wrap around the quota. */
 	if (auth.quota_bytes && (o.size_hint > auth.quota_bytes ||
@@ -1062,7 +1093,7 @@ static void *conn_main(void *arg)
 				break;
 		}
 	}
-	io_engine_destroy(d->engine);
+	engine_put(s, d->engine);
 	net_close(d->net);
 	atomic_fetch_sub_explicit(&k->active_connections, 1, memory_order_relaxed);
 	pthread_mutex_lock(&s->lock);
@@ -1282,6 +1313,9 @@ int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **
 		              o->pool_bytes, o->buf_bytes);
 	if (!rc)
 		rc = pool_create(o, &s->pool);
+	/* Without room for idle engines each connection makes its own (engine_put). */
+	if (!rc)
+		s->idle_engines = ckpt_calloc(SRV_IDLE_ENGINES, sizeof *s->idle_engines);
 	if (!rc && pipe2(s->wake, O_NONBLOCK | O_CLOEXEC) < 0)
 		rc = ckpt_err(-errno, "wake pipe");
 	if (!rc && (rc = net_listen(o->transport, NULL, o->listen_host, o->listen_port, &s->lis)))
@@ -1395,6 +1429,9 @@ void ckptd_server_free(struct ckptd_server *s)
 		pthread_mutex_destroy(&j->lock);
 		ckpt_free(j);
 	}
+	for (unsigned i = 0; i < s->nidle_engines; i++)
+		io_engine_destroy(s->idle_engines[i]);
+	ckpt_free(s->idle_engines);
 	io_pool_destroy(s->pool);
 	if (s->wake[0] >= 0) {
 		close(s->wake[0]);
