@@ -585,11 +585,15 @@ struct save_cursor {
 	ckpt_ctx *ctx;
 	/* A save streamed from where the state lies (save_direct): the chunks before
 	 * item tail_item at tail_off are hashed in place and sent from the caller's
-	 * memory, the rest copied into the pool first; src_issued and src_drained count
-	 * the former; src_sealed once remote_writer_src_seal was called. */
+	 * memory, the rest (the tail: tail_n chunks of tail_lens bytes, in order,
+	 * tail_next of them issued) copied into the pool first; src_issued and
+	 * src_drained count the former; src_sealed once remote_writer_src_seal was
+	 * called. */
 	bool     direct;
 	size_t   tail_item;
 	uint64_t tail_off;
+	size_t  *tail_lens;
+	unsigned tail_n, tail_next;
 	uint64_t src_issued, src_drained;
 	bool     src_sealed;
 	/* Incremental: this rank's shard of the previous committed step, or ix NULL. */
@@ -745,6 +749,33 @@ static int save_release_caller(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cu
 	return 0;
 }
 
+/* Whether the cursor is in a direct save's tail (save_direct_plan). */
+static bool save_in_tail(const struct save_cursor *cur)
+{
+	return cur->direct && (cur->item > cur->tail_item ||
+	                       (cur->item == cur->tail_item && cur->off >= cur->tail_off));
+}
+
+/* The length of a direct save's next chunk, in *n (the regular one on entry): a
+ * chunk before the tail ends where the tail begins at the latest; a chunk of the
+ * tail is the plan's. -1 where the plan does not match the state (a bug). */
+static int save_direct_tail_len(const struct save_cursor *cur, const struct save_item *it,
+                                size_t *n)
+{
+	if (!save_in_tail(cur)) {
+		if (cur->item == cur->tail_item && cur->off + *n > cur->tail_off)
+			*n = (size_t)(cur->tail_off - cur->off);
+		return 0;
+	}
+	if (cur->tail_next >= cur->tail_n)
+		return -1;
+	size_t len = cur->tail_lens[cur->tail_next];
+	if (len == 0 || len > it->raw_bytes - cur->off)
+		return -1;
+	*n = len;
+	return 0;
+}
+
 static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t limit)
 {
 	size_t chunk = c->cfg.chunk_bytes, issued = 0;
@@ -771,6 +802,9 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 		if (issued == limit)
 			return 1;
 		size_t n = (size_t)(it->raw_bytes - cur->off < chunk ? it->raw_bytes - cur->off : chunk);
+		if (cur->direct && save_direct_tail_len(cur, it, &n))
+			return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu is not where the save's "
+			                "plan has it", it->name, (unsigned long long)cur->off);
 		if (staged) {
 			rc = save_issue_staged(c, cur, s, n);
 			if (rc == -EAGAIN)
@@ -783,8 +817,7 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 		}
 		/* A direct save hashes the chunks before its tail where they lie: they are
 		 * sent from there. */
-		if (cur->direct && (cur->item < cur->tail_item ||
-		                    (cur->item == cur->tail_item && cur->off < cur->tail_off))) {
+		if (cur->direct && !save_in_tail(cur)) {
 			rc = snapshot_pipe_issue_inplace(cur->pipe, (const uint8_t *)it->data + cur->off,
 			                                 n, cur->item);
 			if (rc == -EAGAIN)
@@ -817,6 +850,7 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 			return rc;
 		if (rc)
 			return ckpt_err_prefix(rc, "tensor '%s'", it->name);
+		cur->tail_next += save_in_tail(cur);
 		cur->off += n;
 		issued++;
 		if (limit == SAVE_ISSUE_ASYNC && (it->source || it->mem != CKPT_MEM_DEVICE) &&
@@ -1256,46 +1290,96 @@ static bool save_direct_ok(const ckpt_ctx *c, const ckpt_save *s, const struct s
 	return true;
 }
 
-/* The tail: as many of the last chunks as the pool's buffers (of a fitting size,
- * within the pipe's window) take at once, found by taking them; the save is direct
- * when that is not the whole state. */
+/* For the plan: a free buffer of the largest class of at most n bytes, its size
+ * in *len. -1: none is free. */
+static int save_plan_at_most(struct io_pool *pool, size_t n, size_t *len)
+{
+	for (unsigned k = 0; k < io_pool_nclasses(pool); k++) {
+		struct io_pool_class cls;
+		unsigned nfree;
+		if (io_pool_class_info(pool, k, &cls, &nfree) || cls.bytes > n || !nfree)
+			continue;
+		int b = io_pool_get_fit(pool, cls.bytes, 0);
+		if (b >= 0)
+			*len = cls.bytes;
+		return b;
+	}
+	return -1;
+}
+
+/* The tail: the last chunks of the state, as many as the pool's buffers (within the
+ * pipe's window) take at once, found by taking them. From the end, each regular
+ * chunk takes a buffer that holds it whole (the smallest free one), until the
+ * first that finds none: from there each chunk's last bytes go into a buffer of the
+ * largest free class that they fill, and what comes before them is planned again
+ * (a piece shorter than every free buffer takes one that holds it), until no buffer
+ * is left. Most buffers of a halving pool
+ * are smaller than a chunk: taking only chunks that fit whole, the tail was three
+ * quarters of the pool; splitting every chunk from the start, the short ends of
+ * tensors took the small buffers first and left large ones for pieces that filled
+ * them poorly. The chunks before the tail are the regular ones, the last of them
+ * ending where the tail begins. The save is direct when the tail is not the whole
+ * state. */
 static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor *cur,
                             unsigned window)
 {
 	if (!save_direct_ok(c, s, cur))
 		return 0;
 	unsigned *taken = ckpt_malloc((size_t)window * sizeof *taken), n = 0;
-	if (!taken)
+	size_t *lens = ckpt_malloc((size_t)window * sizeof *lens), item = 0;
+	if (!taken || !lens) {
+		ckpt_free(taken);
+		ckpt_free(lens);
 		return ckpt_err(-ENOMEM, "save of step %llu: plan of %u buffers",
 		                (unsigned long long)s->step, window);
-	size_t chunk = c->cfg.chunk_bytes, item = 0;
+	}
+	size_t chunk = c->cfg.chunk_bytes;
 	uint64_t off = 0;
-	bool all = true;
+	bool all = true, split = false;
 	for (size_t i = s->nitems; all && i-- > 0;) {
-		uint64_t bytes = s->items[i].raw_bytes;
-		for (uint64_t o = bytes ? (bytes - 1) / chunk * chunk : 0; bytes; o -= chunk) {
-			int b = n < window ? io_pool_get_fit(c->pool, (size_t)(bytes - o < chunk ?
-			                                                     bytes - o : chunk), 0) : -1;
+		for (uint64_t end = s->items[i].raw_bytes; end > 0;) {
+			size_t len = (size_t)(end - (end - 1) / chunk * chunk);   /* to its chunk's start */
+			int b = -1;
+			if (n < window && !split && (b = io_pool_get_fit(c->pool, len, 0)) < 0)
+				split = true;
+			if (n < window && split && (b = save_plan_at_most(c->pool, len, &len)) < 0)
+				b = io_pool_get_fit(c->pool, len, 0);
 			if (b < 0) {
 				all = false;
 				break;
 			}
-			taken[n++] = (unsigned)b;
+			taken[n] = (unsigned)b;
+			lens[n++] = len;
+			end -= len;
 			item = i;
-			off = o;
-			if (o == 0)
-				break;
+			off = end;
 		}
 	}
-	bool tail = n > 0;
-	while (n)
-		io_pool_put(c->pool, taken[--n]);
+	for (unsigned k = 0; k < n; k++)
+		io_pool_put(c->pool, taken[k]);
 	ckpt_free(taken);
-	if (all)
+	if (all && !split) {
+		ckpt_free(lens);
 		return 0;           /* the state fits: every chunk copied, at copy speed */
+	}
+	/* In the order they are issued. */
+	uint64_t tail_bytes = 0;
+	for (unsigned k = 0; k < n; k++)
+		tail_bytes += lens[k];
+	for (unsigned k = 0; k < n / 2; k++) {
+		size_t t = lens[k];
+		lens[k] = lens[n - 1 - k];
+		lens[n - 1 - k] = t;
+	}
+	ckpt_log(CKPT_LOG_DEBUG, "step %llu: sent from where it lies but for a tail of %u "
+	         "chunk(s), %.1f MiB, copied into the pool (%u buffers within the window)",
+	         (unsigned long long)s->step, n, (double)tail_bytes / 1048576.0, window);
 	cur->direct = true;
-	cur->tail_item = tail ? item : s->nitems;   /* not even the last chunk fit: none */
-	cur->tail_off = tail ? off : 0;
+	cur->tail_lens = lens;
+	cur->tail_n = n;
+	cur->tail_next = 0;
+	cur->tail_item = n ? item : s->nitems;   /* not even the last chunk fit: none */
+	cur->tail_off = n ? off : 0;
 	return 0;
 }
 
@@ -1621,6 +1705,12 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	unsigned beside = c->cfg.queue_depth;
 	if (c->cfg.zstd_level > 0 && !glue_remote(c))
 		beside += 4 * c->cfg.compress_threads;
+	/* A raw stream to ckptd writes nothing here: the chunks its sender holds were
+	 * taken out of the pipe, and the pipe waits for their buffers when it has none;
+	 * the whole pool is the window (a direct save's tail takes all of it). A
+	 * compressing one keeps buffers beside for its output. */
+	if (glue_remote(c) && c->cfg.zstd_level == 0)
+		beside = 0;
 	unsigned window = snapshot_pipe_window(io_pool_nslots(c->pool), beside);
 	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, IO_BLOCK_BYTES, &cur.pipe)))
 		goto out;
@@ -1769,6 +1859,7 @@ out:
 		save_publish_event(c, s, cur.gds_event);   /* the save owns it: freed with s */
 	save_prev_close(&cur.prev);
 	ckpt_free(cur.staged);
+	ckpt_free(cur.tail_lens);
 	if (sink.w)
 		io_shard_writer_abort(sink.w);
 	remote_writer_abort(sink.rw);

@@ -35,6 +35,7 @@
 
 #include "ckpt/ckpt.h"
 #include "ckptd_fixture.h"
+#include "io/io.h"
 #include "manifest/manifest.h"
 #include "testutil.h"
 
@@ -1035,6 +1036,121 @@ START_TEST(direct_save_releases_after_sends)
 }
 END_TEST
 
+/* The tail of a direct save fills the pool whatever its classes: with chunks of
+ * 1 MiB and a pool of 16 MiB (twelve buffers of 1 MiB, and of 512, 256, 128 and
+ * 64 KiB four each), the regular chunks that fit whole take the large buffers and
+ * the chunks before them are split into pieces that fill the small ones. The state
+ * is a large tensor, an odd-sized one and a small blob; each is overwritten at the
+ * snapshot point and loaded back bit for bit, and the shard's chunks show split
+ * pieces inside the large tensor (each one buffer's size). */
+START_TEST(direct_save_tail_fills_the_pool)
+{
+	enum { NBIG = 10u << 20, NODD = 333333, NBLOB = 100 };   /* floats, floats, bytes */
+	float *big = malloc(NBIG * sizeof *big), *odd = malloc(NODD * sizeof *odd);
+	float *wbig = malloc(NBIG * sizeof *big), *wodd = malloc(NODD * sizeof *odd);
+	uint8_t blob[NBLOB], wblob[NBLOB];
+	ck_assert(big && odd && wbig && wodd);
+	tu_fill(wbig, NBIG * sizeof *big, tu_seed(), 81);
+	tu_fill(wodd, NODD * sizeof *odd, tu_seed(), 82);
+	tu_fill(wblob, NBLOB, tu_seed(), 83);
+	memcpy(big, wbig, NBIG * sizeof *big);
+	memcpy(odd, wodd, NODD * sizeof *odd);
+	memcpy(blob, wblob, NBLOB);
+	static char target[128];
+	snprintf(target, sizeof target, "ckptd://%s:%u", fixture_host, port);
+	struct ckpt_opts o;
+	ckpt_opts_init(&o, sizeof o);
+	o.target = target;
+	o.world = 1;
+	o.job_id = "joba";
+	o.secret = SECRET_A;
+	o.secret_len = strlen(SECRET_A);
+	o.chunk_bytes = 1u << 20;
+	o.pool_bytes = 16u << 20;
+	o.timeout_ms = 20000;
+	ckpt_ctx *c;
+	ck_assert_msg(ckpt_open(&o, &c) == 0, "%s", ckpt_last_error());
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, 220, &s), 0);
+	uint64_t shb[1] = { NBIG }, sho[1] = { NODD };
+	struct ckpt_tensor tb = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
+	                          .policy = CKPT_SHARDED, .ndim = 1, .global_shape = shb,
+	                          .data = big };
+	struct ckpt_tensor to = { .name = "odd", .kind = CKPT_KIND_OPTIMIZER, .dtype = CKPT_F32,
+	                          .policy = CKPT_SHARDED, .ndim = 1, .global_shape = sho,
+	                          .data = odd };
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &tb), 0);
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &to), 0);
+	ck_assert_int_eq(ckpt_save_add_blob(s, "rng", CKPT_KIND_RNG, CKPT_RANK_BOUND, blob,
+	                                    NBLOB), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
+	memset(big, 0xa5, NBIG * sizeof *big);
+	memset(odd, 0x5a, NODD * sizeof *odd);
+	memset(blob, 0x33, NBLOB);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
+	ckpt_save_free(s);
+	ckpt_load *l;
+	ck_assert_msg(ckpt_load_open(c, 220, &l) == 0, "%s", ckpt_last_error());
+	ck_assert_msg(ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, big, CKPT_MEM_HOST) == 0,
+	              "%s", ckpt_last_error());
+	ck_assert_msg(ckpt_load_tensor(l, "odd", CKPT_F32, 1, NULL, NULL, odd, CKPT_MEM_HOST) == 0,
+	              "%s", ckpt_last_error());
+	size_t got = 0;
+	ck_assert_msg(ckpt_load_blob(l, "rng", blob, NBLOB, &got) == 0, "%s", ckpt_last_error());
+	ckpt_load_close(l);
+	ck_assert(memcmp(big, wbig, NBIG * sizeof *big) == 0);
+	ck_assert(memcmp(odd, wodd, NODD * sizeof *odd) == 0);
+	ck_assert(got == NBLOB && memcmp(blob, wblob, NBLOB) == 0);
+	ckpt_close(c);
+
+	/* The shard: its one file in the step's directory, read by lib/io. */
+	char dir[4400], path[4700] = "";
+	snprintf(dir, sizeof dir, "%s/jobs/joba/step-%020d", data_dir, 220);
+	DIR *dd = opendir(dir);
+	ck_assert_msg(dd != NULL, "%s", dir);
+	for (struct dirent *e; (e = readdir(dd));)
+		if (strstr(e->d_name, ".shard"))
+			snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+	closedir(dd);
+	ck_assert_msg(path[0], "no shard in %s", dir);
+	struct io_engine *e;
+	ck_assert_int_eq(io_engine_create(NULL, 4, &e), 0);
+	struct io_shard_reader *r;
+	ck_assert_msg(io_shard_reader_open(e, path, NULL, &r) == 0, "%s", ckpt_err_msg());
+	const struct io_shard_index *ix = io_shard_reader_index(r);
+	int t = io_index_find(ix, "big");
+	ck_assert_int_ge(t, 0);
+	const struct io_tensor_entry *te = &ix->tensors[t];
+	unsigned pieces = 0, rest = 0;
+	uint64_t piece_bytes = 0;
+	for (uint32_t k = te->first_chunk; k < te->first_chunk + te->nchunks; k++) {
+		const struct io_chunk_entry *ch = &ix->chunks[k];
+		if (ch->raw_len == o.chunk_bytes || ch->raw_offset + ch->raw_len == te->raw_bytes)
+			continue;
+		/* A piece inside the tensor: one small buffer's size, or the one regular
+		 * chunk cut short where the tail begins. */
+		if (ch->raw_len >= (64u << 10) && !(ch->raw_len & (ch->raw_len - 1))) {
+			pieces++;
+			piece_bytes += ch->raw_len;
+		} else {
+			rest++;
+		}
+	}
+	ck_assert_uint_le(rest, 1);
+	/* Four of each small class, less what the odd tensor's end and the blob took. */
+	ck_assert_msg(pieces >= 8 && piece_bytes >= (2u << 20), "%u piece(s), %llu bytes",
+	              pieces, (unsigned long long)piece_bytes);
+	io_shard_reader_close(r);
+	io_engine_destroy(e);
+	free(big);
+	free(odd);
+	free(wbig);
+	free(wodd);
+	after_attack();
+}
+END_TEST
+
 /* ------------------------------------------------------------------ honest jobs meanwhile */
 
 static atomic_bool attacking;
@@ -1119,6 +1235,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, pool_not_leaked);
 	tcase_add_test(tc, queue_depth_follows_writes);
 	tcase_add_test(tc, direct_save_releases_after_sends);
+	tcase_add_test(tc, direct_save_tail_fills_the_pool);
 	tcase_add_test(tc, stop_while_stalled);
 	tcase_add_test(tc, honest_under_fire);
 	suite_add_tcase(s, tc);
