@@ -75,7 +75,10 @@ static bool fault_point_skippable(int p)
 static struct {
 	pthread_mutex_t lock;
 	atomic_bool     loaded;   /* read without the lock on the fast path */
-	int             point;     /* -1: none */
+	/* -1: none. Read without the lock (ckpt_fault); a parse sets it to -1 first and
+	 * to the point last (release), so a thread that finds its point finds the rest
+	 * of the table as that parse left it, even while a test reloads it. */
+	atomic_int      point;
 	unsigned long   nth;
 	int             action;
 	unsigned        delay_ms;
@@ -96,7 +99,8 @@ const char *ckpt_fault_point_name(enum ckpt_fault_point p)
 
 static void fault_parse(void)
 {
-	fault.point = -1;
+	atomic_store(&fault.point, -1);
+	int point = -1;
 	fault.nth = 1;
 	fault.action = CKPT_FA_CRASH;
 	fault.delay_ms = 0;
@@ -126,8 +130,8 @@ static void fault_parse(void)
 	}
 	for (int i = 0; name && i < CKPT_FP_COUNT_; i++)
 		if (!strcmp(name, fault_points[i]))
-			fault.point = i;
-	if (fault.point < 0) {
+			point = i;
+	if (point < 0) {
 		ckpt_log(CKPT_LOG_ERROR, "CKPT_FAULT: unknown fault point '%s' (ignored)", e);
 		return;
 	}
@@ -150,19 +154,19 @@ static void fault_parse(void)
 		fault.delay_ms = tok ? (unsigned)strtoul(tok, NULL, 10) : 1000;
 	} else {
 		ckpt_log(CKPT_LOG_ERROR, "CKPT_FAULT: unknown action '%s' (ignored)", tok);
-		fault.point = -1;
+		return;
 	}
 	if (fault.action == CKPT_FA_CUT && !fault.cut_path[0]) {
 		ckpt_log(CKPT_LOG_ERROR, "CKPT_FAULT: action cut needs CKPT_FAULT_CUT, a path on "
 		         "the file system to shut down (ignored)");
-		fault.point = -1;
+		return;
 	}
-	if (fault.action == CKPT_FA_SKIP && fault.point >= 0 &&
-	    !fault_point_skippable(fault.point)) {
+	if (fault.action == CKPT_FA_SKIP && !fault_point_skippable(point)) {
 		ckpt_log(CKPT_LOG_ERROR, "CKPT_FAULT: skip applies to before_fdatasync and "
-		         "before_dir_fsync only, not to %s (ignored)", fault_points[fault.point]);
-		fault.point = -1;
+		         "before_dir_fsync only, not to %s (ignored)", fault_points[point]);
+		return;
 	}
+	atomic_store_explicit(&fault.point, point, memory_order_release);
 }
 
 static void fault_load(void)
@@ -232,7 +236,7 @@ int ckpt_fault(enum ckpt_fault_point p)
 {
 	if (!atomic_load_explicit(&fault.loaded, memory_order_acquire))
 		fault_load();
-	if (fault.point != (int)p)
+	if (atomic_load_explicit(&fault.point, memory_order_acquire) != (int)p)
 		return 0;
 	if (fault.only_rank >= 0 && fault.only_rank != atomic_load(&fault.my_rank))
 		return 0;
