@@ -53,6 +53,8 @@ struct djob {
 	char             id[129];
 	char             root[4200];
 	pthread_mutex_t  lock;           /* below */
+	pthread_cond_t   stream_gone;    /* a stream left streams */
+	struct dconn    *streams;        /* the connections with a shard stream open */
 	struct manifest *manifest;       /* opened by the first COORD or MANIFEST */
 	struct commit_coord *coord;
 	uint32_t         coord_world;
@@ -135,6 +137,8 @@ struct dconn {
 	uint64_t             t_open, ns_buf, ns_append, nchunks;
 	struct ckptd_job     auth;       /* during the handshake: the job's secret */
 	struct ckpt_log_sink sink;       /* this connection's lines: job and rank */
+	struct dconn        *next_stream;/* in job->streams, while listed */
+	bool                 listed;
 };
 
 /* ------------------------------------------------------------------ jobs */
@@ -149,6 +153,7 @@ static int job_find(struct ckptd_server *s, const char *id, struct djob **out)
 		snprintf(j->id, sizeof j->id, "%s", id);
 		snprintf(j->root, sizeof j->root, "%s/jobs/%s", s->data, id);
 		pthread_mutex_init(&j->lock, NULL);
+		ckpt_cond_init(&j->stream_gone);
 		j->counters = s->o.counters;
 		j->transport = s->o.transport;
 		j->srv = s;
@@ -464,10 +469,55 @@ static void stream_end(struct dconn *d, bool abort)
 	d->want_data = false;
 	pthread_mutex_lock(&d->job->lock);
 	d->job->reserved -= d->reserve;
+	if (d->listed) {
+		struct dconn **p = &d->job->streams;
+		while (*p != d)
+			p = &(*p)->next_stream;
+		*p = d->next_stream;
+		d->listed = false;
+		pthread_cond_broadcast(&d->job->stream_gone);
+	}
 	pthread_mutex_unlock(&d->job->lock);
 	d->reserve = 0;
 	atomic_fetch_sub_explicit(&d->s->o.counters->queue_depth, d->queued, memory_order_relaxed);
 	d->queued = 0;
+}
+
+/* List d's stream (d->path) in its job's, once no other connection has a stream of
+ * that file: a rank that sends its attempt's shard again on a new connection (its
+ * last one broken, or closed by ckptd over a bad frame, which the rank sees at once)
+ * waits until the old connection has removed the file of its broken stream (after
+ * that file's writes and directory fsync, which take long on a busy disk), rather
+ * than find it there. Up to four times the timeout: a connection that never lets
+ * go is -EBUSY. */
+static int stream_list(struct dconn *d)
+{
+	struct djob *j = d->job;
+	uint64_t deadline = ckpt_deadline_ms(4 * (int64_t)d->s->o.timeout_ms);
+	int rc = 0;
+	bool late = false;
+	pthread_mutex_lock(&j->lock);
+	for (;;) {
+		struct dconn *o = j->streams;
+		while (o && strcmp(o->path, d->path))
+			o = o->next_stream;
+		if (!o)
+			break;
+		if (late) {
+			rc = ckpt_err(-EBUSY, "job '%s': the shard of rank %u for step %llu is still "
+			              "being written by another connection", j->id, d->hello.rank,
+			              (unsigned long long)d->step);
+			break;
+		}
+		late = ckpt_cond_wait_until(&j->stream_gone, &j->lock, deadline) == ETIMEDOUT;
+	}
+	if (!rc) {
+		d->next_stream = j->streams;
+		j->streams = d;
+		d->listed = true;
+	}
+	pthread_mutex_unlock(&j->lock);
+	return rc;
 }
 
 static int on_open(struct dconn *d, const struct net_msg *m)
@@ -514,6 +564,8 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	if ((rc = ckpt_path_step_dir(d->dir, sizeof d->dir, j->root, o.step)) ||
 	    (rc = ckpt_path_shard(d->path, sizeof d->path, j->root, o.step, d->hello.rank,
 	                          o.save_id)))
+		goto fail;
+	if ((rc = stream_list(d)))
 		goto fail;
 	if (mkdir(d->dir, 0700) == 0)
 		ckpt_fsync_dir(j->root);
@@ -969,6 +1021,11 @@ static void send_error(struct dconn *d, int rc)
 		}
 	}
 	msg[o < sizeof msg ? o : sizeof msg - 1] = '\0';
+	/* Every ERROR ends the connection, and a stream with it: its file goes before the
+	 * rank hears of it, so that a rank trying again at once (the same attempt, the
+	 * same file name) does not find the old file still there. */
+	if (d->w)
+		stream_end(d, true);
 	remote_send_error(d->net, rc, msg, 1000);
 	d->sent_error = true;
 }
@@ -1427,6 +1484,7 @@ void ckptd_server_free(struct ckptd_server *s)
 		manifest_close(j->manifest);
 		explicit_bzero(&j->auth, sizeof j->auth);
 		pthread_mutex_destroy(&j->lock);
+		pthread_cond_destroy(&j->stream_gone);
 		ckpt_free(j);
 	}
 	for (unsigned i = 0; i < s->nidle_engines; i++)
