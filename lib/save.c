@@ -1313,13 +1313,12 @@ static int save_plan_at_most(struct io_pool *pool, size_t n, size_t *len)
  * first that finds none: from there each chunk's last bytes go into a buffer of the
  * largest free class that they fill, and what comes before them is planned again
  * (a piece shorter than every free buffer takes one that holds it), until no buffer
- * is left. Most buffers of a halving pool
- * are smaller than a chunk: taking only chunks that fit whole, the tail was three
- * quarters of the pool; splitting every chunk from the start, the short ends of
- * tensors took the small buffers first and left large ones for pieces that filled
- * them poorly. The chunks before the tail are the regular ones, the last of them
- * ending where the tail begins. The save is direct when the tail is not the whole
- * state. */
+ * is left. Most buffers of a halving pool are smaller than a chunk: taking only
+ * chunks that fit whole, the tail was three quarters of the pool; splitting every
+ * chunk from the start, the short ends of tensors took the small buffers first and
+ * left large ones for pieces that filled them poorly. The chunks before the tail
+ * are the regular ones, the last of them ending where the tail begins. The save is
+ * direct when the tail is not the whole state or needed splitting. */
 static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor *cur,
                             unsigned window)
 {
