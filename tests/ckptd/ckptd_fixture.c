@@ -74,6 +74,12 @@ static void honest_data(const char *job, uint64_t step, float *w)
 
 ckpt_ctx *honest_open(const char *job, const char *secret, unsigned flags)
 {
+	return honest_open_sized(job, secret, flags, 64u << 10, 1u << 20);
+}
+
+ckpt_ctx *honest_open_sized(const char *job, const char *secret, unsigned flags,
+                            size_t chunk_bytes, size_t pool_bytes)
+{
 	static char target[128];
 	snprintf(target, sizeof target, "ckptd://%s:%u", fixture_host, port);
 	struct ckpt_opts o;
@@ -85,8 +91,8 @@ ckpt_ctx *honest_open(const char *job, const char *secret, unsigned flags)
 	o.job_id = job;
 	o.secret = secret;
 	o.secret_len = strlen(secret);
-	o.chunk_bytes = 64u << 10;
-	o.pool_bytes = 1u << 20;
+	o.chunk_bytes = chunk_bytes;
+	o.pool_bytes = pool_bytes;
 	o.timeout_ms = 20000;
 	if (fixture_transport == NET_RDMA)
 		o.transport = CKPT_TRANSPORT_RDMA;

@@ -63,6 +63,10 @@ bool log_has(const char *needle);
  * saves step on an open context c (honest_open's), so that one context can save
  * several times. */
 ckpt_ctx *honest_open(const char *job, const char *secret, unsigned flags);
+/* The same with chunks of chunk_bytes and a pool of pool_bytes (honest_open's: 64 KiB
+ * and 1 MiB). */
+ckpt_ctx *honest_open_sized(const char *job, const char *secret, unsigned flags,
+                            size_t chunk_bytes, size_t pool_bytes);
 void honest_save_with(ckpt_ctx *c, const char *job, uint64_t step);
 void honest_save(const char *job, const char *secret, uint64_t step);
 void honest_load(const char *job, const char *secret, uint64_t step);

@@ -1056,20 +1056,8 @@ START_TEST(direct_save_tail_fills_the_pool)
 	memcpy(big, wbig, NBIG * sizeof *big);
 	memcpy(odd, wodd, NODD * sizeof *odd);
 	memcpy(blob, wblob, NBLOB);
-	static char target[128];
-	snprintf(target, sizeof target, "ckptd://%s:%u", fixture_host, port);
-	struct ckpt_opts o;
-	ckpt_opts_init(&o, sizeof o);
-	o.target = target;
-	o.world = 1;
-	o.job_id = "joba";
-	o.secret = SECRET_A;
-	o.secret_len = strlen(SECRET_A);
-	o.chunk_bytes = 1u << 20;
-	o.pool_bytes = 16u << 20;
-	o.timeout_ms = 20000;
-	ckpt_ctx *c;
-	ck_assert_msg(ckpt_open(&o, &c) == 0, "%s", ckpt_last_error());
+	enum { CHUNK = 1u << 20 };
+	ckpt_ctx *c = honest_open_sized("joba", SECRET_A, 0, CHUNK, 16u << 20);
 	ckpt_save *s;
 	ck_assert_int_eq(ckpt_save_begin(c, 220, &s), 0);
 	uint64_t shb[1] = { NBIG }, sho[1] = { NODD };
@@ -1126,7 +1114,7 @@ START_TEST(direct_save_tail_fills_the_pool)
 	uint64_t piece_bytes = 0;
 	for (uint32_t k = te->first_chunk; k < te->first_chunk + te->nchunks; k++) {
 		const struct io_chunk_entry *ch = &ix->chunks[k];
-		if (ch->raw_len == o.chunk_bytes || ch->raw_offset + ch->raw_len == te->raw_bytes)
+		if (ch->raw_len == CHUNK || ch->raw_offset + ch->raw_len == te->raw_bytes)
 			continue;
 		/* A piece inside the tensor: one small buffer's size, or the one regular
 		 * chunk cut short where the tail begins. */
