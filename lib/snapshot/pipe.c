@@ -259,6 +259,21 @@ static int pipe_prepare(struct snapshot_pipe *p)
 	return rc;
 }
 
+/* The slot after the pending ones, set up for a chunk of n bytes in buf (a pool
+ * buffer, SNAPSHOT_NO_BUF or SNAPSHOT_SRC_BUF), of host memory and with block
+ * hashes until the caller says otherwise; the caller fills in its hashes and
+ * counts it. */
+static struct pipe_slot *slot_new(struct snapshot_pipe *p, unsigned buf, size_t n, uint64_t tag)
+{
+	struct pipe_slot *s = &p->slots[(p->head + p->count) % p->cap];
+	s->buf = buf;
+	s->len = n;
+	s->tag = tag;
+	s->device = false;
+	s->no_blocks = false;
+	return s;
+}
+
 int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int mem,
                         uint64_t tag)
 {
@@ -270,13 +285,9 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 	int b = pipe_take(p, n);
 	if (b < 0)
 		return b;
-	struct pipe_slot *s = &p->slots[(p->head + p->count) % p->cap];
+	struct pipe_slot *s = slot_new(p, (unsigned)b, n, tag);
 	void *dst = io_pool_addr(p->pool, (unsigned)b);
-	s->buf = (unsigned)b;
-	s->len = n;
-	s->tag = tag;
 	s->device = mem == CKPT_MEM_DEVICE;
-	s->no_blocks = false;
 	if (s->device) {
 		/* Events are the window's: at most window device copies are pending, taken
 		 * out in order, so the one window copies back is done with its event. */
@@ -323,12 +334,7 @@ int snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, voi
 		io_pool_put(p->pool, (unsigned)b);
 		return rc;
 	}
-	struct pipe_slot *s = &p->slots[(p->head + p->count) % p->cap];
-	s->buf = (unsigned)b;
-	s->len = n;
-	s->tag = tag;
-	s->device = false;
-	s->no_blocks = false;
+	struct pipe_slot *s = slot_new(p, (unsigned)b, n, tag);
 	/* The source wrote into a buffer nobody else owns: hash it while it is warm
 	 * (chunk and blocks in one pass). */
 	io_copy_hash128_blocks(NULL, dst, n, p->block_bytes, s->hash, s->blocks);
@@ -350,11 +356,7 @@ int snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct i
 		                nb ? h->block_bytes : p->block_bytes);
 	if (p->count == p->cap)
 		return -EAGAIN;
-	struct pipe_slot *s = &p->slots[(p->head + p->count) % p->cap];
-	s->buf = SNAPSHOT_NO_BUF;
-	s->len = n;
-	s->tag = tag;
-	s->device = false;
+	struct pipe_slot *s = slot_new(p, SNAPSHOT_NO_BUF, n, tag);
 	s->no_blocks = !h->blocks;
 	memcpy(s->hash, h->chunk, CKPT_HASH_BYTES);
 	if (nb)
@@ -374,12 +376,7 @@ int snapshot_pipe_issue_inplace(struct snapshot_pipe *p, const void *src, size_t
 		                "hold %zu)", n, io_pool_buf_bytes(p->pool));
 	if (p->count == p->cap)
 		return -EAGAIN;
-	struct pipe_slot *s = &p->slots[(p->head + p->count) % p->cap];
-	s->buf = SNAPSHOT_SRC_BUF;
-	s->len = n;
-	s->tag = tag;
-	s->device = false;
-	s->no_blocks = false;
+	struct pipe_slot *s = slot_new(p, SNAPSHOT_SRC_BUF, n, tag);
 	io_copy_hash128_blocks(NULL, src, n, p->block_bytes, s->hash, s->blocks);
 	p->count++;
 	return 0;
