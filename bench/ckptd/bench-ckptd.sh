@@ -8,6 +8,9 @@
 #            BENCH_CHUNK (the ranks' chunk size and ckptd's --chunk-max; default 16M),
 #            BENCH_CGROUP (a cgroup directory: ckptd and the raw writes run in it, e.g.
 #            one whose blkio/io limits make the disk slower than the network),
+#            BENCH_THREADS (1: the scheduler's time of the ranks' threads and ckptd's
+#            until the snapshot point, on a CPU and waiting for one, in a table of its
+#            own; polling /proc costs CPU of its own, so off by default),
 #            BENCH_TRANSPORT (tcp; rdma: ckptd and the ranks on the rdma transport at
 #            BENCH_ADDR, e.g. 10.0.0.1 in the rdma guest, tests/rdma), and the ranks'
 #            CKPT_RDMA_DIRECT as it is set (unset: the direct path)
@@ -54,6 +57,8 @@ transport=${BENCH_TRANSPORT:-tcp}
 addr=${BENCH_ADDR:-127.0.0.1}
 bench_rdma=$build/bench/rdma/bench_rdma
 helper=bench/ckptd/ckptd_bench.py
+threads=
+[ "${BENCH_THREADS:-0}" = 1 ] && threads=1
 for x in "$ckptd" "$synth" "$raw_io"; do
   [ -x "$x" ] || { echo "build first: $x missing" >&2; exit 1; }
 done
@@ -150,7 +155,8 @@ export CKPT_TRANSPORT=$transport
 saves=()
 for i in $(seq "$runs"); do
   log "save $i of $runs: $world ranks, $size, rank pool $rank_pool..."
-  python3 "$helper" watch "$mport" "$world" 600 > "$dir/watch.json" 2> "$dir/watch.err" &
+  python3 "$helper" watch "$mport" "$world" 600 ${threads:+--threads} > "$dir/watch.json" \
+    2> "$dir/watch.err" &
   wpid=$!
   for _ in $(seq 100); do grep -q ready "$dir/watch.err" && break; sleep 0.05; done
   "$synth" save --root "$dir/unused" --step "$i" --bytes "$size" --seed "$i" --world "$world" \

@@ -16,16 +16,23 @@
       written it. With CMD, that
       command starts at the same moment (the raw disk write: on a small machine both
       need the same CPUs) and its last line of output, a JSON object, is kept. One
-      JSON object: bytes, seconds, Bps, keep, beside.
+      JSON object: bytes, seconds, Bps, keep, beside, cpu_busy (the share of the
+      machine's CPU time busy meanwhile), sched (the processes' seconds on a CPU and
+      runnable waiting for one, /proc/PID/schedstat; null without it).
 
-  ckptd_bench.py watch METRICS_PORT SHARDS TIMEOUT_S
+  ckptd_bench.py watch METRICS_PORT SHARDS TIMEOUT_S [--threads]
       Polls ckptd's /metrics (every 10 ms) through one save: prints "ready" on stderr
       once it has the counters before the save, then one JSON object on stdout when
       SHARDS more shard files are durable: t_first (the first chunk: a pool buffer
       taken or bytes received), t_last (the last shard durable), seconds between
       them, bytes received and written meanwhile, the largest pool use seen, the
       share of the machine's CPU time that was busy between them (/proc/stat), and
-      the number of polls.
+      the number of polls. With --threads each poll also sums the scheduler's
+      figures (/proc/PID/task/TID/schedstat) of the ranks' threads (every thread of
+      a ckpt-rank process but its first, which made the state and waits for the
+      save) and of ckptd's: the time they ran on a CPU and the time they were
+      runnable but waiting for one. Where the second is large, the CPUs, not the
+      network, paced the save, whatever share of them /proc/stat shows busy.
 
   ckptd_bench.py table RESULTS.json
       The table of bench-ckptd.sh from the figures the script gathered.
@@ -111,11 +118,12 @@ def tcp(world, total, keep, cmd):
     while ready < world:
         ready += len(os.read(rd, world - ready))
     beside = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) if cmd else None
-    t0, cpu0 = time.monotonic(), cpu_times()
+    procs = kids + receivers
+    t0, cpu0, sch0 = time.monotonic(), cpu_times(), schedstat(procs)
     for c in conns:
         c.sendall(b"g")
     got = [int.from_bytes(os.read(rd, 8), "little") for _ in range(world)]
-    secs, cpu1 = time.monotonic() - t0, cpu_times()
+    secs, cpu1, sch1 = time.monotonic() - t0, cpu_times(), schedstat(procs)
     out = beside.communicate()[0].strip().splitlines() if beside else []
     if beside and (beside.returncode or not out):
         sys.exit(f"tcp: {cmd[0]} failed (exit {beside.returncode})")
@@ -127,7 +135,23 @@ def tcp(world, total, keep, cmd):
     if sum(got) != total:
         sys.exit(f"tcp: {sum(got)} of {total} bytes arrived")
     print(json.dumps({"bytes": total, "world": world, "seconds": secs, "Bps": total / secs,
-                      "keep": keep, "cpu_busy": (cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]), "beside": json.loads(out[-1]) if out else None}))
+                      "keep": keep, "cpu_busy": (cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]),
+                      "sched": [(b - a) / 1e9 for a, b in zip(sch0, sch1)] if sch0 and sch1 else None,
+                      "beside": json.loads(out[-1]) if out else None}))
+
+
+def schedstat(pids):
+    """ns on a CPU and ns runnable waiting for one, summed over single-threaded
+    processes (alive or not yet reaped); None where the kernel keeps no such figures."""
+    run = wait = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                r, w = map(int, f.read().split()[:2])
+        except (OSError, ValueError):
+            return None
+        run, wait = run + r, wait + w
+    return run, wait
 
 
 def cpu_times():
@@ -166,13 +190,63 @@ class Metrics:
         return m
 
 
-def watch(port, shards, timeout):
+class Threads:
+    """The scheduler's time of the ranks' threads and ckptd's, summed (watch --threads):
+    ns on a CPU and ns runnable waiting for one, from the first poll on (a thread
+    that appears later counts from its start)."""
+
+    def __init__(self):
+        self.kind = {}     # pid -> "rank", "ckptd" or None
+        self.last = {}     # (pid, tid) -> (run, wait) ns
+        self.tot = {"rank": [0, 0], "ckptd": [0, 0]}
+        self.poll()
+        self.tot = {"rank": [0, 0], "ckptd": [0, 0]}
+
+    def poll(self):
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            pid = int(d)
+            if pid not in self.kind:
+                try:
+                    with open(f"/proc/{pid}/comm") as f:
+                        c = f.read().strip()
+                except OSError:
+                    continue
+                self.kind[pid] = ("rank" if c.startswith("ckpt-rank") else
+                                  "ckptd" if c == "ckptd" else None)
+            k = self.kind[pid]
+            if k is None:
+                continue
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for t in tids:
+                if k == "rank" and t == d:
+                    continue
+                try:
+                    with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                        run, wait = map(int, f.read().split()[:2])
+                except (OSError, ValueError):
+                    continue
+                r0, w0 = self.last.get((pid, t), (0, 0))
+                self.last[(pid, t)] = (run, wait)
+                self.tot[k][0] += run - r0
+                self.tot[k][1] += wait - w0
+        return [*self.tot["rank"], *self.tot["ckptd"]]
+
+
+def watch(port, shards, timeout, threads=False):
     src = Metrics(port)
     base = src.get()
+    th = Threads() if threads else None
     print("ready", file=sys.stderr, flush=True)
     t_first = t_last = None
     pool_max = polls = 0
-    cpu = []   # (seconds since the first chunk, busy, total jiffies) at each poll after it
+    # (seconds since the first chunk, busy, total jiffies[, the threads' ns: ranks on a
+    # CPU, ranks waiting for one, ckptd on a CPU, ckptd waiting]) at each poll after it
+    cpu = []
     m = base
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -184,7 +258,9 @@ def watch(port, shards, timeout):
         if t_first is None and (m["ckptd_pool_used_bytes"] > 0 or received > 0):
             t_first, cpu_first = now, cpu_times()
         if t_first is not None:
-            cpu.append((now - t_first, *cpu_times()))
+            cpu.append((now - t_first, *cpu_times(), *(th.poll() if th else ())))
+        elif th:
+            th.poll()
         if m["ckptd_shards_written_total"] - base["ckptd_shards_written_total"] >= shards:
             t_last, cpu_last = now, cpu_times()
             break
@@ -208,6 +284,15 @@ def busy_until(watch, secs):
     if len(upto) < 2:
         return None
     return (upto[-1][1] - upto[0][1]) / max(1, upto[-1][2] - upto[0][2])
+
+
+def threads_until(watch, secs):
+    """The threads' seconds from ckptd's first chunk to secs after it: ranks on a CPU,
+    ranks waiting for one, ckptd on a CPU, ckptd waiting (watch --threads)."""
+    cpu = [c for c in watch.get("cpu") or [] if len(c) >= 7 and c[0] <= secs]
+    if len(cpu) < 2:
+        return None
+    return [(cpu[-1][i] - cpu[0][i]) / 1e9 for i in range(3, 7)]
 
 
 def table(path):
@@ -317,12 +402,25 @@ def table(path):
               f"{y['durable_seconds']:.2f} s | {w['seconds']:.2f} s | "
               f"{w['bytes_written'] / w['seconds'] / G:.2f} | {w['pool_used_max'] / MiB:.0f} MiB | "
               f"{100 * w['cpu_busy']:.0f} % | " + ("-" if b is None else f"{100 * b:.0f} %") + " |")
+    th = [threads_until(s["watch"], s["synth"]["stall_seconds"]) for s in saves]
+    if any(th):
+        print()
+        print("| save | from ckptd's first chunk to the snapshot point: the ranks' threads on a "
+              "CPU / runnable, waiting for one | ckptd's threads on a CPU / waiting |")
+        print("| --- | --- | --- |")
+        for i, t in enumerate(th, 1):
+            if t:
+                print(f"| {i} | {t[0]:.2f} / {t[1]:.2f} CPU-s | {t[2]:.2f} / {t[3]:.2f} CPU-s |")
     nets = [(n, r.get(k)) for n, k in (("alone", "tcp"), ("beside a raw write", "tcp_beside_raw_write"),
                                        ("bytes kept", "tcp_keep_beside_raw_write"))]
     busy = ", ".join(f"{n} {100 * x['cpu_busy']:.0f} %" for n, x in nets if x and "cpu_busy" in x)
     if busy:
         print()
         print(f"CPUs busy during the TCP limits (all processes): {busy}.")
+    sched = ", ".join(f"{n} {x['sched'][0]:.2f} / {x['sched'][1]:.2f} CPU-s in "
+                      f"{x['seconds']:.2f} s" for n, x in nets if x and x.get("sched"))
+    if sched and any(th):
+        print(f"The TCP limits' processes on a CPU / runnable, waiting for one: {sched}.")
 
 
 def main():
@@ -330,8 +428,8 @@ def main():
     if len(a) >= 3 and a[0] == "tcp":
         keep = len(a) > 3 and a[3] == "--keep"
         tcp(int(a[1]), int(a[2]), keep, a[4 if keep else 3:])
-    elif len(a) == 4 and a[0] == "watch":
-        watch(int(a[1]), int(a[2]), float(a[3]))
+    elif len(a) in (4, 5) and a[0] == "watch" and a[4:] in ([], ["--threads"]):
+        watch(int(a[1]), int(a[2]), float(a[3]), threads=a[4:] == ["--threads"])
     elif len(a) == 2 and a[0] == "table":
         table(a[1])
     else:
