@@ -280,6 +280,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ckptd: --listen '%s': expected ADDR:PORT\n", c.listen);
 		return 2;
 	}
+	/* Checked before the pool is mapped and faulted in: a typo costs no wait. */
+	char mhost[REMOTE_MAX_HOST + 1];
+	unsigned mport;
+	if (c.metrics && split_addr(c.metrics, mhost, sizeof mhost, &mport)) {
+		fprintf(stderr, "ckptd: --metrics '%s': expected ADDR:PORT\n", c.metrics);
+		return 2;
+	}
 	int transport = NET_TCP;
 	if (c.transport && !strcmp(c.transport, "rdma"))
 		transport = NET_RDMA;

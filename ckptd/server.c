@@ -1315,6 +1315,9 @@ static void *janitor_main(void *arg)
 static int pool_create(const struct ckptd_server_opts *o, struct io_pool **out)
 {
 	int rc = io_pool_create_halving(o->buf_bytes, o->pool_bytes, NULL, out);
+	if (rc)
+		return ckpt_err_prefix(rc, "--pool %zu with --chunk-max %zu", o->pool_bytes,
+		                       o->buf_bytes);
 	struct io_pool_class big, small, least;
 	unsigned n = rc ? 0 : io_pool_nclasses(*out);
 	if (n > 1 && !io_pool_class_info(*out, 0, &big, NULL) &&

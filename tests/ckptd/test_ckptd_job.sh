@@ -163,6 +163,14 @@ gone=$(ls -d "$t/a/jobs/one/step-00000000000000000010" "$t/b/jobs/one/step-00000
 expect_rc 0 "0 mismatches" "a kept step restores" \
   env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step 52 --bytes 4M --seed 52 --world 3
 
+# Options that cannot work: refused with the option named, an address before the
+# pool is mapped (exit 2 from the command line), a pool no halving layout takes.
+expect_rc 2 "--metrics '127.0.0.1:99999': expected ADDR:PORT" "a bad --metrics address" \
+  "$ckptd" --listen 127.0.0.1:0 --data "$t/a" --jobs "$t/jobs" --metrics 127.0.0.1:99999
+mkdir -p "$t/c"
+expect_rc 1 "--pool 109950063265972224 with --chunk-max 16777216" "a --pool past any layout" \
+  "$ckptd" --listen 127.0.0.1:0 --data "$t/c" --jobs "$t/jobs" --pool 99999T
+
 # SIGTERM: a clean stop.
 kill -TERM "${pids[0]}"; wait "${pids[0]}"; rc=$?
 [ $rc = 0 ] && ok "SIGTERM stops ckptd cleanly" || bad "ckptd exit $rc after SIGTERM" "$(tail "$t/a.log")"
