@@ -24,6 +24,7 @@
 #include "net/net.h"
 
 #define CKPTD_MAX_SECRET 4096u
+#define CKPTD_MIN_SECRET 16u     /* shorter ones are warned about, as a rank does */
 #define CKPTD_MAX_JOB_ID 128u           /* characters of a job id */
 #define CKPTD_MAX_JOBS   4096u          /* jobs of one jobs file */
 

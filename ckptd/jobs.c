@@ -364,6 +364,11 @@ static int parse_buf(const struct parse *p0, char *buf, size_t len, struct jobs_
 		if ((rc = parse_line(&p, s, n, &job)) <= 0)
 			continue;
 		rc = 0;
+		/* As lib/config.c warns a rank: a short secret is the operator's choice. */
+		if (job.secret_len < CKPTD_MIN_SECRET)
+			ckpt_log(CKPT_LOG_WARN, "%s:%u: job '%s': the secret is %zu bytes; use at least "
+			         "%u random bytes", p.path, p.line, job.id, job.secret_len,
+			         CKPTD_MIN_SECRET);
 		if (t->n == count) {                     /* the two passes disagree */
 			rc = bad(&p, -EIO, "more jobs than counted");
 			break;

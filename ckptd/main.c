@@ -333,7 +333,9 @@ int main(int argc, char **argv)
 	pthread_t st;
 	sx.srv = srv;
 	sx.jobs = jobs;
-	if (!rc && (rc = -pthread_create(&st, NULL, signal_main, &sx)))
+	/* In this thread's log sink, so that its lines (a reload, a stop) are logged at
+	 * the level asked for. */
+	if (!rc && (rc = -ckpt_thread_create(&st, NULL, signal_main, &sx)))
 		ckpt_err(rc, "signal thread");
 	if (rc) {
 		fprintf(stderr, "ckptd: %s\n", ckpt_err_msg());

@@ -163,6 +163,29 @@ gone=$(ls -d "$t/a/jobs/one/step-00000000000000000010" "$t/b/jobs/one/step-00000
 expect_rc 0 "0 mismatches" "a kept step restores" \
   env CKPT_TARGET="$two" "$synth" verify --root "$t/unused" --step 52 --bytes 4M --seed 52 --world 3
 
+# SIGHUP reloads the jobs file: a job added is served at once (a short secret is
+# warned about); a broken file is refused, logged, and the jobs in use stay.
+wait_log() {  # wait_log PATTERN: up to 5 s for a line of a.log
+  for _ in $(seq 50); do grep -q -- "$1" "$t/a.log" && return 0; sleep 0.1; done; return 1
+}
+cp "$t/jobs" "$t/jobs.kept"
+echo "three secret=short3" >> "$t/jobs"
+kill -HUP "${pids[0]}"
+wait_log "SIGHUP: 3 jobs" && ok "SIGHUP: the reload is logged" || bad "no reload line" "$(tail -5 "$t/a.log")"
+grep -q "job 'three': the secret is 6 bytes; use at least 16" "$t/a.log" \
+  && ok "a short secret is warned about" || bad "no short-secret warning" "$(tail -5 "$t/a.log")"
+expect_rc 0 "saved step 1: 1 rank" "a job added by SIGHUP saves" \
+  env CKPT_TARGET="$one" CKPT_JOB_ID=three CKPT_JOB_SECRET=short3 "$synth" save \
+  --root "$t/unused" --step 1 --bytes 1M --seed 1 --world 1
+echo "three secret=short3 quota=lots" >> "$t/jobs"
+kill -HUP "${pids[0]}"
+wait_log "SIGHUP: the jobs file was not reloaded" && ok "a broken jobs file is refused, logged" \
+  || bad "no refusal line" "$(tail -5 "$t/a.log")"
+expect_rc 0 "saved step 2: 1 rank" "the jobs in use stay after a refused reload" \
+  env CKPT_TARGET="$one" CKPT_JOB_ID=three CKPT_JOB_SECRET=short3 "$synth" save \
+  --root "$t/unused" --step 2 --bytes 1M --seed 1 --world 1
+cp "$t/jobs.kept" "$t/jobs"
+
 # Options that cannot work: refused with the option named, an address before the
 # pool is mapped (exit 2 from the command line), a pool no halving layout takes.
 expect_rc 2 "--metrics '127.0.0.1:99999': expected ADDR:PORT" "a bad --metrics address" \
