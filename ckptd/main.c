@@ -29,6 +29,7 @@ struct cfg {
 	char    *listen, *data, *metrics, *jobs, *transport;
 	uint64_t pool, buf;
 	unsigned max_conns, timeout_ms, grace_ms, idle_ms, queue_depth;
+	unsigned handshake_ms, max_handshakes;
 	uint64_t max_index;
 	int      log_level;
 };
@@ -49,7 +50,10 @@ static void usage(FILE *f)
 "  --pool BYTES         memory for chunks in flight, all jobs together (default 1G)\n"
 "  --chunk-max BYTES    largest chunk taken: one pool buffer (default 16M)\n"
 "  --max-conns N        connections served at once (default 1024)\n"
-"  --timeout-ms MS      handshakes, stalled streams and commits (default 120000)\n"
+"  --handshake-ms MS    a new connection proves its job within MS (default 10000)\n"
+"  --max-handshakes N   connections from one address in their handshake at once;\n"
+"                       more are closed and connect again (default 16)\n"
+"  --timeout-ms MS      stalled streams and commits (default 120000)\n"
 "  --grace-ms MS        at SIGTERM, how long streams in flight may finish (default 30000)\n"
 "  --idle-ms MS         a connection without a stream closes after MS (default 600000)\n"
 "  --max-index BYTES    the index one shard stream may build (default 64M)\n"
@@ -76,7 +80,8 @@ static int set(struct cfg *c, const char *key, const char *val, const char *wher
 		*(!strcmp(key, "pool") ? &c->pool : !strcmp(key, "chunk-max") ? &c->buf
 		  : &c->max_index) = v;
 	} else if (!strcmp(key, "max-conns") || !strcmp(key, "timeout-ms") ||
-	           !strcmp(key, "grace-ms") || !strcmp(key, "idle-ms")) {
+	           !strcmp(key, "grace-ms") || !strcmp(key, "idle-ms") ||
+	           !strcmp(key, "handshake-ms") || !strcmp(key, "max-handshakes")) {
 		errno = 0;
 		unsigned long n = strtoul(val, &end, 10);
 		if (errno || *end || end == val || n == 0 || n > 1000000000ul) {
@@ -84,7 +89,9 @@ static int set(struct cfg *c, const char *key, const char *val, const char *wher
 			return -1;
 		}
 		*(!strcmp(key, "max-conns") ? &c->max_conns : !strcmp(key, "timeout-ms")
-		  ? &c->timeout_ms : !strcmp(key, "idle-ms") ? &c->idle_ms : &c->grace_ms) =
+		  ? &c->timeout_ms : !strcmp(key, "idle-ms") ? &c->idle_ms
+		  : !strcmp(key, "handshake-ms") ? &c->handshake_ms
+		  : !strcmp(key, "max-handshakes") ? &c->max_handshakes : &c->grace_ms) =
 			(unsigned)n;
 	} else if (!strcmp(key, "log")) {
 		static const char *lv[] = { "error", "warn", "info", "debug" };
@@ -233,7 +240,8 @@ int main(int argc, char **argv)
 		{ "listen", 1, 0, 0 }, { "data", 1, 0, 0 }, { "metrics", 1, 0, 0 },
 		{ "jobs", 1, 0, 0 }, { "pool", 1, 0, 0 }, { "chunk-max", 1, 0, 0 },
 		{ "max-conns", 1, 0, 0 }, { "timeout-ms", 1, 0, 0 }, { "grace-ms", 1, 0, 0 },
-		{ "idle-ms", 1, 0, 0 }, { "max-index", 1, 0, 0 },
+		{ "idle-ms", 1, 0, 0 }, { "max-index", 1, 0, 0 }, { "handshake-ms", 1, 0, 0 },
+		{ "max-handshakes", 1, 0, 0 },
 		{ "transport", 1, 0, 0 }, { "log", 1, 0, 0 }, { "config", 1, 0, 'c' },
 		{ "help", 0, 0, 'h' }, { "version", 0, 0, 'V' }, { 0, 0, 0, 0 },
 	};
@@ -319,6 +327,7 @@ int main(int argc, char **argv)
 			.listen_host = host, .listen_port = port, .data = c.data,
 			.pool_bytes = (size_t)c.pool, .buf_bytes = (size_t)c.buf,
 			.max_conns = c.max_conns, .timeout_ms = c.timeout_ms,
+			.handshake_ms = c.handshake_ms, .max_handshakes = c.max_handshakes,
 			.queue_depth = stream_depth(c.pool, c.buf),
 			.idle_ms = c.idle_ms, .max_index = (size_t)c.max_index,
 			.transport = transport, .jobs = jobs, .counters = &counters,

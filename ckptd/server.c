@@ -27,6 +27,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +88,12 @@ struct ckptd_server {
 	pthread_cond_t       cond;
 	struct djob         *jobs;
 	unsigned             nconns;
+	/* Connections in their handshake, by the peer's address (under lock): no one
+	 * address may hold more than max_handshakes of the max_conns threads before it
+	 * has proved a job's secret. */
+	struct pending { char addr[INET6_ADDRSTRLEN]; unsigned n; } *pending;
+	unsigned             npending;
+	uint64_t             refused_logged;   /* ns of the last line about a refusal */
 	/* Engines of connections that ended, for the next ones (engine_get): each has
 	 * the whole pool registered, which takes milliseconds per GiB of pool, and a
 	 * new connection must not spend that before its first chunk. At most
@@ -136,6 +144,8 @@ struct dconn {
 	 * pool buffer, inside the writer's appends (its ring and writes) */
 	uint64_t             t_open, ns_buf, ns_append, nchunks;
 	struct ckptd_job     auth;       /* during the handshake: the job's secret */
+	char                 addr[INET6_ADDRSTRLEN]; /* the peer's, counted in pending
+	                                    during the handshake; "" where none is known */
 	struct ckpt_log_sink sink;       /* this connection's lines: job and rank */
 	struct dconn        *next_stream;/* in job->streams, while listed */
 	bool                 listed;
@@ -1030,6 +1040,68 @@ static void send_error(struct dconn *d, int rc)
 	d->sent_error = true;
 }
 
+/* ------------------------------------------------------------------ handshakes
+ * A connection holds one of the max_conns threads from its accept, before it has
+ * proved anything: a peer that opens connections and sends nothing would hold them
+ * all, and the jobs' ranks would wait in the backlog. So a handshake has its own
+ * deadline (handshake_ms, far shorter than the streams' timeout: a rank's takes
+ * milliseconds), and one address may have at most max_handshakes connections in
+ * theirs at once: one more is closed as it comes, and the client connects again
+ * (remote_connect). Over rdma the peer's address is not known here: no bound. */
+
+/* The peer's numeric address into addr ("" where none). */
+static void peer_addr(struct net_conn *c, char addr[INET6_ADDRSTRLEN])
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	addr[0] = '\0';
+	int fd = net_conn_fd(c);
+	if (fd < 0 || getpeername(fd, (struct sockaddr *)&ss, &len) < 0 ||
+	    (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) ||
+	    getnameinfo((struct sockaddr *)&ss, len, addr, INET6_ADDRSTRLEN, NULL, 0,
+	                NI_NUMERICHOST))
+		addr[0] = '\0';
+}
+
+/* Count a new connection from addr in its handshake: false (nothing counted) where
+ * addr has max_handshakes already. Under s->lock. */
+static bool pending_take(struct ckptd_server *s, const char *addr)
+{
+	if (!addr[0])
+		return true;
+	unsigned i = 0;
+	while (i < s->npending && strcmp(s->pending[i].addr, addr))
+		i++;
+	if (i < s->npending && s->pending[i].n >= s->o.max_handshakes)
+		return false;
+	if (i == s->npending) {
+		if (s->npending == s->o.max_conns)
+			return false;       /* not reached: one entry per connection at most */
+		snprintf(s->pending[i].addr, sizeof s->pending[i].addr, "%s", addr);
+		s->pending[i].n = 0;
+		s->npending++;
+	}
+	s->pending[i].n++;
+	return true;
+}
+
+/* A handshake from addr is over, either way; addr is cleared. */
+static void pending_drop(struct ckptd_server *s, char *addr)
+{
+	if (!addr[0])
+		return;
+	pthread_mutex_lock(&s->lock);
+	for (unsigned i = 0; i < s->npending; i++) {
+		if (strcmp(s->pending[i].addr, addr))
+			continue;
+		if (--s->pending[i].n == 0)
+			s->pending[i] = s->pending[--s->npending];
+		break;
+	}
+	pthread_mutex_unlock(&s->lock);
+	addr[0] = '\0';
+}
+
 static void *conn_main(void *arg)
 {
 	struct dconn *d = arg;
@@ -1037,8 +1109,9 @@ static void *conn_main(void *arg)
 	struct ckptd_counters *k = s->o.counters;
 	atomic_fetch_add_explicit(&k->active_connections, 1, memory_order_relaxed);
 	int rc = net_handshake_server_find(d->net, find_job, d, NULL, NULL, &d->hello,
-	                                   (int)s->o.timeout_ms);
+	                                   (int)s->o.handshake_ms);
 	explicit_bzero(&d->auth, sizeof d->auth);
+	pending_drop(s, d->addr);
 	if (!rc)
 		rc = job_find(s, d->hello.job_id, &d->job);
 	if (rc) {
@@ -1340,6 +1413,10 @@ int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **
 		s->o.idle_ms = 600000;
 	if (!s->o.max_index)
 		s->o.max_index = 64u << 20;
+	if (!s->o.handshake_ms)
+		s->o.handshake_ms = 10000;
+	if (!s->o.max_handshakes)
+		s->o.max_handshakes = 16;
 	s->lock_fd = -1;
 	s->wake[0] = s->wake[1] = -1;
 	pthread_mutex_init(&s->lock, NULL);
@@ -1376,6 +1453,8 @@ int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **
 	/* Without room for idle engines each connection makes its own (engine_put). */
 	if (!rc)
 		s->idle_engines = ckpt_calloc(SRV_IDLE_ENGINES, sizeof *s->idle_engines);
+	if (!rc && !(s->pending = ckpt_calloc(s->o.max_conns, sizeof *s->pending)))
+		rc = ckpt_err(-ENOMEM, "table of %u connections", s->o.max_conns);
 	if (!rc && pipe2(s->wake, O_NONBLOCK | O_CLOEXEC) < 0)
 		rc = ckpt_err(-errno, "wake pipe");
 	if (!rc && (rc = net_listen(o->transport, NULL, o->listen_host, o->listen_port, &s->lis)))
@@ -1413,6 +1492,23 @@ int ckptd_server_run(struct ckptd_server *s)
 		if (net_accept(s->lis, 0, &c))
 			continue;
 		atomic_fetch_add_explicit(&s->o.counters->connections, 1, memory_order_relaxed);
+		char addr[INET6_ADDRSTRLEN];
+		peer_addr(c, addr);
+		pthread_mutex_lock(&s->lock);
+		bool room = pending_take(s, addr);
+		uint64_t now = ckpt_now_ns(), last = s->refused_logged;
+		if (!room && now - last >= 1000000000u)
+			s->refused_logged = now;
+		pthread_mutex_unlock(&s->lock);
+		if (!room) {
+			atomic_fetch_add_explicit(&s->o.counters->rejected, 1, memory_order_relaxed);
+			if (now - last >= 1000000000u)   /* a line a second at most */
+				ckpt_log(CKPT_LOG_WARN, "%s: closed: %u connections from %s are in their "
+				         "handshake already (--max-handshakes)", net_conn_name(c),
+				         s->o.max_handshakes, addr);
+			net_close(c);
+			continue;
+		}
 		struct dconn *d = ckpt_calloc(1, sizeof *d);
 		pthread_t t;
 		pthread_attr_t at;
@@ -1422,6 +1518,7 @@ int ckptd_server_run(struct ckptd_server *s)
 			d->s = s;
 			d->net = c;
 			d->data_buf = -1;
+			memcpy(d->addr, addr, sizeof d->addr);
 			pthread_mutex_lock(&s->lock);
 			s->nconns++;
 			pthread_mutex_unlock(&s->lock);
@@ -1429,6 +1526,7 @@ int ckptd_server_run(struct ckptd_server *s)
 		if (!d || ckpt_thread_create(&t, &at, conn_main, d)) {
 			ckpt_log(CKPT_LOG_WARN, "%s: no thread for it", net_conn_name(c));
 			net_close(c);
+			pending_drop(s, addr);
 			if (d) {
 				pthread_mutex_lock(&s->lock);
 				s->nconns--;
@@ -1493,6 +1591,7 @@ void ckptd_server_free(struct ckptd_server *s)
 	for (unsigned i = 0; i < s->nidle_engines; i++)
 		io_engine_destroy(s->idle_engines[i]);
 	ckpt_free(s->idle_engines);
+	ckpt_free(s->pending);
 	io_pool_destroy(s->pool);
 	if (s->wake[0] >= 0) {
 		close(s->wake[0]);

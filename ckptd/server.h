@@ -14,7 +14,12 @@ struct ckptd_server_opts {
 	size_t      pool_bytes;          /* --pool */
 	size_t      buf_bytes;           /* one pool buffer: the largest chunk taken */
 	unsigned    max_conns;           /* connections served at once */
-	unsigned    timeout_ms;          /* handshakes, idle streams, commits */
+	unsigned    timeout_ms;          /* idle streams, commits */
+	unsigned    handshake_ms;        /* a new connection proves its job within this;
+	                                    0: 10 s */
+	unsigned    max_handshakes;      /* connections from one address in their
+	                                    handshake at once; more are closed as they
+	                                    come (the client tries again); 0: 16 */
 	unsigned    queue_depth;         /* io_uring writes in flight per stream */
 	unsigned    idle_ms;             /* a connection without a stream closes after this
 	                                    (the rank connects again); 0: 10 minutes */

@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "remote/remote.h"
@@ -37,6 +38,17 @@ struct remote_conn {
 	const struct io_pool *mr_pool;
 };
 
+/* Connecting again after ckptd closed a connection in its handshake: the waits. */
+#define REMOTE_RETRY_MIN_MS 10
+#define REMOTE_RETRY_MAX_MS 250
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
 int remote_connect(const struct remote_instance *to, const struct remote_auth *a,
                    struct remote_conn **out)
 {
@@ -48,11 +60,29 @@ int remote_connect(const struct remote_instance *to, const struct remote_auth *a
 	c->timeout_ms = (int)a->timeout_ms;
 	c->direct = a->direct;
 	pthread_mutex_init(&c->lock, NULL);
-	int rc = net_connect(a->transport, a->rdma, to->host, to->port, (int)a->timeout_ms, &c->net);
-	if (!rc) {
-		struct net_auth na = { .job_id = a->job_id, .rank = a->rank, .world = a->world,
-		                       .secret = a->secret, .secret_len = a->secret_len };
-		rc = net_handshake_client(c->net, &na, (int)a->timeout_ms);
+	/* ckptd closes a connection in its handshake at once where the peer's address
+	 * has its --max-handshakes in flight (many ranks of a node connecting together,
+	 * or someone holding connections open): connect again, as connect itself does
+	 * while nobody listens, until the timeout. */
+	struct net_auth na = { .job_id = a->job_id, .rank = a->rank, .world = a->world,
+	                       .secret = a->secret, .secret_len = a->secret_len };
+	uint64_t deadline = ckpt_deadline_ms((int)a->timeout_ms);
+	int rc, backoff = REMOTE_RETRY_MIN_MS;
+	for (;;) {
+		int left = ckpt_deadline_left_ms(deadline);
+		rc = net_connect(a->transport, a->rdma, to->host, to->port, left, &c->net);
+		if (!rc && !(rc = net_handshake_client(c->net, &na, ckpt_deadline_left_ms(deadline))))
+			break;
+		bool closed = c->net && (rc == -ECONNRESET || rc == -EPIPE);
+		left = ckpt_deadline_left_ms(deadline);
+		if (!closed || left == 0)
+			break;
+		ckpt_log(CKPT_LOG_DEBUG, "%s: closed in the handshake (busy): again in %d ms",
+		         c->name, backoff);
+		net_close(c->net);
+		c->net = NULL;
+		sleep_ms(left > 0 && left < backoff ? left : backoff);
+		backoff = backoff * 2 > REMOTE_RETRY_MAX_MS ? REMOTE_RETRY_MAX_MS : backoff * 2;
 	}
 	if (rc) {
 		ckpt_err_prefix(rc, "%s", c->name);

@@ -270,7 +270,8 @@ void hostile_setup(void)
 	struct ckptd_server_opts so = {
 		.listen_host = fixture_host, .listen_port = 0, .data = data_dir,
 		.pool_bytes = (size_t)NBUFS * BUF_BYTES, .buf_bytes = BUF_BYTES, .max_conns = 64,
-		.timeout_ms = TIMEOUT_MS, .queue_depth = 4, .transport = fixture_transport, .jobs = jobs,
+		.timeout_ms = TIMEOUT_MS, .handshake_ms = TIMEOUT_MS, .queue_depth = 4,
+		.transport = fixture_transport, .jobs = jobs,
 		.counters = &counters, .log_fn = log_collect, .log_level = CKPT_LOG_INFO,
 		.idle_ms = IDLE_MS, .max_index = MAX_INDEX,
 	};

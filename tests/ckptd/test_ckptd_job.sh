@@ -186,6 +186,51 @@ expect_rc 0 "saved step 2: 1 rank" "the jobs in use stay after a refused reload"
   --root "$t/unused" --step 2 --bytes 1M --seed 1 --world 1
 cp "$t/jobs.kept" "$t/jobs"
 
+# Connections that never prove a job: from one address at most --max-handshakes
+# are in their handshake at once (more are closed as they come), each for at most
+# --handshake-ms; the jobs' ranks are served meanwhile. A job's own burst past the
+# bound connects again. (Before: 50 idle connections held every thread for the
+# 120 s of --timeout-ms, and the job's save waited in the backlog.)
+mkdir -p "$t/d"
+"$ckptd" --listen 127.0.0.1:0 --data "$t/d" --jobs "$t/jobs" --metrics 127.0.0.1:0 \
+  --max-conns 16 --max-handshakes 3 --handshake-ms 1500 --log info > "$t/d.out" 2> "$t/d.log" &
+pid_d=$!
+pids+=($pid_d)
+for _ in $(seq 100); do grep -q "listening on port" "$t/d.out" 2>/dev/null && break; sleep 0.1; done
+port_d=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$t/d.out")
+mport_d=$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$t/d.out")
+/usr/bin/python3 - "$port_d" > "$t/idle.out" 2>&1 <<'PY' &
+import socket, sys, time
+held = []
+for _ in range(50):                      # from another address of the loopback
+    s = socket.socket()
+    s.bind(("127.0.0.2", 0))
+    s.connect(("127.0.0.1", int(sys.argv[1])))
+    held.append(s)
+print("holding", len(held), flush=True)
+time.sleep(25)
+PY
+idle=$!
+pids+=($idle)
+for _ in $(seq 50); do grep -q holding "$t/idle.out" && break; sleep 0.1; done
+t0=$(date +%s%N)
+expect_rc 0 "saved step 60: 7 rank" "a job saves beside 50 connections that never prove one" \
+  env CKPT_TARGET="ckptd://127.0.0.1:$port_d" timeout 60 "$synth" save --root "$t/unused" \
+  --step 60 --bytes 4M --seed 60 --world 7
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ "$ms" -lt 15000 ] && ok "... in $ms ms, not after the idle ones' timeout" \
+  || bad "the save took $ms ms beside idle connections"
+grep -q "connections from 127.0.0.2 are in their handshake already (--max-handshakes)" "$t/d.log" \
+  && ok "the address past its bound is logged" || bad "no line about 127.0.0.2" "$(tail -5 "$t/d.log")"
+rej=
+if exec 3<>"/dev/tcp/127.0.0.1/$mport_d"; then
+  printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
+  rej=$(sed -n 's/^ckptd_rejected_total \([0-9]*\).*/\1/p' <&3); exec 3<&-
+fi
+[ "${rej:-0}" -ge 40 ] && ok "ckptd_rejected_total counts them ($rej)" || bad "rejected: ${rej:-none}"
+kill "$idle" 2>/dev/null
+kill -TERM "$pid_d"; wait "$pid_d" 2>/dev/null
+
 # Options that cannot work: refused with the option named, an address before the
 # pool is mapped (exit 2 from the command line), a pool no halving layout takes.
 expect_rc 2 "--metrics '127.0.0.1:99999': expected ADDR:PORT" "a bad --metrics address" \
