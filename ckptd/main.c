@@ -357,6 +357,10 @@ int main(int argc, char **argv)
 	         "bytes%s%s", ckpt_version(), host, ckptd_server_port(srv),
 	         transport == NET_RDMA ? "rdma" : "tcp", c.data, ckptd_jobs_count(jobs),
 	         (unsigned long long)c.pool, http ? ", metrics on " : "", http ? c.metrics : "");
+	/* It needs no privilege: the unit runs it as its own user (ckptd.service.in). */
+	if (geteuid() == 0)
+		ckpt_log(CKPT_LOG_WARN, "running as root, which ckptd does not need: run it as a "
+		         "user of its own (ckptd/ckptd.service.in, ckptd/ckptd.sysusers)");
 	/* Tests and scripts read the port from here when they asked for port 0. */
 	printf("ckptd: listening on port %u", ckptd_server_port(srv));
 	if (http)

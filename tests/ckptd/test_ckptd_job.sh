@@ -38,6 +38,12 @@ start() {  # start NAME DATA [JOBS]: a ckptd on an ephemeral port; sets port_NAM
 start a "$t/a"
 start b "$t/b" "$t/jobs_b"
 [ -n "$port_a" ] && [ -n "$port_b" ] || { cat "$t"/*.log; echo "FAIL: ckptd did not start"; exit 1; }
+if [ "$(id -u)" = 0 ]; then
+  grep -q "warn: running as root, which ckptd does not need" "$t/a.log" \
+    && ok "started as root: the log says it needs no privilege" || bad "no line about root"
+else
+  ! grep -q "running as root" "$t/a.log" && ok "not root: no line about it" || bad "root line"
+fi
 export CKPT_JOB_ID=one CKPT_JOB_SECRET=secret-of-job-one-0123456789
 two="ckptd://127.0.0.1:$port_a,127.0.0.1:$port_b"
 one="ckptd://127.0.0.1:$port_a"
