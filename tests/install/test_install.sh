@@ -109,4 +109,14 @@ done
 for page in man1/ckpt-inspect.1 man1/ckpt-reshard.1 man1/ckpt-synth.1 man3/libckpt.3; do
   [ -s "$prefix/share/man/$page" ] || fail "man page not installed: share/man/$page"
 done
+# ckptd, where it was built (on the library's static modules, so no libckpt.so to
+# find): it runs from the prefix, with its page and its unit naming the page.
+if [ -x "$prefix/sbin/ckptd" ]; then
+  out=$("$prefix/sbin/ckptd" --version) || fail "ckptd --version exited $?"
+  [ "$out" = "ckptd $version" ] || fail "ckptd --version printed '$out', not 'ckptd $version'"
+  [ -s "$prefix/share/man/man8/ckptd.8" ] || fail "man page not installed: share/man/man8/ckptd.8"
+  grep -q "^Documentation=man:ckptd(8)" "$prefix/lib/systemd/system/ckptd.service" ||
+    fail "the unit does not name ckptd(8)"
+  echo "ok: ckptd --version, its page and unit"
+fi
 echo "OK: installed tree, four consumers, three tools"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_man.sh — every manual page in docs/man renders without a warning: groff with
 # all warnings on (-ww), and man -l as a reader opens it; and the pages cover the
-# library and each tool (a tool folder without its page fails).
+# library, each tool and ckptd (a tool folder without its page fails).
 # Usage: test_man.sh DOCS_MAN_DIR TOOLS_DIR
 set -euo pipefail
 shopt -s nullglob
@@ -16,6 +16,7 @@ expect=(libckpt.3)
 for d in "$tools"/ckpt-*/; do
   expect+=("$(basename "$d").1")
 done
+[ -d "$tools/../ckptd" ] && expect+=(ckptd.8)   # the service beside the tools
 for page in "${expect[@]}"; do
   [ -f "$mandir/$page" ] || { echo "FAIL: no manual page $page"; fail=1; }
 done
