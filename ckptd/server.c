@@ -1392,14 +1392,14 @@ static int pool_create(const struct ckptd_server_opts *o, struct io_pool **out)
 		return ckpt_err_prefix(rc, "--pool %zu with --chunk-max %zu", o->pool_bytes,
 		                       o->buf_bytes);
 	struct io_pool_class big, small, least;
-	unsigned n = rc ? 0 : io_pool_nclasses(*out);
+	unsigned n = io_pool_nclasses(*out);
 	if (n > 1 && !io_pool_class_info(*out, 0, &big, NULL) &&
 	    !io_pool_class_info(*out, 1, &small, NULL) &&
 	    !io_pool_class_info(*out, n - 1, &least, NULL))
 		ckpt_log(CKPT_LOG_INFO, "pool: %u buffers of %zu KiB, and %u each of %zu down to %zu "
 		         "KiB for shorter chunks", big.count, big.bytes >> 10, small.count,
 		         small.bytes >> 10, least.bytes >> 10);
-	return rc;
+	return 0;
 }
 
 int ckptd_server_start(const struct ckptd_server_opts *o, struct ckptd_server **out)
