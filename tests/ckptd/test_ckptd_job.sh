@@ -236,6 +236,25 @@ fi
 [ "${rej:-0}" -ge 40 ] && ok "ckptd_rejected_total counts them ($rej)" || bad "rejected: ${rej:-none}"
 kill "$idle" 2>/dev/null
 kill -TERM "$pid_d"; wait "$pid_d" 2>/dev/null
+# A rank closed so connects again: with one handshake per address, a silent
+# connection from the rank's own address holds it; the rank's first connections are
+# closed as they come, and it gets through once the silent one's time is up.
+"$ckptd" --listen 127.0.0.1:0 --data "$t/d" --jobs "$t/jobs" --max-handshakes 1 \
+  --handshake-ms 1500 --log info > "$t/e.out" 2> "$t/e.log" &
+pid_e=$!
+pids+=($pid_e)
+for _ in $(seq 100); do grep -q "listening on port" "$t/e.out" 2>/dev/null && break; sleep 0.1; done
+port_e=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$t/e.out")
+exec 4<>"/dev/tcp/127.0.0.1/$port_e"
+t0=$(date +%s%N)
+expect_rc 0 "saved step 61: 1 rank" "a rank whose connection was closed in the handshake connects again" \
+  env CKPT_TARGET="ckptd://127.0.0.1:$port_e" timeout 60 "$synth" save --root "$t/unused" \
+  --step 61 --bytes 1M --seed 61 --world 1
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+exec 4<&-
+grep -q "connections from 127.0.0.1 are in their handshake already" "$t/e.log" && [ "$ms" -ge 1000 ] \
+  && ok "... after its first tries were closed ($ms ms)" || bad "no refusal seen ($ms ms)" "$(cat "$t/e.log")"
+kill -TERM "$pid_e"; wait "$pid_e" 2>/dev/null
 
 # Options that cannot work: refused with the option named, an address before the
 # pool is mapped (exit 2 from the command line), a pool no halving layout takes.
