@@ -21,8 +21,10 @@
  * Threads: every function is thread-safe.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -112,6 +114,101 @@ int io_pool_create_halving(size_t buf_bytes, uint64_t pool_bytes,
 	return io_pool_create_sized(cls, ncls, alloc, out);
 }
 
+/* ------------------------------------------------------------------ memory at hand
+ * A pool is faulted in whole when it is made (io_map_buffers), so one larger than
+ * the memory this process may still use does not fail later and alone: the kernel's
+ * OOM killer picks a process, ours or another of the machine's, while the pages come
+ * in. So the pool is refused at once where that is known: the machine's
+ * MemAvailable, and every memory cgroup limit above this process less what the
+ * cgroup uses (cgroup v2 memory.max and memory.current; v1 memory.limit_in_bytes
+ * and memory.usage_in_bytes), the least of them. */
+
+#define MEM_UNLIMITED (UINT64_C(1) << 60)   /* v1 says "no limit" with about 2^63 */
+
+/* The first unsigned number of file path (after prefix, where given: a line that
+ * starts with it), into *v; false where there is none ("max" included). */
+static bool read_u64(const char *path, const char *prefix, uint64_t *v)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return false;
+	char line[256];
+	bool ok = false;
+	size_t n = prefix ? strlen(prefix) : 0;
+	while (!ok && fgets(line, sizeof line, f))
+		if (!prefix || !strncmp(line, prefix, n))
+			ok = sscanf(line + n, " %" SCNu64, v) == 1;
+	fclose(f);
+	return ok;
+}
+
+/* Fold into *avail the room of the cgroup top/rel and of each one above it, up to
+ * the hierarchy's mount point top; why names the least. */
+static void cgroup_room(const char *top, const char *rel, const char *limit_file,
+                        const char *usage_file, uint64_t *avail, char *why, size_t cap)
+{
+	char dir[PATH_MAX];
+	if (snprintf(dir, sizeof dir, "%s%s", top, rel) >= (int)sizeof dir)
+		return;
+	size_t toplen = strlen(top);
+	for (unsigned depth = 0; depth < 64; depth++) {
+		char lp[PATH_MAX + 32], up[PATH_MAX + 32];
+		uint64_t limit, used;
+		snprintf(lp, sizeof lp, "%s/%s", dir, limit_file);
+		snprintf(up, sizeof up, "%s/%s", dir, usage_file);
+		if (read_u64(lp, NULL, &limit) && limit < MEM_UNLIMITED &&
+		    read_u64(up, NULL, &used)) {
+			uint64_t room = used < limit ? limit - used : 0;
+			if (room < *avail) {
+				*avail = room;
+				snprintf(why, cap, "%s %" PRIu64 " less %" PRIu64 " in use", lp, limit, used);
+			}
+		}
+		char *slash = strrchr(dir, '/');
+		if (!slash || (size_t)(slash - dir) < toplen)
+			break;
+		*slash = '\0';
+	}
+}
+
+/* What this process may still fault in, and which figure says so, into why; false
+ * where nothing is known. */
+static bool memory_at_hand(uint64_t *avail, char *why, size_t cap)
+{
+	uint64_t kib;
+	*avail = UINT64_MAX;
+	if (read_u64("/proc/meminfo", "MemAvailable:", &kib) && kib < UINT64_MAX / 1024) {
+		*avail = kib * 1024;
+		snprintf(why, cap, "MemAvailable in /proc/meminfo");
+	}
+	FILE *f = fopen("/proc/self/cgroup", "re");
+	char line[PATH_MAX + 64];
+	while (f && fgets(line, sizeof line, f)) {
+		line[strcspn(line, "\n")] = '\0';
+		char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+		if (!c2 || c2[1] != '/')
+			continue;
+		*c2 = '\0';
+		const char *ctrl = c1 + 1, *rel = c2 + 1;
+		if (!strcmp(line, "0") && !*ctrl) {
+			cgroup_room("/sys/fs/cgroup", rel, "memory.max", "memory.current", avail, why,
+			            cap);
+		} else {
+			/* v1: "memory" among the line's controllers */
+			for (const char *t = ctrl; *t;) {
+				size_t n = strcspn(t, ",");
+				if (n == 6 && !strncmp(t, "memory", 6))
+					cgroup_room("/sys/fs/cgroup/memory", rel, "memory.limit_in_bytes",
+					            "memory.usage_in_bytes", avail, why, cap);
+				t += n + (t[n] == ',');
+			}
+		}
+	}
+	if (f)
+		fclose(f);
+	return *avail != UINT64_MAX;
+}
+
 static void pool_free_tables(struct io_pool *p)
 {
 	ckpt_free(p->stacks);
@@ -139,6 +236,12 @@ int io_pool_create_sized(const struct io_pool_class *cls, unsigned ncls,
 			                "smaller than the class before)", c, cls[c].count, cls[c].bytes,
 			                CKPT_ALIGN);
 	}
+	uint64_t avail;
+	char why[PATH_MAX + 96] = "";
+	if (memory_at_hand(&avail, why, sizeof why) && total > avail)
+		return ckpt_err(-ENOMEM, "io pool of %" PRIu64 " bytes: more than this process may "
+		                "still use (%" PRIu64 " bytes: %s); the pool is faulted in whole "
+		                "when it is made", total, avail, why);
 	struct io_pool *p = ckpt_calloc(1, sizeof *p);
 	if (!p)
 		return ckpt_err(-ENOMEM, "io pool");
