@@ -307,6 +307,8 @@ uint64_t ckpt_deadline_after(uint64_t from, uint64_t ns);
  * and capped at INT32_MAX. */
 int ckpt_deadline_left_ms(uint64_t deadline);
 bool ckpt_deadline_passed(uint64_t deadline);
+/* Sleep ms milliseconds, the whole of them: a signal's interruption sleeps on. */
+void ckpt_sleep_ms(unsigned ms);
 
 /* A condition variable whose timed waits run on CLOCK_MONOTONIC. Every condition
  * variable of the library is made with it, waited on with the call below. */

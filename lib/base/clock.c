@@ -56,6 +56,13 @@ int ckpt_deadline_left_ms(uint64_t deadline)
 	return ms > INT32_MAX ? INT32_MAX : (int)ms;
 }
 
+void ckpt_sleep_ms(unsigned ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
 bool ckpt_deadline_passed(uint64_t deadline)
 {
 	return deadline != CKPT_FOREVER && ckpt_now_ns() >= deadline;

@@ -270,14 +270,12 @@ int ckpt_fault(enum ckpt_fault_point p)
 		return CKPT_FA_DROP;
 	case CKPT_FA_DELAY:
 	case CKPT_FA_SLOW: {
-		struct timespec ts = { fault.delay_ms / 1000, (long)(fault.delay_ms % 1000) * 1000000L };
 		if (fault.action == CKPT_FA_DELAY)
 			ckpt_log(CKPT_LOG_WARN, "fault injected: delay %u ms at %s", fault.delay_ms, name);
 		else if (hit == fault.nth)
 			ckpt_log(CKPT_LOG_WARN, "fault injected: slow, %u ms at every %s from now on",
 			         fault.delay_ms, name);
-		while (nanosleep(&ts, &ts) && errno == EINTR)
-			;
+		ckpt_sleep_ms(fault.delay_ms);
 		return 0;
 	}
 	default:

@@ -111,7 +111,6 @@ int     net_sock_fd_of(void *priv);
 int     net_sock_new(void **priv, int fd);
 /* poll one fd until deadline, retrying EINTR. > 0 ready, 0 timeout, -errno. */
 int     net_sock_poll(int fd, short events, uint64_t deadline);
-void    net_sock_sleep_ms(int ms);
 int     net_sock_listener_fd(const struct net_listener *l);
 void    net_sock_listener_close(struct net_listener *l);
 ssize_t net_sock_send(struct net_conn *c, const struct iovec *iov, int iovcnt);

@@ -597,13 +597,6 @@ fail:
 	return rc;
 }
 
-static void sleep_ms(int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-	while (nanosleep(&ts, &ts) && errno == EINTR)
-		;
-}
-
 static int rdma_connect_op(struct net_conn *c, const char *addr, unsigned port, int timeout_ms)
 {
 	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
@@ -633,7 +626,7 @@ static int rdma_connect_op(struct net_conn *c, const char *addr, unsigned port, 
 		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0)
 			break;
-		sleep_ms(left < 0 || left > backoff ? backoff : left);
+		ckpt_sleep_ms((unsigned)(left < 0 || left > backoff ? backoff : left));
 		backoff = backoff * 2 > RDMA_BACKOFF_MAX_MS ? RDMA_BACKOFF_MAX_MS : backoff * 2;
 	}
 	freeaddrinfo(ai);

@@ -257,13 +257,6 @@ static int tcp_connect_once(const struct addrinfo *a, uint64_t deadline, int *fd
 	return 0;
 }
 
-void net_sock_sleep_ms(int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-	while (nanosleep(&ts, &ts) && errno == EINTR)
-		;
-}
-
 static int tcp_connect(struct net_conn *c, const char *addr, unsigned port, int timeout_ms)
 {
 	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
@@ -293,7 +286,7 @@ static int tcp_connect(struct net_conn *c, const char *addr, unsigned port, int 
 		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0)
 			break;
-		net_sock_sleep_ms(left < 0 || left > backoff ? backoff : left);
+		ckpt_sleep_ms((unsigned)(left < 0 || left > backoff ? backoff : left));
 		backoff = backoff * 2 > TCP_BACKOFF_MAX_MS ? TCP_BACKOFF_MAX_MS : backoff * 2;
 	}
 	freeaddrinfo(ai);

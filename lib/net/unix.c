@@ -115,7 +115,7 @@ static int unix_connect(struct net_conn *c, const char *addr, unsigned port, int
 		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0)
 			break;
-		net_sock_sleep_ms(left < 0 || left > backoff ? backoff : left);
+		ckpt_sleep_ms((unsigned)(left < 0 || left > backoff ? backoff : left));
 		backoff = backoff * 2 > UNIX_BACKOFF_MAX_MS ? UNIX_BACKOFF_MAX_MS : backoff * 2;
 	}
 	if (err == ENOENT || err == EAGAIN)

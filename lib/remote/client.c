@@ -23,7 +23,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "remote/remote.h"
@@ -41,13 +40,6 @@ struct remote_conn {
 /* Connecting again after ckptd closed a connection in its handshake: the waits. */
 #define REMOTE_RETRY_MIN_MS 10
 #define REMOTE_RETRY_MAX_MS 250
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-	while (nanosleep(&ts, &ts) && errno == EINTR)
-		;
-}
 
 int remote_connect(const struct remote_instance *to, const struct remote_auth *a,
                    struct remote_conn **out)
@@ -81,7 +73,7 @@ int remote_connect(const struct remote_instance *to, const struct remote_auth *a
 		         c->name, backoff);
 		net_close(c->net);
 		c->net = NULL;
-		sleep_ms(left > 0 && left < backoff ? left : backoff);
+		ckpt_sleep_ms((unsigned)(left > 0 && left < backoff ? left : backoff));
 		backoff = backoff * 2 > REMOTE_RETRY_MAX_MS ? REMOTE_RETRY_MAX_MS : backoff * 2;
 	}
 	if (rc) {
