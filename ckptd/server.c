@@ -49,6 +49,13 @@
 #define SRV_POLL_MS 200          /* how often an idle connection looks at the stop flag */
 #define SRV_LOCK_FILE "ckptd.lock"
 #define SRV_IDLE_ENGINES 64      /* engines kept for the next connections (engine_put) */
+/* A connection's writes are issued by the kernel's io_uring workers, not by the
+ * thread that reads its socket (io_engine_offload): issued there, a write waited
+ * whenever the disk's queue was full, and the rank's stream with it. A few workers
+ * issue a stream's writes (an O_DIRECT write is only issued by one, not waited
+ * for); without a cap a ring had up to 4 per CPU, 512 threads for 8 streams on
+ * 16 CPUs. */
+#define SRV_IO_WORKERS 4
 
 struct djob {
 	struct djob     *next;
@@ -377,7 +384,11 @@ static int engine_get(struct dconn *d)
 	pthread_mutex_unlock(&s->lock);
 	if (d->engine)
 		return 0;
-	return io_engine_create(s->pool, s->o.queue_depth, &d->engine);
+	int rc = io_engine_create(s->pool, s->o.queue_depth, &d->engine);
+	if (!rc && (rc = io_engine_offload(d->engine, SRV_IO_WORKERS)))
+		ckpt_log(CKPT_LOG_DEBUG, "io_uring workers not capped at %u a connection: %s",
+		         SRV_IO_WORKERS, ckpt_strerror(rc));
+	return d->engine ? 0 : rc;
 }
 
 /* A connection's engine at its end: kept for the next connection when it is idle
@@ -598,6 +609,7 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	struct io_writer_opts wo = {
 		.step = o.step, .rank = d->hello.rank, .world = d->hello.world, .save_id = o.save_id,
 		.size_hint = o.size_hint, .block_bytes = o.block_bytes, .mode = 0600,
+		.preallocate = true,
 	};
 	d->t_open = ckpt_now_ns();
 	d->ns_buf = d->ns_append = d->nchunks = 0;

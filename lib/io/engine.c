@@ -49,6 +49,7 @@ struct io_engine {
 	struct io_uring ring;
 	struct io_pool *pool;
 	bool            registered;
+	bool            offload;        /* IOSQE_ASYNC on every request */
 	unsigned        depth, inflight, nfree;
 	uint64_t        finished;       /* requests whose done has run */
 	struct io_req  *reqs;
@@ -122,6 +123,22 @@ void io_engine_destroy(struct io_engine *e)
 
 struct io_pool *io_engine_pool(const struct io_engine *e) { return e->pool; }
 unsigned io_engine_inflight(const struct io_engine *e) { return e->inflight; }
+
+int io_engine_workers(struct io_engine *e, unsigned out[2])
+{
+	out[0] = out[1] = 0;   /* zeros ask, and change nothing */
+	int rc = io_uring_register_iowq_max_workers(&e->ring, out);
+	return rc < 0 ? rc : 0;
+}
+
+int io_engine_offload(struct io_engine *e, unsigned workers)
+{
+	e->offload = true;
+	/* [0] bounded (regular files, block devices), [1] unbounded (sockets). */
+	unsigned cap[2] = { workers, workers };
+	int rc = io_uring_register_iowq_max_workers(&e->ring, cap);
+	return rc < 0 ? rc : 0;
+}
 unsigned io_engine_depth(const struct io_engine *e) { return e->depth; }
 
 /* Prepare and submit the remaining part of request slot. 0 or -errno (then the
@@ -155,6 +172,8 @@ static int req_submit(struct io_engine *e, unsigned slot)
 			io_uring_prep_read(sqe, r->fd, a, n, off);
 	}
 	io_uring_sqe_set_data64(sqe, slot);
+	if (e->offload)
+		sqe->flags |= IOSQE_ASYNC;
 	int rc;
 	do
 		rc = io_uring_submit(&e->ring);

@@ -272,6 +272,14 @@ struct io_engine;
 int  io_engine_create(struct io_pool *pool, unsigned depth, struct io_engine **out);
 void io_engine_destroy(struct io_engine *e);
 struct io_pool *io_engine_pool(const struct io_engine *e);
+/* From now on every request is handed to the kernel's workers (IOSQE_ASYNC), at
+ * most `workers` of them for this ring: queueing returns at once, where an O_DIRECT
+ * write the file system takes without waiting would otherwise be issued by the
+ * queueing thread, which then waits while the device's queue is full. For a thread
+ * that must go back to its socket (ckptd's). Without the kernel's cap (before 5.15)
+ * the ring's workers are as many as the kernel allows. Returns 0, or -errno of the
+ * cap (requests are handed over anyway). */
+int  io_engine_offload(struct io_engine *e, unsigned workers);
 /* Requests queued and not yet completed (0: the engine may go to another thread). */
 unsigned io_engine_inflight(const struct io_engine *e);
 
@@ -307,11 +315,16 @@ struct io_writer_opts {
 	unsigned compress_threads; /* workers compressing chunks; 0: append compresses */
 	uint32_t block_bytes;      /* block hashes' block size, or 0 (see below) */
 	unsigned mode;             /* of the new file; 0: 0600 */
+	bool     preallocate;      /* size_hint's blocks allocated up front (below) */
 };
 /*
  * Create path (O_DIRECT where the file system allows). The file must not exist
  * (O_EXCL: a writer never truncates another's file: -EEXIST). It is sized to
- * size_hint bytes up front (ftruncate: extending O_DIRECT writes are slow).
+ * size_hint bytes up front (ftruncate: extending O_DIRECT writes are slow); with
+ * preallocate, its blocks are allocated too (fallocate), so that O_DIRECT writes
+ * within them allocate nothing and run side by side (ext4 and XFS take such a
+ * write under the inode's shared lock, and without waiting), falling back to
+ * ftruncate where the file system cannot or has no room (the writes then say so).
  * block_bytes: the block size of the block hashes (a power of two in
  * [IO_MIN_BLOCK_BYTES, IO_MAX_CHUNK_BYTES], normally IO_BLOCK_BYTES); 0 writes a
  * version-1 file without block hashes. The version written is the lowest that holds

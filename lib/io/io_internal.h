@@ -95,6 +95,9 @@ int io_engine_queue(struct io_engine *e, enum io_op op, int fd, void *addr, size
  * Returns the number of requests finished (their done called), or -errno. */
 int io_engine_reap(struct io_engine *e, bool wait);
 unsigned io_engine_depth(const struct io_engine *e);
+/* The caps on the ring's kernel workers as the kernel has them: [0] for regular
+ * files and block devices, [1] for the rest. 0, or -errno (before Linux 5.15). */
+int      io_engine_workers(struct io_engine *e, unsigned out[2]);
 
 /* Aligned temporary buffer for O_DIRECT (footer, header, oversized chunks). */
 void *io_aligned_alloc(size_t bytes);

@@ -447,8 +447,11 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 		return rc;
 	}
 	int rc = 0;
-	/* Extending O_DIRECT writes serialise on the inode size update: size it first. */
-	if (o->size_hint && ftruncate(w->fd, (off_t)o->size_hint) < 0)
+	/* Extending O_DIRECT writes serialise on the inode size update: size it first
+	 * (io.h: preallocate). */
+	bool sized = o->size_hint && o->preallocate &&
+	             fallocate(w->fd, 0, 0, (off_t)o->size_hint) == 0;
+	if (o->size_hint && !sized && ftruncate(w->fd, (off_t)o->size_hint) < 0)
 		rc = ckpt_err(-errno, "ftruncate %s to %llu", path, (unsigned long long)o->size_hint);
 	/* The header, and the name durable with the first chunks rather than after the
 	 * data (see the top of this file): the vote still follows, since finish waits

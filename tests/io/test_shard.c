@@ -147,6 +147,10 @@ struct ext_test {
 	uint64_t bytes;
 };
 static struct ext_test *g_ext;
+/* write_shard asks for preallocation, and checks that the blocks of size_hint were
+ * allocated when open returned (where the file system can allocate them). */
+static bool g_prealloc;
+static uint64_t g_hint = 1u << 20;   /* write_shard's size_hint */
 
 static int ext_write(void *arg, int fd, const char *path, uint64_t off, size_t n)
 {
@@ -164,6 +168,20 @@ static int ext_write(void *arg, int fd, const char *path, uint64_t off, size_t n
 	return 0;
 }
 
+/* Whether the file system of dir allocates blocks on fallocate (tmpfs, ext4 and
+ * XFS do; some do not). */
+static bool can_fallocate(const char *dir)
+{
+	char p[512];
+	snprintf(p, sizeof p, "%s/probe", dir);
+	int fd = open(p, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+	ck_assert_int_ge(fd, 0);
+	bool ok = fallocate(fd, 0, 0, 1u << 20) == 0;
+	close(fd);
+	unlink(p);
+	return ok;
+}
+
 /* Write spec into f->path with chunks of chunk bytes. Returns 0 with *res filled,
  * or the error of append (after abort) or finish. */
 static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, int zstd,
@@ -172,9 +190,16 @@ static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, i
 	struct io_shard_writer *w;
 	memset(res, 0xee, sizeof *res);    /* finish must zero it on failure */
 	unlink(f->path);                   /* the writer never replaces a file */
-	int rc = io_shard_writer_open(f->e, f->path, &(struct io_writer_opts){ .step = 9, .rank = 1, .world = 4, .size_hint = 1u << 20, .zstd_level = zstd, .block_bytes = f->block_bytes }, &w);
+	int rc = io_shard_writer_open(f->e, f->path, &(struct io_writer_opts){ .step = 9, .rank = 1, .world = 4, .size_hint = g_hint, .zstd_level = zstd, .block_bytes = f->block_bytes, .preallocate = g_prealloc }, &w);
 	if (rc)
 		return rc;
+	struct stat sb;
+	ck_assert_int_eq(stat(f->path, &sb), 0);
+	ck_assert_uint_eq((uint64_t)sb.st_size, g_hint);
+	if (g_prealloc && can_fallocate(f->dir))
+		ck_assert_uint_ge((uint64_t)sb.st_blocks * 512, g_hint);
+	else
+		ck_assert_uint_lt((uint64_t)sb.st_blocks * 512, g_hint);   /* sized, sparse */
 	for (unsigned i = 0; i < s->n; i++) {
 		struct io_tensor_desc d;
 		uint64_t sh, of, ex;
@@ -384,6 +409,97 @@ START_TEST(round_trip_odirect_refused_after_create)
 	fx_done(&f);
 }
 END_TEST
+/* Preallocated files through an engine whose requests its kernel workers issue:
+ * the same shards, read back and verified (ckptd's writers). */
+START_TEST(round_trip_preallocated_offloaded)
+{
+	struct fx f;
+	fx_init(&f, "shard-prealloc");
+	int rc = io_engine_offload(f.e, 2);
+	ck_assert_msg(rc == 0 || rc == -EINVAL, "%d", rc);
+	g_prealloc = true;
+	struct shard_spec s = make_spec(f.seed, false);
+	const size_t chunks[] = { BUF_BYTES, 40000, 4097 };
+	/* A hint beyond the shard (cut off at finish) and one short of it (the writes
+	 * past it extend the file). */
+	const uint64_t hints[] = { 8u << 20, 256u << 10 };
+	for (unsigned c = 0; c < 2 * CKPT_ARRAY_SIZE(chunks); c++) {
+		g_hint = hints[c % 2];
+		struct io_shard_result res;
+		ck_assert_msg(write_shard(&f, &s, chunks[c / 2], 0, &res) == 0, "chunk %zu: %s",
+		              chunks[c / 2], ckpt_err_msg());
+		struct stat sb;
+		ck_assert_int_eq(stat(f.path, &sb), 0);
+		ck_assert_uint_eq((uint64_t)sb.st_size, res.file_size);
+		ck_assert(g_hint > res.file_size ? c % 2 == 0 : c % 2 == 1);
+		ck_assert_msg(verify_shard(&f, &s, NULL) == 0, "%s", ckpt_err_msg());
+		result_free(&res);
+	}
+	g_prealloc = false;
+	g_hint = 1u << 20;
+	fx_done(&f);
+}
+END_TEST
+
+static void count_done(void *owner, uint64_t cookie, int64_t res)
+{
+	(void)cookie;
+	*(int *)owner += res != BUF_BYTES;
+}
+
+/* An offloaded engine's ring has the workers asked for and no more (without the
+ * cap the kernel allows up to 4 per CPU), and its requests, all handed to them,
+ * land: 64 O_DIRECT writes into a sparse file from a ring of 64. */
+START_TEST(engine_offload_caps_workers)
+{
+	char *dir = tu_tmpdir("engine-offload"), path[512];
+	snprintf(path, sizeof path, "%s/data", dir);
+	struct io_pool *pool;
+	struct io_engine *e;
+	ck_assert_int_eq(io_pool_create(BUF_BYTES, 1, NULL, &pool), 0);
+	ck_assert_int_eq(io_engine_create(pool, 64, &e), 0);
+	unsigned cap[2];
+	int rc = io_engine_workers(e, cap);
+	if (rc) {
+		/* Before Linux 5.15: offload hands the requests over, uncapped. */
+		fprintf(stderr, "engine_offload_caps_workers: the kernel keeps no cap (%s); "
+		        "checking the writes only\n", ckpt_strerror(rc));
+		ck_assert_int_eq(io_engine_offload(e, 2), rc);
+	} else {
+		ck_assert_msg(cap[0] > 2 || cap[1] > 2, "caps %u/%u before offload", cap[0], cap[1]);
+		ck_assert_int_eq(io_engine_offload(e, 2), 0);
+		ck_assert_int_eq(io_engine_workers(e, cap), 0);
+		ck_assert_uint_eq(cap[0], 2);
+		ck_assert_uint_eq(cap[1], 2);
+	}
+	int fd = open(path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | O_DIRECT, 0600);
+	if (fd < 0)   /* a file system without O_DIRECT (tmpfs before 6.6) */
+		fd = open(path, O_RDWR | O_CLOEXEC);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(ftruncate(fd, 64 * (off_t)BUF_BYTES), 0);
+	uint8_t *b = io_pool_addr(pool, 0);
+	tu_fill(b, BUF_BYTES, tu_seed(), 1);
+	int errs = 0;
+	for (unsigned k = 0; k < 64; k++)
+		ck_assert_int_eq(io_engine_queue(e, IO_OP_WRITE, fd, b, BUF_BYTES, k * (uint64_t)BUF_BYTES,
+		                                 count_done, &errs, 0), 0);
+	while (io_engine_inflight(e))
+		ck_assert_int_ge(io_engine_reap(e, true), 0);
+	ck_assert_int_eq(errs, 0);
+	uint8_t *back = aligned_alloc(CKPT_ALIGN, BUF_BYTES);
+	for (unsigned k = 0; k < 64; k++) {
+		ck_assert_int_eq(pread(fd, back, BUF_BYTES, k * (off_t)BUF_BYTES), (ssize_t)BUF_BYTES);
+		ck_assert_mem_eq(back, b, BUF_BYTES);
+	}
+	free(back);
+	close(fd);
+	io_engine_destroy(e);
+	io_pool_destroy(pool);
+	tu_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(round_trip_zstd_compressible) { round_trip(3, true); }
 END_TEST
 START_TEST(round_trip_zstd_incompressible) { round_trip(1, false); }
@@ -1077,6 +1193,8 @@ int main(void)
 	tcase_add_test(tc, round_trip_raw);
 	tcase_add_test(tc, round_trip_odirect_refused_after_create);
 	tcase_add_test(tc, round_trip_zstd_compressible);
+	tcase_add_test(tc, round_trip_preallocated_offloaded);
+	tcase_add_test(tc, engine_offload_caps_workers);
 	tcase_add_test(tc, round_trip_zstd_incompressible);
 	tcase_add_test(tc, empty_shard);
 	tcase_add_test(tc, external_writes);
