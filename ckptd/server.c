@@ -192,8 +192,12 @@ static int job_dir(struct djob *j)
 	return 0;
 }
 
-/* Bytes of files under dir (the job's usage: what its quota counts). */
-static uint64_t du(const char *dir, int depth)
+/* A file, whatever the path it is reached by. */
+struct file_id { dev_t dev; ino_t ino; };
+
+/* Bytes of files under dir (the job's usage: what its quota counts), but for the
+ * nskip files of skip. */
+static uint64_t du(const char *dir, int depth, const struct file_id *skip, unsigned nskip)
 {
 	DIR *d = opendir(dir);
 	if (!d)
@@ -208,14 +212,38 @@ static uint64_t du(const char *dir, int depth)
 		struct stat st;
 		if (lstat(p, &st) < 0)
 			continue;
+		unsigned k = 0;
+		while (k < nskip && (skip[k].dev != st.st_dev || skip[k].ino != st.st_ino))
+			k++;
 		if (S_ISDIR(st.st_mode) && depth < 3)
-			sum += du(p, depth + 1);
-		else if (S_ISREG(st.st_mode))
+			sum += du(p, depth + 1, skip, nskip);
+		else if (S_ISREG(st.st_mode) && k == nskip)
 			sum += (uint64_t)st.st_blocks * 512u > (uint64_t)st.st_size
 				? (uint64_t)st.st_size : (uint64_t)st.st_blocks * 512u;
 	}
 	closedir(d);
 	return sum;
+}
+
+/* What job j holds here for its quota, under j->lock: its files, less those of its
+ * streams in flight, which the streams' reservations (their size hints) count
+ * instead. Counted twice, a stream's file (allocated whole at open: the writer
+ * preallocates it) and its reservation refused saves that fit the quota. */
+static uint64_t job_held(struct djob *j)
+{
+	unsigned n = 0;
+	for (struct dconn *d = j->streams; d; d = d->next_stream)
+		n++;
+	struct file_id *skip = n ? ckpt_calloc(n, sizeof *skip) : NULL;
+	unsigned nskip = 0;
+	struct stat st;
+	for (struct dconn *d = j->streams; skip && d; d = d->next_stream)
+		if (stat(d->path, &st) == 0)
+			skip[nskip++] = (struct file_id){ st.st_dev, st.st_ino };
+	/* Without memory for the list: every file counts (stricter, never looser). */
+	uint64_t held = du(j->root, 0, skip, nskip);
+	ckpt_free(skip);
+	return held;
 }
 
 static const char *job_holder(void *arg, uint32_t rank)
@@ -557,10 +585,12 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	if ((rc = job_dir(j)) || (rc = engine_get(d)))
 		return rc;
 	/* The quota counts what the job holds here and what its streams in flight say
-	 * they will add. Only a quota needs it: the walk over the job's files is not
-	 * free on a disk busy with the other streams, and the rank waits for OPEN_OK. */
-	uint64_t held = auth.quota_bytes ? du(j->root, 0) : 0, used;
+	 * they will add (job_held). Only a quota needs it: the walk over the job's files
+	 * is not free on a disk busy with the other streams, and the rank waits for
+	 * OPEN_OK. Under the lock: a stream listed, unlisted or released meanwhile
+	 * would be counted twice or not at all. */
 	pthread_mutex_lock(&j->lock);
+	uint64_t held = auth.quota_bytes ? job_held(j) : 0, used;
 	if (!ckpt_add_u64(held, j->reserved, &used))
 		used = UINT64_MAX;
 	/* Compared without a sum: a hint near 2^64 must not wrap around the quota. */
@@ -1638,7 +1668,7 @@ void ckptd_server_jobs(void *arg, void (*emit)(void *emit_arg, const struct ckpt
 			explicit_bzero(auth.secret, sizeof auth.secret);
 		}
 		struct ckptd_job_usage u = {
-			.job = j->id, .used_bytes = du(j->root, 0), .quota_bytes = quota,
+			.job = j->id, .used_bytes = du(j->root, 0, NULL, 0), .quota_bytes = quota,
 			.bytes_received = atomic_load(&j->bytes_received),
 			.saves_committed = atomic_load(&j->committed),
 			.saves_aborted = atomic_load(&j->aborted),
