@@ -364,7 +364,16 @@ part_slow() {
        "${hwm} kB at the end; pool use sampled $(wc -l < "$t/pool-used") times, at most ${used:-?} bytes"
   grep -q "fault injected: slow, 150 ms at every ckptd_after_chunk" "$t/d.log" \
     && ok "the disk was slow" || bad "no slow fault in ckptd's log" "$(tail -5 "$t/d.log")"
-  [ "${used:-0}" = $((16 << 20)) ] && ok "the pool ran full: the ranks were held back, not buffered" \
+  # Held back: the streams waited for pool buffers (ckptd read no more off their
+  # sockets meanwhile). The pool is four 4 MiB buffers; a sampler every 50 ms may
+  # miss the moments all four are out (under load it saw three at most, once), so
+  # three is what it must see.
+  local waited
+  waited=$(grep -o "waiting for pool buffers [0-9.]* s" "$t/d.log" | awk '{ s += $5 } END { printf "%.3f", s }')
+  awk -v w="$waited" 'BEGIN { exit !(w > 0.1) }' \
+    && ok "the streams waited ${waited} s for pool buffers: the ranks were held back, not buffered" \
+    || bad "the streams waited ${waited:-?} s for pool buffers: the test did not load ckptd"
+  [ "${used:-0}" -ge $((12 << 20)) ] && ok "the pool ran (nearly) full: at most ${used} bytes in use seen" \
     || bad "the pool never ran full (at most ${used:-?} bytes seen): the test did not load ckptd"
   [ "$rss0" -ge $((16 * 1024)) ] && ok "the pool is resident from the start (RSS counts it)" \
     || bad "ckptd's RSS at start is ${rss0} kB: is the pool no longer pre-faulted? Then VmHWM says less"
