@@ -364,15 +364,11 @@ part_slow() {
        "${hwm} kB at the end; pool use sampled $(wc -l < "$t/pool-used") times, at most ${used:-?} bytes"
   grep -q "fault injected: slow, 150 ms at every ckptd_after_chunk" "$t/d.log" \
     && ok "the disk was slow" || bad "no slow fault in ckptd's log" "$(tail -5 "$t/d.log")"
-  # Held back: the streams waited for pool buffers (ckptd read no more off their
-  # sockets meanwhile). The pool is four 4 MiB buffers; a sampler every 50 ms may
-  # miss the moments all four are out (under load it saw three at most, once), so
-  # three is what it must see.
-  local waited
-  waited=$(grep -o "waiting for pool buffers [0-9.]* s" "$t/d.log" | awk '{ s += $5 } END { printf "%.3f", s }')
-  awk -v w="$waited" 'BEGIN { exit !(w > 0.1) }' \
-    && ok "the streams waited ${waited} s for pool buffers: the ranks were held back, not buffered" \
-    || bad "the streams waited ${waited:-?} s for pool buffers: the test did not load ckptd"
+  # The pool is four 4 MiB buffers, and every chunk holds its connection 150 ms
+  # after its append: the pool runs full only at moments, and a sampler every 50 ms
+  # may miss them (under load it saw three out at most, once). Three is what it
+  # must see; that the ranks were held back rather than buffered for is the peak
+  # RSS's check below.
   [ "${used:-0}" -ge $((12 << 20)) ] && ok "the pool ran (nearly) full: at most ${used} bytes in use seen" \
     || bad "the pool never ran full (at most ${used:-?} bytes seen): the test did not load ckptd"
   [ "$rss0" -ge $((16 * 1024)) ] && ok "the pool is resident from the start (RSS counts it)" \
