@@ -180,7 +180,14 @@ START_TEST(writes_outside_grants)
 	start_direct(c, 8, 1u << 20, g);
 	p = source(c, 65536, 0x45, &mr);
 	ck_assert_int_eq(write_into(c, mr, p, 65536, &g[0], 0), 0);
+	uint64_t before = atomic_load(&counters.bytes_received_rdma);
 	send_chunk_granted(c, 65536, g[0].id);
+	/* Once ckptd has taken the chunk: it revokes the grant first. (A WRITE that the
+	 * NIC takes before ckptd's thread has read the CHUNK still lands, and changes
+	 * only bytes of the attacker's own that no longer match their hash.) */
+	for (int i = 0; i < 500 && atomic_load(&counters.bytes_received_rdma) == before; i++)
+		usleep(10000);
+	ck_assert_uint_eq(atomic_load(&counters.bytes_received_rdma) - before, 65536);
 	rc = write_into(c, mr, p, 65536, &g[0], 0);
 	ck_assert_msg(rc == -EACCES || rc == -ECONNRESET, "WRITE into a used grant: %d (%s)", rc,
 	              ckpt_err_msg());
