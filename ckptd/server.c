@@ -783,7 +783,9 @@ static int chunk_append(struct dconn *d, unsigned b, bool rdma)
 /* A CHUNK naming a grant: its bytes are in the granted buffer already (the rank's
  * WRITE came before the CHUNK on the same queue pair). The grant must be one of
  * this stream's, not yet used; it is revoked before the buffer goes to the writer,
- * so the bytes written to disk are the ones the rank announced. */
+ * so nothing changes the bytes once the writer has them. (A WRITE that the NIC
+ * took after the CHUNK and before this thread read it changes only the rank's own
+ * bytes, which then fail their hash where they are loaded.) */
 static int chunk_granted(struct dconn *d)
 {
 	uint32_t id = d->chunk.grant;
