@@ -212,12 +212,14 @@ static uint64_t du(const char *dir, int depth, const struct file_id *skip, unsig
 		struct stat st;
 		if (lstat(p, &st) < 0)
 			continue;
+		if (S_ISDIR(st.st_mode) && depth < 3)
+			sum += du(p, depth + 1, skip, nskip);
+		if (!S_ISREG(st.st_mode))
+			continue;
 		unsigned k = 0;
 		while (k < nskip && (skip[k].dev != st.st_dev || skip[k].ino != st.st_ino))
 			k++;
-		if (S_ISDIR(st.st_mode) && depth < 3)
-			sum += du(p, depth + 1, skip, nskip);
-		else if (S_ISREG(st.st_mode) && k == nskip)
+		if (k == nskip)
 			sum += (uint64_t)st.st_blocks * 512u > (uint64_t)st.st_size
 				? (uint64_t)st.st_size : (uint64_t)st.st_blocks * 512u;
 	}

@@ -123,23 +123,27 @@ void io_engine_destroy(struct io_engine *e)
 
 struct io_pool *io_engine_pool(const struct io_engine *e) { return e->pool; }
 unsigned io_engine_inflight(const struct io_engine *e) { return e->inflight; }
+unsigned io_engine_depth(const struct io_engine *e) { return e->depth; }
+
+/* The ring's caps on its kernel workers: [0] bounded (regular files, block
+ * devices), [1] unbounded (the rest); set where non-zero, and read back. */
+static int iowq_caps(struct io_engine *e, unsigned cap[2])
+{
+	int rc = io_uring_register_iowq_max_workers(&e->ring, cap);
+	return rc < 0 ? rc : 0;
+}
 
 int io_engine_workers(struct io_engine *e, unsigned out[2])
 {
 	out[0] = out[1] = 0;   /* zeros ask, and change nothing */
-	int rc = io_uring_register_iowq_max_workers(&e->ring, out);
-	return rc < 0 ? rc : 0;
+	return iowq_caps(e, out);
 }
 
 int io_engine_offload(struct io_engine *e, unsigned workers)
 {
 	e->offload = true;
-	/* [0] bounded (regular files, block devices), [1] unbounded (sockets). */
-	unsigned cap[2] = { workers, workers };
-	int rc = io_uring_register_iowq_max_workers(&e->ring, cap);
-	return rc < 0 ? rc : 0;
+	return iowq_caps(e, (unsigned[2]){ workers, workers });
 }
-unsigned io_engine_depth(const struct io_engine *e) { return e->depth; }
 
 /* Prepare and submit the remaining part of request slot. 0 or -errno (then the
  * sqe has been turned into an ignored no-op). */
