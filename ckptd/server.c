@@ -57,6 +57,10 @@
  * 16 CPUs. */
 #define SRV_IO_WORKERS 4
 
+/* Attempts remembered as removed, per job: a rank hears of its attempt's end within
+ * a round trip of the decision, long before this many more end. */
+#define SRV_GONE 64
+
 struct djob {
 	struct djob     *next;
 	char             id[129];
@@ -75,6 +79,10 @@ struct djob {
 	bool             gc_done;        /* this process collected the job's dead attempts */
 	uint64_t         incarnation;    /* its coordinator's */
 	uint64_t         reserved;       /* size hints of the streams in flight */
+	/* Attempts whose files this instance removed (given up, or retired), the newest
+	 * SRV_GONE: a stream of one is refused at OPEN and at FINISH (job_gone). */
+	struct { uint64_t step, save_id; } gone[SRV_GONE];
+	unsigned         ngone;          /* how many were ever added */
 	_Atomic uint64_t bytes_received, committed, aborted;
 	struct ckptd_counters *counters;
 	int              transport;      /* the instances' (ckptd's own, enum net_transport) */
@@ -131,7 +139,7 @@ struct dconn {
 	/* the shard stream */
 	struct io_shard_writer *w;
 	char                 path[4400], dir[4300];
-	uint64_t             step, reserve, used_at_open, quota;
+	uint64_t             step, save_id, reserve, used_at_open, quota;
 	uint64_t             written;
 	struct net_msg       chunk_msg;  /* the CHUNK whose DATA comes next */
 	struct remote_chunk  chunk;
@@ -246,6 +254,37 @@ static uint64_t job_held(struct djob *j)
 	uint64_t held = du(j->root, 0, skip, nskip);
 	ckpt_free(skip);
 	return held;
+}
+
+/* The files of attempt save_id of step go: from now on a stream of that attempt
+ * is refused. Called before the removal, so that whatever the order of a rank's
+ * OPEN and the removal, its file does not stay: a file created before it is removed
+ * by it, and a stream that checks after it is refused (on_open, on_finish). */
+static void job_gone_add(struct djob *j, uint64_t step, uint64_t save_id)
+{
+	pthread_mutex_lock(&j->lock);
+	unsigned i = j->ngone++ % SRV_GONE;
+	j->gone[i].step = step;
+	j->gone[i].save_id = save_id;
+	pthread_mutex_unlock(&j->lock);
+}
+
+/* CKPT_EABORTED where d's attempt is one whose files were removed here. */
+static int job_gone(struct dconn *d)
+{
+	struct djob *j = d->job;
+	bool gone = false;
+	pthread_mutex_lock(&j->lock);
+	unsigned n = j->ngone < SRV_GONE ? j->ngone : SRV_GONE;
+	for (unsigned i = 0; i < n && !gone; i++)
+		gone = j->gone[i].step == d->step && j->gone[i].save_id == d->save_id;
+	pthread_mutex_unlock(&j->lock);
+	if (!gone)
+		return 0;
+	return ckpt_err(CKPT_EABORTED, "job '%s': step %llu: attempt %016llx was given up, and "
+	                "its files removed, before the shard of rank %u was durable", j->id,
+	                (unsigned long long)d->step, (unsigned long long)d->save_id,
+	                d->hello.rank);
 }
 
 static const char *job_holder(void *arg, uint32_t rank)
@@ -614,6 +653,7 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	d->written = 0;
 	d->index_bytes = 0;
 	d->step = o.step;
+	d->save_id = o.save_id;
 	if ((rc = ckpt_path_step_dir(d->dir, sizeof d->dir, j->root, o.step)) ||
 	    (rc = ckpt_path_shard(d->path, sizeof d->path, j->root, o.step, d->hello.rank,
 	                          o.save_id)))
@@ -647,6 +687,11 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	d->ns_buf = d->ns_append = d->nchunks = 0;
 	if ((rc = io_shard_writer_open(d->engine, d->path, &wo, &d->w)))
 		goto fail;
+	/* After the file is there: a removal that began before it missed it. */
+	if ((rc = job_gone(d))) {
+		stream_end(d, true);
+		return rc;
+	}
 	/* The direct path where the rank asks and the transport can: a share of the
 	 * pool, so that one stream cannot take every buffer as grants it has not used. */
 	d->direct = (o.flags & REMOTE_OPEN_DIRECT) && net_conn_can_write(d->net);
@@ -856,6 +901,11 @@ static int on_finish(struct dconn *d)
 	uint64_t t_end = ckpt_now_ns();
 	d->w = NULL;
 	stream_end(d, false);
+	/* The attempt was given up while the shard streamed: its removal may have come
+	 * before the file was created; the file goes now (its own name: no other
+	 * attempt's), and the rank hears why. */
+	if (!rc && (rc = job_gone(d)) && unlink(d->path) == 0)
+		ckpt_fsync_dir(d->dir);
 	/* Durable here, the rank not told yet (tests). */
 	if (!rc && (rc = ckpt_fault(CKPT_FP_CKPTD_BEFORE_DURABLE)) > 0)
 		rc = 0;
@@ -1004,8 +1054,10 @@ static int on_remove(struct dconn *d, const struct net_msg *m)
 	int rc = remote_remove_decode(m->payload, m->len, &step, &save_id);
 	uint32_t removed = 0;
 	bool empty = false;
-	if (!rc)
+	if (!rc) {
+		job_gone_add(d->job, step, save_id);
 		rc = ckpt_step_remove_attempt(d->job->root, step, save_id, &removed, &empty);
+	}
 	if (rc)
 		return rc;
 	if (empty) {
@@ -1292,6 +1344,7 @@ static void janitor_remove(struct djob *j, uint64_t step, uint64_t save_id)
 {
 	uint32_t removed;
 	bool empty;
+	job_gone_add(j, step, save_id);
 	if (ckpt_step_remove_attempt(j->root, step, save_id, &removed, &empty))
 		ckpt_log(CKPT_LOG_WARN, "step %llu: %s", (unsigned long long)step, ckpt_err_msg());
 	else if (empty) {

@@ -808,6 +808,83 @@ START_TEST(namespace)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ an attempt given up */
+
+/* The shard files of job A's attempt sid of step, here. */
+static unsigned attempt_files(uint64_t step, uint64_t sid)
+{
+	char dir[4400];
+	snprintf(dir, sizeof dir, "%s/jobs/joba/step-%020llu", data_dir, (unsigned long long)step);
+	DIR *d = opendir(dir);
+	unsigned n = 0;
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		uint32_t r;
+		uint64_t id;
+		n += ckpt_path_parse_shard(e->d_name, &r, &id) && id == sid;
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
+static void remove_attempt(uint64_t step, uint64_t sid)
+{
+	struct net_conn *c = conn_a();
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_remove_encode(&b, step, sid);
+	send_buf(c, REMOTE_MSG_REMOVE, &b);
+	struct net_msg m;
+	expect_answer(c, REMOTE_MSG_REMOVE_OK, &m);
+	net_msg_free(&m);
+	net_close(c);
+}
+
+START_TEST(given_up_attempt)
+{
+	/* The removal comes while a rank's shard streams (the rank has not heard of the
+	 * decision): FINISH is refused, and no file of the attempt stays. */
+	struct net_conn *c = conn_a();
+	send_open(c, 8, 5, 1u << 20, 0);
+	struct net_msg m;
+	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
+	net_msg_free(&m);
+	struct ckpt_buf b;
+	tensor_msg(&b, "w", 8192);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+	send_chunk(c, 0, 8192);
+	send_data(c, 8192, 0x5a);
+	remove_attempt(8, 5);
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	expect_error(c, CKPT_EABORTED, "attempt 0000000000000005 was given up");
+	ck_assert_uint_eq(attempt_files(8, 5), 0);
+	/* The removal comes before the rank's OPEN (the rank began before the decision
+	 * and opened its stream after the removal): the OPEN is refused, and the file it
+	 * would have made is not left behind. */
+	remove_attempt(9, 6);
+	c = conn_a();
+	send_open(c, 9, 6, 1u << 20, 0);
+	expect_error(c, CKPT_EABORTED, "step 9: attempt 0000000000000006 was given up");
+	ck_assert_uint_eq(attempt_files(9, 6), 0);
+	/* A new attempt of that step is taken. */
+	c = conn_a();
+	send_open(c, 9, 7, 1u << 20, 0);
+	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
+	net_msg_free(&m);
+	tensor_msg(&b, "w", 8192);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+	send_chunk(c, 0, 8192);
+	send_data(c, 8192, 0x5a);
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	expect_answer(c, REMOTE_MSG_DURABLE, &m);
+	net_msg_free(&m);
+	net_close(c);
+	ck_assert_uint_eq(attempt_files(9, 7), 1);
+	after_attack();
+}
+END_TEST
+
 /* ------------------------------------------------------------------ bounds per connection */
 
 START_TEST(index_bounded)
@@ -1218,6 +1295,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, unexpected_types);
 	tcase_add_test(tc, truncated_messages);
 	tcase_add_test(tc, namespace);
+	tcase_add_test(tc, given_up_attempt);
 	tcase_add_test(tc, index_bounded);
 	tcase_add_test(tc, idle_closed_and_rank_reconnects);
 	tcase_add_test(tc, pool_not_leaked);

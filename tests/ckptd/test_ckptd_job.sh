@@ -24,11 +24,13 @@ printf 'secret-of-job-four-0123456789' > "$t/four.secret"
 cat > "$t/jobs" <<JOBS
 # the jobs of this test
 one secret-file=$t/one.secret
-two secret-file=$t/two.secret quota=1M
+two secret-file=$t/two.secret quota=6M
 four secret-file=$t/four.secret quota=8M
 JOBS
 # The second instance gives job two less room: a save of two fails on rank 1 only.
-sed 's/quota=1M/quota=256K/' "$t/jobs" > "$t/jobs_b"
+# The first has room for job two's manifest (3 MiB and 4 KiB) and rank 0's shard of a
+# small save, not for a shard of 4 MiB.
+sed 's/quota=6M/quota=256K/' "$t/jobs" > "$t/jobs_b"
 start() {  # start NAME DATA [JOBS]: a ckptd on an ephemeral port; sets port_NAME
   "$ckptd" --listen 127.0.0.1:0 --data "$2" --jobs "${3:-$t/jobs}" --metrics 127.0.0.1:0 \
     --log info > "$t/$1.out" 2> "$t/$1.log" &
@@ -115,7 +117,7 @@ expect_rc 1 "not registered with this ckptd" "an unknown job is refused" \
 expect_rc 1 "not registered with this ckptd" "a path-like job id is refused" \
   env CKPT_TARGET="$one" CKPT_JOB_ID=../one "$synth" save --root "$t/u" --step 40 --bytes 1M \
   --seed 1 --world 1
-expect_rc 1 "quota of 1048576 bytes exceeded" "a quota exceeded says so" \
+expect_rc 1 "quota of 6291456 bytes exceeded" "a quota exceeded says so" \
   env CKPT_TARGET="$one" CKPT_JOB_ID=two CKPT_JOB_SECRET=secret-of-job-two-0123456789 \
   "$synth" save --root "$t/u" --step 1 --bytes 8M --seed 1 --world 2
 extra=$(find "$t/a" "$t/b" -mindepth 1 -not -path "$t/a/jobs*" -not -path "$t/b/jobs*" \
@@ -154,6 +156,10 @@ grep -q "pool: 48 buffers of 16384 KiB, and 16 each of 8192 down to 64 KiB" "$t/
 expect_rc 1 "quota of 262144 bytes exceeded" "rank 1 of job two over its quota on the second instance" \
   env CKPT_TARGET="$two" CKPT_JOB_ID=two CKPT_JOB_SECRET=secret-of-job-two-0123456789 \
   "$synth" save --root "$t/u" --step 7 --bytes 1M --seed 1 --world 2
+# Rank 0 fits on the home instance: were it refused too, the coordinator could abort
+# rank 1 before it began, and nothing would be left to remove.
+! grep -q "quota of 6291456" <<<"$out" && ok "... and rank 0 is not refused on the first" \
+  || bad "rank 0 refused too" "$out"
 left=
 for _ in $(seq 300); do
   left=$(find "$t/a/jobs/two" "$t/b/jobs/two" -name '*.shard' 2>/dev/null)
