@@ -14,6 +14,9 @@
  * write or vote: its begin fails with the coordinator's reason, and it sends ABORT
  * so that the attempt its BEGIN opened is aborted too instead of waiting for votes
  * that will not come. Likewise a rank never votes for a step already decided.
+ * The decision of an attempt this rank already gave up (or waited for) is told
+ * apart by its save id: it may come after the rank began the step again (a save
+ * retried at once), and is not the new attempt's.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -33,6 +36,8 @@ struct part_entry {
 	struct part_entry *next;
 };
 
+#define PART_DONE 8
+
 struct part_remote {
 	struct commit_part base;              /* first: the ops (commit_internal.h) */
 	struct net_conn   *conn;
@@ -44,6 +49,11 @@ struct part_remote {
 	pthread_mutex_t    lock;             /* entries, lost, stop */
 	pthread_cond_t     cond;
 	struct part_entry *entries;
+	/* Attempts this rank is done with (it gave them up, or took their decision),
+	 * the newest PART_DONE: their decision, should it come after this rank began
+	 * the step again, is not the new attempt's (rx_main). */
+	struct { uint64_t step, save_id; } done[PART_DONE];
+	unsigned           ndone;
 	bool               lost, stop;
 	char               lost_why[256];
 };
@@ -74,6 +84,25 @@ static void entry_drop(struct part_remote *p, uint64_t step)
 			return;
 		}
 	}
+}
+
+/* Under p->lock. */
+static void done_add(struct part_remote *p, uint64_t step, uint64_t save_id)
+{
+	if (!save_id)
+		return;
+	unsigned i = p->ndone++ % PART_DONE;
+	p->done[i].step = step;
+	p->done[i].save_id = save_id;
+}
+
+static bool done_has(const struct part_remote *p, uint64_t step, uint64_t save_id)
+{
+	unsigned n = p->ndone < PART_DONE ? p->ndone : PART_DONE;
+	for (unsigned i = 0; i < n; i++)
+		if (p->done[i].step == step && p->done[i].save_id == save_id)
+			return true;
+	return false;
 }
 
 static void part_lost(struct part_remote *p, const char *why)
@@ -136,6 +165,11 @@ static void *rx_main(void *arg)
 			} else if (e->begin_done && st.save_id && e->save_id && st.save_id != e->save_id) {
 				/* The decision of another attempt at this step (an earlier one,
 				 * decided after this rank began the current one): not ours. */
+			} else if (!e->begin_done && st.save_id && done_has(p, st.step, st.save_id)) {
+				/* The decision of an attempt this rank gave up, come after it
+				 * began the step again and before the reply: not the new one's
+				 * (a rank that voted and then gave up keeps its entry, and
+				 * takes its attempt's decision as ever). */
 			} else if (!e->decided) {
 				e->decided = true;
 				e->decision = st.code;
@@ -297,6 +331,8 @@ static int remote_begin(struct commit_part *base, uint64_t step, uint64_t *save_
 		*save_id = attempt;
 	if (rc)
 		entry_drop(p, step);
+	if (stale)
+		done_add(p, step, attempt);
 	pthread_mutex_unlock(&p->lock);
 	/* A BEGIN that was decided before this rank began, or never answered, may still
 	 * have opened an attempt at the coordinator: close it, so that it does not hold
@@ -363,6 +399,7 @@ static int remote_abort(struct commit_part *base, uint64_t step, int code, const
 	struct part_entry *e = entry_get(p, step, false);
 	if (e && !e->prepared)
 		entry_drop(p, step);
+	done_add(p, step, attempt);
 	pthread_mutex_unlock(&p->lock);
 	return rc;
 }
@@ -394,6 +431,8 @@ static int remote_wait(struct commit_part *base, uint64_t step, int timeout_ms)
 		rc = ckpt_err(CKPT_EABORTED, "step %llu: %s before voting", (unsigned long long)step,
 		              p->lost ? p->lost_why : "timed out");
 	}
+	if (e->begin_done)
+		done_add(p, step, e->save_id);
 	entry_drop(p, step);
 	pthread_mutex_unlock(&p->lock);
 	return rc;

@@ -12,7 +12,11 @@
  *     PREPARE goes out, and the wait reports the coordinator's reason;
  *   - BEGIN is never answered: the begin times out, and the rank sends ABORT for the
  *     step, so that an attempt the coordinator may have opened does not hold the
- *     steps after it.
+ *     steps after it;
+ *   - a rank gives an attempt up (its ABORT, or a stale begin's) and begins the step
+ *     again at once: that attempt's decision, between the new BEGIN and its reply,
+ *     is not the new attempt's; and a rank that voted and then gave up still takes
+ *     its attempt's decision.
  * The script is ordered by the TCP stream itself (a second BEGIN serves as a
  * barrier), never by sleeps.
  */
@@ -48,6 +52,7 @@ static int any_rank(void *arg, uint32_t rank, const char **why)
 /* Attempt ids: BEGIN_REPLY opens attempt ATTEMPT(step); an older one was decided. */
 #define ATTEMPT(step) (0x5a00u + (step))
 #define OLDER(step)   (0x4a00u + (step))
+#define NEWER(step)   (0x6a00u + (step))   /* the attempt after ATTEMPT(step) */
 
 static int send_status(struct net_conn *c, uint16_t type, uint64_t step, uint64_t save_id,
                        int code, const char *why)
@@ -62,6 +67,8 @@ static int send_status(struct net_conn *c, uint16_t type, uint64_t step, uint64_
 	ckpt_buf_free(&b);
 	return rc;
 }
+
+static uint64_t s_last_abort;   /* the save id of the last ABORT received */
 
 /* Receive one message; its step (BEGIN: the payload; others: the status/vote). */
 static int recv_step(struct net_conn *c, uint16_t *type, uint64_t *step)
@@ -80,7 +87,10 @@ static int recv_step(struct net_conn *c, uint16_t *type, uint64_t *step)
 	else if (m.type == COMMIT_MSG_ABORT && !(rc = commit_status_decode(m.payload, m.len, &st)))
 		*step = st.step;
 	/* An ABORT names the attempt it gives up: the one this rank's BEGIN opened. */
-	if (!rc && m.type == COMMIT_MSG_ABORT && st.save_id && st.save_id != ATTEMPT(st.step))
+	if (!rc && m.type == COMMIT_MSG_ABORT)
+		s_last_abort = st.save_id;
+	if (!rc && m.type == COMMIT_MSG_ABORT && st.save_id && st.save_id != ATTEMPT(st.step) &&
+	    st.save_id != NEWER(st.step))
 		rc = -EBADMSG;
 	net_msg_free(&m);
 	return rc;
@@ -112,6 +122,52 @@ static void *coordinator_script(void *arg)
 		                "rank 2 failed: disk on fire") ||
 		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 7, ATTEMPT(7), 0, ""))
 			SCRIPT_FAIL("send: %s", ckpt_err_msg());
+	} else if (s->scenario == 4) {
+		/* BEGIN 80 -> reply; the rank's ABORT of it; BEGIN 80 -> DECISION of the
+		 * given-up attempt, then the reply opening the next one, and its decision. */
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 80 ||
+		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 80, ATTEMPT(80), 0, ""))
+			SCRIPT_FAIL("BEGIN 80: type %u step %llu", type, (unsigned long long)step);
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_ABORT || step != 80)
+			SCRIPT_FAIL("want ABORT 80, got type %u step %llu", type, (unsigned long long)step);
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 80 ||
+		    send_status(c, COMMIT_MSG_DECISION, 80, ATTEMPT(80), CKPT_EABORTED,
+		                "rank 1 gave up") ||
+		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 80, NEWER(80), 0, ""))
+			SCRIPT_FAIL("BEGIN 80 again: type %u step %llu", type, (unsigned long long)step);
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_PREPARE || step != 80 ||
+		    send_status(c, COMMIT_MSG_DECISION, 80, NEWER(80), 0, ""))
+			SCRIPT_FAIL("want PREPARE 80, got type %u step %llu", type, (unsigned long long)step);
+		/* BEGIN 81 -> DECISION of an attempt the rank never knew, then the reply:
+		 * the rank ABORTs what its BEGIN opened, begins again, and that abort's
+		 * decision comes between the BEGIN and the reply. */
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 81 ||
+		    send_status(c, COMMIT_MSG_DECISION, 81, OLDER(81), CKPT_EABORTED,
+		                "rank 2 failed") ||
+		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 81, ATTEMPT(81), 0, ""))
+			SCRIPT_FAIL("BEGIN 81: type %u step %llu", type, (unsigned long long)step);
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_ABORT || step != 81 ||
+		    s_last_abort != ATTEMPT(81))
+			SCRIPT_FAIL("want ABORT 81 of %x, got type %u step %llu", ATTEMPT(81), type,
+			            (unsigned long long)step);
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 81 ||
+		    send_status(c, COMMIT_MSG_DECISION, 81, ATTEMPT(81), CKPT_EABORTED,
+		                "rank 1 gave up") ||
+		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 81, NEWER(81), 0, ""))
+			SCRIPT_FAIL("BEGIN 81 again: type %u step %llu", type, (unsigned long long)step);
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_ABORT || step != 81 ||
+		    s_last_abort != NEWER(81))
+			SCRIPT_FAIL("want ABORT 81 of %x, got type %u step %llu", NEWER(81), type,
+			            (unsigned long long)step);
+		/* BEGIN 82 -> reply; the rank votes, then gives up; the decision commits. */
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 82 ||
+		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 82, ATTEMPT(82), 0, ""))
+			SCRIPT_FAIL("BEGIN 82: type %u step %llu", type, (unsigned long long)step);
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_PREPARE || step != 82)
+			SCRIPT_FAIL("want PREPARE 82, got type %u step %llu", type, (unsigned long long)step);
+		if (recv_step(c, &type, &step) || type != COMMIT_MSG_ABORT || step != 82 ||
+		    send_status(c, COMMIT_MSG_DECISION, 82, ATTEMPT(82), 0, ""))
+			SCRIPT_FAIL("want ABORT 82, got type %u step %llu", type, (unsigned long long)step);
 	} else {
 		/* BEGIN 8 -> reply ok; BEGIN 9 -> DECISION(8, abort), then reply ok to 9 (the
 		 * barrier: the decision reaches the rank after its begin of 8 returned). */
@@ -227,6 +283,46 @@ START_TEST(begin_never_answered)
 }
 END_TEST
 
+START_TEST(decision_of_a_given_up_attempt)
+{
+	struct script s;
+	pthread_t t;
+	struct commit_part *p = start(&s, &t, 4);
+	uint64_t id;
+	ck_assert_int_eq(commit_part_begin(p, 80, &id), 0);
+	ck_assert_uint_eq(id, ATTEMPT(80));
+	ck_assert_int_eq(commit_part_abort(p, 80, CKPT_EABORTED, "this rank gives up"), 0);
+	/* Again at once: the given-up attempt's decision comes before the reply. */
+	int rc = commit_part_begin(p, 80, &id);
+	ck_assert_msg(rc == 0, "begin after giving an attempt up: rc %d (%s)", rc, ckpt_err_msg());
+	ck_assert_uint_eq(id, NEWER(80));
+	uint8_t idx[16] = { 1, 2, 3 };
+	struct commit_vote v = { .rank = 1, .step = 80, .save_id = id, .index = idx,
+	                         .index_len = sizeof idx, .file_size = 4096 };
+	ck_assert_int_eq(commit_part_prepare(p, &v), 0);
+	rc = commit_part_wait(p, 80, TMO);
+	ck_assert_msg(rc == 0, "the new attempt's own decision: rc %d (%s)", rc, ckpt_err_msg());
+	/* A decision of an attempt never known, in that place, still ends the begin;
+	 * the attempt the BEGIN opened is given up, and its decision is not the next. */
+	rc = commit_part_begin(p, 81, &id);
+	ck_assert_msg(rc == CKPT_EABORTED && strstr(ckpt_err_msg(), "rank 2 failed"), "rc %d (%s)",
+	              rc, ckpt_err_msg());
+	rc = commit_part_begin(p, 81, &id);
+	ck_assert_msg(rc == 0, "begin after a stale begin: rc %d (%s)", rc, ckpt_err_msg());
+	ck_assert_uint_eq(id, NEWER(81));
+	commit_part_abort(p, 81, CKPT_EABORTED, "test over");
+	/* Voted, then gave up: the attempt's decision stands. */
+	ck_assert_int_eq(commit_part_begin(p, 82, &id), 0);
+	v.step = 82;
+	v.save_id = id;
+	ck_assert_int_eq(commit_part_prepare(p, &v), 0);
+	commit_part_abort(p, 82, CKPT_EABORTED, "gave up after voting");
+	rc = commit_part_wait(p, 82, TMO);
+	ck_assert_msg(rc == 0, "a voted attempt's decision: rc %d (%s)", rc, ckpt_err_msg());
+	finish(&s, t, p);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("participant_order");
@@ -235,6 +331,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, decision_before_begin_reply);
 	tcase_add_test(tc, decision_before_vote);
 	tcase_add_test(tc, begin_never_answered);
+	tcase_add_test(tc, decision_of_a_given_up_attempt);
 	suite_add_tcase(s, tc);
 	return s;
 }
