@@ -472,7 +472,20 @@ void tensor_msg(struct ckpt_buf *b, const char *name, uint64_t bytes)
 /* OPEN (answered OPEN_OK with the pool's buffer size), then TENSOR "w" of bytes. */
 void start_stream(struct net_conn *c, uint64_t step, uint64_t bytes)
 {
-	send_open(c, step, STREAM_SID, 1u << 20, 0);
+	start_stream_of(c, step, STREAM_SID, bytes);
+}
+
+void send_one_chunk_shard(struct net_conn *c, uint64_t step, uint64_t save_id, uint64_t bytes,
+                          uint8_t fill)
+{
+	start_stream_of(c, step, save_id, bytes);
+	send_chunk(c, 0, bytes);
+	send_data(c, (size_t)bytes, fill);
+}
+
+void start_stream_of(struct net_conn *c, uint64_t step, uint64_t save_id, uint64_t bytes)
+{
+	send_open(c, step, save_id, 1u << 20, 0);
 	struct net_msg m;
 	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
 	ck_assert_uint_eq(m.len, 8);

@@ -93,6 +93,11 @@ void send_open(struct net_conn *c, uint64_t step, uint64_t save_id, uint32_t blo
                uint64_t size_hint);
 void tensor_msg(struct ckpt_buf *b, const char *name, uint64_t bytes);
 void start_stream(struct net_conn *c, uint64_t step, uint64_t bytes);
+/* start_stream of attempt save_id (the save id of hand-made streams: STREAM_SID). */
+void start_stream_of(struct net_conn *c, uint64_t step, uint64_t save_id, uint64_t bytes);
+/* A shard of one tensor "w" of bytes, all fill, in one chunk: everything but FINISH. */
+void send_one_chunk_shard(struct net_conn *c, uint64_t step, uint64_t save_id, uint64_t bytes,
+                          uint8_t fill);
 void chunk_msg(struct ckpt_buf *b, uint32_t tensor, uint64_t len);
 void send_chunk(struct net_conn *c, uint32_t tensor, uint64_t len);
 void send_data(struct net_conn *c, size_t len, uint8_t fill);

@@ -742,19 +742,13 @@ START_TEST(namespace)
 	expect_error(c, CKPT_ENOTFOUND, "job 'joba' has no manifest on this ckptd");
 	/* A writes its own shard under the very name B's file has: it lands in A's root. */
 	c = conn_a();
-	send_open(c, 1, b_sid, 1u << 20, 0);
-	struct net_msg m;
-	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
-	net_msg_free(&m);
-	struct ckpt_buf b;
-	tensor_msg(&b, "w", 8192);
-	send_buf(c, REMOTE_MSG_TENSOR, &b);
-	send_chunk(c, 0, 8192);
-	send_data(c, 8192, 0xa5);
+	send_one_chunk_shard(c, 1, b_sid, 8192, 0xa5);
 	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	struct net_msg m;
 	expect_answer(c, REMOTE_MSG_DURABLE, &m);
 	net_msg_free(&m);
 	/* What A reads under that name is A's. */
+	struct ckpt_buf b;
 	read_msg(&b, b_rel, 4096, 8192);
 	send_buf(c, REMOTE_MSG_READ, &b);
 	expect_answer(c, REMOTE_MSG_DATA, &m);
@@ -846,15 +840,7 @@ START_TEST(given_up_attempt)
 	/* The removal comes while a rank's shard streams (the rank has not heard of the
 	 * decision): FINISH is refused, and no file of the attempt stays. */
 	struct net_conn *c = conn_a();
-	send_open(c, 8, 5, 1u << 20, 0);
-	struct net_msg m;
-	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
-	net_msg_free(&m);
-	struct ckpt_buf b;
-	tensor_msg(&b, "w", 8192);
-	send_buf(c, REMOTE_MSG_TENSOR, &b);
-	send_chunk(c, 0, 8192);
-	send_data(c, 8192, 0x5a);
+	send_one_chunk_shard(c, 8, 5, 8192, 0x5a);
 	remove_attempt(8, 5);
 	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
 	expect_error(c, CKPT_EABORTED, "attempt 0000000000000005 was given up");
@@ -869,14 +855,9 @@ START_TEST(given_up_attempt)
 	ck_assert_uint_eq(attempt_files(9, 6), 0);
 	/* A new attempt of that step is taken. */
 	c = conn_a();
-	send_open(c, 9, 7, 1u << 20, 0);
-	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
-	net_msg_free(&m);
-	tensor_msg(&b, "w", 8192);
-	send_buf(c, REMOTE_MSG_TENSOR, &b);
-	send_chunk(c, 0, 8192);
-	send_data(c, 8192, 0x5a);
+	send_one_chunk_shard(c, 9, 7, 8192, 0x5a);
 	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	struct net_msg m;
 	expect_answer(c, REMOTE_MSG_DURABLE, &m);
 	net_msg_free(&m);
 	net_close(c);

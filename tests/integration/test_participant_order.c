@@ -96,6 +96,37 @@ static int recv_step(struct net_conn *c, uint16_t *type, uint64_t *step)
 	return rc;
 }
 
+/* Scenario 4, a line per message from the rank: what it must be (an ABORT: of which
+ * attempt, 0 any), and what the coordinator answers, in order. */
+struct line {
+	uint16_t want;
+	uint64_t step, abort_of;
+	struct { uint16_t type; uint64_t save_id; int code; const char *why; } send[2];
+};
+static const struct line given_up[] = {
+	/* BEGIN 80 -> reply; the rank gives the attempt up and begins again at once: the
+	 * given-up attempt's decision comes before the reply opening the next one; the
+	 * rank votes for that one and gets its decision. */
+	{ COMMIT_MSG_BEGIN, 80, 0, { { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(80), 0, "" } } },
+	{ COMMIT_MSG_ABORT, 80, ATTEMPT(80), { { 0 } } },
+	{ COMMIT_MSG_BEGIN, 80, 0, { { COMMIT_MSG_DECISION, ATTEMPT(80), CKPT_EABORTED, "rank 1 gave up" },
+	                             { COMMIT_MSG_BEGIN_REPLY, NEWER(80), 0, "" } } },
+	{ COMMIT_MSG_PREPARE, 80, 0, { { COMMIT_MSG_DECISION, NEWER(80), 0, "" } } },
+	/* BEGIN 81 -> the decision of an attempt the rank never knew, then the reply: the
+	 * rank ABORTs what its BEGIN opened and begins again, and that abort's decision
+	 * comes between the BEGIN and the reply. */
+	{ COMMIT_MSG_BEGIN, 81, 0, { { COMMIT_MSG_DECISION, OLDER(81), CKPT_EABORTED, "rank 2 failed" },
+	                             { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(81), 0, "" } } },
+	{ COMMIT_MSG_ABORT, 81, ATTEMPT(81), { { 0 } } },
+	{ COMMIT_MSG_BEGIN, 81, 0, { { COMMIT_MSG_DECISION, ATTEMPT(81), CKPT_EABORTED, "rank 1 gave up" },
+	                             { COMMIT_MSG_BEGIN_REPLY, NEWER(81), 0, "" } } },
+	{ COMMIT_MSG_ABORT, 81, NEWER(81), { { 0 } } },
+	/* BEGIN 82 -> reply; the rank votes, then gives up; the decision commits. */
+	{ COMMIT_MSG_BEGIN, 82, 0, { { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(82), 0, "" } } },
+	{ COMMIT_MSG_PREPARE, 82, 0, { { 0 } } },
+	{ COMMIT_MSG_ABORT, 82, ATTEMPT(82), { { COMMIT_MSG_DECISION, ATTEMPT(82), 0, "" } } },
+};
+
 #define SCRIPT_FAIL(...) do { s->err = 1; snprintf(s->what, sizeof s->what, __VA_ARGS__); goto out; } while (0)
 
 static void *coordinator_script(void *arg)
@@ -123,51 +154,18 @@ static void *coordinator_script(void *arg)
 		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 7, ATTEMPT(7), 0, ""))
 			SCRIPT_FAIL("send: %s", ckpt_err_msg());
 	} else if (s->scenario == 4) {
-		/* BEGIN 80 -> reply; the rank's ABORT of it; BEGIN 80 -> DECISION of the
-		 * given-up attempt, then the reply opening the next one, and its decision. */
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 80 ||
-		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 80, ATTEMPT(80), 0, ""))
-			SCRIPT_FAIL("BEGIN 80: type %u step %llu", type, (unsigned long long)step);
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_ABORT || step != 80)
-			SCRIPT_FAIL("want ABORT 80, got type %u step %llu", type, (unsigned long long)step);
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 80 ||
-		    send_status(c, COMMIT_MSG_DECISION, 80, ATTEMPT(80), CKPT_EABORTED,
-		                "rank 1 gave up") ||
-		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 80, NEWER(80), 0, ""))
-			SCRIPT_FAIL("BEGIN 80 again: type %u step %llu", type, (unsigned long long)step);
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_PREPARE || step != 80 ||
-		    send_status(c, COMMIT_MSG_DECISION, 80, NEWER(80), 0, ""))
-			SCRIPT_FAIL("want PREPARE 80, got type %u step %llu", type, (unsigned long long)step);
-		/* BEGIN 81 -> DECISION of an attempt the rank never knew, then the reply:
-		 * the rank ABORTs what its BEGIN opened, begins again, and that abort's
-		 * decision comes between the BEGIN and the reply. */
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 81 ||
-		    send_status(c, COMMIT_MSG_DECISION, 81, OLDER(81), CKPT_EABORTED,
-		                "rank 2 failed") ||
-		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 81, ATTEMPT(81), 0, ""))
-			SCRIPT_FAIL("BEGIN 81: type %u step %llu", type, (unsigned long long)step);
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_ABORT || step != 81 ||
-		    s_last_abort != ATTEMPT(81))
-			SCRIPT_FAIL("want ABORT 81 of %x, got type %u step %llu", ATTEMPT(81), type,
-			            (unsigned long long)step);
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 81 ||
-		    send_status(c, COMMIT_MSG_DECISION, 81, ATTEMPT(81), CKPT_EABORTED,
-		                "rank 1 gave up") ||
-		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 81, NEWER(81), 0, ""))
-			SCRIPT_FAIL("BEGIN 81 again: type %u step %llu", type, (unsigned long long)step);
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_ABORT || step != 81 ||
-		    s_last_abort != NEWER(81))
-			SCRIPT_FAIL("want ABORT 81 of %x, got type %u step %llu", NEWER(81), type,
-			            (unsigned long long)step);
-		/* BEGIN 82 -> reply; the rank votes, then gives up; the decision commits. */
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_BEGIN || step != 82 ||
-		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 82, ATTEMPT(82), 0, ""))
-			SCRIPT_FAIL("BEGIN 82: type %u step %llu", type, (unsigned long long)step);
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_PREPARE || step != 82)
-			SCRIPT_FAIL("want PREPARE 82, got type %u step %llu", type, (unsigned long long)step);
-		if (recv_step(c, &type, &step) || type != COMMIT_MSG_ABORT || step != 82 ||
-		    send_status(c, COMMIT_MSG_DECISION, 82, ATTEMPT(82), 0, ""))
-			SCRIPT_FAIL("want ABORT 82, got type %u step %llu", type, (unsigned long long)step);
+		for (size_t i = 0; i < sizeof given_up / sizeof given_up[0]; i++) {
+			const struct line *l = &given_up[i];
+			if (recv_step(c, &type, &step) || type != l->want || step != l->step ||
+			    (l->abort_of && s_last_abort != l->abort_of))
+				SCRIPT_FAIL("line %zu: want type %u step %llu, got type %u step %llu", i,
+				            l->want, (unsigned long long)l->step, type,
+				            (unsigned long long)step);
+			for (int k = 0; k < 2 && l->send[k].type; k++)
+				if (send_status(c, l->send[k].type, l->step, l->send[k].save_id,
+				                l->send[k].code, l->send[k].why))
+					SCRIPT_FAIL("send: %s", ckpt_err_msg());
+		}
 	} else {
 		/* BEGIN 8 -> reply ok; BEGIN 9 -> DECISION(8, abort), then reply ok to 9 (the
 		 * barrier: the decision reaches the rank after its begin of 8 returned). */
