@@ -200,12 +200,9 @@ static int job_dir(struct djob *j)
 	return 0;
 }
 
-/* A file, whatever the path it is reached by. */
-struct file_id { dev_t dev; ino_t ino; };
-
 /* Bytes of files under dir (the job's usage: what its quota counts), but for the
- * nskip files of skip. */
-static uint64_t du(const char *dir, int depth, const struct file_id *skip, unsigned nskip)
+ * nskip files whose paths skip names (built from the job's root as these are). */
+static uint64_t du(const char *dir, int depth, const char *const *skip, unsigned nskip)
 {
 	DIR *d = opendir(dir);
 	if (!d)
@@ -225,7 +222,7 @@ static uint64_t du(const char *dir, int depth, const struct file_id *skip, unsig
 		if (!S_ISREG(st.st_mode))
 			continue;
 		unsigned k = 0;
-		while (k < nskip && (skip[k].dev != st.st_dev || skip[k].ino != st.st_ino))
+		while (k < nskip && strcmp(skip[k], p))
 			k++;
 		if (k == nskip)
 			sum += (uint64_t)st.st_blocks * 512u > (uint64_t)st.st_size
@@ -238,18 +235,18 @@ static uint64_t du(const char *dir, int depth, const struct file_id *skip, unsig
 /* What job j holds here for its quota, under j->lock: its files, less those of its
  * streams in flight, which the streams' reservations (their size hints) count
  * instead. Counted twice, a stream's file (allocated whole at open: the writer
- * preallocates it) and its reservation refused saves that fit the quota. */
+ * preallocates it) and its reservation refused saves that fit the quota. By path:
+ * a listed stream creates its file outside the lock, so the file may appear while
+ * the walk runs (a list of the files there before the walk missed it). */
 static uint64_t job_held(struct djob *j)
 {
 	unsigned n = 0;
 	for (struct dconn *d = j->streams; d; d = d->next_stream)
 		n++;
-	struct file_id *skip = n ? ckpt_calloc(n, sizeof *skip) : NULL;
+	const char **skip = n ? ckpt_calloc(n, sizeof *skip) : NULL;
 	unsigned nskip = 0;
-	struct stat st;
 	for (struct dconn *d = j->streams; skip && d; d = d->next_stream)
-		if (stat(d->path, &st) == 0)
-			skip[nskip++] = (struct file_id){ st.st_dev, st.st_ino };
+		skip[nskip++] = d->path;
 	/* Without memory for the list: every file counts (stricter, never looser). */
 	uint64_t held = du(j->root, 0, skip, nskip);
 	ckpt_free(skip);
