@@ -42,6 +42,10 @@
 #define SAVE_LOG_SCOPE(s) \
 	CKPT_LOG_SCOPE((s) ? &(s)->ctx->log : NULL, (s) ? (s)->step : CKPT_LOG_NO_STEP)
 
+/* How long a rank whose stream ckptd refused as given up waits for the coordinator's
+ * decision, which was sent before the refusal (on another connection). */
+#define SAVE_DECISION_WAIT_MS 2000
+
 /* ------------------------------------------------------------------ item checks */
 
 static int item_name_add(struct ckpt_save *s, const char *name, size_t len)
@@ -1879,12 +1883,22 @@ out:
 	 * for this rank (a rank alone records it aborted). After the vote the decision
 	 * was the outcome. */
 	if (rc && !voted) {
-		/* The abort is best effort and its own failure (the coordinator is gone
-		 * too, as when the home ckptd dies) must not replace the cause. */
 		char why[1024];
 		snprintf(why, sizeof why, "%s", ckpt_err_msg());
-		commit_part_abort(c->part, s->step, rc, why);
-		ckpt_err_restore(why);
+		/* ckptd refuses the stream of an attempt that was given up (its files
+		 * removed): the coordinator decided first, and its decision, on its way to
+		 * this rank, says why. */
+		int d = rc == CKPT_EABORTED && glue_remote(c)
+		        ? commit_part_decided(c->part, s->step, SAVE_DECISION_WAIT_MS) : -ETIMEDOUT;
+		if (d != -ETIMEDOUT) {
+			if (d)
+				rc = d;
+		} else {
+			/* The abort is best effort and its own failure (the coordinator is gone
+			 * too, as when the home ckptd dies) must not replace the cause. */
+			commit_part_abort(c->part, s->step, rc, why);
+			ckpt_err_restore(why);
+		}
 	}
 	if (rc)
 		ckpt_err_prefix(rc, "save of step %llu on rank %d", (unsigned long long)s->step,

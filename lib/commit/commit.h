@@ -319,5 +319,11 @@ int  commit_part_abort(struct commit_part *p, uint64_t step, int code, const cha
 /* Wait for the decision on step: 0 committed; CKPT_EABORTED (message: the reason);
  * CKPT_EINDOUBT if the coordinator was lost or silent after this rank voted. */
 int  commit_part_wait(struct commit_part *p, uint64_t step, int timeout_ms);
+/* The coordinator's decision on step, if it comes within timeout_ms, this rank
+ * giving nothing up: 0 committed, or CKPT_EABORTED (-EEXIST) with the coordinator's
+ * reason, after which the step is over for this rank as after commit_part_wait;
+ * -ETIMEDOUT where none came (nothing changes; a rank alone: at once). For a rank
+ * whose data path heard, before its vote, that the attempt was given up. */
+int  commit_part_decided(struct commit_part *p, uint64_t step, int timeout_ms);
 
 #endif /* CKPT_COMMIT_H */

@@ -128,6 +128,7 @@ struct commit_part_ops {
 	int      (*prepare)(struct commit_part *p, const struct commit_vote *v);
 	int      (*abort)(struct commit_part *p, uint64_t step, int code, const char *why);
 	int      (*wait)(struct commit_part *p, uint64_t step, int timeout_ms);
+	int      (*decided)(struct commit_part *p, uint64_t step, int timeout_ms); /* NULL: none */
 	void     (*close)(struct commit_part *p);
 };
 struct commit_part {

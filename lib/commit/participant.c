@@ -190,9 +190,11 @@ static int      remote_prepare(struct commit_part *base, const struct commit_vot
 static int      remote_abort(struct commit_part *base, uint64_t step, int code, const char *why);
 static int      remote_wait(struct commit_part *base, uint64_t step, int timeout_ms);
 
+static int remote_decided(struct commit_part *base, uint64_t step, int timeout_ms);
 static const struct commit_part_ops remote_ops = {
 	.begin = remote_begin, .attempt = remote_attempt, .prepare = remote_prepare,
-	.abort = remote_abort, .wait = remote_wait, .close = remote_close,
+	.abort = remote_abort, .wait = remote_wait, .decided = remote_decided,
+	.close = remote_close,
 };
 
 int commit_part_connect(const struct commit_part_opts *o, struct commit_part **out)
@@ -438,6 +440,24 @@ static int remote_wait(struct commit_part *base, uint64_t step, int timeout_ms)
 	return rc;
 }
 
+static int remote_decided(struct commit_part *base, uint64_t step, int timeout_ms)
+{
+	struct part_remote *p = (struct part_remote *)base;
+	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
+	bool timed_out = false;
+	pthread_mutex_lock(&p->lock);
+	struct part_entry *e = entry_get(p, step, false);
+	while (e && !e->decided && !p->lost && !timed_out)
+		timed_out = ckpt_cond_wait_until(&p->cond, &p->lock, deadline) == ETIMEDOUT;
+	bool decided = e && e->decided;
+	pthread_mutex_unlock(&p->lock);
+	if (!decided)
+		return ckpt_err(-ETIMEDOUT, "step %llu: no decision from the %s in %d ms",
+		                (unsigned long long)step, p->name, timeout_ms);
+	/* Only this rank's save thread ends its step: the entry is still there. */
+	return remote_wait(base, step, 0);
+}
+
 /* ------------------------------------------------------------------ the one road
  * Every save takes part in its commit through these, whether the coordinator is
  * another process (above) or, in a world of one, the rank itself (local.c). */
@@ -471,4 +491,12 @@ int commit_part_abort(struct commit_part *p, uint64_t step, int code, const char
 int commit_part_wait(struct commit_part *p, uint64_t step, int timeout_ms)
 {
 	return p->ops->wait(p, step, timeout_ms);
+}
+
+int commit_part_decided(struct commit_part *p, uint64_t step, int timeout_ms)
+{
+	if (!p->ops->decided)
+		return ckpt_err(-ETIMEDOUT, "step %llu: no decision comes before the vote",
+		                (unsigned long long)step);
+	return p->ops->decided(p, step, timeout_ms);
 }

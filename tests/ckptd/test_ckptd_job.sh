@@ -160,6 +160,10 @@ expect_rc 1 "quota of 262144 bytes exceeded" "rank 1 of job two over its quota o
 # rank 1 before it began, and nothing would be left to remove.
 ! grep -q "quota of 6291456" <<<"$out" && ok "... and rank 0 is not refused on the first" \
   || bad "rank 0 refused too" "$out"
+# Rank 0 says why, whether it voted first, began after the decision, or had its stream
+# refused by the instance that removed the attempt's files: rank 1's failure.
+grep -Eq "save failed on rank 0: .*aborted by the coordinator( before this rank began)?: rank 1 failed: .*quota of 262144" <<<"$out" \
+  && ok "... and rank 0 names the coordinator's reason" || bad "rank 0's reason" "$out"
 left=
 for _ in $(seq 300); do
   left=$(find "$t/a/jobs/two" "$t/b/jobs/two" -name '*.shard' 2>/dev/null)

@@ -96,35 +96,44 @@ static int recv_step(struct net_conn *c, uint16_t *type, uint64_t *step)
 	return rc;
 }
 
-/* Scenario 4, a line per message from the rank: what it must be (an ABORT: of which
+/* Scenarios 4 and 5, a line per message from the rank: what it must be (an ABORT: of which
  * attempt, 0 any), and what the coordinator answers, in order. */
 struct line {
 	uint16_t want;
 	uint64_t step, abort_of;
-	struct { uint16_t type; uint64_t save_id; int code; const char *why; } send[2];
+	/* step: 0 for the line's */
+	struct { uint16_t type; uint64_t save_id; int code; const char *why; uint64_t step; } send[2];
 };
 static const struct line given_up[] = {
 	/* BEGIN 80 -> reply; the rank gives the attempt up and begins again at once: the
 	 * given-up attempt's decision comes before the reply opening the next one; the
 	 * rank votes for that one and gets its decision. */
-	{ COMMIT_MSG_BEGIN, 80, 0, { { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(80), 0, "" } } },
-	{ COMMIT_MSG_ABORT, 80, ATTEMPT(80), { { 0 } } },
-	{ COMMIT_MSG_BEGIN, 80, 0, { { COMMIT_MSG_DECISION, ATTEMPT(80), CKPT_EABORTED, "rank 1 gave up" },
-	                             { COMMIT_MSG_BEGIN_REPLY, NEWER(80), 0, "" } } },
-	{ COMMIT_MSG_PREPARE, 80, 0, { { COMMIT_MSG_DECISION, NEWER(80), 0, "" } } },
+	{ COMMIT_MSG_BEGIN, 80, 0, { { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(80), 0, "", 0 } } },
+	{ COMMIT_MSG_ABORT, 80, ATTEMPT(80), { { 0, 0, 0, NULL, 0 } } },
+	{ COMMIT_MSG_BEGIN, 80, 0, { { COMMIT_MSG_DECISION, ATTEMPT(80), CKPT_EABORTED, "rank 1 gave up", 0 },
+	                             { COMMIT_MSG_BEGIN_REPLY, NEWER(80), 0, "", 0 } } },
+	{ COMMIT_MSG_PREPARE, 80, 0, { { COMMIT_MSG_DECISION, NEWER(80), 0, "", 0 } } },
 	/* BEGIN 81 -> the decision of an attempt the rank never knew, then the reply: the
 	 * rank ABORTs what its BEGIN opened and begins again, and that abort's decision
 	 * comes between the BEGIN and the reply. */
-	{ COMMIT_MSG_BEGIN, 81, 0, { { COMMIT_MSG_DECISION, OLDER(81), CKPT_EABORTED, "rank 2 failed" },
-	                             { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(81), 0, "" } } },
-	{ COMMIT_MSG_ABORT, 81, ATTEMPT(81), { { 0 } } },
-	{ COMMIT_MSG_BEGIN, 81, 0, { { COMMIT_MSG_DECISION, ATTEMPT(81), CKPT_EABORTED, "rank 1 gave up" },
-	                             { COMMIT_MSG_BEGIN_REPLY, NEWER(81), 0, "" } } },
-	{ COMMIT_MSG_ABORT, 81, NEWER(81), { { 0 } } },
+	{ COMMIT_MSG_BEGIN, 81, 0, { { COMMIT_MSG_DECISION, OLDER(81), CKPT_EABORTED, "rank 2 failed", 0 },
+	                             { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(81), 0, "", 0 } } },
+	{ COMMIT_MSG_ABORT, 81, ATTEMPT(81), { { 0, 0, 0, NULL, 0 } } },
+	{ COMMIT_MSG_BEGIN, 81, 0, { { COMMIT_MSG_DECISION, ATTEMPT(81), CKPT_EABORTED, "rank 1 gave up", 0 },
+	                             { COMMIT_MSG_BEGIN_REPLY, NEWER(81), 0, "", 0 } } },
+	{ COMMIT_MSG_ABORT, 81, NEWER(81), { { 0, 0, 0, NULL, 0 } } },
 	/* BEGIN 82 -> reply; the rank votes, then gives up; the decision commits. */
-	{ COMMIT_MSG_BEGIN, 82, 0, { { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(82), 0, "" } } },
-	{ COMMIT_MSG_PREPARE, 82, 0, { { 0 } } },
-	{ COMMIT_MSG_ABORT, 82, ATTEMPT(82), { { COMMIT_MSG_DECISION, ATTEMPT(82), 0, "" } } },
+	{ COMMIT_MSG_BEGIN, 82, 0, { { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(82), 0, "", 0 } } },
+	{ COMMIT_MSG_PREPARE, 82, 0, { { 0, 0, 0, NULL, 0 } } },
+	{ COMMIT_MSG_ABORT, 82, ATTEMPT(82), { { COMMIT_MSG_DECISION, ATTEMPT(82), 0, "", 0 } } },
+};
+/* BEGIN 90 -> reply; BEGIN 91 (a barrier: the rank asked for 90's decision before)
+ * -> 90's abort decision, then 91's reply; the rank gives 91 up. */
+static const struct line decided[] = {
+	{ COMMIT_MSG_BEGIN, 90, 0, { { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(90), 0, "", 0 } } },
+	{ COMMIT_MSG_BEGIN, 91, 0, { { COMMIT_MSG_DECISION, ATTEMPT(90), CKPT_EABORTED, "rank 2 failed", 90 },
+	                             { COMMIT_MSG_BEGIN_REPLY, ATTEMPT(91), 0, "", 0 } } },
+	{ COMMIT_MSG_ABORT, 91, ATTEMPT(91), { { 0, 0, 0, NULL, 0 } } },
 };
 
 #define SCRIPT_FAIL(...) do { s->err = 1; snprintf(s->what, sizeof s->what, __VA_ARGS__); goto out; } while (0)
@@ -153,16 +162,20 @@ static void *coordinator_script(void *arg)
 		                "rank 2 failed: disk on fire") ||
 		    send_status(c, COMMIT_MSG_BEGIN_REPLY, 7, ATTEMPT(7), 0, ""))
 			SCRIPT_FAIL("send: %s", ckpt_err_msg());
-	} else if (s->scenario == 4) {
-		for (size_t i = 0; i < sizeof given_up / sizeof given_up[0]; i++) {
-			const struct line *l = &given_up[i];
+	} else if (s->scenario == 4 || s->scenario == 5) {
+		const struct line *lines = s->scenario == 4 ? given_up : decided;
+		size_t n = s->scenario == 4 ? sizeof given_up / sizeof given_up[0]
+		                            : sizeof decided / sizeof decided[0];
+		for (size_t i = 0; i < n; i++) {
+			const struct line *l = &lines[i];
 			if (recv_step(c, &type, &step) || type != l->want || step != l->step ||
 			    (l->abort_of && s_last_abort != l->abort_of))
 				SCRIPT_FAIL("line %zu: want type %u step %llu, got type %u step %llu", i,
 				            l->want, (unsigned long long)l->step, type,
 				            (unsigned long long)step);
 			for (int k = 0; k < 2 && l->send[k].type; k++)
-				if (send_status(c, l->send[k].type, l->step, l->send[k].save_id,
+				if (send_status(c, l->send[k].type, l->send[k].step ? l->send[k].step : l->step,
+				                l->send[k].save_id,
 				                l->send[k].code, l->send[k].why))
 					SCRIPT_FAIL("send: %s", ckpt_err_msg());
 		}
@@ -321,6 +334,28 @@ START_TEST(decision_of_a_given_up_attempt)
 }
 END_TEST
 
+/* commit_part_decided waits for a decision without giving anything up: none yet is
+ * -ETIMEDOUT and changes nothing; one that came is the step's end, with its reason. */
+START_TEST(decision_asked_for)
+{
+	struct script s;
+	pthread_t t;
+	struct commit_part *p = start(&s, &t, 5);
+	uint64_t id;
+	ck_assert_int_eq(commit_part_begin(p, 90, &id), 0);
+	int rc = commit_part_decided(p, 90, 50);
+	ck_assert_msg(rc == -ETIMEDOUT, "no decision yet: rc %d (%s)", rc, ckpt_err_msg());
+	ck_assert_uint_eq(commit_part_attempt(p, 90), ATTEMPT(90));   /* still begun */
+	ck_assert_int_eq(commit_part_begin(p, 91, &id), 0);           /* 90's decision is in */
+	rc = commit_part_decided(p, 90, TMO);
+	ck_assert_msg(rc == CKPT_EABORTED && strstr(ckpt_err_msg(), "aborted by the coordinator: "
+	              "rank 2 failed"), "rc %d (%s)", rc, ckpt_err_msg());
+	ck_assert_uint_eq(commit_part_attempt(p, 90), 0);             /* over for this rank */
+	commit_part_abort(p, 91, CKPT_EABORTED, "test over");
+	finish(&s, t, p);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("participant_order");
@@ -330,6 +365,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, decision_before_vote);
 	tcase_add_test(tc, begin_never_answered);
 	tcase_add_test(tc, decision_of_a_given_up_attempt);
+	tcase_add_test(tc, decision_asked_for);
 	suite_add_tcase(s, tc);
 	return s;
 }
