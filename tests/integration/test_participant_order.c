@@ -294,14 +294,25 @@ START_TEST(begin_never_answered)
 }
 END_TEST
 
+/* start, and the rank's begin of step, answered with ATTEMPT(step). */
+static struct commit_part *start_begun(struct script *s, pthread_t *t, int scenario,
+                                       uint64_t step)
+{
+	struct commit_part *p = start(s, t, scenario);
+	uint64_t id;
+	int rc = commit_part_begin(p, step, &id);
+	ck_assert_msg(rc == 0, "begin %llu: rc %d (%s)", (unsigned long long)step, rc,
+	              ckpt_err_msg());
+	ck_assert_uint_eq(id, ATTEMPT(step));
+	return p;
+}
+
 START_TEST(decision_of_a_given_up_attempt)
 {
 	struct script s;
 	pthread_t t;
-	struct commit_part *p = start(&s, &t, 4);
+	struct commit_part *p = start_begun(&s, &t, 4, 80);
 	uint64_t id;
-	ck_assert_int_eq(commit_part_begin(p, 80, &id), 0);
-	ck_assert_uint_eq(id, ATTEMPT(80));
 	ck_assert_int_eq(commit_part_abort(p, 80, CKPT_EABORTED, "this rank gives up"), 0);
 	/* Again at once: the given-up attempt's decision comes before the reply. */
 	int rc = commit_part_begin(p, 80, &id);
@@ -340,9 +351,8 @@ START_TEST(decision_asked_for)
 {
 	struct script s;
 	pthread_t t;
-	struct commit_part *p = start(&s, &t, 5);
+	struct commit_part *p = start_begun(&s, &t, 5, 90);
 	uint64_t id;
-	ck_assert_int_eq(commit_part_begin(p, 90, &id), 0);
 	int rc = commit_part_decided(p, 90, 50);
 	ck_assert_msg(rc == -ETIMEDOUT, "no decision yet: rc %d (%s)", rc, ckpt_err_msg());
 	ck_assert_uint_eq(commit_part_attempt(p, 90), ATTEMPT(90));   /* still begun */
