@@ -66,6 +66,10 @@ struct djob {
 	char             id[129];
 	char             root[4200];
 	pthread_mutex_t  lock;           /* below */
+	/* A step directory is created, and a shard file made in it, under dirs; it is
+	 * emptied and removed under dirs too: a rank's OPEN never finds the directory it
+	 * made gone before its file is in it (job_remove_attempt, on_open). */
+	pthread_mutex_t  dirs;
 	pthread_cond_t   stream_gone;    /* a stream left streams */
 	struct dconn    *streams;        /* the connections with a shard stream open */
 	struct manifest *manifest;       /* opened by the first COORD or MANIFEST */
@@ -178,6 +182,7 @@ static int job_find(struct ckptd_server *s, const char *id, struct djob **out)
 		snprintf(j->id, sizeof j->id, "%s", id);
 		snprintf(j->root, sizeof j->root, "%s/jobs/%s", s->data, id);
 		pthread_mutex_init(&j->lock, NULL);
+		pthread_mutex_init(&j->dirs, NULL);
 		ckpt_cond_init(&j->stream_gone);
 		j->counters = s->o.counters;
 		j->transport = s->o.transport;
@@ -282,6 +287,24 @@ static int job_gone(struct dconn *d)
 	                "its files removed, before the shard of rank %u was durable", j->id,
 	                (unsigned long long)d->step, (unsigned long long)d->save_id,
 	                d->hello.rank);
+}
+
+/* Attempt save_id of step is given up here: it is marked gone, then its files go,
+ * and the step's directory with them where it is left empty. */
+static int job_remove_attempt(struct djob *j, uint64_t step, uint64_t save_id,
+                              uint32_t *removed)
+{
+	bool empty = false;
+	job_gone_add(j, step, save_id);
+	pthread_mutex_lock(&j->dirs);
+	int rc = ckpt_step_remove_attempt(j->root, step, save_id, removed, &empty);
+	if (!rc && empty) {
+		char dir[4300];
+		if (!ckpt_path_step_dir(dir, sizeof dir, j->root, step) && rmdir(dir) == 0)
+			ckpt_fsync_dir(j->root);
+	}
+	pthread_mutex_unlock(&j->dirs);
+	return rc;
 }
 
 static const char *job_holder(void *arg, uint32_t rank)
@@ -657,10 +680,26 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 		goto fail;
 	if ((rc = stream_list(d)))
 		goto fail;
+	/* From the directory to the file under dirs: an attempt's removal, which may
+	 * take the directory, comes wholly before (the attempt is then known gone here)
+	 * or wholly after (the file is then in the directory, and goes with it). */
+	pthread_mutex_lock(&j->dirs);
+	if ((rc = job_gone(d))) {
+		pthread_mutex_unlock(&j->dirs);
+		goto fail;
+	}
 	if (mkdir(d->dir, 0700) == 0)
 		ckpt_fsync_dir(j->root);
 	else if (errno != EEXIST) {
 		rc = ckpt_err(-errno, "create %s", d->dir);
+		pthread_mutex_unlock(&j->dirs);
+		goto fail;
+	}
+	/* Tests: a removal of the step's attempts while the file is not made yet. */
+	if ((rc = ckpt_fault(CKPT_FP_CKPTD_STEP_DIR)) > 0)
+		rc = 0;
+	if (rc) {
+		pthread_mutex_unlock(&j->dirs);
 		goto fail;
 	}
 	/* An earlier attempt of this rank at this step cannot commit any more: its
@@ -682,7 +721,9 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	};
 	d->t_open = ckpt_now_ns();
 	d->ns_buf = d->ns_append = d->nchunks = 0;
-	if ((rc = io_shard_writer_open(d->engine, d->path, &wo, &d->w)))
+	rc = io_shard_writer_open(d->engine, d->path, &wo, &d->w);
+	pthread_mutex_unlock(&j->dirs);
+	if (rc)
 		goto fail;
 	/* After the file is there: a removal that began before it missed it. */
 	if ((rc = job_gone(d))) {
@@ -900,9 +941,14 @@ static int on_finish(struct dconn *d)
 	stream_end(d, false);
 	/* The attempt was given up while the shard streamed: its removal may have come
 	 * before the file was created; the file goes now (its own name: no other
-	 * attempt's), and the rank hears why. */
-	if (!rc && (rc = job_gone(d)) && unlink(d->path) == 0)
-		ckpt_fsync_dir(d->dir);
+	 * attempt's), and the rank hears why, whatever else went wrong at the end (the
+	 * decision is what it waits for then, and names the cause). */
+	int gone = job_gone(d);
+	if (gone) {
+		rc = gone;
+		if (unlink(d->path) == 0)
+			ckpt_fsync_dir(d->dir);
+	}
 	/* Durable here, the rank not told yet (tests). */
 	if (!rc && (rc = ckpt_fault(CKPT_FP_CKPTD_BEFORE_DURABLE)) > 0)
 		rc = 0;
@@ -1050,18 +1096,10 @@ static int on_remove(struct dconn *d, const struct net_msg *m)
 	uint64_t step, save_id;
 	int rc = remote_remove_decode(m->payload, m->len, &step, &save_id);
 	uint32_t removed = 0;
-	bool empty = false;
-	if (!rc) {
-		job_gone_add(d->job, step, save_id);
-		rc = ckpt_step_remove_attempt(d->job->root, step, save_id, &removed, &empty);
-	}
+	if (!rc)
+		rc = job_remove_attempt(d->job, step, save_id, &removed);
 	if (rc)
 		return rc;
-	if (empty) {
-		char dir[4300];
-		if (!ckpt_path_step_dir(dir, sizeof dir, d->job->root, step) && rmdir(dir) == 0)
-			ckpt_fsync_dir(d->job->root);
-	}
 	if (removed)
 		ckpt_log(CKPT_LOG_INFO, "step %llu: %u shard file(s) of attempt %016llx removed",
 		         (unsigned long long)step, removed, (unsigned long long)save_id);
@@ -1340,15 +1378,8 @@ static void *conn_main(void *arg)
 static void janitor_remove(struct djob *j, uint64_t step, uint64_t save_id)
 {
 	uint32_t removed;
-	bool empty;
-	job_gone_add(j, step, save_id);
-	if (ckpt_step_remove_attempt(j->root, step, save_id, &removed, &empty))
+	if (job_remove_attempt(j, step, save_id, &removed))
 		ckpt_log(CKPT_LOG_WARN, "step %llu: %s", (unsigned long long)step, ckpt_err_msg());
-	else if (empty) {
-		char dir[4300];
-		if (!ckpt_path_step_dir(dir, sizeof dir, j->root, step) && rmdir(dir) == 0)
-			ckpt_fsync_dir(j->root);
-	}
 	pthread_mutex_lock(&j->lock);
 	unsigned n = j->ninst;
 	uint32_t world = j->coord_world;
@@ -1681,6 +1712,7 @@ void ckptd_server_free(struct ckptd_server *s)
 		manifest_close(j->manifest);
 		explicit_bzero(&j->auth, sizeof j->auth);
 		pthread_mutex_destroy(&j->lock);
+		pthread_mutex_destroy(&j->dirs);
 		pthread_cond_destroy(&j->stream_gone);
 		ckpt_free(j);
 	}

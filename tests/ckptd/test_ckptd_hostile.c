@@ -866,6 +866,45 @@ START_TEST(given_up_attempt)
 }
 END_TEST
 
+START_TEST(removal_beside_an_open)
+{
+	/* A removal comes while a rank's OPEN has made the step directory and not yet
+	 * its file (held there by a delay fault). The removal of another attempt of the
+	 * step leaves the directory to the OPEN, whose stream then completes ... */
+	setenv("CKPT_FAULT", "ckptd_step_dir:1:delay:1000", 1);
+	ckpt_fault_reload();
+	struct net_conn *c = conn_a();
+	send_open(c, 10, 8, 1u << 20, 0);
+	usleep(300 * 1000);
+	remove_attempt(10, 7);
+	struct net_msg m;
+	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
+	net_msg_free(&m);
+	struct ckpt_buf b;
+	tensor_msg(&b, "w", 8192);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+	send_chunk(c, 0, 8192);
+	send_data(c, 8192, 0x5a);
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	expect_answer(c, REMOTE_MSG_DURABLE, &m);
+	net_msg_free(&m);
+	net_close(c);
+	ck_assert_uint_eq(attempt_files(10, 8), 1);
+	/* ... and the removal of the OPEN's own attempt refuses it as given up (not as a
+	 * directory that went missing), and no file of it stays. */
+	ckpt_fault_reload();
+	c = conn_a();
+	send_open(c, 11, 9, 1u << 20, 0);
+	usleep(300 * 1000);
+	remove_attempt(11, 9);
+	expect_error(c, CKPT_EABORTED, "step 11: attempt 0000000000000009 was given up");
+	ck_assert_uint_eq(attempt_files(11, 9), 0);
+	unsetenv("CKPT_FAULT");
+	ckpt_fault_reload();
+	after_attack();
+}
+END_TEST
+
 /* ------------------------------------------------------------------ bounds per connection */
 
 START_TEST(index_bounded)
@@ -1277,6 +1316,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, truncated_messages);
 	tcase_add_test(tc, namespace);
 	tcase_add_test(tc, given_up_attempt);
+	tcase_add_test(tc, removal_beside_an_open);
 	tcase_add_test(tc, index_bounded);
 	tcase_add_test(tc, idle_closed_and_rank_reconnects);
 	tcase_add_test(tc, pool_not_leaked);
