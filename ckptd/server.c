@@ -696,7 +696,7 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 		goto fail;
 	}
 	/* Tests: a removal of the step's attempts while the file is not made yet. */
-	if ((rc = ckpt_fault(CKPT_FP_CKPTD_STEP_DIR)) > 0)
+	if ((rc = ckpt_fault(CKPT_FP_AFTER_STEP_DIR)) > 0)
 		rc = 0;
 	if (rc) {
 		pthread_mutex_unlock(&j->dirs);

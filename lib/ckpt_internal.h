@@ -136,8 +136,8 @@ enum ckpt_fault_point {
 	CKPT_FP_CKPTD_AFTER_CHUNK,              /* ckptd, after a received chunk is queued for its disk */
 	CKPT_FP_CKPTD_BEFORE_DURABLE,           /* ckptd, after a shard's fdatasync, before DURABLE */
 	CKPT_FP_CKPTD_AFTER_DURABLE,            /* ckptd, after DURABLE is sent */
-	CKPT_FP_CKPTD_STEP_DIR,                 /* ckptd, a stream's step directory is there,
-	                                           its shard file not yet */
+	CKPT_FP_AFTER_STEP_DIR,                 /* a shard's step directory is there, its
+	                                           file not yet (a rank's save, ckptd's stream) */
 	CKPT_FP_GC_AFTER_RETIRE,                /* gc, after a committed step was retired,
 	                                           before its files are removed */
 	CKPT_FP_GC_AFTER_FILES_REMOVED,         /* gc, after a step's files were removed (but

@@ -1771,7 +1771,21 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		.mode = c->cfg.file_mode,
 	};
 	if (!glue_remote(c)) {
-		rc = io_shard_writer_open(c->save_engine, path, &wo, &sink.w);
+		/* Tests: the directory removed beneath the save here (below). */
+		if ((rc = ckpt_fault(CKPT_FP_AFTER_STEP_DIR)) > 0)
+			rc = 0;
+		if (!rc)
+			rc = io_shard_writer_open(c->save_engine, path, &wo, &sink.w);
+		/* The step directory went between its creation and the file's: a collection
+		 * of an earlier attempt of this step in another process (ckpt_catalog_gc,
+		 * `ckpt-inspect gc`) found it empty and removed it. Made again; once the file
+		 * is in it, no collection removes it. */
+		for (int i = 0; rc == -ENOENT && i < 3; i++) {
+			ckpt_log(CKPT_LOG_INFO, "step %llu: %s was removed before the shard file "
+			         "was made in it; making it again", (unsigned long long)s->step, dir);
+			if (!(rc = step_dir_create(c, s->step, dir, sizeof dir)))
+				rc = io_shard_writer_open(c->save_engine, path, &wo, &sink.w);
+		}
 	} else {
 		rc = remote_writer_open(c->remote, c->pool, &wo, c->cfg.chunk_bytes, &sink.rw);
 		/* ckptd closes a connection idle past its --idle-ms, and a restarted ckptd has

@@ -61,7 +61,7 @@ static const char *const fault_points[CKPT_FP_COUNT_] = {
 	[CKPT_FP_CKPTD_AFTER_CHUNK]       = "ckptd_after_chunk",
 	[CKPT_FP_CKPTD_BEFORE_DURABLE]    = "ckptd_before_durable",
 	[CKPT_FP_CKPTD_AFTER_DURABLE]     = "ckptd_after_durable",
-	[CKPT_FP_CKPTD_STEP_DIR]          = "ckptd_step_dir",
+	[CKPT_FP_AFTER_STEP_DIR]          = "after_step_dir",
 	[CKPT_FP_GC_AFTER_RETIRE]         = "gc_after_retire",
 	[CKPT_FP_GC_AFTER_FILES_REMOVED]  = "gc_after_files_removed",
 };

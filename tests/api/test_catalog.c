@@ -3,7 +3,8 @@
  * (one request per slice, per-request results, a bad request beside good ones),
  * the explicit saved rank for rank-bound items, the chunk listing, verify (clean,
  * then a flipped bit named precisely), gc with retention and a dry run, and
- * rebuild of a deleted manifest.
+ * rebuild of a deleted manifest; a save whose step directory a collection in
+ * another process removes before the shard file is made in it.
  */
 #include <check.h>
 #include <errno.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
@@ -296,6 +298,53 @@ START_TEST(verify_gc_rebuild)
 }
 END_TEST
 
+START_TEST(step_dir_removed_beneath_a_save)
+{
+	/* The save holds between its step directory and its file (a delay fault); the
+	 * directory, empty, goes meanwhile, as another process's collection of an
+	 * earlier attempt of the step removes it. The save makes it again. */
+	setenv("CKPT_FAULT", "after_step_dir:1:delay:1000", 1);
+	static float w[ROWS * COLS];
+	static int64_t v[5000];
+	tu_fill(w, sizeof w, tu_seed(), 70);
+	tu_fill(v, sizeof v, tu_seed(), 71);
+	ckpt_ctx *c = open_as(0, 1, 0);
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, 7, &s), 0);
+	uint64_t ws[2] = { ROWS, COLS }, vs[1] = { 5000 };
+	struct ckpt_tensor t1 = { .name = "w", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
+		.policy = CKPT_SHARDED, .ndim = 2, .global_shape = ws, .data = w };
+	struct ckpt_tensor t2 = { .name = "opt/v", .kind = CKPT_KIND_OPTIMIZER, .dtype = CKPT_I64,
+		.policy = CKPT_SHARDED, .ndim = 1, .global_shape = vs, .data = v };
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &t1), 0);
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &t2), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	char dir[4200];
+	snprintf(dir, sizeof dir, "%s/step-%020u", root, 7u);
+	int removed = -1;
+	for (int i = 0; i < 80 && removed; i++) {
+		usleep(10 * 1000);
+		removed = rmdir(dir);
+	}
+	ck_assert_msg(removed == 0, "the save's step directory %s was never there, or not empty: "
+	              "the fault did not hold the save", dir);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
+	ckpt_save_free(s);
+	ckpt_close(c);
+	unsetenv("CKPT_FAULT");
+	c = open_as(0, 1, CKPT_OPEN_READONLY);
+	ckpt_load *l;
+	ck_assert_int_eq(ckpt_load_open(c, 7, &l), 0);
+	static float gw[ROWS * COLS];
+	static int64_t gv[5000];
+	ck_assert_int_eq(ckpt_load_tensor(l, "w", CKPT_F32, 2, NULL, NULL, gw, CKPT_MEM_HOST), 0);
+	ck_assert_int_eq(ckpt_load_tensor(l, "opt/v", CKPT_I64, 1, NULL, NULL, gv, CKPT_MEM_HOST), 0);
+	ck_assert(!memcmp(gw, w, sizeof w) && !memcmp(gv, v, sizeof v));
+	ckpt_load_close(l);
+	ckpt_close(c);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("catalog");
@@ -304,6 +353,7 @@ static Suite *suite(void)
 	tcase_set_timeout(t, 120);
 	tcase_add_test(t, batch_load_and_rank_map);
 	tcase_add_test(t, verify_gc_rebuild);
+	tcase_add_test(t, step_dir_removed_beneath_a_save);
 	suite_add_tcase(s, t);
 	return s;
 }

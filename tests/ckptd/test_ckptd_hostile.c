@@ -871,7 +871,7 @@ START_TEST(removal_beside_an_open)
 	/* A removal comes while a rank's OPEN has made the step directory and not yet
 	 * its file (held there by a delay fault). The removal of another attempt of the
 	 * step leaves the directory to the OPEN, whose stream then completes ... */
-	setenv("CKPT_FAULT", "ckptd_step_dir:1:delay:1000", 1);
+	setenv("CKPT_FAULT", "after_step_dir:1:delay:1000", 1);
 	ckpt_fault_reload();
 	struct net_conn *c = conn_a();
 	send_open(c, 10, 8, 1u << 20, 0);
