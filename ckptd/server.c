@@ -66,10 +66,6 @@ struct djob {
 	char             id[129];
 	char             root[4200];
 	pthread_mutex_t  lock;           /* below */
-	/* A step directory is created, and a shard file made in it, under dirs; it is
-	 * emptied and removed under dirs too: a rank's OPEN never finds the directory it
-	 * made gone before its file is in it (job_remove_attempt, on_open). */
-	pthread_mutex_t  dirs;
 	pthread_cond_t   stream_gone;    /* a stream left streams */
 	struct dconn    *streams;        /* the connections with a shard stream open */
 	struct manifest *manifest;       /* opened by the first COORD or MANIFEST */
@@ -182,7 +178,6 @@ static int job_find(struct ckptd_server *s, const char *id, struct djob **out)
 		snprintf(j->id, sizeof j->id, "%s", id);
 		snprintf(j->root, sizeof j->root, "%s/jobs/%s", s->data, id);
 		pthread_mutex_init(&j->lock, NULL);
-		pthread_mutex_init(&j->dirs, NULL);
 		ckpt_cond_init(&j->stream_gone);
 		j->counters = s->o.counters;
 		j->transport = s->o.transport;
@@ -296,14 +291,12 @@ static int job_remove_attempt(struct djob *j, uint64_t step, uint64_t save_id,
 {
 	bool empty = false;
 	job_gone_add(j, step, save_id);
-	pthread_mutex_lock(&j->dirs);
 	int rc = ckpt_step_remove_attempt(j->root, step, save_id, removed, &empty);
 	if (!rc && empty) {
 		char dir[4300];
 		if (!ckpt_path_step_dir(dir, sizeof dir, j->root, step) && rmdir(dir) == 0)
 			ckpt_fsync_dir(j->root);
 	}
-	pthread_mutex_unlock(&j->dirs);
 	return rc;
 }
 
@@ -630,6 +623,14 @@ static int stream_list(struct dconn *d)
 	return rc;
 }
 
+/* d's step directory, made where it is not there, its entry durable in the root. */
+static int stream_dir_make(struct dconn *d)
+{
+	if (mkdir(d->dir, 0700) == 0)
+		return ckpt_fsync_dir(d->job->root);
+	return errno == EEXIST ? 0 : ckpt_err(-errno, "create %s", d->dir);
+}
+
 static int on_open(struct dconn *d, const struct net_msg *m)
 {
 	struct remote_open o;
@@ -680,28 +681,14 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 		goto fail;
 	if ((rc = stream_list(d)))
 		goto fail;
-	/* From the directory to the file under dirs: an attempt's removal, which may
-	 * take the directory, comes wholly before (the attempt is then known gone here)
-	 * or wholly after (the file is then in the directory, and goes with it). */
-	pthread_mutex_lock(&j->dirs);
-	if ((rc = job_gone(d))) {
-		pthread_mutex_unlock(&j->dirs);
+	/* A stream of an attempt given up here makes no directory. */
+	if ((rc = job_gone(d)) || (rc = stream_dir_make(d)))
 		goto fail;
-	}
-	if (mkdir(d->dir, 0700) == 0)
-		ckpt_fsync_dir(j->root);
-	else if (errno != EEXIST) {
-		rc = ckpt_err(-errno, "create %s", d->dir);
-		pthread_mutex_unlock(&j->dirs);
-		goto fail;
-	}
 	/* Tests: a removal of the step's attempts while the file is not made yet. */
 	if ((rc = ckpt_fault(CKPT_FP_AFTER_STEP_DIR)) > 0)
 		rc = 0;
-	if (rc) {
-		pthread_mutex_unlock(&j->dirs);
+	if (rc)
 		goto fail;
-	}
 	/* An earlier attempt of this rank at this step cannot commit any more: its
 	 * coordinator began a new one. Its file goes (its own, never another rank's). */
 	DIR *dd = opendir(d->dir);
@@ -722,7 +709,13 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	d->t_open = ckpt_now_ns();
 	d->ns_buf = d->ns_append = d->nchunks = 0;
 	rc = io_shard_writer_open(d->engine, d->path, &wo, &d->w);
-	pthread_mutex_unlock(&j->dirs);
+	/* The directory went before the file was in it: the removal of an attempt of
+	 * this step found it empty (REMOVE, the janitor; no lock of theirs holds up an
+	 * OPEN). This attempt's own: it was given up, and the rank hears so. Another's:
+	 * the directory is made again, and once the file is in it no removal takes it. */
+	for (int i = 0; rc == -ENOENT && i < 3; i++)
+		if (!(rc = job_gone(d)) && !(rc = stream_dir_make(d)))
+			rc = io_shard_writer_open(d->engine, d->path, &wo, &d->w);
 	if (rc)
 		goto fail;
 	/* After the file is there: a removal that began before it missed it. */
@@ -1712,7 +1705,6 @@ void ckptd_server_free(struct ckptd_server *s)
 		manifest_close(j->manifest);
 		explicit_bzero(&j->auth, sizeof j->auth);
 		pthread_mutex_destroy(&j->lock);
-		pthread_mutex_destroy(&j->dirs);
 		pthread_cond_destroy(&j->stream_gone);
 		ckpt_free(j);
 	}
