@@ -710,8 +710,8 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	d->ns_buf = d->ns_append = d->nchunks = 0;
 	rc = io_shard_writer_open(d->engine, d->path, &wo, &d->w);
 	/* The directory went before the file was in it: the removal of an attempt of
-	 * this step found it empty (REMOVE, the janitor; no lock of theirs holds up an
-	 * OPEN). This attempt's own: it was given up, and the rank hears so. Another's:
+	 * this step (REMOVE, the janitor, which an OPEN does not wait for) found it
+	 * empty. This attempt's own: it was given up, and the rank hears so. Another's:
 	 * the directory is made again, and once the file is in it no removal takes it. */
 	for (int i = 0; rc == -ENOENT && i < 3; i++)
 		if (!(rc = job_gone(d)) && !(rc = stream_dir_make(d)))

@@ -53,13 +53,9 @@ static ckpt_ctx *open_as(int rank, int world, unsigned flags)
 #define ROWS 300u
 #define COLS 17u
 
-/* Step `step`: a 2-d f32 tensor "w", an i64 vector "v", a replicated blob and a
- * rank-bound blob. */
-static void save_step(uint64_t step, float *w, int64_t *v, uint8_t *rb, size_t rblen)
+/* The 2-d f32 tensor "w" and the i64 vector "opt/v" of w and v, into s. */
+static void add_w_v(ckpt_save *s, float *w, int64_t *v)
 {
-	ckpt_ctx *c = open_as(0, 1, 0);
-	ckpt_save *s;
-	ck_assert_int_eq(ckpt_save_begin(c, step, &s), 0);
 	uint64_t ws[2] = { ROWS, COLS }, vs[1] = { 5000 };
 	struct ckpt_tensor t1 = { .name = "w", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
 		.policy = CKPT_SHARDED, .ndim = 2, .global_shape = ws, .data = w };
@@ -67,6 +63,16 @@ static void save_step(uint64_t step, float *w, int64_t *v, uint8_t *rb, size_t r
 		.policy = CKPT_SHARDED, .ndim = 1, .global_shape = vs, .data = v };
 	ck_assert_int_eq(ckpt_save_add_tensor(s, &t1), 0);
 	ck_assert_int_eq(ckpt_save_add_tensor(s, &t2), 0);
+}
+
+/* Step `step`: a 2-d f32 tensor "w", an i64 vector "v", a replicated blob and a
+ * rank-bound blob. */
+static void save_step(uint64_t step, float *w, int64_t *v, uint8_t *rb, size_t rblen)
+{
+	ckpt_ctx *c = open_as(0, 1, 0);
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, step, &s), 0);
+	add_w_v(s, w, v);
 	ck_assert_int_eq(ckpt_save_add_blob(s, "sched", CKPT_KIND_SCHEDULER, CKPT_REPLICATED, "abc", 3), 0);
 	ck_assert_int_eq(ckpt_save_add_blob(s, "rng", CKPT_KIND_RNG, CKPT_RANK_BOUND, rb, rblen), 0);
 	/* Steps that reference no other step's file ("sched" is the same at every step):
@@ -311,13 +317,7 @@ START_TEST(step_dir_removed_beneath_a_save)
 	ckpt_ctx *c = open_as(0, 1, 0);
 	ckpt_save *s;
 	ck_assert_int_eq(ckpt_save_begin(c, 7, &s), 0);
-	uint64_t ws[2] = { ROWS, COLS }, vs[1] = { 5000 };
-	struct ckpt_tensor t1 = { .name = "w", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
-		.policy = CKPT_SHARDED, .ndim = 2, .global_shape = ws, .data = w };
-	struct ckpt_tensor t2 = { .name = "opt/v", .kind = CKPT_KIND_OPTIMIZER, .dtype = CKPT_I64,
-		.policy = CKPT_SHARDED, .ndim = 1, .global_shape = vs, .data = v };
-	ck_assert_int_eq(ckpt_save_add_tensor(s, &t1), 0);
-	ck_assert_int_eq(ckpt_save_add_tensor(s, &t2), 0);
+	add_w_v(s, w, v);
 	ck_assert_int_eq(ckpt_save_submit(s), 0);
 	char dir[4200];
 	snprintf(dir, sizeof dir, "%s/step-%020u", root, 7u);
