@@ -46,6 +46,10 @@
  * decision, which was sent before the refusal (on another connection). */
 #define SAVE_DECISION_WAIT_MS 2000
 
+/* Where a direct save's tail chunks start in the pool's arena: a cache line, so that
+ * no two chunks share one (they are only sent from there, never written O_DIRECT). */
+#define SAVE_TAIL_ALIGN 64u
+
 /* ------------------------------------------------------------------ item checks */
 
 static int item_name_add(struct ckpt_save *s, const char *name, size_t len)
@@ -590,14 +594,18 @@ struct save_cursor {
 	/* A save streamed from where the state lies (save_direct): the chunks before
 	 * item tail_item at tail_off are hashed in place and sent from the caller's
 	 * memory, the rest (the tail: tail_n chunks of tail_lens bytes, in order,
-	 * tail_next of them issued) copied into the pool first; src_issued and
-	 * src_drained count the former; src_sealed once remote_writer_src_seal was
-	 * called. */
+	 * tail_next of them issued) copied first into the pool, taken whole as one
+	 * arena (arena NULL: no tail), each at the next multiple of SAVE_TAIL_ALIGN
+	 * (arena_in: where the next one issued goes; arena_out: where the next one
+	 * taken out lies); src_issued and src_drained count the former; src_sealed
+	 * once remote_writer_src_seal was called. */
 	bool     direct;
 	size_t   tail_item;
 	uint64_t tail_off;
 	size_t  *tail_lens;
-	unsigned tail_n, tail_next;
+	size_t   tail_n, tail_next;
+	uint8_t *arena;
+	uint64_t arena_bytes, arena_in, arena_out;
 	uint64_t src_issued, src_drained;
 	bool     src_sealed;
 	/* Incremental: this rank's shard of the previous committed step, or ix NULL. */
@@ -836,6 +844,29 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 				return 1;
 			continue;
 		}
+		/* Its tail is copied into the pool's arena, where the sender reads it. */
+		if (save_in_tail(cur)) {
+			uint64_t at = cur->arena_in, padded = ckpt_align_up(n, SAVE_TAIL_ALIGN);
+			if (padded > cur->arena_bytes - at)
+				return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu of %zu bytes beyond "
+				                "the pool's %llu bytes the save's plan has", it->name,
+				                (unsigned long long)cur->off, n,
+				                (unsigned long long)cur->arena_bytes);
+			rc = snapshot_pipe_issue_into(cur->pipe, cur->arena + at,
+			                              (const uint8_t *)it->data + cur->off, n, cur->item);
+			if (rc == -EAGAIN)
+				return rc;
+			if (rc)
+				return ckpt_err_prefix(rc, "tensor '%s'", it->name);
+			cur->arena_in += padded;
+			cur->tail_next++;
+			cur->off += n;
+			issued++;
+			if (limit == SAVE_ISSUE_ASYNC &&
+			    (cur->off < it->raw_bytes || cur->item + 1 < s->nitems))
+				return 1;
+			continue;
+		}
 		/* An incremental save looks at a host chunk where it lies first: unchanged
 		 * since the previous step, it needs no copy. */
 		rc = save_prev_inplace(c, cur, s, it, n);
@@ -854,7 +885,6 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 			return rc;
 		if (rc)
 			return ckpt_err_prefix(rc, "tensor '%s'", it->name);
-		cur->tail_next += save_in_tail(cur);
 		cur->off += n;
 		issued++;
 		if (limit == SAVE_ISSUE_ASYNC && (it->source || it->mem != CKPT_MEM_DEVICE) &&
@@ -1294,95 +1324,89 @@ static bool save_direct_ok(const ckpt_ctx *c, const ckpt_save *s, const struct s
 	return true;
 }
 
-/* For the plan: a free buffer of the largest class of at most n bytes, its size
- * in *len. -1: none is free. */
-static int save_plan_at_most(struct io_pool *pool, size_t n, size_t *len)
-{
-	for (unsigned k = 0; k < io_pool_nclasses(pool); k++) {
-		struct io_pool_class cls;
-		unsigned nfree;
-		if (io_pool_class_info(pool, k, &cls, &nfree) || cls.bytes > n || !nfree)
-			continue;
-		int b = io_pool_get_fit(pool, cls.bytes, 0);
-		if (b >= 0)
-			*len = cls.bytes;
-		return b;
-	}
-	return -1;
-}
-
-/* The tail: the last chunks of the state, as many as the pool's buffers (within the
- * pipe's window) take at once, found by taking them. From the end, each regular
- * chunk takes a buffer that holds it whole (the smallest free one), until the
- * first that finds none: from there each chunk's last bytes go into a buffer of the
- * largest free class that they fill, and what comes before them is planned again
- * (a piece shorter than every free buffer takes one that holds it), until no buffer
- * is left. Most buffers of a halving pool are smaller than a chunk: taking only
- * chunks that fit whole, the tail was three quarters of the pool; splitting every
- * chunk from the start, the short ends of tensors took the small buffers first and
- * left large ones for pieces that filled them poorly. The chunks before the tail
- * are the regular ones, the last of them ending where the tail begins. The save is
- * direct when the tail is not the whole state or needed splitting. */
-static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor *cur,
-                            unsigned window)
+/* The tail: the last chunks of the state that the pool holds, taken whole as one
+ * arena and filled from its start, each chunk at the next multiple of
+ * SAVE_TAIL_ALIGN. From the end of the state each regular chunk goes in while it
+ * fits; the first that does not gives the tail its first piece, its last bytes
+ * that fill what is left (the shard records it as a chunk of that length, and the
+ * chunk before it ends where it begins). Carved so, the tail is the pool's bytes
+ * whatever the state's chunks: given to the pool's buffers one chunk each, the
+ * last pieces of a state's tensors (of any length below a chunk) and its small
+ * tensors left part of every buffer, and the small buffers ran out before the
+ * bytes did: 217 of 256 MiB a rank at 8 ranks of 1 GiB (docs/perf.md §6). The
+ * chunks before the tail are the regular ones. The save is direct when the tail
+ * is not the whole state. A pool with a buffer out now (a load on another thread
+ * of the same context) gives no arena: then every chunk is sent from the state,
+ * and the snapshot point comes once the last has been sent. */
+static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor *cur)
 {
 	if (!save_direct_ok(c, s, cur))
 		return 0;
-	unsigned *taken = ckpt_malloc((size_t)window * sizeof *taken), n = 0;
-	size_t *lens = ckpt_malloc((size_t)window * sizeof *lens), item = 0;
-	if (!taken || !lens) {
-		ckpt_free(taken);
-		ckpt_free(lens);
-		return ckpt_err(-ENOMEM, "save of step %llu: plan of %u buffers",
-		                (unsigned long long)s->step, window);
-	}
-	size_t chunk = c->cfg.chunk_bytes;
-	uint64_t off = 0;
-	bool all = true, split = false;
+	size_t chunk = c->cfg.chunk_bytes, n = 0, cap = 0, item = s->nitems, *lens = NULL;
+	uint64_t room = io_pool_bytes(c->pool) / SAVE_TAIL_ALIGN * SAVE_TAIL_ALIGN, off = 0;
+	bool all = true;
 	for (size_t i = s->nitems; all && i-- > 0;) {
 		for (uint64_t end = s->items[i].raw_bytes; end > 0;) {
 			size_t len = (size_t)(end - (end - 1) / chunk * chunk);   /* to its chunk's start */
-			int b = -1;
-			if (n < window && !split && (b = io_pool_get_fit(c->pool, len, 0)) < 0)
-				split = true;
-			if (n < window && split && (b = save_plan_at_most(c->pool, len, &len)) < 0)
-				b = io_pool_get_fit(c->pool, len, 0);
-			if (b < 0) {
+			uint64_t padded = ckpt_align_up(len, SAVE_TAIL_ALIGN);
+			if (padded > room) {
 				all = false;
-				break;
+				if (room == 0)
+					break;
+				len = (size_t)room;                  /* the tail's first piece */
+				padded = room;
 			}
-			taken[n] = (unsigned)b;
+			if (n == cap) {
+				size_t ncap = cap ? 2 * cap : 64;
+				size_t *g = ckpt_realloc(lens, ncap * sizeof *lens);
+				if (!g) {
+					ckpt_free(lens);
+					return ckpt_err(-ENOMEM, "save of step %llu: plan of %zu chunks",
+					                (unsigned long long)s->step, ncap);
+				}
+				lens = g;
+				cap = ncap;
+			}
 			lens[n++] = len;
+			room -= padded;
 			end -= len;
 			item = i;
 			off = end;
+			if (!all)
+				break;
 		}
 	}
-	for (unsigned k = 0; k < n; k++)
-		io_pool_put(c->pool, taken[k]);
-	ckpt_free(taken);
-	if (all && !split) {
+	if (all) {
 		ckpt_free(lens);
 		return 0;           /* the state fits: every chunk copied, at copy speed */
 	}
+	cur->direct = true;
+	cur->tail_item = s->nitems;      /* no tail until the arena is taken */
+	if (io_pool_take_all(c->pool, &cur->arena)) {
+		ckpt_free(lens);
+		ckpt_log(CKPT_LOG_DEBUG, "step %llu: sent from where it lies, every chunk (a "
+		         "buffer of the pool is out: no tail)", (unsigned long long)s->step);
+		return 0;
+	}
 	/* In the order they are issued. */
 	uint64_t tail_bytes = 0;
-	for (unsigned k = 0; k < n; k++)
+	for (size_t k = 0; k < n; k++)
 		tail_bytes += lens[k];
-	for (unsigned k = 0; k < n / 2; k++) {
+	for (size_t k = 0; k < n / 2; k++) {
 		size_t t = lens[k];
 		lens[k] = lens[n - 1 - k];
 		lens[n - 1 - k] = t;
 	}
-	ckpt_log(CKPT_LOG_DEBUG, "step %llu: sent from where it lies but for a tail of %u "
-	         "chunk(s), %.1f MiB, copied into the pool (%u buffers within the window)",
-	         (unsigned long long)s->step, n, (double)tail_bytes / 1048576.0, window);
-	cur->direct = true;
+	ckpt_log(CKPT_LOG_DEBUG, "step %llu: sent from where it lies but for a tail of %zu "
+	         "chunk(s), %.1f MiB, copied into the pool (%.1f MiB)", (unsigned long long)s->step,
+	         n, (double)tail_bytes / 1048576.0,
+	         (double)io_pool_bytes(c->pool) / 1048576.0);
+	cur->arena_bytes = io_pool_bytes(c->pool);
 	cur->tail_lens = lens;
 	cur->tail_n = n;
 	cur->tail_next = 0;
-	cur->tail_item = n ? item : s->nitems;   /* not even the last chunk fit: none */
-	cur->tail_off = n ? off : 0;
+	cur->tail_item = item;
+	cur->tail_off = off;
 	return 0;
 }
 
@@ -1411,9 +1435,11 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		return rc;
 	/* Unhashed: the writer's compression workers hash it (save_stream). */
 	const struct io_hashes *hashes = rc == 1 ? NULL : &h;
-	/* From here this function owns buffer b until the writer takes it. */
+	/* From here this function owns buffer b until the writer takes it (where b is
+	 * one of the pool's). */
 	if ((rc = save_declare(w, s, (size_t)tag + 1, cur))) {
-		io_pool_put(c->pool, b);
+		if (b < io_pool_nslots(c->pool))
+			io_pool_put(c->pool, b);
 		return rc;
 	}
 	/* Chunks come out in issue order: item by item, each from its offset 0. */
@@ -1430,12 +1456,23 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		rc = io_shard_writer_append_ref(w->w, (uint32_t)tag, n, &ref);
 		/* The bytes are on disk already: the buffer, if the chunk was copied (it
 		 * was not hashed in place), goes back unwritten. */
-		if (b != SNAPSHOT_NO_BUF)
+		if (b < io_pool_nslots(c->pool))
 			io_pool_put(c->pool, b);
 		if (!rc) {
 			cur->prev.nrefs++;
 			cur->prev.ref_bytes += n;
 		}
+		return rc;
+	}
+	if (b == SNAPSHOT_DST_BUF) {  /* a direct save's tail, sent from the pool's arena */
+		uint64_t at = cur->arena_out, padded = ckpt_align_up(n, SAVE_TAIL_ALIGN);
+		if (!w->rw || !cur->arena || padded > cur->arena_bytes - at)
+			return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu of %zu bytes copied where "
+			                "the save has %s", it->name, (unsigned long long)off, n,
+			                w->rw ? "no room for it" : "no stream to send it");
+		cur->arena_out += padded;
+		rc = remote_writer_append_held(w->rw, (uint32_t)tag, cur->arena + at, n, &h);
+		save_direct_release(s, cur, w);
 		return rc;
 	}
 	if (b == SNAPSHOT_SRC_BUF) {  /* a direct save's, sent from where it lies */
@@ -1720,7 +1757,7 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	snapshot_pipe_after(cur.pipe, s->fence);
 	if ((rc = save_stage(c, s, &cur)))
 		goto out;
-	if ((rc = save_direct_plan(c, s, &cur, window)))
+	if ((rc = save_direct_plan(c, s, &cur)))
 		goto out;
 	/* Who hashes device chunks, decided before the first is issued. One thread
 	 * hashing every chunk (7-9 GB/s) would pace a save that writes little of what
@@ -1880,6 +1917,9 @@ out:
 	if (sink.w)
 		io_shard_writer_abort(sink.w);
 	remote_writer_abort(sink.rw);
+	/* The stream's sender has stopped: nothing reads the tail's arena any more. */
+	if (cur.arena)
+		io_pool_put_all(c->pool);
 	/* A stream that failed may have left its connection unusable (a ckptd that
 	 * restarted): the next save connects again. */
 	if (rc && glue_remote(c) && !voted) {

@@ -262,6 +262,12 @@ int      io_pool_class_info(struct io_pool *p, unsigned c, struct io_pool_class 
                             unsigned *nfree);
 uint64_t io_pool_bytes_out(struct io_pool *p);
 uint64_t io_pool_bytes(const struct io_pool *p);
+/* Every buffer at once, where every one is free now: the pool's one mapping, of
+ * io_pool_bytes, in *base, for a taker that carves it as it likes (a direct save's
+ * tail: lib/save.c). -EBUSY where a buffer is out (nothing is taken then).
+ * io_pool_put_all gives them back, every one of them out. */
+int      io_pool_take_all(struct io_pool *p, uint8_t **base);
+void     io_pool_put_all(struct io_pool *p);
 
 /* ------------------------------------------------------------------ engine */
 

@@ -379,6 +379,28 @@ void io_pool_put(struct io_pool *p, unsigned idx)
 	pthread_mutex_unlock(&p->lock);
 }
 
+int io_pool_take_all(struct io_pool *p, uint8_t **base)
+{
+	pthread_mutex_lock(&p->lock);
+	if (pool_nfree_all(p) != p->nslots) {
+		pthread_mutex_unlock(&p->lock);
+		return -EBUSY;
+	}
+	for (unsigned c = 0; c < p->nclass; c++)
+		p->cls[c].nfree = 0;
+	for (unsigned i = 0; i < p->nslots; i++)
+		p->owned[i] = true;
+	pthread_mutex_unlock(&p->lock);
+	*base = p->base;
+	return 0;
+}
+
+void io_pool_put_all(struct io_pool *p)
+{
+	for (unsigned i = p->nslots; i-- > 0;)    /* low indices handed out first again */
+		io_pool_put(p, i);
+}
+
 /* The smallest class whose buffers hold n bytes padded: a short chunk never waits
  * for a large buffer while a smaller one that holds it is free, nor for its own
  * class while a larger one is free. */

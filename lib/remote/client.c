@@ -278,7 +278,9 @@ struct rw_item {
 	uint16_t type;          /* REMOTE_MSG_TENSOR or REMOTE_MSG_CHUNK (then DATA) */
 	struct ckpt_buf head;   /* the message (CHUNK: its header) */
 	int      buf;           /* CHUNK: the pool buffer holding the stored bytes */
-	const uint8_t *src;     /* CHUNK: or the caller's memory (remote_writer_append_src) */
+	const uint8_t *src;     /* CHUNK: or memory of the caller's (remote_writer_append_src,
+	                         * _held) */
+	bool     caller;        /* src is the caller's state: counts in src_pending */
 	size_t   stored;
 };
 
@@ -468,7 +470,7 @@ static void *rw_sender(void *arg)
 		bool failed = w->send_rc != 0 || w->peer_rc != 0;
 		pthread_mutex_unlock(&w->lock);
 		int rc = 0;
-		bool from_src = it->src != NULL;
+		bool from_src = it->caller;
 		if (it->type == REMOTE_MSG_CHUNK) {
 			w->chunks++;
 			w->sent += it->stored;
@@ -574,7 +576,7 @@ static int rw_push(struct remote_writer *w, struct rw_item *it)
 	w->ns_full += ckpt_now_ns() - t0;
 	w->q[(w->head + w->count) % RW_QUEUE] = *it;
 	w->count++;
-	w->src_pending += it->src != NULL;
+	w->src_pending += it->caller;
 	pthread_cond_broadcast(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 	return 0;
@@ -714,9 +716,10 @@ bool remote_writer_ready(struct remote_writer *w)
 }
 
 /* A CHUNK of len raw bytes: from pool buffer buf (compressed here when the job
- * compresses), or, buf -1, sent from src where it lies. */
-static int rw_append(struct remote_writer *w, uint32_t t, int buf, const void *src, size_t len,
-                     const struct io_hashes *h)
+ * compresses), or, buf -1, sent from src where it lies (the caller's state when
+ * caller: remote_writer_src_seal waits for it). */
+static int rw_append(struct remote_writer *w, uint32_t t, int buf, const void *src, bool caller,
+                     size_t len, const struct io_hashes *h)
 {
 	struct remote_chunk ch = {
 		.tensor = t, .codec = IO_CODEC_RAW, .raw_len = len, .stored_len = len,
@@ -724,7 +727,8 @@ static int rw_append(struct remote_writer *w, uint32_t t, int buf, const void *s
 		.blocks = h->blocks,
 	};
 	memcpy(ch.hash, h->chunk, CKPT_HASH_BYTES);
-	struct rw_item it = { .type = REMOTE_MSG_CHUNK, .buf = buf, .src = src, .stored = len };
+	struct rw_item it = { .type = REMOTE_MSG_CHUNK, .buf = buf, .src = src, .caller = caller,
+	                      .stored = len };
 	if (buf >= 0 && w->zstd_level > 0 && len > 1) {
 		/* Compressed here, before the wire: what pays on the disk pays twice. */
 		int ob = io_pool_get_fit(w->pool, len, 0);
@@ -757,18 +761,30 @@ static int rw_append(struct remote_writer *w, uint32_t t, int buf, const void *s
 int remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, size_t len,
                          const struct io_hashes *h)
 {
-	return rw_append(w, t, (int)buf, NULL, len, h);
+	return rw_append(w, t, (int)buf, NULL, false, len, h);
+}
+
+/* Such a chunk goes as it lies: never compressed, never RDMA-written (the direct
+ * path writes from the registered pool's buffers only). */
+static int rw_append_mem(struct remote_writer *w, uint32_t t, const void *src, bool caller,
+                         size_t len, const struct io_hashes *h)
+{
+	if (w->zstd_level > 0 || w->direct)
+		return ckpt_err(-EINVAL, "%s: a chunk from the caller's memory on a stream that %s",
+		                w->c->name, w->direct ? "RDMA-writes its chunks" : "compresses");
+	return rw_append(w, t, -1, src, caller, len, h);
 }
 
 int remote_writer_append_src(struct remote_writer *w, uint32_t t, const void *src, size_t len,
                              const struct io_hashes *h)
 {
-	/* Such a chunk goes as it lies: never compressed, never RDMA-written (the
-	 * direct path writes from the registered pool only). */
-	if (w->zstd_level > 0 || w->direct)
-		return ckpt_err(-EINVAL, "%s: a chunk from the caller's memory on a stream that %s",
-		                w->c->name, w->direct ? "RDMA-writes its chunks" : "compresses");
-	return rw_append(w, t, -1, src, len, h);
+	return rw_append_mem(w, t, src, true, len, h);
+}
+
+int remote_writer_append_held(struct remote_writer *w, uint32_t t, const void *src, size_t len,
+                              const struct io_hashes *h)
+{
+	return rw_append_mem(w, t, src, false, len, h);
 }
 
 void remote_writer_src_seal(struct remote_writer *w, void (*done)(void *), void *arg)

@@ -208,6 +208,11 @@ int  remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, siz
  * when). Not on a stream that compresses or RDMA-writes its chunks (-EINVAL). */
 int  remote_writer_append_src(struct remote_writer *w, uint32_t t, const void *src, size_t len,
                               const struct io_hashes *h);
+/* The same for a chunk in memory the caller holds until the writer is finished or
+ * aborted (a direct save's tail, copied out of its state): remote_writer_src_seal
+ * does not wait for it. */
+int  remote_writer_append_held(struct remote_writer *w, uint32_t t, const void *src,
+                               size_t len, const struct io_hashes *h);
 /* No more chunks from the caller's memory: done(arg) runs once every one appended
  * has been sent (the kernel has its bytes) or given up by a failed stream — here if
  * none is pending, else on the sender's thread. Called at most once per stream. */

@@ -365,27 +365,45 @@ int snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct i
 	return 0;
 }
 
-int snapshot_pipe_issue_inplace(struct snapshot_pipe *p, const void *src, size_t n,
-                                uint64_t tag)
+/* A host chunk without a pool buffer of the pipe's: hashed where it lies (dst NULL)
+ * or on its way into dst. */
+static int pipe_issue_unbuffered(struct snapshot_pipe *p, unsigned mark, void *dst,
+                                 const void *src, size_t n, uint64_t tag)
 {
 	if (p->sealed)
 		return ckpt_err(-EINVAL, "snapshot pipe: issue after seal");
 	/* The slot's block store holds a pool buffer's worth: so must the chunk. */
 	if (n == 0 || n > io_pool_buf_bytes(p->pool))
-		return ckpt_err(-EINVAL, "snapshot pipe: chunk of %zu bytes in place (buffers "
-		                "hold %zu)", n, io_pool_buf_bytes(p->pool));
+		return ckpt_err(-EINVAL, "snapshot pipe: chunk of %zu bytes %s (buffers hold %zu)",
+		                n, dst ? "copied beside the pool's buffers" : "in place",
+		                io_pool_buf_bytes(p->pool));
 	if (p->count == p->cap)
 		return -EAGAIN;
-	struct pipe_slot *s = slot_new(p, SNAPSHOT_SRC_BUF, n, tag);
-	io_copy_hash128_blocks(NULL, src, n, p->block_bytes, s->hash, s->blocks);
+	struct pipe_slot *s = slot_new(p, mark, n, tag);
+	io_copy_hash128_blocks(dst, src, n, p->block_bytes, s->hash, s->blocks);
 	p->count++;
 	return 0;
 }
 
-/* A pending chunk that holds a pool buffer (not stored, not in place). */
+int snapshot_pipe_issue_inplace(struct snapshot_pipe *p, const void *src, size_t n,
+                                uint64_t tag)
+{
+	return pipe_issue_unbuffered(p, SNAPSHOT_SRC_BUF, NULL, src, n, tag);
+}
+
+int snapshot_pipe_issue_into(struct snapshot_pipe *p, void *dst, const void *src, size_t n,
+                             uint64_t tag)
+{
+	if (!dst)
+		return ckpt_err(-EINVAL, "snapshot pipe: chunk of %zu bytes copied into nowhere", n);
+	return pipe_issue_unbuffered(p, SNAPSHOT_DST_BUF, dst, src, n, tag);
+}
+
+/* A pending chunk that holds a pool buffer (not stored, not in place, not copied
+ * into the caller's memory). */
 static bool slot_buffered(const struct pipe_slot *s)
 {
-	return s->buf != SNAPSHOT_NO_BUF && s->buf != SNAPSHOT_SRC_BUF;
+	return s->buf != SNAPSHOT_NO_BUF && s->buf != SNAPSHOT_SRC_BUF && s->buf != SNAPSHOT_DST_BUF;
 }
 
 bool snapshot_pipe_room(const struct snapshot_pipe *p) { return p->count < p->cap; }

@@ -134,6 +134,15 @@ int  snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct 
 #define SNAPSHOT_SRC_BUF (UINT_MAX - 1)
 int  snapshot_pipe_issue_inplace(struct snapshot_pipe *p, const void *src, size_t n,
                                  uint64_t tag);
+/* A chunk of host memory of n bytes copied into dst, memory the caller holds until
+ * its consumer is done with it (a direct save's tail, carved out of the whole pool:
+ * lib/save.c), and hashed on the way. Like an in-place chunk it takes no pool
+ * buffer of the pipe's and does not count against the window; next() gives it back
+ * with *buf SNAPSHOT_DST_BUF. Returns 0, or -EAGAIN when the pipe is full. Errors:
+ * -EINVAL. */
+#define SNAPSHOT_DST_BUF (UINT_MAX - 2)
+int  snapshot_pipe_issue_into(struct snapshot_pipe *p, void *dst, const void *src, size_t n,
+                              uint64_t tag);
 /* Whether the pipe has room for a stored chunk (a copy may still find the window
  * full, or wait for a buffer). */
 bool snapshot_pipe_room(const struct snapshot_pipe *p);
@@ -155,7 +164,7 @@ uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p);
  * Take out the oldest chunk once its copy has landed (waits on that chunk's event
  * only): its pool buffer (the caller owns it from now on; SNAPSHOT_NO_BUF for a
  * chunk issued by snapshot_pipe_issue_stored, SNAPSHOT_SRC_BUF for one issued by
- * snapshot_pipe_issue_inplace), length, the XXH3-128 of
+ * snapshot_pipe_issue_inplace, SNAPSHOT_DST_BUF by snapshot_pipe_issue_into), length, the XXH3-128 of
  * its bytes and of its blocks (computed from the pool buffer for device chunks;
  * h->blocks points into the pipe and stays valid until the next issue or close)
  * and tag. Returns 0, or 1 for a device chunk left unhashed after

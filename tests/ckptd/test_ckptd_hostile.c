@@ -1133,13 +1133,16 @@ START_TEST(direct_save_releases_after_sends)
 }
 END_TEST
 
-/* The tail of a direct save fills the pool whatever its classes: with chunks of
- * 1 MiB and a pool of 16 MiB (twelve buffers of 1 MiB, and of 512, 256, 128 and
- * 64 KiB four each), the regular chunks that fit whole take the large buffers and
- * the chunks before them are split into pieces that fill the small ones. The state
- * is a large tensor, an odd-sized one and a small blob; each is overwritten at the
- * snapshot point and loaded back bit for bit, and the shard's chunks show split
- * pieces inside the large tensor (each one buffer's size). */
+/* The tail of a direct save fills the pool whatever its classes and the state's
+ * chunks: with chunks of 1 MiB and a pool of 16 MiB (twelve buffers of 1 MiB, and
+ * of 512, 256, 128 and 64 KiB four each: 15.75 MiB), the tail is the state's last
+ * chunks, each at the next multiple of 64 bytes of the pool taken whole, and a
+ * first piece that fills what is left. The state is a large tensor, an odd-sized
+ * one and a small blob; each is overwritten at the snapshot point and loaded back
+ * bit for bit, and the shard's chunks show the tail: inside the large tensor one
+ * regular chunk cut in two where the tail begins, and the chunks from that piece
+ * on, padded, are the pool's bytes to the byte. (Given to the pool's buffers one
+ * chunk each, the odd tensor's last piece held a 512 KiB buffer for 278 KiB.) */
 START_TEST(direct_save_tail_fills_the_pool)
 {
 	enum { NBIG = 10u << 20, NODD = 333333, NBLOB = 100 };   /* floats, floats, bytes */
@@ -1207,25 +1210,27 @@ START_TEST(direct_save_tail_fills_the_pool)
 	int t = io_index_find(ix, "big");
 	ck_assert_int_ge(t, 0);
 	const struct io_tensor_entry *te = &ix->tensors[t];
-	unsigned pieces = 0, rest = 0;
-	uint64_t piece_bytes = 0;
+	unsigned cut = 0;
+	uint32_t piece = UINT32_MAX;
 	for (uint32_t k = te->first_chunk; k < te->first_chunk + te->nchunks; k++) {
 		const struct io_chunk_entry *ch = &ix->chunks[k];
 		if (ch->raw_len == CHUNK || ch->raw_offset + ch->raw_len == te->raw_bytes)
 			continue;
-		/* A piece inside the tensor: one small buffer's size, or the one regular
-		 * chunk cut short where the tail begins. */
-		if (ch->raw_len >= (64u << 10) && !(ch->raw_len & (ch->raw_len - 1))) {
-			pieces++;
-			piece_bytes += ch->raw_len;
-		} else {
-			rest++;
-		}
+		cut++;
+		piece = k;                 /* the second of the two: the tail's first piece */
 	}
-	ck_assert_uint_le(rest, 1);
-	/* Four of each small class, less what the odd tensor's end and the blob took. */
-	ck_assert_msg(pieces >= 8 && piece_bytes >= (2u << 20), "%u piece(s), %llu bytes",
-	              pieces, (unsigned long long)piece_bytes);
+	ck_assert_msg(cut == 2 && ix->chunks[piece - 1].raw_len + ix->chunks[piece].raw_len == CHUNK,
+	              "%u chunk(s) of the large tensor off the regular grid", cut);
+	/* From the piece to the shard's last chunk (the tensors' chunks follow one
+	 * another in the order saved), each padded to 64 bytes. */
+	uint64_t tail = 0;
+	for (uint32_t k = piece; k < ix->nchunks; k++)
+		tail += (ix->chunks[k].raw_len + 63) / 64 * 64;
+	struct io_pool *pool;
+	ck_assert_int_eq(io_pool_create_halving(CHUNK, 16u << 20, NULL, &pool), 0);
+	ck_assert_msg(tail == io_pool_bytes(pool), "the tail takes %llu bytes of the pool's %llu",
+	              (unsigned long long)tail, (unsigned long long)io_pool_bytes(pool));
+	io_pool_destroy(pool);
 	io_shard_reader_close(r);
 	io_engine_destroy(e);
 	free(big);
