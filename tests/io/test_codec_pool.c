@@ -411,6 +411,37 @@ START_TEST(pool_halving_layout)
 }
 END_TEST
 
+/* The whole pool at once (a direct save's tail, lib/save.c): only where every
+ * buffer is free, nothing taken otherwise; the mapping whole; given back, every
+ * buffer of every class is free again and handed out as before. */
+START_TEST(pool_take_all)
+{
+	struct io_pool *p;
+	ck_assert_int_eq(io_pool_create_halving(1u << 20, 16u << 20, NULL, &p), 0);
+	uint8_t *base = NULL;
+	int b = io_pool_get_fit(p, 100u << 10, 0);        /* one small buffer out */
+	ck_assert_int_ge(b, 0);
+	ck_assert_int_eq(io_pool_take_all(p, &base), -EBUSY);
+	ck_assert_ptr_null(base);
+	ck_assert_uint_eq(io_pool_bytes_out(p), io_pool_len(p, (unsigned)b));
+	io_pool_put(p, (unsigned)b);
+	ck_assert_int_eq(io_pool_take_all(p, &base), 0);
+	ck_assert_ptr_eq(base, io_pool_addr(p, 0));
+	ck_assert_uint_eq(io_pool_bytes_out(p), io_pool_bytes(p));
+	ck_assert_int_eq(io_pool_get_fit(p, 4096, 0), -ETIMEDOUT);
+	uint8_t *again = NULL;
+	ck_assert_int_eq(io_pool_take_all(p, &again), -EBUSY);
+	memset(base, 0x5a, io_pool_bytes(p));             /* the mapping, end to end */
+	io_pool_put_all(p);
+	ck_assert_uint_eq(io_pool_bytes_out(p), 0);
+	ck_assert_int_eq(io_pool_get(p, 0), 0);           /* low indices first again */
+	ck_assert_int_eq(io_pool_get_fit(p, 4096, 0), (int)io_pool_nslots(p) - 4);
+	io_pool_put(p, 0);
+	io_pool_put(p, io_pool_nslots(p) - 4);
+	io_pool_destroy(p);
+}
+END_TEST
+
 START_TEST(pool_blocking_get_woken_by_put)
 {
 	struct io_pool *p;
@@ -534,6 +565,7 @@ int main(void)
 	tcase_add_test(tc, pool_classes);
 	tcase_add_test(tc, pool_sized_classes);
 	tcase_add_test(tc, pool_halving_layout);
+	tcase_add_test(tc, pool_take_all);
 	tcase_add_test(tc, pool_blocking_get_woken_by_put);
 	tcase_add_test(tc, pool_double_put_caught);
 	tcase_add_test(tc, pool_custom_allocator);
