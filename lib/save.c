@@ -1349,7 +1349,7 @@ static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor 
 		for (uint64_t end = s->items[i].raw_bytes; end > 0;) {
 			size_t len = (size_t)(end - (end - 1) / chunk * chunk);   /* to its chunk's start */
 			uint64_t padded = ckpt_align_up(len, SAVE_TAIL_ALIGN);
-			if (padded > room) {
+			if (padded > room) {        /* then len > room: both are multiples of 64 */
 				all = false;
 				if (room == 0)
 					break;
@@ -1868,6 +1868,14 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	 * landed callback, which marks the snapshot point. */
 	snapshot_pipe_close(cur.pipe);
 	cur.pipe = NULL;
+	/* The tail's region goes back to the pool once the sender is done with it,
+	 * not after ckptd's DURABLE and the commit (a load on another thread may wait
+	 * for the pool's buffers). */
+	if (sink.rw && cur.arena) {
+		remote_writer_sent(sink.rw);
+		io_pool_put_all(c->pool);
+		cur.arena = NULL;
+	}
 	/* Durability point of this rank: data, footer, fdatasync (the directory entry
 	 * since the file's creation); through ckptd, its DURABLE after the same. */
 	rc = sink.rw ? remote_writer_finish(sink.rw, &res) : io_shard_writer_finish(sink.w, &res);

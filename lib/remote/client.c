@@ -800,6 +800,11 @@ void remote_writer_src_seal(struct remote_writer *w, void (*done)(void *), void 
 		done(arg);
 }
 
+void remote_writer_sent(struct remote_writer *w)
+{
+	rw_drain(w);
+}
+
 int remote_writer_finish(struct remote_writer *w, struct io_shard_result *res)
 {
 	memset(res, 0, sizeof *res);

@@ -217,6 +217,9 @@ int  remote_writer_append_held(struct remote_writer *w, uint32_t t, const void *
  * has been sent (the kernel has its bytes) or given up by a failed stream — here if
  * none is pending, else on the sender's thread. Called at most once per stream. */
 void remote_writer_src_seal(struct remote_writer *w, void (*done)(void *), void *arg);
+/* Waits until every chunk appended has been sent (or the stream failed): from then
+ * on nothing reads their memory. Only finish or abort may follow. */
+void remote_writer_sent(struct remote_writer *w);
 /* Waits for DURABLE: then *res is the shard as ckptd made it durable (its footer
  * decoded and checked against its hash). The writer is freed in every case. */
 int  remote_writer_finish(struct remote_writer *w, struct io_shard_result *res);
