@@ -1133,6 +1133,84 @@ START_TEST(direct_save_releases_after_sends)
 }
 END_TEST
 
+/* Loads of one step on another thread of the same context while direct saves of the
+ * next steps run, each save's tail in the whole pool: each save and each load is bit
+ * for bit what it must be. */
+struct beside_load {
+	ckpt_ctx   *c;
+	const float *want;
+	atomic_bool stop;
+	unsigned    loads;
+	char        err[512];
+};
+
+static void *loader(void *arg)
+{
+	struct beside_load *b = arg;
+	float *got = malloc(BIG_N * sizeof *got);
+	while (got && !atomic_load(&b->stop) && !b->err[0]) {
+		ckpt_load *l;
+		if (ckpt_load_open(b->c, 240, &l) != 0) {
+			snprintf(b->err, sizeof b->err, "open: %s", ckpt_last_error());
+			break;
+		}
+		memset(got, 0, BIG_N * sizeof *got);
+		if (ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, got, CKPT_MEM_HOST) != 0)
+			snprintf(b->err, sizeof b->err, "load: %s", ckpt_last_error());
+		else if (memcmp(got, b->want, BIG_N * sizeof *got))
+			snprintf(b->err, sizeof b->err, "load %u: other bytes", b->loads);
+		ckpt_load_close(l);
+		b->loads++;
+	}
+	free(got);
+	return NULL;
+}
+
+START_TEST(direct_saves_beside_loads)
+{
+	float *w = malloc(BIG_N * sizeof *w), *first = malloc(BIG_N * sizeof *w);
+	float *want = malloc(BIG_N * sizeof *w), *got = malloc(BIG_N * sizeof *w);
+	ck_assert(w && first && want && got);
+	tu_fill(first, BIG_N * sizeof *w, tu_seed(), 91);
+	ckpt_ctx *c = honest_open("joba", SECRET_A, 0);
+	memcpy(w, first, BIG_N * sizeof *w);
+	ckpt_save *s = big_save(c, 240, w);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
+	ckpt_save_free(s);
+	struct beside_load b = { .c = c, .want = first };
+	atomic_init(&b.stop, false);
+	pthread_t th;
+	ck_assert_int_eq(pthread_create(&th, NULL, loader, &b), 0);
+	for (uint64_t step = 241; step < 245; step++) {
+		tu_fill(want, BIG_N * sizeof *w, tu_seed(), 91 + (unsigned)step);
+		memcpy(w, want, BIG_N * sizeof *w);
+		s = big_save(c, step, w);
+		ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
+		memset(w, 0xa5, BIG_N * sizeof *w);
+		ck_assert_msg(ckpt_save_wait(s, -1) == 0, "step %llu: %s", (unsigned long long)step,
+		              ckpt_last_error());
+		ckpt_save_free(s);
+		ckpt_load *l;
+		ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "%s", ckpt_last_error());
+		ck_assert_msg(ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, got,
+		                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
+		ckpt_load_close(l);
+		ck_assert_msg(memcmp(got, want, BIG_N * sizeof *w) == 0, "step %llu: other bytes",
+		              (unsigned long long)step);
+	}
+	atomic_store(&b.stop, true);
+	pthread_join(th, NULL);
+	ck_assert_msg(!b.err[0], "the load beside the saves: %s", b.err);
+	ck_assert_uint_gt(b.loads, 0);
+	ckpt_close(c);
+	free(w);
+	free(first);
+	free(want);
+	free(got);
+	after_attack();
+}
+END_TEST
+
 /* The tail of a direct save fills the pool whatever its classes and the state's
  * chunks: with chunks of 1 MiB and a pool of 16 MiB (twelve buffers of 1 MiB, and
  * of 512, 256, 128 and 64 KiB four each: 15.75 MiB), the tail is the state's last
@@ -1143,58 +1221,14 @@ END_TEST
  * regular chunk cut in two where the tail begins, and the chunks from that piece
  * on, padded, are the pool's bytes to the byte. (Given to the pool's buffers one
  * chunk each, the odd tensor's last piece held a 512 KiB buffer for 278 KiB.) */
-START_TEST(direct_save_tail_fills_the_pool)
-{
-	enum { NBIG = 10u << 20, NODD = 333333, NBLOB = 100 };   /* floats, floats, bytes */
-	float *big = malloc(NBIG * sizeof *big), *odd = malloc(NODD * sizeof *odd);
-	float *wbig = malloc(NBIG * sizeof *big), *wodd = malloc(NODD * sizeof *odd);
-	uint8_t blob[NBLOB], wblob[NBLOB];
-	ck_assert(big && odd && wbig && wodd);
-	tu_fill(wbig, NBIG * sizeof *big, tu_seed(), 81);
-	tu_fill(wodd, NODD * sizeof *odd, tu_seed(), 82);
-	tu_fill(wblob, NBLOB, tu_seed(), 83);
-	memcpy(big, wbig, NBIG * sizeof *big);
-	memcpy(odd, wodd, NODD * sizeof *odd);
-	memcpy(blob, wblob, NBLOB);
-	enum { CHUNK = 1u << 20 };
-	ckpt_ctx *c = honest_open_sized("joba", SECRET_A, 0, CHUNK, 16u << 20);
-	ckpt_save *s;
-	ck_assert_int_eq(ckpt_save_begin(c, 220, &s), 0);
-	uint64_t shb[1] = { NBIG }, sho[1] = { NODD };
-	struct ckpt_tensor tb = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
-	                          .policy = CKPT_SHARDED, .ndim = 1, .global_shape = shb,
-	                          .data = big };
-	struct ckpt_tensor to = { .name = "odd", .kind = CKPT_KIND_OPTIMIZER, .dtype = CKPT_F32,
-	                          .policy = CKPT_SHARDED, .ndim = 1, .global_shape = sho,
-	                          .data = odd };
-	ck_assert_int_eq(ckpt_save_add_tensor(s, &tb), 0);
-	ck_assert_int_eq(ckpt_save_add_tensor(s, &to), 0);
-	ck_assert_int_eq(ckpt_save_add_blob(s, "rng", CKPT_KIND_RNG, CKPT_RANK_BOUND, blob,
-	                                    NBLOB), 0);
-	ck_assert_int_eq(ckpt_save_submit(s), 0);
-	ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
-	memset(big, 0xa5, NBIG * sizeof *big);
-	memset(odd, 0x5a, NODD * sizeof *odd);
-	memset(blob, 0x33, NBLOB);
-	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
-	ckpt_save_free(s);
-	ckpt_load *l;
-	ck_assert_msg(ckpt_load_open(c, 220, &l) == 0, "%s", ckpt_last_error());
-	ck_assert_msg(ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, big, CKPT_MEM_HOST) == 0,
-	              "%s", ckpt_last_error());
-	ck_assert_msg(ckpt_load_tensor(l, "odd", CKPT_F32, 1, NULL, NULL, odd, CKPT_MEM_HOST) == 0,
-	              "%s", ckpt_last_error());
-	size_t got = 0;
-	ck_assert_msg(ckpt_load_blob(l, "rng", blob, NBLOB, &got) == 0, "%s", ckpt_last_error());
-	ckpt_load_close(l);
-	ck_assert(memcmp(big, wbig, NBIG * sizeof *big) == 0);
-	ck_assert(memcmp(odd, wodd, NODD * sizeof *odd) == 0);
-	ck_assert(got == NBLOB && memcmp(blob, wblob, NBLOB) == 0);
-	ckpt_close(c);
+enum { TAIL_CHUNK = 1u << 20, TAIL_POOL = 16u << 20 };
 
-	/* The shard: its one file in the step's directory, read by lib/io. */
+/* Step's shard in joba: its tail, from the large tensor's chunk cut where the tail
+ * begins to the shard's last chunk, is the pool's bytes to the byte. */
+static void check_tail(int step)
+{
 	char dir[4400], path[4700] = "";
-	snprintf(dir, sizeof dir, "%s/jobs/joba/step-%020d", data_dir, 220);
+	snprintf(dir, sizeof dir, "%s/jobs/joba/step-%020d", data_dir, step);
 	DIR *dd = opendir(dir);
 	ck_assert_msg(dd != NULL, "%s", dir);
 	for (struct dirent *e; (e = readdir(dd));)
@@ -1214,25 +1248,82 @@ START_TEST(direct_save_tail_fills_the_pool)
 	uint32_t piece = UINT32_MAX;
 	for (uint32_t k = te->first_chunk; k < te->first_chunk + te->nchunks; k++) {
 		const struct io_chunk_entry *ch = &ix->chunks[k];
-		if (ch->raw_len == CHUNK || ch->raw_offset + ch->raw_len == te->raw_bytes)
+		if (ch->raw_len == TAIL_CHUNK || ch->raw_offset + ch->raw_len == te->raw_bytes)
 			continue;
 		cut++;
 		piece = k;                 /* the second of the two: the tail's first piece */
 	}
-	ck_assert_msg(cut == 2 && ix->chunks[piece - 1].raw_len + ix->chunks[piece].raw_len == CHUNK,
-	              "%u chunk(s) of the large tensor off the regular grid", cut);
+	ck_assert_msg(cut == 2 &&
+	              ix->chunks[piece - 1].raw_len + ix->chunks[piece].raw_len == TAIL_CHUNK,
+	              "step %d: %u chunk(s) of the large tensor off the regular grid", step, cut);
 	/* From the piece to the shard's last chunk (the tensors' chunks follow one
 	 * another in the order saved), each padded to 64 bytes. */
 	uint64_t tail = 0;
 	for (uint32_t k = piece; k < ix->nchunks; k++)
 		tail += (ix->chunks[k].raw_len + 63) / 64 * 64;
 	struct io_pool *pool;
-	ck_assert_int_eq(io_pool_create_halving(CHUNK, 16u << 20, NULL, &pool), 0);
-	ck_assert_msg(tail == io_pool_bytes(pool), "the tail takes %llu bytes of the pool's %llu",
-	              (unsigned long long)tail, (unsigned long long)io_pool_bytes(pool));
+	ck_assert_int_eq(io_pool_create_halving(TAIL_CHUNK, TAIL_POOL, NULL, &pool), 0);
+	ck_assert_msg(tail == io_pool_bytes(pool), "step %d: the tail takes %llu bytes of the "
+	              "pool's %llu", step, (unsigned long long)tail,
+	              (unsigned long long)io_pool_bytes(pool));
 	io_pool_destroy(pool);
 	io_shard_reader_close(r);
 	io_engine_destroy(e);
+}
+
+START_TEST(direct_save_tail_fills_the_pool)
+{
+	enum { NBIG = 10u << 20, NODD = 333333, NBLOB = 100 };   /* floats, floats, bytes */
+	float *big = malloc(NBIG * sizeof *big), *odd = malloc(NODD * sizeof *odd);
+	float *wbig = malloc(NBIG * sizeof *big), *wodd = malloc(NODD * sizeof *odd);
+	uint8_t blob[NBLOB], wblob[NBLOB];
+	ck_assert(big && odd && wbig && wodd);
+	tu_fill(wbig, NBIG * sizeof *big, tu_seed(), 81);
+	tu_fill(wodd, NODD * sizeof *odd, tu_seed(), 82);
+	tu_fill(wblob, NBLOB, tu_seed(), 83);
+	ckpt_ctx *c = honest_open_sized("joba", SECRET_A, 0, TAIL_CHUNK, TAIL_POOL);
+	uint64_t shb[1] = { NBIG }, sho[1] = { NODD };
+	struct ckpt_tensor tb = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
+	                          .policy = CKPT_SHARDED, .ndim = 1, .global_shape = shb,
+	                          .data = big };
+	struct ckpt_tensor to = { .name = "odd", .kind = CKPT_KIND_OPTIMIZER, .dtype = CKPT_F32,
+	                          .policy = CKPT_SHARDED, .ndim = 1, .global_shape = sho,
+	                          .data = odd };
+	/* Two saves of one context: the second finds the whole pool back. */
+	for (int step = 220; step < 222; step++) {
+		memcpy(big, wbig, NBIG * sizeof *big);
+		memcpy(odd, wodd, NODD * sizeof *odd);
+		memcpy(blob, wblob, NBLOB);
+		ckpt_save *s;
+		ck_assert_int_eq(ckpt_save_begin(c, (uint64_t)step, &s), 0);
+		ck_assert_int_eq(ckpt_save_add_tensor(s, &tb), 0);
+		ck_assert_int_eq(ckpt_save_add_tensor(s, &to), 0);
+		ck_assert_int_eq(ckpt_save_add_blob(s, "rng", CKPT_KIND_RNG, CKPT_RANK_BOUND, blob,
+		                                    NBLOB), 0);
+		ck_assert_int_eq(ckpt_save_submit(s), 0);
+		ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
+		memset(big, 0xa5, NBIG * sizeof *big);
+		memset(odd, 0x5a, NODD * sizeof *odd);
+		memset(blob, 0x33, NBLOB);
+		ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
+		ckpt_save_free(s);
+		ckpt_load *l;
+		ck_assert_msg(ckpt_load_open(c, (uint64_t)step, &l) == 0, "%s", ckpt_last_error());
+		ck_assert_msg(ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, big,
+		                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
+		ck_assert_msg(ckpt_load_tensor(l, "odd", CKPT_F32, 1, NULL, NULL, odd,
+		                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
+		size_t got = 0;
+		ck_assert_msg(ckpt_load_blob(l, "rng", blob, NBLOB, &got) == 0, "%s",
+		              ckpt_last_error());
+		ckpt_load_close(l);
+		ck_assert(memcmp(big, wbig, NBIG * sizeof *big) == 0);
+		ck_assert(memcmp(odd, wodd, NODD * sizeof *odd) == 0);
+		ck_assert(got == NBLOB && memcmp(blob, wblob, NBLOB) == 0);
+	}
+	ckpt_close(c);
+	check_tail(220);
+	check_tail(221);
 	free(big);
 	free(odd);
 	free(wbig);
@@ -1328,6 +1419,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, queue_depth_follows_writes);
 	tcase_add_test(tc, direct_save_releases_after_sends);
 	tcase_add_test(tc, direct_save_tail_fills_the_pool);
+	tcase_add_test(tc, direct_saves_beside_loads);
 	tcase_add_test(tc, stop_while_stalled);
 	tcase_add_test(tc, honest_under_fire);
 	suite_add_tcase(s, tc);
