@@ -788,6 +788,29 @@ static int save_direct_tail_len(const struct save_cursor *cur, const struct save
 	return 0;
 }
 
+/* A direct save's next chunk, of n bytes: hashed where it lies before the tail,
+ * copied into the pool's region (at the next multiple of SAVE_TAIL_ALIGN) in it. */
+static int save_issue_direct(struct save_cursor *cur, const struct save_item *it, size_t n)
+{
+	const uint8_t *src = (const uint8_t *)it->data + cur->off;
+	int rc;
+	if (!save_in_tail(cur)) {
+		if (!(rc = snapshot_pipe_issue_inplace(cur->pipe, src, n, cur->item)))
+			cur->src_issued++;
+		return rc;
+	}
+	uint64_t at = cur->arena_in, padded = ckpt_align_up(n, SAVE_TAIL_ALIGN);
+	if (padded > cur->arena_bytes - at)
+		return ckpt_err(-EINVAL, "chunk at %llu of %zu bytes beyond the pool's %llu bytes "
+		                "the save's plan has", (unsigned long long)cur->off, n,
+		                (unsigned long long)cur->arena_bytes);
+	if (!(rc = snapshot_pipe_issue_into(cur->pipe, cur->arena + at, src, n, cur->item))) {
+		cur->arena_in += padded;
+		cur->tail_next++;
+	}
+	return rc;
+}
+
 static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t limit)
 {
 	size_t chunk = c->cfg.chunk_bytes, issued = 0;
@@ -827,39 +850,14 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 			issued++;
 			continue;
 		}
-		/* A direct save hashes the chunks before its tail where they lie: they are
-		 * sent from there. */
-		if (cur->direct && !save_in_tail(cur)) {
-			rc = snapshot_pipe_issue_inplace(cur->pipe, (const uint8_t *)it->data + cur->off,
-			                                 n, cur->item);
+		/* A direct save hashes the chunks before its tail where they lie (they are
+		 * sent from there) and copies its tail into the pool's region. */
+		if (cur->direct) {
+			rc = save_issue_direct(cur, it, n);
 			if (rc == -EAGAIN)
 				return rc;
 			if (rc)
 				return ckpt_err_prefix(rc, "tensor '%s'", it->name);
-			cur->src_issued++;
-			cur->off += n;
-			issued++;
-			if (limit == SAVE_ISSUE_ASYNC &&
-			    (cur->off < it->raw_bytes || cur->item + 1 < s->nitems))
-				return 1;
-			continue;
-		}
-		/* Its tail is copied into the pool's arena, where the sender reads it. */
-		if (save_in_tail(cur)) {
-			uint64_t at = cur->arena_in, padded = ckpt_align_up(n, SAVE_TAIL_ALIGN);
-			if (padded > cur->arena_bytes - at)
-				return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu of %zu bytes beyond "
-				                "the pool's %llu bytes the save's plan has", it->name,
-				                (unsigned long long)cur->off, n,
-				                (unsigned long long)cur->arena_bytes);
-			rc = snapshot_pipe_issue_into(cur->pipe, cur->arena + at,
-			                              (const uint8_t *)it->data + cur->off, n, cur->item);
-			if (rc == -EAGAIN)
-				return rc;
-			if (rc)
-				return ckpt_err_prefix(rc, "tensor '%s'", it->name);
-			cur->arena_in += padded;
-			cur->tail_next++;
 			cur->off += n;
 			issued++;
 			if (limit == SAVE_ISSUE_ASYNC &&

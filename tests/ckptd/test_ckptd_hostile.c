@@ -1082,6 +1082,28 @@ static ckpt_save *big_save(ckpt_ctx *c, uint64_t step, const float *w)
 	return s;
 }
 
+/* A save of step from w (which holds want's bytes), w overwritten the moment the
+ * snapshot point comes, committed, and loaded back into got: want's bytes. */
+static void big_save_overwritten(ckpt_ctx *c, uint64_t step, float *w, const float *want,
+                                 float *got)
+{
+	ckpt_save *s = big_save(c, step, w);
+	ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
+	memset(w, 0xa5, BIG_N * sizeof *w);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "step %llu: %s", (unsigned long long)step,
+	              ckpt_last_error());
+	ckpt_save_free(s);
+	ckpt_load *l;
+	ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "%s", ckpt_last_error());
+	memset(got, 0, BIG_N * sizeof *got);
+	ck_assert_msg(ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, got,
+	                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
+	ck_assert_msg(memcmp(got, want, BIG_N * sizeof *w) == 0, "step %llu: the committed "
+	              "tensor holds bytes written after the snapshot point",
+	              (unsigned long long)step);
+	ckpt_load_close(l);
+}
+
 START_TEST(direct_save_releases_after_sends)
 {
 	enum { N = BIG_N };
@@ -1094,21 +1116,7 @@ START_TEST(direct_save_releases_after_sends)
 		memcpy(w, want, N * sizeof *w);
 		w[step] = (float)step;                  /* each step its own bytes */
 		want[step] = (float)step;
-		ckpt_save *s = big_save(c, step, w);
-		ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
-		memset(w, 0xa5, N * sizeof *w);
-		ck_assert_msg(ckpt_save_wait(s, -1) == 0, "step %llu: %s", (unsigned long long)step,
-		              ckpt_last_error());
-		ckpt_save_free(s);
-		ckpt_load *l;
-		ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "%s", ckpt_last_error());
-		memset(got, 0, N * sizeof *got);
-		ck_assert_msg(ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, got,
-		                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
-		ck_assert_msg(memcmp(got, want, N * sizeof *w) == 0, "step %llu: the committed "
-		              "tensor holds bytes written after the snapshot point",
-		              (unsigned long long)step);
-		ckpt_load_close(l);
+		big_save_overwritten(c, step, w, want, got);
 	}
 	/* ckptd's disk fails in the middle of a direct save: the save fails with the
 	 * disk's error, the caller is released (wait_snapshot returns), the step is not
@@ -1184,19 +1192,7 @@ START_TEST(direct_saves_beside_loads)
 	for (uint64_t step = 241; step < 245; step++) {
 		tu_fill(want, BIG_N * sizeof *w, tu_seed(), 91 + (unsigned)step);
 		memcpy(w, want, BIG_N * sizeof *w);
-		s = big_save(c, step, w);
-		ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
-		memset(w, 0xa5, BIG_N * sizeof *w);
-		ck_assert_msg(ckpt_save_wait(s, -1) == 0, "step %llu: %s", (unsigned long long)step,
-		              ckpt_last_error());
-		ckpt_save_free(s);
-		ckpt_load *l;
-		ck_assert_msg(ckpt_load_open(c, step, &l) == 0, "%s", ckpt_last_error());
-		ck_assert_msg(ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, got,
-		                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
-		ckpt_load_close(l);
-		ck_assert_msg(memcmp(got, want, BIG_N * sizeof *w) == 0, "step %llu: other bytes",
-		              (unsigned long long)step);
+		big_save_overwritten(c, step, w, want, got);
 	}
 	atomic_store(&b.stop, true);
 	pthread_join(th, NULL);
