@@ -11,6 +11,9 @@
 #            BENCH_THREADS (1: the scheduler's time of the ranks' threads and ckptd's
 #            until the snapshot point, on a CPU and waiting for one, in a table of its
 #            own; polling /proc costs CPU of its own, so off by default),
+#            BENCH_SPLIT (1: the ranks, and the TCP limits' senders, on the first half
+#            of the CPUs; ckptd, the raw writes and the TCP limits' receivers on the
+#            other half, as where ckptd has a storage node's CPUs to itself),
 #            BENCH_TRANSPORT (tcp; rdma: ckptd and the ranks on the rdma transport at
 #            BENCH_ADDR, e.g. 10.0.0.1 in the rdma guest, tests/rdma), and the ranks'
 #            CKPT_RDMA_DIRECT as it is set (unset: the direct path)
@@ -73,9 +76,21 @@ stop_ckptd() { [ -z "$pid" ] || { kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/
 trap 'stop_ckptd; rm -rf "$dir"' EXIT
 log() { echo "bench-ckptd: $*" >&2; }
 
-in_cg=()   # the prefix that runs a command in BENCH_CGROUP, if any
+in_cg=()   # the prefix that runs ckptd and the raw writes: in BENCH_CGROUP, if any,
+on_ranks=() # and with BENCH_SPLIT on their half of the CPUs (the ranks on the other)
 # shellcheck disable=SC2016  # $$ and $@ are the inner shell's
 [ -z "$cgroup" ] || in_cg=(sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cgroup")
+split=
+if [ "${BENCH_SPLIT:-0}" = 1 ]; then
+  read -r rank_cpus node_cpus < <(python3 -c 'import os
+c = sorted(os.sched_getaffinity(0)); h = len(c) // 2
+print(",".join(map(str, c[:h])) or "-", ",".join(map(str, c[h:])))')
+  [ "$rank_cpus" != - ] || { log "BENCH_SPLIT needs 2 CPUs or more"; exit 1; }
+  in_cg=(taskset -c "$node_cpus" "${in_cg[@]}")
+  on_ranks=(taskset -c "$rank_cpus")
+  export BENCH_RANK_CPUS=$rank_cpus BENCH_NODE_CPUS=$node_cpus
+  split="ranks on CPUs $rank_cpus, ckptd on $node_cpus"
+fi
 raw_once() {  # bench_raw_io's JSON; on a file system without O_DIRECT (the rdma guest's
   # tmpfs) a buffered write with fdatasync instead, {"write_Bps": ..., "buffered": true}
   if "${in_cg[@]}" "$raw_io" "$dir/raw.dat" $((size_b >> 20)) write 2> "$dir/raw.err"; then
@@ -159,8 +174,8 @@ for i in $(seq "$runs"); do
     2> "$dir/watch.err" &
   wpid=$!
   for _ in $(seq 100); do grep -q ready "$dir/watch.err" && break; sleep 0.05; done
-  "$synth" save --root "$dir/unused" --step "$i" --bytes "$size" --seed "$i" --world "$world" \
-    --pool "$rank_pool" --chunk "$chunk" --json > "$dir/synth.json"
+  "${on_ranks[@]}" "$synth" save --root "$dir/unused" --step "$i" --bytes "$size" --seed "$i" \
+    --world "$world" --pool "$rank_pool" --chunk "$chunk" --json > "$dir/synth.json"
   wait "$wpid" || { cat "$dir/watch.err" >&2; exit 1; }
   saves+=("{\"synth\": $(cat "$dir/synth.json"), \"watch\": $(cat "$dir/watch.json")}")
   # Each save writes new files: keep one step's on the disk at a time.
@@ -183,7 +198,7 @@ raw2=$(raw_write)
 
 IFS=,
 cat > "$dir.json" <<JSON
-{"world": $world, "cpus": $(nproc), "cgroup": "$cgroup", "chunk": $(to_bytes "$chunk"),
+{"world": $world, "cpus": $(nproc), "cgroup": "$cgroup", "split": "$split", "chunk": $(to_bytes "$chunk"),
  "transport": "$transport", "addr": "$addr", "rdma_direct": "${CKPT_RDMA_DIRECT:-}",
  "bytes_received": ${rx_all:-0}, "bytes_received_rdma_write": ${rx_rdma:-0},
  "rank_pool": $rank_pool_b, "ckptd_pool_bytes": $pool_b,

@@ -63,6 +63,13 @@ def buffer(n, fill, huge=True):
     return v
 
 
+def pin(var):
+    """On the CPUs listed in environment variable var, if set (BENCH_SPLIT)."""
+    cpus = os.environ.get(var)
+    if cpus:
+        os.sched_setaffinity(0, {int(x) for x in cpus.split(",")})
+
+
 def tcp(world, total, keep, cmd):
     share = [total // world + (1 if r < total % world else 0) for r in range(world)]
     # Each process's bytes: one message's worth, or its whole share (in 64 KiB).
@@ -75,6 +82,7 @@ def tcp(world, total, keep, cmd):
     for r in range(world):
         pid = os.fork()
         if pid == 0:
+            pin("BENCH_RANK_CPUS")
             lis.close()
             s = socket.create_connection(("127.0.0.1", port))
             buf = buffer(span[r], os.urandom(1 << 16), huge=not keep)
@@ -98,6 +106,7 @@ def tcp(world, total, keep, cmd):
     for i in range(world):
         pid = os.fork()
         if pid == 0:
+            pin("BENCH_NODE_CPUS")
             os.close(rd)
             # conns[i] is the connection of sender i (accepted in order of connect,
             # which need not be i's: the span is the largest share's, to be sure).
@@ -384,7 +393,9 @@ def table(path):
     print(f"ckptd {where}: {r['world']} ranks, {size / (1 << 30):.2f} GiB per save, "
           f"{len(saves)} save(s), ckptd --pool {pool / MiB:.0f} MiB, chunks of "
           f"{r['chunk'] / MiB:.0f} MiB at most, {r['cpus']} CPUs"
-          + (f"; ckptd and the raw writes in cgroup {r['cgroup']}" if r.get("cgroup") else ""))
+          + (f"; ckptd and the raw writes in cgroup {r['cgroup']}" if r.get("cgroup") else "")
+          + (f"; {r['split']} (the TCP limits' senders and receivers alike)"
+             if r.get("split") else ""))
     print()
     print("| measure | value | limit (same run) | ratio | target | met |")
     print("| --- | --- | --- | --- | --- | --- |")
