@@ -1322,8 +1322,9 @@ static bool save_direct_ok(const ckpt_ctx *c, const ckpt_save *s, const struct s
 	return true;
 }
 
-/* The tail: the last chunks of the state that the pool holds, taken whole as one
- * arena and filled from its start, each chunk at the next multiple of
+/* The tail: the last chunks of the state that the pool holds (all of them where the
+ * state fits), taken whole as one arena and filled from its start, each chunk at
+ * the next multiple of
  * SAVE_TAIL_ALIGN. From the end of the state each regular chunk goes in while it
  * fits; the first that does not gives the tail its first piece, its last bytes
  * that fill what is left (the shard records it as a chunk of that length, and the
@@ -1332,10 +1333,11 @@ static bool save_direct_ok(const ckpt_ctx *c, const ckpt_save *s, const struct s
  * last pieces of a state's tensors (of any length below a chunk) and its small
  * tensors left part of every buffer, and the small buffers ran out before the
  * bytes did: 217 of 256 MiB a rank at 8 ranks of 1 GiB (docs/perf.md §6). The
- * chunks before the tail are the regular ones. The save is direct when the tail
- * is not the whole state. A pool with a buffer out now (a load on another thread
- * of the same context) gives no arena: then every chunk is sent from the state,
- * and the snapshot point comes once the last has been sent. */
+ * chunks before the tail are the regular ones. A pool with a buffer out now (a
+ * load on another thread of the same context) gives no arena: then every chunk of
+ * a state larger than the pool is sent from the state, and the snapshot point
+ * comes once the last has been sent; one that fits takes the buffers one chunk
+ * each, as a save of another kind does. */
 static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor *cur)
 {
 	if (!save_direct_ok(c, s, cur))
@@ -1374,18 +1376,22 @@ static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor 
 				break;
 		}
 	}
-	if (all) {
+	if (n == 0 || io_pool_take_all(c->pool, &cur->arena)) {
 		ckpt_free(lens);
-		return 0;           /* the state fits: every chunk copied, at copy speed */
-	}
-	cur->direct = true;
-	cur->tail_item = s->nitems;      /* no tail until the arena is taken */
-	if (io_pool_take_all(c->pool, &cur->arena)) {
-		ckpt_free(lens);
-		ckpt_log(CKPT_LOG_DEBUG, "step %llu: sent from where it lies, every chunk (a "
-		         "buffer of the pool is out: no tail)", (unsigned long long)s->step);
+		/* Nothing to save; or a buffer is out: a state that fits is copied chunk by
+		 * chunk into buffers as they come free, a larger one sent from where it
+		 * lies, every chunk. */
+		if (n && !all) {
+			cur->direct = true;
+			cur->tail_item = s->nitems;
+			ckpt_log(CKPT_LOG_DEBUG, "step %llu: sent from where it lies, every chunk (a "
+			         "buffer of the pool is out: no tail)", (unsigned long long)s->step);
+		}
 		return 0;
 	}
+	/* A state that fits is the tail whole: every chunk copied, at copy speed, packed
+	 * as closely as the chunks of a larger one's. */
+	cur->direct = true;
 	/* In the order they are issued. */
 	uint64_t tail_bytes = 0;
 	for (size_t k = 0; k < n; k++)
@@ -1395,10 +1401,10 @@ static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor 
 		lens[k] = lens[n - 1 - k];
 		lens[n - 1 - k] = t;
 	}
-	ckpt_log(CKPT_LOG_DEBUG, "step %llu: sent from where it lies but for a tail of %zu "
-	         "chunk(s), %.1f MiB, copied into the pool (%.1f MiB)", (unsigned long long)s->step,
-	         n, (double)tail_bytes / 1048576.0,
-	         (double)io_pool_bytes(c->pool) / 1048576.0);
+	ckpt_log(CKPT_LOG_DEBUG, "step %llu: %s a tail of %zu chunk(s), %.1f MiB, copied into "
+	         "the pool (%.1f MiB)", (unsigned long long)s->step,
+	         all ? "the state whole is" : "sent from where it lies but for", n,
+	         (double)tail_bytes / 1048576.0, (double)io_pool_bytes(c->pool) / 1048576.0);
 	cur->arena_bytes = io_pool_bytes(c->pool);
 	cur->tail_lens = lens;
 	cur->tail_n = n;

@@ -1317,6 +1317,23 @@ START_TEST(direct_save_tail_fills_the_pool)
 		ck_assert(memcmp(odd, wodd, NODD * sizeof *odd) == 0);
 		ck_assert(got == NBLOB && memcmp(blob, wblob, NBLOB) == 0);
 	}
+	/* A state that fits the pool is the tail whole: copied before the snapshot point,
+	 * every chunk of it. */
+	memcpy(odd, wodd, NODD * sizeof *odd);
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, 222, &s), 0);
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &to), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
+	memset(odd, 0x5a, NODD * sizeof *odd);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
+	ckpt_save_free(s);
+	ckpt_load *l;
+	ck_assert_msg(ckpt_load_open(c, 222, &l) == 0, "%s", ckpt_last_error());
+	ck_assert_msg(ckpt_load_tensor(l, "odd", CKPT_F32, 1, NULL, NULL, odd, CKPT_MEM_HOST) == 0,
+	              "%s", ckpt_last_error());
+	ckpt_load_close(l);
+	ck_assert(memcmp(odd, wodd, NODD * sizeof *odd) == 0);
 	ckpt_close(c);
 	check_tail(220);
 	check_tail(221);
