@@ -593,8 +593,7 @@ struct save_cursor {
 	ckpt_ctx *ctx;
 	/* A save streamed from where the state lies (save_direct): the chunks before
 	 * item tail_item at tail_off are hashed in place and sent from the caller's
-	 * memory, the rest (the tail: tail_n chunks of tail_lens bytes, in order,
-	 * tail_next of them issued) copied first into the pool, taken whole as one
+	 * memory, the rest (the tail) copied first into the pool, taken whole as one
 	 * arena (arena NULL: no tail), each at the next multiple of SAVE_TAIL_ALIGN
 	 * (arena_in: where the next one issued goes; arena_out: where the next one
 	 * taken out lies); src_issued and src_drained count the former; src_sealed
@@ -602,10 +601,8 @@ struct save_cursor {
 	bool     direct;
 	size_t   tail_item;
 	uint64_t tail_off;
-	size_t  *tail_lens;
-	size_t   tail_n, tail_next;
 	uint8_t *arena;
-	uint64_t arena_bytes, arena_in, arena_out;
+	uint64_t arena_in, arena_out;
 	uint64_t src_issued, src_drained;
 	bool     src_sealed;
 	/* Incremental: this rank's shard of the previous committed step, or ix NULL. */
@@ -768,24 +765,15 @@ static bool save_in_tail(const struct save_cursor *cur)
 	                       (cur->item == cur->tail_item && cur->off >= cur->tail_off));
 }
 
-/* The length of a direct save's next chunk, in *n (the regular one on entry): a
- * chunk before the tail ends where the tail begins at the latest; a chunk of the
- * tail is the plan's. -1 where the plan does not match the state (a bug). */
-static int save_direct_tail_len(const struct save_cursor *cur, const struct save_item *it,
-                                size_t *n)
+/* The length of a direct save's next chunk, n the regular one: each ends at the next
+ * multiple of the chunk size in its item (the tail's first piece begins between
+ * two), the chunk before the tail where the tail begins. */
+static size_t save_direct_len(const struct save_cursor *cur, size_t chunk, size_t n)
 {
-	if (!save_in_tail(cur)) {
-		if (cur->item == cur->tail_item && cur->off + *n > cur->tail_off)
-			*n = (size_t)(cur->tail_off - cur->off);
-		return 0;
-	}
-	if (cur->tail_next >= cur->tail_n)
-		return -1;
-	size_t len = cur->tail_lens[cur->tail_next];
-	if (len == 0 || len > it->raw_bytes - cur->off)
-		return -1;
-	*n = len;
-	return 0;
+	uint64_t end = (cur->off / chunk + 1) * chunk;
+	if (cur->item == cur->tail_item && cur->off < cur->tail_off && cur->tail_off < end)
+		end = cur->tail_off;
+	return end - cur->off < n ? (size_t)(end - cur->off) : n;
 }
 
 /* A direct save's next chunk, of n bytes: hashed where it lies before the tail,
@@ -800,14 +788,13 @@ static int save_issue_direct(struct save_cursor *cur, const struct save_item *it
 		return rc;
 	}
 	uint64_t at = cur->arena_in, padded = ckpt_align_up(n, SAVE_TAIL_ALIGN);
-	if (padded > cur->arena_bytes - at)
+	uint64_t bytes = io_pool_bytes(cur->ctx->pool);
+	if (padded > bytes - at)
 		return ckpt_err(-EINVAL, "chunk at %llu of %zu bytes beyond the pool's %llu bytes "
 		                "the save's plan has", (unsigned long long)cur->off, n,
-		                (unsigned long long)cur->arena_bytes);
-	if (!(rc = snapshot_pipe_issue_into(cur->pipe, cur->arena + at, src, n, cur->item))) {
+		                (unsigned long long)bytes);
+	if (!(rc = snapshot_pipe_issue_into(cur->pipe, cur->arena + at, src, n, cur->item)))
 		cur->arena_in += padded;
-		cur->tail_next++;
-	}
 	return rc;
 }
 
@@ -837,9 +824,8 @@ static int save_issue(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur, size_t
 		if (issued == limit)
 			return 1;
 		size_t n = (size_t)(it->raw_bytes - cur->off < chunk ? it->raw_bytes - cur->off : chunk);
-		if (cur->direct && save_direct_tail_len(cur, it, &n))
-			return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu is not where the save's "
-			                "plan has it", it->name, (unsigned long long)cur->off);
+		if (cur->direct)
+			n = save_direct_len(cur, chunk, n);
 		if (staged) {
 			rc = save_issue_staged(c, cur, s, n);
 			if (rc == -EAGAIN)
@@ -1342,8 +1328,9 @@ static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor 
 {
 	if (!save_direct_ok(c, s, cur))
 		return 0;
-	size_t chunk = c->cfg.chunk_bytes, n = 0, cap = 0, item = s->nitems, *lens = NULL;
+	size_t chunk = c->cfg.chunk_bytes, n = 0, item = s->nitems;
 	uint64_t room = io_pool_bytes(c->pool) / SAVE_TAIL_ALIGN * SAVE_TAIL_ALIGN, off = 0;
+	uint64_t tail_bytes = 0;
 	bool all = true;
 	for (size_t i = s->nitems; all && i-- > 0;) {
 		for (uint64_t end = s->items[i].raw_bytes; end > 0;) {
@@ -1356,18 +1343,8 @@ static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor 
 				len = (size_t)room;                  /* the tail's first piece */
 				padded = room;
 			}
-			if (n == cap) {
-				size_t ncap = cap ? 2 * cap : 64;
-				size_t *g = ckpt_realloc(lens, ncap * sizeof *lens);
-				if (!g) {
-					ckpt_free(lens);
-					return ckpt_err(-ENOMEM, "save of step %llu: plan of %zu chunks",
-					                (unsigned long long)s->step, ncap);
-				}
-				lens = g;
-				cap = ncap;
-			}
-			lens[n++] = len;
+			n++;
+			tail_bytes += len;
 			room -= padded;
 			end -= len;
 			item = i;
@@ -1377,7 +1354,6 @@ static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor 
 		}
 	}
 	if (n == 0 || io_pool_take_all(c->pool, &cur->arena)) {
-		ckpt_free(lens);
 		/* Nothing to save; or a buffer is out: a state that fits is copied chunk by
 		 * chunk into buffers as they come free, a larger one sent from where it
 		 * lies, every chunk. */
@@ -1392,23 +1368,10 @@ static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor 
 	/* A state that fits is the tail whole: every chunk copied, at copy speed, packed
 	 * as closely as the chunks of a larger one's. */
 	cur->direct = true;
-	/* In the order they are issued. */
-	uint64_t tail_bytes = 0;
-	for (size_t k = 0; k < n; k++)
-		tail_bytes += lens[k];
-	for (size_t k = 0; k < n / 2; k++) {
-		size_t t = lens[k];
-		lens[k] = lens[n - 1 - k];
-		lens[n - 1 - k] = t;
-	}
 	ckpt_log(CKPT_LOG_DEBUG, "step %llu: %s a tail of %zu chunk(s), %.1f MiB, copied into "
 	         "the pool (%.1f MiB)", (unsigned long long)s->step,
 	         all ? "the state whole is" : "sent from where it lies but for", n,
 	         (double)tail_bytes / 1048576.0, (double)io_pool_bytes(c->pool) / 1048576.0);
-	cur->arena_bytes = io_pool_bytes(c->pool);
-	cur->tail_lens = lens;
-	cur->tail_n = n;
-	cur->tail_next = 0;
 	cur->tail_item = item;
 	cur->tail_off = off;
 	return 0;
@@ -1470,7 +1433,7 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 	}
 	if (b == SNAPSHOT_DST_BUF) {  /* a direct save's tail, sent from the pool's arena */
 		uint64_t at = cur->arena_out, padded = ckpt_align_up(n, SAVE_TAIL_ALIGN);
-		if (!w->rw || !cur->arena || padded > cur->arena_bytes - at)
+		if (!w->rw || !cur->arena || padded > io_pool_bytes(c->pool) - at)
 			return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu of %zu bytes copied where "
 			                "the save has %s", it->name, (unsigned long long)off, n,
 			                w->rw ? "no room for it" : "no stream to send it");
@@ -1925,7 +1888,6 @@ out:
 		save_publish_event(c, s, cur.gds_event);   /* the save owns it: freed with s */
 	save_prev_close(&cur.prev);
 	ckpt_free(cur.staged);
-	ckpt_free(cur.tail_lens);
 	if (sink.w)
 		io_shard_writer_abort(sink.w);
 	remote_writer_abort(sink.rw);
