@@ -1310,9 +1310,8 @@ static bool save_direct_ok(const ckpt_ctx *c, const ckpt_save *s, const struct s
 
 /* The tail: the last chunks of the state that the pool holds (all of them where the
  * state fits), taken whole as one arena and filled from its start, each chunk at
- * the next multiple of
- * SAVE_TAIL_ALIGN. From the end of the state each regular chunk goes in while it
- * fits; the first that does not gives the tail its first piece, its last bytes
+ * the next multiple of SAVE_TAIL_ALIGN. From the end of the state each regular
+ * chunk goes in while it fits; the first that does not gives the tail its first piece, its last bytes
  * that fill what is left (the shard records it as a chunk of that length, and the
  * chunk before it ends where it begins). Carved so, the tail is the pool's bytes
  * whatever the state's chunks: given to the pool's buffers one chunk each, the
@@ -1432,13 +1431,14 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 		return rc;
 	}
 	if (b == SNAPSHOT_DST_BUF) {  /* a direct save's tail, sent from the pool's arena */
-		uint64_t at = cur->arena_out, padded = ckpt_align_up(n, SAVE_TAIL_ALIGN);
-		if (!w->rw || !cur->arena || padded > io_pool_bytes(c->pool) - at)
-			return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu of %zu bytes copied where "
-			                "the save has %s", it->name, (unsigned long long)off, n,
-			                w->rw ? "no room for it" : "no stream to send it");
-		cur->arena_out += padded;
-		rc = remote_writer_append_held(w->rw, (uint32_t)tag, cur->arena + at, n, &h);
+		/* Taken out in the order issued: where save_issue_direct put it. */
+		const uint8_t *at = cur->arena + cur->arena_out;
+		if (!w->rw)
+			return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu copied into the pool's "
+			                "region with no stream to send it", it->name,
+			                (unsigned long long)off);
+		cur->arena_out += ckpt_align_up(n, SAVE_TAIL_ALIGN);
+		rc = remote_writer_append_held(w->rw, (uint32_t)tag, at, n, &h);
 		save_direct_release(s, cur, w);
 		return rc;
 	}

@@ -35,6 +35,7 @@
 
 #include "ckpt/ckpt.h"
 #include "ckptd_fixture.h"
+#include "glue.h"            /* the context's pool: a buffer held out of a save */
 #include "io/io.h"
 #include "manifest/manifest.h"
 #include "testutil.h"
@@ -1142,8 +1143,10 @@ START_TEST(direct_save_releases_after_sends)
 END_TEST
 
 /* Loads of one step on another thread of the same context while direct saves of the
- * next steps run, each save's tail in the whole pool: each save and each load is bit
- * for bit what it must be. */
+ * next steps run: the loads read into the context's pool, so a save that starts
+ * while a load holds a buffer goes without its tail's region. Each save and each
+ * load is bit for bit what it must be (a save that took the region beside a load's
+ * buffer overwrote the load's bytes: checked). */
 struct beside_load {
 	ckpt_ctx   *c;
 	const float *want;
@@ -1220,8 +1223,9 @@ END_TEST
 enum { TAIL_CHUNK = 1u << 20, TAIL_POOL = 16u << 20 };
 
 /* Step's shard in joba: its tail, from the large tensor's chunk cut where the tail
- * begins to the shard's last chunk, is the pool's bytes to the byte. */
-static void check_tail(int step)
+ * begins to the shard's last chunk, is the pool's bytes to the byte; or, region
+ * false, there is no tail: every chunk of the large tensor is a regular one. */
+static void check_tail(int step, bool region)
 {
 	char dir[4400], path[4700] = "";
 	snprintf(dir, sizeof dir, "%s/jobs/joba/step-%020d", data_dir, step);
@@ -1249,6 +1253,13 @@ static void check_tail(int step)
 		cut++;
 		piece = k;                 /* the second of the two: the tail's first piece */
 	}
+	if (!region) {
+		ck_assert_msg(cut == 0, "step %d: %u chunk(s) of the large tensor off the regular "
+		              "grid in a save without a region", step, cut);
+		io_shard_reader_close(r);
+		io_engine_destroy(e);
+		return;
+	}
 	ck_assert_msg(cut == 2 &&
 	              ix->chunks[piece - 1].raw_len + ix->chunks[piece].raw_len == TAIL_CHUNK,
 	              "step %d: %u chunk(s) of the large tensor off the regular grid", step, cut);
@@ -1267,80 +1278,94 @@ static void check_tail(int step)
 	io_engine_destroy(e);
 }
 
-START_TEST(direct_save_tail_fills_the_pool)
+/* The state of direct_save_tail_fills_the_pool: a large tensor, an odd-sized one and
+ * a small blob, and the bytes each must hold when loaded. */
+enum { TAIL_NBIG = 10u << 20, TAIL_NODD = 333333, TAIL_NBLOB = 100 };  /* floats, floats, bytes */
+struct tail_state {
+	float  *big, *odd, *wbig, *wodd;
+	uint8_t blob[TAIL_NBLOB], wblob[TAIL_NBLOB];
+};
+
+/* A save of step (the large tensor too where with_big), each tensor overwritten the
+ * moment the snapshot point comes, and loaded back bit for bit. */
+static void tail_save(ckpt_ctx *c, int step, bool with_big, struct tail_state *t)
 {
-	enum { NBIG = 10u << 20, NODD = 333333, NBLOB = 100 };   /* floats, floats, bytes */
-	float *big = malloc(NBIG * sizeof *big), *odd = malloc(NODD * sizeof *odd);
-	float *wbig = malloc(NBIG * sizeof *big), *wodd = malloc(NODD * sizeof *odd);
-	uint8_t blob[NBLOB], wblob[NBLOB];
-	ck_assert(big && odd && wbig && wodd);
-	tu_fill(wbig, NBIG * sizeof *big, tu_seed(), 81);
-	tu_fill(wodd, NODD * sizeof *odd, tu_seed(), 82);
-	tu_fill(wblob, NBLOB, tu_seed(), 83);
-	ckpt_ctx *c = honest_open_sized("joba", SECRET_A, 0, TAIL_CHUNK, TAIL_POOL);
-	uint64_t shb[1] = { NBIG }, sho[1] = { NODD };
+	uint64_t shb[1] = { TAIL_NBIG }, sho[1] = { TAIL_NODD };
 	struct ckpt_tensor tb = { .name = "big", .kind = CKPT_KIND_MODEL, .dtype = CKPT_F32,
 	                          .policy = CKPT_SHARDED, .ndim = 1, .global_shape = shb,
-	                          .data = big };
+	                          .data = t->big };
 	struct ckpt_tensor to = { .name = "odd", .kind = CKPT_KIND_OPTIMIZER, .dtype = CKPT_F32,
 	                          .policy = CKPT_SHARDED, .ndim = 1, .global_shape = sho,
-	                          .data = odd };
-	/* Two saves of one context: the second finds the whole pool back. */
-	for (int step = 220; step < 222; step++) {
-		memcpy(big, wbig, NBIG * sizeof *big);
-		memcpy(odd, wodd, NODD * sizeof *odd);
-		memcpy(blob, wblob, NBLOB);
-		ckpt_save *s;
-		ck_assert_int_eq(ckpt_save_begin(c, (uint64_t)step, &s), 0);
-		ck_assert_int_eq(ckpt_save_add_tensor(s, &tb), 0);
-		ck_assert_int_eq(ckpt_save_add_tensor(s, &to), 0);
-		ck_assert_int_eq(ckpt_save_add_blob(s, "rng", CKPT_KIND_RNG, CKPT_RANK_BOUND, blob,
-		                                    NBLOB), 0);
-		ck_assert_int_eq(ckpt_save_submit(s), 0);
-		ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
-		memset(big, 0xa5, NBIG * sizeof *big);
-		memset(odd, 0x5a, NODD * sizeof *odd);
-		memset(blob, 0x33, NBLOB);
-		ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
-		ckpt_save_free(s);
-		ckpt_load *l;
-		ck_assert_msg(ckpt_load_open(c, (uint64_t)step, &l) == 0, "%s", ckpt_last_error());
-		ck_assert_msg(ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, big,
-		                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
-		ck_assert_msg(ckpt_load_tensor(l, "odd", CKPT_F32, 1, NULL, NULL, odd,
-		                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
-		size_t got = 0;
-		ck_assert_msg(ckpt_load_blob(l, "rng", blob, NBLOB, &got) == 0, "%s",
-		              ckpt_last_error());
-		ckpt_load_close(l);
-		ck_assert(memcmp(big, wbig, NBIG * sizeof *big) == 0);
-		ck_assert(memcmp(odd, wodd, NODD * sizeof *odd) == 0);
-		ck_assert(got == NBLOB && memcmp(blob, wblob, NBLOB) == 0);
-	}
-	/* A state that fits the pool is the tail whole: copied before the snapshot point,
-	 * every chunk of it. */
-	memcpy(odd, wodd, NODD * sizeof *odd);
+	                          .data = t->odd };
+	memcpy(t->big, t->wbig, TAIL_NBIG * sizeof *t->big);
+	memcpy(t->odd, t->wodd, TAIL_NODD * sizeof *t->odd);
+	memcpy(t->blob, t->wblob, TAIL_NBLOB);
 	ckpt_save *s;
-	ck_assert_int_eq(ckpt_save_begin(c, 222, &s), 0);
+	ck_assert_int_eq(ckpt_save_begin(c, (uint64_t)step, &s), 0);
+	if (with_big)
+		ck_assert_int_eq(ckpt_save_add_tensor(s, &tb), 0);
 	ck_assert_int_eq(ckpt_save_add_tensor(s, &to), 0);
+	ck_assert_int_eq(ckpt_save_add_blob(s, "rng", CKPT_KIND_RNG, CKPT_RANK_BOUND, t->blob,
+	                                    TAIL_NBLOB), 0);
 	ck_assert_int_eq(ckpt_save_submit(s), 0);
 	ck_assert_msg(ckpt_save_wait_snapshot(s, -1) == 0, "%s", ckpt_last_error());
-	memset(odd, 0x5a, NODD * sizeof *odd);
-	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "%s", ckpt_last_error());
+	memset(t->big, 0xa5, TAIL_NBIG * sizeof *t->big);
+	memset(t->odd, 0x5a, TAIL_NODD * sizeof *t->odd);
+	memset(t->blob, 0x33, TAIL_NBLOB);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "step %d: %s", step, ckpt_last_error());
 	ckpt_save_free(s);
 	ckpt_load *l;
-	ck_assert_msg(ckpt_load_open(c, 222, &l) == 0, "%s", ckpt_last_error());
-	ck_assert_msg(ckpt_load_tensor(l, "odd", CKPT_F32, 1, NULL, NULL, odd, CKPT_MEM_HOST) == 0,
-	              "%s", ckpt_last_error());
+	ck_assert_msg(ckpt_load_open(c, (uint64_t)step, &l) == 0, "%s", ckpt_last_error());
+	if (with_big)
+		ck_assert_msg(ckpt_load_tensor(l, "big", CKPT_F32, 1, NULL, NULL, t->big,
+		                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
+	ck_assert_msg(ckpt_load_tensor(l, "odd", CKPT_F32, 1, NULL, NULL, t->odd,
+	                               CKPT_MEM_HOST) == 0, "%s", ckpt_last_error());
+	size_t got = 0;
+	ck_assert_msg(ckpt_load_blob(l, "rng", t->blob, TAIL_NBLOB, &got) == 0, "%s",
+	              ckpt_last_error());
 	ckpt_load_close(l);
-	ck_assert(memcmp(odd, wodd, NODD * sizeof *odd) == 0);
+	ck_assert_msg(!with_big || memcmp(t->big, t->wbig, TAIL_NBIG * sizeof *t->big) == 0,
+	              "step %d: the large tensor", step);
+	ck_assert_msg(memcmp(t->odd, t->wodd, TAIL_NODD * sizeof *t->odd) == 0,
+	              "step %d: the odd tensor", step);
+	ck_assert_msg(got == TAIL_NBLOB && memcmp(t->blob, t->wblob, TAIL_NBLOB) == 0,
+	              "step %d: the blob", step);
+}
+
+START_TEST(direct_save_tail_fills_the_pool)
+{
+	struct tail_state t = {
+		.big = malloc(TAIL_NBIG * sizeof *t.big), .odd = malloc(TAIL_NODD * sizeof *t.odd),
+		.wbig = malloc(TAIL_NBIG * sizeof *t.big), .wodd = malloc(TAIL_NODD * sizeof *t.odd),
+	};
+	ck_assert(t.big && t.odd && t.wbig && t.wodd);
+	tu_fill(t.wbig, TAIL_NBIG * sizeof *t.big, tu_seed(), 81);
+	tu_fill(t.wodd, TAIL_NODD * sizeof *t.odd, tu_seed(), 82);
+	tu_fill(t.wblob, TAIL_NBLOB, tu_seed(), 83);
+	ckpt_ctx *c = honest_open_sized("joba", SECRET_A, 0, TAIL_CHUNK, TAIL_POOL);
+	/* Two saves of one context: the second finds the whole pool back. */
+	tail_save(c, 220, true, &t);
+	tail_save(c, 221, true, &t);
+	/* A buffer out (held here, as a load on another thread may): no region, every
+	 * chunk of the larger state sent from the tensors and the snapshot point after
+	 * the last send; the state that fits takes the buffers one chunk each. */
+	int held = io_pool_get_fit(c->pool, 4096, 0);
+	ck_assert_int_ge(held, 0);
+	tail_save(c, 222, true, &t);
+	tail_save(c, 223, false, &t);
+	io_pool_put(c->pool, (unsigned)held);
+	/* A state that fits the pool is the tail whole: copied before the snapshot
+	 * point, every chunk of it. */
+	tail_save(c, 224, false, &t);
 	ckpt_close(c);
-	check_tail(220);
-	check_tail(221);
-	free(big);
-	free(odd);
-	free(wbig);
-	free(wodd);
+	check_tail(220, true);
+	check_tail(221, true);
+	check_tail(222, false);
+	free(t.big);
+	free(t.odd);
+	free(t.wbig);
+	free(t.wodd);
 	after_attack();
 }
 END_TEST
