@@ -148,6 +148,7 @@ struct dconn {
 	/* the direct path: pool buffers granted to the stream, each registered for the
 	 * rank's RDMA WRITE alone, until its CHUNK comes or the stream ends */
 	bool                 direct;
+	bool                 tree;           /* the stream's hashes are trees (format 5) */
 	struct dgrant { uint32_t id; unsigned buf; struct net_mr *mr; } grants[REMOTE_MAX_GRANTS];
 	unsigned             ngrants, grant_target;
 	uint32_t             grant_seq;  /* the connection's last grant id: never reused */
@@ -704,7 +705,7 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	struct io_writer_opts wo = {
 		.step = o.step, .rank = d->hello.rank, .world = d->hello.world, .save_id = o.save_id,
 		.size_hint = o.size_hint, .block_bytes = o.block_bytes, .mode = 0600,
-		.preallocate = true,
+		.preallocate = true, .tree = (o.flags & REMOTE_OPEN_TREE) != 0,
 	};
 	d->t_open = ckpt_now_ns();
 	d->ns_buf = d->ns_append = d->nchunks = 0;
@@ -726,12 +727,14 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	/* The direct path where the rank asks and the transport can: a share of the
 	 * pool, so that one stream cannot take every buffer as grants it has not used. */
 	d->direct = (o.flags & REMOTE_OPEN_DIRECT) && net_conn_can_write(d->net);
+	d->tree = (o.flags & REMOTE_OPEN_TREE) != 0;
 	unsigned nbufs = io_pool_nbufs(d->s->pool);
 	d->grant_target = nbufs / 2 < REMOTE_MAX_GRANTS ? (nbufs / 2 ? nbufs / 2 : 1)
 	                                                : REMOTE_MAX_GRANTS;
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
-	remote_open_ok_encode(&b, io_pool_buf_bytes(d->s->pool), d->direct ? REMOTE_OPEN_DIRECT : 0);
+	remote_open_ok_encode(&b, io_pool_buf_bytes(d->s->pool),
+	                      (d->direct ? REMOTE_OPEN_DIRECT : 0) | (o.flags & REMOTE_OPEN_TREE));
 	rc = b.ok ? send_ok(d, REMOTE_MSG_OPEN_OK, b.p, b.len) : ckpt_err(-ENOMEM, "OPEN_OK");
 	ckpt_buf_free(&b);
 	if (!rc)
@@ -833,7 +836,8 @@ static int chunk_append(struct dconn *d, unsigned b, bool rdma)
 		atomic_fetch_add_explicit(&d->s->o.counters->bytes_received_rdma, n,
 		                          memory_order_relaxed);
 	atomic_fetch_add(&j->bytes_received, n);
-	struct io_hashes h = { .block_bytes = d->chunk.block_bytes, .blocks = d->chunk.blocks };
+	struct io_hashes h = { .block_bytes = d->chunk.block_bytes, .blocks = d->chunk.blocks,
+	                       .tree = d->tree };
 	memcpy(h.chunk, d->chunk.hash, CKPT_HASH_BYTES);
 	int rc = 0;
 	d->written += ckpt_align_up(d->chunk.stored_len, CKPT_ALIGN);

@@ -52,7 +52,7 @@ ABI_LAYOUT(ckpt_save_stats,       72, device_unchanged_bytes, 64);
 ABI_LAYOUT(ckpt_step_info,        72, dir_bytes,         64);
 ABI_LAYOUT(ckpt_tensor_info,     176, stored_bytes,     168);
 ABI_LAYOUT(ckpt_load_req,         56, flags,             48);
-ABI_LAYOUT(ckpt_chunk_info,      328, box_extent,       200);
+ABI_LAYOUT(ckpt_chunk_info,      336, hash_blocks,      328);
 ABI_LAYOUT(ckpt_verify_opts,      32, arg,               24);
 ABI_LAYOUT(ckpt_verify_result,  8272, bad_file,        4169);
 ABI_LAYOUT(ckpt_gc_item,          32, nfiles,            24);

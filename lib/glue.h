@@ -135,6 +135,10 @@ struct ckpt_ctx {
 	struct io_engine  *save_engine;   /* owned by the worker thread */
 	/* what the device staging pool holds, chunk by chunk (lib/save.c; the worker's) */
 	struct save_stage_rec *stage_rec;
+	/* Saves write format 4's hashes, of whole chunks, as builds before format 5 did
+	 * (docs/format.md §5). Never set by the library: tests set it to make the steps
+	 * an upgrade finds. Read by the save worker. */
+	bool               hash_whole;
 
 	/* the coordinator role (rank 0, not read-only): the root's lock (lib/lock.c) and
 	 * this context's incarnation, a random id that the steps it begins carry */

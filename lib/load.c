@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -853,7 +854,8 @@ int ckpt_load_count(const ckpt_load *l)
 
 /* The structs as first published: a caller's element is at least this. */
 #define TENSOR_INFO_MIN sizeof(struct ckpt_tensor_info)
-#define CHUNK_INFO_MIN  sizeof(struct ckpt_chunk_info)
+/* The size before hash_blocks was appended: callers built then still fill theirs. */
+#define CHUNK_INFO_MIN  offsetof(struct ckpt_chunk_info, hash_blocks)
 
 int ckpt_load_info(const ckpt_load *l, unsigned i, struct ckpt_tensor_info *uout,
                    size_t elem_size)
@@ -936,6 +938,8 @@ int ckpt_load_chunks(const ckpt_load *l, unsigned i, struct ckpt_chunk_info *out
 			o->raw_len = ch->raw_len;
 			o->codec = ch->codec;
 			memcpy(o->hash, ch->hash, sizeof o->hash);
+			if (ix->tree && io_nblocks(ch->raw_len, ix->block_bytes))
+				o->hash_blocks = ix->block_bytes;
 			for (unsigned d = 0; d < t->ndim; d++) {
 				o->box_offset[d] = t->offset[d];
 				o->box_extent[d] = t->extent[d];

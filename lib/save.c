@@ -1212,9 +1212,10 @@ static int save_prev_stored(ckpt_ctx *c, struct save_cursor *cur, const ckpt_sav
 		return 0;
 	if (!snapshot_pipe_room(cur->pipe))
 		return -EAGAIN;
-	struct io_hashes h = { .block_bytes = IO_BLOCK_BYTES, .blocks = blocks };
+	struct io_hashes h = { .block_bytes = IO_BLOCK_BYTES, .blocks = blocks,
+	                       .tree = !c->hash_whole };
 	if (data)
-		io_hash128(data, n, h.chunk);
+		io_chunk_hash(data, n, IO_BLOCK_BYTES, h.tree, h.chunk);
 	else
 		memcpy(h.chunk, hash, CKPT_HASH_BYTES);
 	if (memcmp(h.chunk, p->ix->chunks[k].hash, CKPT_HASH_BYTES)) {
@@ -1719,7 +1720,8 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 	if (glue_remote(c) && c->cfg.zstd_level == 0)
 		beside = 0;
 	unsigned window = snapshot_pipe_window(io_pool_nslots(c->pool), beside);
-	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, IO_BLOCK_BYTES, &cur.pipe)))
+	if ((rc = snapshot_pipe_open(c->snap, c->pool, window, IO_BLOCK_BYTES, !c->hash_whole,
+	                             &cur.pipe)))
 		goto out;
 	snapshot_pipe_after(cur.pipe, s->fence);
 	if ((rc = save_stage(c, s, &cur)))
@@ -1772,7 +1774,7 @@ void save_run(ckpt_ctx *c, ckpt_save *s)
 		.save_id = s->save_id, .size_hint = save_size_hint(c, s),
 		.zstd_level = c->cfg.zstd_level, .codec = c->cfg.compress_codec,
 		.compress_threads = c->cfg.compress_threads, .block_bytes = IO_BLOCK_BYTES,
-		.mode = c->cfg.file_mode,
+		.mode = c->cfg.file_mode, .tree = !c->hash_whole,
 	};
 	if (!glue_remote(c)) {
 		/* Tests: the directory removed beneath the save here (below). */

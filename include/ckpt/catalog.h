@@ -44,9 +44,14 @@ struct ckpt_chunk_info {
 	uint64_t    raw_offset;       /* byte offset inside the saved box (row-major) */
 	uint64_t    raw_len;          /* bytes after decompression */
 	int         codec;            /* enum ckpt_codec */
-	uint8_t     hash[16];         /* XXH3-128 of the raw bytes (canonical, big-endian) */
+	uint8_t     hash[16];         /* XXH3-128 (canonical, big-endian), as hash_blocks says */
 	uint64_t    box_offset[CKPT_MAX_NDIM];   /* the saved box (piece) holding the chunk */
 	uint64_t    box_extent[CKPT_MAX_NDIM];
+	/* What hash is taken over (docs/format.md §5). 0: the raw bytes. Else the hashes of
+	 * the raw bytes' blocks of hash_blocks bytes, one after another: a chunk longer than
+	 * one block in a file of format 5. Two chunks' hashes compare only when their
+	 * hash_blocks are equal. */
+	uint32_t    hash_blocks;
 	/* append only */
 };
 /* Chunks of entry i (as ckpt_load_info) in (rank, raw_offset) order: fills up to cap

@@ -34,7 +34,9 @@
  *     was compiled with. Element i is written at byte i * elem_size, and only its
  *     first elem_size bytes (a newer library never writes past an older caller's
  *     struct; an older library leaves a newer caller's extra fields zero).
- *     elem_size below the struct's size in this header is -EINVAL.
+ *     elem_size below the size the struct had when its function came (its fields
+ *     before the first one appended since: ckpt_chunk_info's before hash_blocks)
+ *     is -EINVAL.
  *
  * Threads
  *   - ckpt_ctx: thread-safe; one per process is the intended use.

@@ -57,7 +57,13 @@ void io_hash128(const void *p, size_t n, uint8_t out[CKPT_HASH_BYTES])
 
 void io_copy_hash128(void *dst, const void *src, size_t n, uint8_t out[CKPT_HASH_BYTES])
 {
-	io_copy_hash128_blocks(dst, src, n, 0, out, NULL);
+	io_copy_hash128_blocks(dst, src, n, 0, false, out, NULL);
+}
+
+void io_chunk_hash(const void *p, size_t n, uint32_t block_bytes, bool tree,
+                   uint8_t out[CKPT_HASH_BYTES])
+{
+	io_copy_hash128_blocks(NULL, p, n, block_bytes, tree, out, NULL);
 }
 
 /* Without memory for the streaming states: the same hashes in separate passes. */
@@ -77,15 +83,49 @@ static void copy_hash_passes(void *dst, const void *src, size_t n, uint32_t bloc
 }
 
 /*
+ * A chunk hashed as a tree (version 5): each block hashed in one call, right after
+ * its copy when there is one (a block of the library's size stays in L2 between
+ * the two), its hash kept in blocks when given and fed to the row's. Every byte is
+ * hashed once; nothing is allocated.
+ */
+static void copy_hash_tree(uint8_t *dst, const uint8_t *src, size_t n, uint32_t block_bytes,
+                           uint64_t nb, uint8_t out[CKPT_HASH_BYTES], uint8_t *blocks)
+{
+	struct io_hash_row row;
+	io_hash_row_reset(&row);
+	for (uint64_t b = 0; b < nb; b++) {
+		size_t off = (size_t)b * block_bytes;
+		size_t k = n - off < block_bytes ? n - off : block_bytes;
+		const uint8_t *p = src + off;
+		if (dst) {
+			memcpy(dst + off, p, k);
+			p = dst + off;         /* hash what was written: it is what goes to disk */
+		}
+		uint8_t h[CKPT_HASH_BYTES];
+		io_hash128(p, k, h);
+		if (blocks)
+			memcpy(blocks + b * CKPT_HASH_BYTES, h, CKPT_HASH_BYTES);
+		io_hash_row_add(&row, h);
+	}
+	io_hash_row_digest(&row, out);
+}
+
+/*
  * One walk over the bytes in pieces that never cross a block boundary: each piece
  * is copied (when dst is given), then fed to the chunk's streaming hash and to its
  * block's while it is still in cache, so that the bytes cross the memory bus once
  * whatever the number of hashes taken of them.
  */
 void io_copy_hash128_blocks(void *dst, const void *src, size_t n, uint32_t block_bytes,
-                            uint8_t out[CKPT_HASH_BYTES], uint8_t *blocks)
+                            bool tree, uint8_t out[CKPT_HASH_BYTES], uint8_t *blocks)
 {
 	uint64_t nb = io_nblocks(n, block_bytes);
+	if (!tree && !blocks)
+		nb = 0;                        /* no block hash wanted */
+	if (nb && tree) {
+		copy_hash_tree(dst, src, n, block_bytes, nb, out, blocks);
+		return;
+	}
 	if (!dst && !nb) {
 		io_hash128(src, n, out);       /* one hash of bytes already in place */
 		return;
@@ -94,7 +134,7 @@ void io_copy_hash128_blocks(void *dst, const void *src, size_t n, uint32_t block
 	if (!st || (nb && !bst)) {
 		XXH3_freeState(st);
 		XXH3_freeState(bst);
-		copy_hash_passes(dst, src, n, block_bytes, out, blocks);
+		copy_hash_passes(dst, src, n, nb ? block_bytes : 0, out, blocks);
 		return;
 	}
 	XXH3_128bits_reset(st);

@@ -62,18 +62,20 @@ int io_index_encode(const struct io_shard_index *ix, void **out, size_t *len)
 	ckpt_buf_init(&b);
 	/* The lowest version that expresses the index: 1 has no block hashes, 2 no save
 	 * id; 3 has both (a save id needs the version-2 fields before it); 4 is 3 with
-	 * bytegroup chunks or references, or both. */
-	bool v4 = io_index_has_bytegroup(ix) || ix->nfiles != 0;
+	 * bytegroup chunks or references, or both; 5 is 4's layout with tree hashes,
+	 * whatever its chunks (the hashes' kind is the whole file's). */
+	bool v5 = ix->tree;
+	bool v4 = v5 || io_index_has_bytegroup(ix) || ix->nfiles != 0;
 	bool v3 = v4 || ix->save_id != 0, v2 = v3 || ix->block_bytes != 0;
 	if (v3 && !ix->block_bytes)
 		return ckpt_err(-EINVAL, "shard index: a save id needs block hashes (version 3)");
 	if (v4 && !ix->save_id)
-		return ckpt_err(-EINVAL, "shard index: bytegroup chunks and references need a save "
-		                "id (version 4)");
+		return ckpt_err(-EINVAL, "shard index: bytegroup chunks, references and tree hashes "
+		                "need a save id (version 4)");
 	if (ix->nfiles && !ix->chunk_file)
 		return ckpt_err(-EINVAL, "shard index: referenced files without references");
 	ckpt_buf_put(&b, IO_INDEX_MAGIC, IO_MAGIC_BYTES);
-	ckpt_buf_u32(&b, v4 ? 4 : v3 ? 3 : v2 ? 2 : 1);
+	ckpt_buf_u32(&b, v5 ? IO_TREE_VERSION : v4 ? 4 : v3 ? 3 : v2 ? 2 : 1);
 	ckpt_buf_u32(&b, 0);                         /* flags: none defined */
 	ckpt_buf_u64(&b, ix->step);
 	ckpt_buf_u32(&b, ix->rank);
@@ -303,10 +305,10 @@ static int chunk_decode(struct ckpt_cursor *c, struct io_chunk_entry *k, uint32_
 	return 0;
 }
 
-/* Bytegroup chunks (version 4): only in an index of that version, which holds at
+/* Bytegroup chunks (version 4): only in an index of version 4 or later, and only
+ * of tensors whose dtype has byte planes. An index of version 4 itself holds at
  * least one or a reference (the lowest version that expresses it: the encoding
- * stays canonical),
- * and only of tensors whose dtype has byte planes. Runs after runs_check, which
+ * stays canonical); version 5 is there for its hashes. Runs after runs_check, which
  * proved every chunk's tensor index valid. */
 static int codecs_check(const struct io_shard_index *ix, uint32_t version)
 {
@@ -323,7 +325,7 @@ static int codecs_check(const struct io_shard_index *ix, uint32_t version)
 			           te->name, ckpt_dtype_name(te->dtype));
 		any = true;
 	}
-	if (version >= IO_BYTEGROUP_VERSION && !any && !ix->nfiles)
+	if (version == IO_BYTEGROUP_VERSION && !any && !ix->nfiles)
 		return BAD("version %u without a bytegroup chunk or a reference", version);
 	return 0;
 }
@@ -459,7 +461,7 @@ static int refs_decode(struct ckpt_cursor *c, struct io_shard_index *ix, uint32_
                        uint32_t nrefs, uint32_t nchunks)
 {
 	if (nfiles == 0 && nrefs == 0)
-		return 0;       /* version 4 for its bytegroup chunks (codecs_check) */
+		return 0;       /* version 4 for its bytegroup chunks, 5 for its hashes */
 	if (nfiles == 0 || nrefs == 0 || nrefs > nchunks)
 		return BAD("version 4 with %u referenced files and %u references (of %u chunks)",
 		           nfiles, nrefs, nchunks);
@@ -567,6 +569,7 @@ static int index_decode(struct ckpt_cursor *c, struct io_shard_index *ix)
 		if (!c->ok)
 			return BAD("truncated version-4 header (%zu bytes left)", c->left);
 	}
+	ix->tree = version >= IO_TREE_VERSION;
 	if (flags)
 		return BAD("flags 0x%x unknown", flags);
 	if (ix->world == 0 || ix->rank >= ix->world)

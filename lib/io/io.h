@@ -18,7 +18,8 @@
 
 #include "ckpt_internal.h"
 
-#define IO_FORMAT_VERSION    4u   /* 3: the save id (header, index); 4: bytegroup, references */
+#define IO_FORMAT_VERSION    5u   /* 3: the save id (header, index); 4: bytegroup, references;
+                                  * 5: chunk hashes over block hashes */
 #define IO_HEADER_BYTES      4096u            /* first block of every shard file */
 #define IO_TRAILER_BYTES     64u              /* last bytes of every shard file */
 #define IO_MAX_CHUNK_BYTES   (1ull << 30)     /* largest raw chunk a reader accepts */
@@ -33,6 +34,10 @@ enum io_codec { IO_CODEC_RAW = 0, IO_CODEC_ZSTD = 1, IO_CODEC_BYTEGROUP = 2 };
  * index with a bytegroup chunk is of this version at least, and so is the trailer of
  * its file. */
 #define IO_BYTEGROUP_VERSION 4u
+/* The format version whose chunk hashes are trees (docs/format.md §5): a chunk
+ * longer than one block is hashed over its block hashes, so that each byte is
+ * hashed once. Every file of this version has a save id and block hashes. */
+#define IO_TREE_VERSION      5u
 enum io_tensor_flags { IO_TENSOR_BLOB = 1u << 0 };
 
 /* ------------------------------------------------------------------ shard index */
@@ -83,6 +88,9 @@ struct io_shard_index {
 	uint64_t blocks_len;
 	uint8_t  blocks_hash[CKPT_HASH_BYTES];   /* XXH3-128 of the table's blocks_len bytes */
 	uint64_t save_id;          /* the attempt that wrote the shard (version 3); 0 before */
+	/* Chunk hashes are trees (version 5, docs/format.md §5): a chunk longer than
+	 * block_bytes is hashed over its block hashes. false: over its bytes. */
+	bool     tree;
 	/* References (version 4, docs/format.md §3b): chunks whose bytes lie in another
 	 * shard file, an earlier step's, named in files. chunk_file is NULL when nfiles
 	 * is 0, else one entry per chunk: 0 for this file, f + 1 for files[f]. A
@@ -146,17 +154,33 @@ void io_hash128(const void *p, size_t n, uint8_t out[CKPT_HASH_BYTES]);
 /* memcpy(dst, src, n) and the XXH3-128 of the bytes in one pass: each block is
  * hashed while it is still in cache. Same hash as io_hash128. */
 void io_copy_hash128(void *dst, const void *src, size_t n, uint8_t out[CKPT_HASH_BYTES]);
-/* The same pass also hashing each block_bytes block (io_hash128 of each) into
- * blocks, io_nblocks(n, block_bytes) hashes (nothing when that is 0). dst NULL:
- * hash src only. */
+/*
+ * A chunk's hash (docs/format.md §5) and its block hashes, in the same pass as
+ * memcpy(dst, src, n) when dst is given (dst NULL: src is hashed where it lies).
+ * The block hashes are io_hash128 of each block_bytes block, io_nblocks(n,
+ * block_bytes) of them, into blocks when given. The chunk's hash: with tree, and
+ * more than one block, io_hash128 of its block hashes one after another (a file of
+ * version 5); else io_hash128 of the n bytes. A tree of one block is its bytes'
+ * hash. Never fails: the tree's hashes need no memory.
+ */
 void io_copy_hash128_blocks(void *dst, const void *src, size_t n, uint32_t block_bytes,
-                            uint8_t out[CKPT_HASH_BYTES], uint8_t *blocks);
+                            bool tree, uint8_t out[CKPT_HASH_BYTES], uint8_t *blocks);
+/* The chunk hash alone, of bytes where they lie. */
+void io_chunk_hash(const void *p, size_t n, uint32_t block_bytes, bool tree,
+                   uint8_t out[CKPT_HASH_BYTES]);
+/* The chunk hash of n raw bytes as chunks of ix have it (its version's kind). */
+static inline void io_index_chunk_hash(const struct io_shard_index *ix, const void *p, size_t n,
+                                       uint8_t out[CKPT_HASH_BYTES])
+{
+	io_chunk_hash(p, n, ix->block_bytes, ix->tree, out);
+}
 
 /* The hashes of one chunk's raw bytes, computed by whoever copied them (one pass). */
 struct io_hashes {
-	uint8_t        chunk[CKPT_HASH_BYTES];   /* XXH3-128 of the whole chunk */
+	uint8_t        chunk[CKPT_HASH_BYTES];   /* the chunk's hash, of the kind tree says */
 	uint32_t       block_bytes;              /* size blocks were hashed with; 0: none */
 	const uint8_t *blocks;                   /* io_nblocks(len, block_bytes) hashes */
+	bool           tree;                     /* chunk is over the blocks (version 5) */
 };
 /* Hex of a hash into out (33 bytes). */
 void io_hash_hex(const uint8_t h[CKPT_HASH_BYTES], char out[2 * CKPT_HASH_BYTES + 1]);
@@ -322,6 +346,8 @@ struct io_writer_opts {
 	uint32_t block_bytes;      /* block hashes' block size, or 0 (see below) */
 	unsigned mode;             /* of the new file; 0: 0600 */
 	bool     preallocate;      /* size_hint's blocks allocated up front (below) */
+	bool     tree;             /* chunk hashes over block hashes: format 5 (needs a save
+	                            * id); io_append's hashes must then be trees too */
 };
 /*
  * Create path (O_DIRECT where the file system allows). The file must not exist
@@ -334,8 +360,9 @@ struct io_writer_opts {
  * block_bytes: the block size of the block hashes (a power of two in
  * [IO_MIN_BLOCK_BYTES, IO_MAX_CHUNK_BYTES], normally IO_BLOCK_BYTES); 0 writes a
  * version-1 file without block hashes. The version written is the lowest that holds
- * what the options ask for: 3 with a save id (which needs block hashes), 2 with
- * block hashes, 1 without. Errors: -EINVAL, -EEXIST, -errno naming the path.
+ * what the options ask for: 5 with tree hashes, 3 with a save id (which needs block
+ * hashes), 2 with block hashes, 1 without; 4 when a chunk needs it. Errors: -EINVAL,
+ * -EEXIST, -errno naming the path.
  */
 int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_writer_opts *o,
                          struct io_shard_writer **out);

@@ -9,6 +9,16 @@
 
 #include "io/io.h"
 
+/* ------------------------------------------------------------------ hashing (hash_row.c)
+ * The hash of a chunk's row of block hashes (a version-5 chunk hash), fed one
+ * block hash at a time, in a state that lives where the caller puts it. */
+struct io_hash_row {
+	_Alignas(64) unsigned char state[640];
+};
+void io_hash_row_reset(struct io_hash_row *r);
+void io_hash_row_add(struct io_hash_row *r, const uint8_t h[CKPT_HASH_BYTES]);
+void io_hash_row_digest(struct io_hash_row *r, uint8_t out[CKPT_HASH_BYTES]);
+
 /* ------------------------------------------------------------------ on-disk constants */
 
 #define IO_HEADER_MAGIC   "CKPTSHRD"

@@ -827,9 +827,11 @@ static int rd_finish(struct rd_batch *b, struct rd_slot *s, io_chunk_cb cb)
 		raw = out.p;
 	}
 	if (!rc) {
+		/* A tree's chunk hash is made of the block hashes of any chunk, stored
+		 * raw or not: they are computed whenever it is a tree, kept when asked for. */
 		uint8_t h[CKPT_HASH_BYTES];
-		io_copy_hash128_blocks(NULL, raw, (size_t)c->raw_len, nb ? r->ix->block_bytes : 0, h,
-		                       b->scratch);
+		io_copy_hash128_blocks(NULL, raw, (size_t)c->raw_len, r->ix->block_bytes, r->ix->tree,
+		                       h, nb ? b->scratch : NULL);
 		if (memcmp(h, c->hash, CKPT_HASH_BYTES))
 			rc = ckpt_err(CKPT_ECORRUPT, "tensor '%s' chunk %u (file %s, offset %llu): "
 			              "hash mismatch", tname, q->chunk, fname, off);

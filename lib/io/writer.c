@@ -132,6 +132,7 @@ struct io_shard_writer {
 	uint64_t          next_off;        /* where the next chunk goes */
 	uint32_t          version;         /* format version of the file: 2 with block hashes */
 	uint32_t          block_bytes;     /* 0: no block hashes (version 1) */
+	bool              tree;            /* chunk hashes over block hashes (version 5) */
 	uint8_t          *blocks;          /* block hashes of the chunks so far, in order */
 	uint64_t          nblocks, bcap;   /* of written chunks; capacity */
 	uint64_t          bend;            /* end of those and of the ring's chunks' */
@@ -392,6 +393,9 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 	bool bytegroup = o->zstd_level > 0 && o->codec == IO_CODEC_BYTEGROUP;
 	if (o->zstd_level > 0 && o->codec != IO_CODEC_RAW && o->codec != IO_CODEC_ZSTD && !bytegroup)
 		return ckpt_err(-EINVAL, "%s: compression codec %u unknown", path, o->codec);
+	if (o->tree && !o->save_id)
+		return ckpt_err(-EINVAL, "%s: tree hashes need format %u, which has a save id", path,
+		                IO_TREE_VERSION);
 	if (bytegroup && !o->save_id)
 		return ckpt_err(-EINVAL, "%s: bytegroup needs format %u, which has a save id", path,
 		                IO_BYTEGROUP_VERSION);
@@ -415,7 +419,9 @@ int io_shard_writer_open(struct io_engine *e, const char *path, const struct io_
 	w->block_bytes = block_bytes;
 	/* The lowest version that can hold what this writer may write; the header is
 	 * written now, before any chunk, so the choice is the options'. */
-	w->version = bytegroup ? IO_BYTEGROUP_VERSION : o->save_id ? 3 : block_bytes ? 2 : 1;
+	w->tree = o->tree;
+	w->version = o->tree ? IO_TREE_VERSION : bytegroup ? IO_BYTEGROUP_VERSION
+	             : o->save_id ? 3 : block_bytes ? 2 : 1;
 	pthread_mutex_init(&w->jlock, NULL);
 	pthread_cond_init(&w->jwork, NULL);
 	pthread_cond_init(&w->jdone, NULL);
@@ -632,16 +638,19 @@ static struct w_job *job_at(const struct io_shard_writer *w, uint64_t seq)
 static void job_compress(struct io_shard_writer *w, struct w_job *j)
 {
 	const uint8_t *raw = io_pool_addr(w->pool, j->raw);
-	if (j->hash_here)
+	/* A tree's hash is made of its block hashes: they come in the same pass. */
+	if (j->hash_here && w->tree)
+		io_copy_hash128_blocks(NULL, raw, j->len, w->block_bytes, true, j->hash, j->blocks);
+	else if (j->hash_here)
 		io_hash128(raw, j->len, j->hash);
 	/* cap len - 1: compression counts only if it is strictly smaller. */
 	j->clen = io_chunk_encode(w->codec, w->zstd_level, j->dtype,
 	                          io_pool_addr(w->pool, (unsigned)j->out), j->len - 1,
 	                          raw, j->len, &j->used);
 	/* Block hashes only for a chunk stored raw: a compressed one is read whole. */
-	if (j->hash_here && !j->clen && j->nb) {
+	if (j->hash_here && !w->tree && !j->clen && j->nb) {
 		uint8_t again[CKPT_HASH_BYTES];
-		io_copy_hash128_blocks(NULL, raw, j->len, w->block_bytes, again, j->blocks);
+		io_copy_hash128_blocks(NULL, raw, j->len, w->block_bytes, false, again, j->blocks);
 	}
 }
 
@@ -932,6 +941,11 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 		io_pool_put(w->pool, buf);
 		return ckpt_err(-EINVAL, "%s: external chunk write without a writer or hash", w->path);
 	}
+	if (h && h->tree != w->tree) {
+		io_pool_put(w->pool, buf);
+		return ckpt_err(-EINVAL, "%s: a chunk hashed %s for a file of version %u", w->path,
+		                h->tree ? "as a tree" : "whole", w->version);
+	}
 	uint8_t *raw = io_pool_addr(w->pool, buf);
 	if (!raw)
 		return ckpt_err(-EINVAL, "%s: append of pool buffer %u (not in the pool)", w->path,
@@ -986,14 +1000,14 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	if (later) {
 		/* its hashes come at retire */
 	} else if (!h) {
-		io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, c->hash, bdst);
+		io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, w->tree, c->hash, bdst);
 	} else {
 		memcpy(c->hash, h->chunk, CKPT_HASH_BYTES);
 		if (nb && h->blocks && h->block_bytes == w->block_bytes) {
 			memcpy(bdst, h->blocks, (size_t)nb * CKPT_HASH_BYTES);
 		} else if (nb) {
 			uint8_t again[CKPT_HASH_BYTES];
-			io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, again, bdst);
+			io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, w->tree, again, bdst);
 		}
 	}
 	c->codec = encoded ? opt->codec : IO_CODEC_RAW;
@@ -1020,7 +1034,7 @@ int io_shard_writer_append(struct io_shard_writer *w, uint32_t t, unsigned buf, 
 	} else if (later) {
 		/* Stored raw with no worker involved: hashed here after all. Its block
 		 * hashes are the table's last nb (a retire may have moved them). */
-		io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, c->hash,
+		io_copy_hash128_blocks(NULL, raw, len, w->block_bytes, w->tree, c->hash,
 		                       nb ? w->blocks + (w->bend - nb) * CKPT_HASH_BYTES : NULL);
 	}
 	w_push(w, &j);
@@ -1099,6 +1113,9 @@ int io_shard_writer_append_ref(struct io_shard_writer *w, uint32_t t, size_t len
 	/* The referenced chunk's blocks are this chunk's (the same bytes): its hashes go
 	 * into this file's block table, so that a partial read of it is checked as any. */
 	const struct io_hashes *h = ref->hashes;
+	if (h->tree != w->tree)
+		return ckpt_err(-EINVAL, "%s: a reference hashed %s for a file of version %u", w->path,
+		                h->tree ? "as a tree" : "whole", w->version);
 	uint64_t nb = ref->codec == IO_CODEC_RAW ? io_nblocks(len, w->block_bytes) : 0;
 	uint8_t *bdst = NULL;
 	if (nb && (!h->blocks || h->block_bytes != w->block_bytes))
@@ -1212,7 +1229,7 @@ static int finish_steps(struct io_shard_writer *w, struct io_shard_result *res)
 		.save_id = w->save_id,
 		.ntensors = w->ntensors, .nchunks = w->nchunks,
 		.tensors = w->tensors, .chunks = w->chunks, .block_bytes = w->block_bytes,
-		.nfiles = w->nfiles, .files = w->files,
+		.tree = w->tree, .nfiles = w->nfiles, .files = w->files,
 		.chunk_file = w->nfiles ? w->chunk_file : NULL,
 	};
 	/* References make the file version 4: its header says so too (written at open

@@ -288,6 +288,7 @@ struct remote_writer {
 	struct remote_conn *c;
 	struct io_pool     *pool;
 	int                 zstd_level;
+	bool                tree;           /* chunk hashes over block hashes (format 5) */
 	uint8_t             codec;          /* IO_CODEC_ZSTD or IO_CODEC_BYTEGROUP */
 	uint8_t            *dtypes;         /* of the tensors declared, for bytegroup */
 	uint32_t            ntensors, tcap;
@@ -636,6 +637,7 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 	w->pool = pool;
 	w->t_open = ckpt_now_ns();
 	w->zstd_level = o->zstd_level;
+	w->tree = o->tree;
 	w->codec = o->codec == IO_CODEC_BYTEGROUP ? IO_CODEC_BYTEGROUP : IO_CODEC_ZSTD;
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
@@ -647,7 +649,7 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 	remote_open_encode(&b, &(struct remote_open){
 		.step = o->step, .save_id = o->save_id, .block_bytes = o->block_bytes,
 		.size_hint = o->size_hint, .chunk_bytes = chunk_bytes,
-		.flags = ask ? REMOTE_OPEN_DIRECT : 0 });
+		.flags = (ask ? REMOTE_OPEN_DIRECT : 0) | (o->tree ? REMOTE_OPEN_TREE : 0) });
 	int rc = request(c, REMOTE_MSG_OPEN, &b);
 	ckpt_buf_free(&b);
 	struct net_msg m = { 0 };
@@ -657,7 +659,8 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 		uint64_t max;
 		uint32_t flags;
 		if (remote_open_ok_decode(m.payload, m.len, &max, &flags) ||
-		    ((flags & REMOTE_OPEN_DIRECT) && !ask))
+		    ((flags & REMOTE_OPEN_DIRECT) && !ask) ||
+		    !(flags & REMOTE_OPEN_TREE) != !o->tree)
 			rc = ckpt_err(CKPT_EPROTO, "%s: malformed OPEN_OK", c->name);
 		else if (chunk_bytes > max)
 			rc = ckpt_err(-EINVAL, "%s takes chunks of at most %llu bytes; this job's are "
@@ -721,6 +724,13 @@ bool remote_writer_ready(struct remote_writer *w)
 static int rw_append(struct remote_writer *w, uint32_t t, int buf, const void *src, bool caller,
                      size_t len, const struct io_hashes *h)
 {
+	if (h->tree != w->tree) {
+		if (buf >= 0)
+			io_pool_put(w->pool, (unsigned)buf);
+		return ckpt_err(-EINVAL, "%s: a chunk hashed %s for a stream that %s", w->c->name,
+		                h->tree ? "as a tree" : "whole",
+		                w->tree ? "hashes trees" : "hashes chunks whole");
+	}
 	struct remote_chunk ch = {
 		.tensor = t, .codec = IO_CODEC_RAW, .raw_len = len, .stored_len = len,
 		.block_bytes = h->block_bytes, .nblocks = (uint32_t)io_nblocks(len, h->block_bytes),

@@ -123,7 +123,7 @@ int remote_open_decode(const void *p, size_t n, struct remote_open *o)
 	o->flags = has_flags ? ckpt_cursor_u32(&c) : 0;
 	if (!c.ok || c.left)
 		return bad("OPEN", "fields");
-	return (has_flags && !o->flags) || o->flags & ~REMOTE_OPEN_DIRECT ? bad("OPEN", "flags") : 0;
+	return (has_flags && !o->flags) || o->flags & ~REMOTE_OPEN_FLAGS ? bad("OPEN", "flags") : 0;
 }
 
 void remote_open_ok_encode(struct ckpt_buf *b, uint64_t max_chunk, uint32_t flags)
@@ -142,7 +142,7 @@ int remote_open_ok_decode(const void *p, size_t n, uint64_t *max_chunk, uint32_t
 	*flags = has_flags ? ckpt_cursor_u32(&c) : 0;
 	if (!c.ok || c.left)
 		return bad("OPEN_OK", "fields");
-	return (has_flags && !*flags) || *flags & ~REMOTE_OPEN_DIRECT ? bad("OPEN_OK", "flags") : 0;
+	return (has_flags && !*flags) || *flags & ~REMOTE_OPEN_FLAGS ? bad("OPEN_OK", "flags") : 0;
 }
 
 void remote_grant_encode(struct ckpt_buf *b, const struct remote_grant *g, unsigned n)

@@ -18,7 +18,10 @@
  *        [, u32 flags]}                         -> OPEN_OK{u64 max_chunk [, u32 flags]}
  *     (flags REMOTE_OPEN_DIRECT, asked for only over rdma: the rank would rather
  *     RDMA WRITE its chunks into buffers ckptd grants; OPEN_OK says whether it will.
- *     A rank that does not ask, or is not answered with the flag, sends DATA.)
+ *     A rank that does not ask, or is not answered with the flag, sends DATA.
+ *     REMOTE_OPEN_TREE: the chunks' hashes are trees, and the file is of format 5
+ *     (docs/format.md §5); OPEN_OK says it back. A ckptd that does not know the
+ *     flag refuses the OPEN, so that no file says one kind and holds the other.)
  *   GRANT{u16 n, n x (u32 id, u64 addr, u32 rkey, u32 len)}  (ckptd, during a direct
  *     stream, whenever it has taken pool buffers for it: each one the rank may
  *     RDMA WRITE one chunk into, once, then name in its CHUNK)
@@ -61,6 +64,8 @@ enum remote_msg_type {
 	REMOTE_MSG_REMOVE, REMOTE_MSG_REMOVE_OK, REMOTE_MSG_GRANT,
 };
 #define REMOTE_OPEN_DIRECT    1u               /* OPEN and OPEN_OK flags */
+#define REMOTE_OPEN_TREE      2u
+#define REMOTE_OPEN_FLAGS     (REMOTE_OPEN_DIRECT | REMOTE_OPEN_TREE)
 #define REMOTE_MAX_GRANTS     8u               /* grants a stream holds at once */
 #define REMOTE_MAX_HOST       255u
 #define REMOTE_MAX_INSTANCES  256u

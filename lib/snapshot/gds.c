@@ -288,7 +288,7 @@ static int read_one(struct gds_worker *w, size_t i, struct gds_item *it)
 		                     q->chunk);
 	}
 	uint8_t h[CKPT_HASH_BYTES];
-	io_hash128(host, len, h);
+	io_index_chunk_hash(ix, host, len, h);
 	if (memcmp(h, c->hash, CKPT_HASH_BYTES)) {
 		io_pool_put(b->pool, (unsigned)buf);
 		return ckpt_err(CKPT_ECORRUPT, "tensor '%s' chunk %u (file %s, offset %llu): hash "

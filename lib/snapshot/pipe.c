@@ -65,6 +65,7 @@ struct snapshot_pipe {
 	struct pipe_slot *slots;
 	uint8_t          *block_store;           /* the slots' block hashes */
 	uint32_t          block_bytes;           /* 0: no block hashes */
+	bool              tree;                  /* chunk hashes over block hashes */
 	bool              prepared;              /* device backend ready for window slots */
 	void             *fence;                 /* the first device copy waits for it */
 	uint64_t          device_chunks;
@@ -99,7 +100,7 @@ unsigned snapshot_pipe_window(unsigned nbufs, unsigned queue_depth)
 }
 
 int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned window,
-                       uint32_t block_bytes, struct snapshot_pipe **out)
+                       uint32_t block_bytes, bool tree, struct snapshot_pipe **out)
 {
 	*out = NULL;
 	if (!sn || !pool || window == 0)
@@ -121,6 +122,7 @@ int snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned windo
 		p->slots[i].blocks = p->block_store + i * per;
 	p->cap = cap;
 	p->block_bytes = block_bytes;
+	p->tree = tree && block_bytes;
 	p->sn = sn;
 	p->pool = pool;
 	p->window = window;
@@ -158,7 +160,7 @@ static void *pipe_hasher(void *arg)
 			snprintf(msg, sizeof msg, "%s", ckpt_err_msg());
 		if (!rc)
 			io_copy_hash128_blocks(NULL, io_pool_addr(p->pool, s->buf), s->len,
-			                       p->block_bytes, s->hash, s->blocks);
+			                       p->block_bytes, p->tree, s->hash, s->blocks);
 		pthread_mutex_lock(&p->hlock);
 		s->hrc = rc;
 		if (rc && !p->herr[0])
@@ -315,7 +317,8 @@ int snapshot_pipe_issue(struct snapshot_pipe *p, const void *src, size_t n, int 
 	} else {
 		/* Host memory: the copy is done when this returns, hashed (the chunk and its
 		 * blocks) on the way so the bytes cross the memory bus once. */
-		io_copy_hash128_blocks(dst, src, n, p->block_bytes, s->hash, s->blocks);
+		io_copy_hash128_blocks(dst, src, n, p->block_bytes, p->tree, s->hash,
+		                       s->blocks);
 	}
 	p->count++;
 	p->buffered++;
@@ -337,7 +340,7 @@ int snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, voi
 	struct pipe_slot *s = slot_new(p, (unsigned)b, n, tag);
 	/* The source wrote into a buffer nobody else owns: hash it while it is warm
 	 * (chunk and blocks in one pass). */
-	io_copy_hash128_blocks(NULL, dst, n, p->block_bytes, s->hash, s->blocks);
+	io_copy_hash128_blocks(NULL, dst, n, p->block_bytes, p->tree, s->hash, s->blocks);
 	p->count++;
 	p->buffered++;
 	return 0;
@@ -350,10 +353,12 @@ int snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct i
 		return ckpt_err(-EINVAL, "snapshot pipe: issue after seal");
 	uint64_t nb = h->blocks ? io_nblocks(n, p->block_bytes) : 0;
 	/* The slot's block store holds a pool buffer's worth: so must the chunk. */
-	if (n == 0 || n > io_pool_buf_bytes(p->pool) || (nb && h->block_bytes != p->block_bytes))
+	if (n == 0 || n > io_pool_buf_bytes(p->pool) || (nb && h->block_bytes != p->block_bytes) ||
+	    h->tree != p->tree)
 		return ckpt_err(-EINVAL, "snapshot pipe: stored chunk of %zu bytes (buffers hold "
-		                "%zu; block hashes of %u bytes)", n, io_pool_buf_bytes(p->pool),
-		                nb ? h->block_bytes : p->block_bytes);
+		                "%zu; block hashes of %u bytes; hashed %s)", n,
+		                io_pool_buf_bytes(p->pool), nb ? h->block_bytes : p->block_bytes,
+		                h->tree ? "as a tree" : "whole");
 	if (p->count == p->cap)
 		return -EAGAIN;
 	struct pipe_slot *s = slot_new(p, SNAPSHOT_NO_BUF, n, tag);
@@ -380,7 +385,7 @@ static int pipe_issue_unbuffered(struct snapshot_pipe *p, unsigned mark, void *d
 	if (p->count == p->cap)
 		return -EAGAIN;
 	struct pipe_slot *s = slot_new(p, mark, n, tag);
-	io_copy_hash128_blocks(dst, src, n, p->block_bytes, s->hash, s->blocks);
+	io_copy_hash128_blocks(dst, src, n, p->block_bytes, p->tree, s->hash, s->blocks);
 	p->count++;
 	return 0;
 }
@@ -441,7 +446,7 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 		unhashed = p->leave_hashing;
 		if (!unhashed)
 			io_copy_hash128_blocks(NULL, io_pool_addr(p->pool, s->buf), s->len,
-			                       p->block_bytes, s->hash, s->blocks);
+			                       p->block_bytes, p->tree, s->hash, s->blocks);
 		s->device = false;
 	}
 	*buf = s->buf;
@@ -452,6 +457,7 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 	} else {
 		memcpy(h->chunk, s->hash, CKPT_HASH_BYTES);
 		h->block_bytes = s->no_blocks ? 0 : p->block_bytes;
+		h->tree = p->tree;
 		h->blocks = s->no_blocks ? NULL : s->blocks;
 	}
 	if (slot_buffered(s))

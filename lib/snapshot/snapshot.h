@@ -92,9 +92,11 @@ unsigned snapshot_pipe_window(unsigned nbufs, unsigned queue_depth);
 
 /* A pipeline of at most window chunks (>= 1; clamped to the pool's size) over
  * pool. block_bytes: each chunk's blocks of that size are hashed with it (the shard
- * writer's block size; 0: none). Errors: -EINVAL, -ENOMEM. */
+ * writer's block size; 0: none). tree: chunk hashes are taken over the block hashes
+ * (io_copy_hash128_blocks; a file of version 5), as the chunks' writer expects.
+ * Errors: -EINVAL, -ENOMEM. */
 int  snapshot_pipe_open(struct snapshot *sn, struct io_pool *pool, unsigned window,
-                        uint32_t block_bytes, struct snapshot_pipe **out);
+                        uint32_t block_bytes, bool tree, struct snapshot_pipe **out);
 /*
  * Start the copy of n bytes (0 < n <= pool buffer size) of the caller's memory src
  * of kind mem (resolved: HOST or DEVICE) into a pool buffer; tag comes back with

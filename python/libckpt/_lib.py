@@ -225,6 +225,7 @@ class ChunkInfo(Structure):
         ("hash", c_uint8 * 16),
         ("box_offset", c_uint64 * MAX_NDIM),
         ("box_extent", c_uint64 * MAX_NDIM),
+        ("hash_blocks", c_uint32),
     ]
 
 

@@ -25,6 +25,8 @@
 #include "ckpt/catalog.h"
 #include "ckpt/ckpt.h"
 #include "ckpt_internal.h"
+#include "glue.h"             /* hash_whole: steps as builds before format 5 saved them */
+#include "io/io.h"
 #include "testutil.h"
 
 #define CHUNK  8192u
@@ -583,12 +585,11 @@ static void check_big(ckpt_ctx *c, uint64_t step, const uint8_t *want)
 	              (unsigned long long)step, ckpt_last_error());
 }
 
-START_TEST(incr_inplace)
+/* An incremental context of BIG_CHUNK chunks whose worker's DEBUG lines go to k. */
+static ckpt_ctx *open_big(struct incr_log *k)
 {
-	static uint8_t w[BIG_BYTES], v[4][BIG_BYTES], junk[BIG_BYTES];
-	static struct incr_log k = { .lock = PTHREAD_MUTEX_INITIALIZER };
-	memset(&k.refs, 0, sizeof k.refs);
-	memset(&k.inplace, 0, sizeof k.inplace);
+	memset(&k->refs, 0, sizeof k->refs);
+	memset(&k->inplace, 0, sizeof k->inplace);
 	struct ckpt_opts o;
 	ckpt_opts_init(&o, sizeof o);
 	o.root = root;
@@ -599,10 +600,18 @@ START_TEST(incr_inplace)
 	o.timeout_ms = 10000;
 	o.incremental = 1;
 	o.log_fn = incr_log_fn;
-	o.log_arg = &k;
+	o.log_arg = k;
 	o.log_level = CKPT_LOG_DEBUG;
 	ckpt_ctx *c = NULL;
 	ck_assert_msg(ckpt_open(&o, &c) == 0, "open: %s", ckpt_last_error());
+	return c;
+}
+
+START_TEST(incr_inplace)
+{
+	static uint8_t w[BIG_BYTES], v[4][BIG_BYTES], junk[BIG_BYTES];
+	static struct incr_log k = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	ckpt_ctx *c = open_big(&k);
 	/* v[1]: the step-1 state; v[2]: its chunk 0 changed (the first issued, so every
 	 * unchanged chunk comes after it); v[3]: one byte of the tail changed too. */
 	tu_fill(v[1], BIG_BYTES, tu_seed(), 40);
@@ -641,6 +650,112 @@ START_TEST(incr_inplace)
 }
 END_TEST
 
+/* The format version in the header of step's shard file (rank 0). */
+static uint32_t shard_version(uint64_t step)
+{
+	char p[4400];
+	shard_of(step, p, sizeof p);
+	void *b;
+	size_t n;
+	ck_assert_int_eq(tu_read_file(p, &b, &n), 0);
+	ck_assert_uint_ge(n, 12);
+	uint32_t v = (uint32_t)((uint8_t *)b)[8] | (uint32_t)((uint8_t *)b)[9] << 8 |
+	             (uint32_t)((uint8_t *)b)[10] << 16 | (uint32_t)((uint8_t *)b)[11] << 24;
+	free(b);
+	return v;
+}
+
+/* Every chunk of "w" in step: its hash taken over blocks of hash_blocks bytes (0: over
+ * its bytes), as ckpt_load_chunks reports it. */
+static void check_hash_blocks(ckpt_ctx *c, uint64_t step, uint32_t want)
+{
+	ckpt_load *l;
+	ck_assert_int_eq(ckpt_load_open(c, step, &l), 0);
+	struct ckpt_chunk_info ch[8];
+	int n = ckpt_load_chunks(l, 0, ch, 8, sizeof ch[0]);
+	ck_assert_int_eq(n, 5);
+	for (int k = 0; k < n; k++)
+		ck_assert_msg(ch[k].hash_blocks == want, "step %llu chunk %d: hash over blocks of %u "
+		              "bytes, not %u", (unsigned long long)step, k, ch[k].hash_blocks, want);
+	ckpt_load_close(l);
+}
+
+/* `ckpt-inspect ROOT diff A B`: its last line, "N added, N removed, N changed, N
+ * unchanged". */
+static void inspect_diff(uint64_t a, uint64_t b, char *out, size_t cap)
+{
+	const char *tool = getenv("CKPT_TEST_INSPECT");
+	ck_assert_msg(tool && *tool, "CKPT_TEST_INSPECT (the ckpt-inspect binary) is not set");
+	char cmd[8192];
+	snprintf(cmd, sizeof cmd, "'%s' '%s' diff %llu %llu", tool, root, (unsigned long long)a,
+	         (unsigned long long)b);
+	FILE *f = popen(cmd, "r");
+	ck_assert_ptr_nonnull(f);
+	char line[512];
+	out[0] = '\0';
+	while (fgets(line, sizeof line, f))
+		snprintf(out, cap, "%s", line);
+	ck_assert_int_eq(pclose(f), 0);
+	out[strcspn(out, "\n")] = '\0';
+}
+
+/*
+ * Steps of format 3 (hashes of whole chunks), then a build that writes format 5
+ * (chunk hashes over block hashes, docs/format.md §5). Its first incremental save
+ * finds none of the older step's chunks of several blocks, whose hashes are of the
+ * other kind, and saves them all again; the next references it. Every step loads and verifies, ckpt_load_chunks
+ * says how each chunk's hash was taken, and ckpt-inspect diff finds the same bytes
+ * unchanged across the two formats (it reads them) and a changed byte changed.
+ */
+START_TEST(incr_upgrade_to_tree_hashes)
+{
+	static uint8_t w[BIG_BYTES], v[BIG_BYTES];
+	static struct incr_log k = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	ckpt_ctx *c = open_big(&k);
+	tu_fill(w, BIG_BYTES, tu_seed(), 60);
+	memcpy(v, w, BIG_BYTES);
+	v[BIG_CHUNK + 5] ^= 0x10;               /* chunk 1 changed */
+	c->hash_whole = true;                   /* as builds before format 5 saved */
+	ck_assert_msg(save_big(c, 1, w, NULL) == 0, "step 1: %s", ckpt_last_error());
+	c->hash_whole = false;
+	ck_assert_msg(save_big(c, 2, w, NULL) == 0, "step 2: %s", ckpt_last_error());
+	ck_assert_msg(save_big(c, 3, v, NULL) == 0, "step 3: %s", ckpt_last_error());
+	ck_assert_msg(save_big(c, 4, v, NULL) == 0, "step 4: %s", ckpt_last_error());
+	ck_assert_uint_eq(shard_version(1), 3);
+	ck_assert_uint_eq(shard_version(2), 5);
+	ck_assert_uint_eq(shard_version(3), 5);
+	struct ckpt_step_info si;
+	step_info(c, 2, &si);
+	ck_assert_uint_eq(si.stored_bytes, BIG_BYTES);   /* nothing referenced from step 1 */
+	step_info(c, 3, &si);
+	ck_assert_uint_eq(si.stored_bytes, BIG_CHUNK);   /* all but chunk 1 from step 2 */
+	step_info(c, 4, &si);
+	ck_assert_uint_eq(si.stored_bytes, 0);
+	pthread_mutex_lock(&k.lock);
+	ck_assert_uint_eq(k.refs[2], 0);
+	ck_assert_uint_eq(k.refs[3], 4);
+	ck_assert_uint_eq(k.refs[4], 5);
+	pthread_mutex_unlock(&k.lock);
+	ckpt_close(c);
+	c = open_root(1, 0);
+	check_big(c, 1, w);
+	check_big(c, 2, w);
+	check_big(c, 3, v);
+	check_big(c, 4, v);
+	check_hash_blocks(c, 1, 0);
+	check_hash_blocks(c, 2, IO_BLOCK_BYTES);
+	check_hash_blocks(c, 4, IO_BLOCK_BYTES);
+	ckpt_close(c);
+	char got[512];
+	inspect_diff(1, 2, got, sizeof got);
+	ck_assert_str_eq(got, "0 added, 0 removed, 0 changed, 1 unchanged");
+	inspect_diff(1, 3, got, sizeof got);
+	ck_assert_str_eq(got, "0 added, 0 removed, 1 changed, 0 unchanged");
+	inspect_diff(3, 4, got, sizeof got);
+	ck_assert_str_eq(got, "0 added, 0 removed, 0 changed, 1 unchanged");
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("incremental");
@@ -654,6 +769,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, incr_bitflip_in_referenced);
 	tcase_add_test(tc, incr_missing_referenced);
 	tcase_add_test(tc, incr_inplace);
+	tcase_add_test(tc, incr_upgrade_to_tree_hashes);
 	tcase_add_test(tc, incr_compressed);
 	tcase_add_test(tc, incr_below_latest);
 	tcase_add_loop_test(tc, incr_crash_matrix, 0, (int)(sizeof crash_points /

@@ -121,7 +121,7 @@ static void check_open_ok(const uint8_t *data, size_t size)
 	uint32_t flags;
 	if (remote_open_ok_decode(data, size, &max, &flags))
 		return;
-	if (flags & ~REMOTE_OPEN_DIRECT)
+	if (flags & ~REMOTE_OPEN_FLAGS)
 		abort();
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
@@ -346,12 +346,12 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 		remote_open_encode(&b, &(struct remote_open){
 			.step = mix(&s) % 100000, .save_id = mix(&s) | 1, .block_bytes = 1u << 20,
 			.size_hint = mix(&s) % (1ull << 34), .chunk_bytes = 16u << 20,
-			.flags = mix(&s) % 2 ? REMOTE_OPEN_DIRECT : 0 });
+			.flags = (uint32_t)(mix(&s) % 4) });
 		n = keep(&b, bufs, lens, n);
 
 		/* OPEN_OK, with the direct path or without; GRANT of 1..8 buffers. */
 		ckpt_buf_init(&b);
-		remote_open_ok_encode(&b, 4u << 20, mix(&s) % 2 ? REMOTE_OPEN_DIRECT : 0);
+		remote_open_ok_encode(&b, 4u << 20, (uint32_t)(mix(&s) % 4));
 		n = keep(&b, bufs, lens, n);
 		struct remote_grant g[REMOTE_MAX_GRANTS];
 		unsigned ng = 1 + (unsigned)(mix(&s) % REMOTE_MAX_GRANTS);

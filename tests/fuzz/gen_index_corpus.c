@@ -184,5 +184,14 @@ int main(int argc, char **argv)
 	v4.block_bytes = 1u << 18;
 	v4.save_id = 0x0123456789abcdefull;
 	bad |= emit(argv[1], "v4_bytegroup", &v4);
+	/* Version 5: tree hashes, with and without a bytegroup chunk, and the block
+	 * table of version 2's chunks. */
+	struct io_shard_index v5 = v4;
+	v5.tree = true;
+	bad |= emit(argv[1], "v5_bytegroup", &v5);
+	struct io_shard_index v5raw = v2;
+	v5raw.save_id = 0x1122334455667788ull;
+	v5raw.tree = true;
+	bad |= emit_framed(argv[1], "v5_blocks_table", &v5raw, hashes, 5);
 	return bad;
 }

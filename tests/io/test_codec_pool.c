@@ -40,39 +40,56 @@ END_TEST
 START_TEST(copy_hash_blocks_match_hashes)
 {
 	/* One pass, copying or not, gives the chunk's hash and each block's hash as
-	 * separate io_hash128 calls would; at and around block and piece edges. */
+	 * separate io_hash128 calls would; at and around block and piece edges. A tree
+	 * (format 5) is the hash of the block hashes one after another, whether they
+	 * are kept or not; a chunk of one block is its bytes' hash either way. */
 	const uint32_t blocks[] = { 4096, 16384, 256u << 10 };
 	const size_t sizes[] = { 1, 4096, 4097, 16384, 16385, (256u << 10) - 1, 256u << 10,
 	                         (256u << 10) + 1, (3u << 20) + 12345 };
 	for (unsigned b = 0; b < CKPT_ARRAY_SIZE(blocks); b++)
 		for (unsigned i = 0; i < CKPT_ARRAY_SIZE(sizes); i++)
-			for (int copy = 0; copy < 2; copy++) {
+			for (int mode = 0; mode < 8; mode++) {
+				bool copy = mode & 1, tree = mode & 2, keep = !(mode & 4);
 				size_t n = sizes[i];
 				uint32_t bs = blocks[b];
 				uint64_t nb = io_nblocks(n, bs);
 				ck_assert_uint_eq(nb, n > bs ? (n + bs - 1) / bs : 0);
 				uint8_t *src = malloc(n), *dst = malloc(n);
 				uint8_t *got = malloc((nb + 1) * CKPT_HASH_BYTES);
+				uint8_t *row = malloc((nb + 1) * CKPT_HASH_BYTES);
 				tu_fill(src, n, tu_seed(), 950 + i);
 				memset(got, 0xEE, (nb + 1) * CKPT_HASH_BYTES);
+				memset(dst, 0, n);
 				uint8_t h[CKPT_HASH_BYTES], want[CKPT_HASH_BYTES];
-				io_copy_hash128_blocks(copy ? dst : NULL, src, n, bs, h, got);
-				io_hash128(src, n, want);
-				ck_assert_msg(!memcmp(h, want, sizeof h), "chunk hash, n %zu block %u", n, bs);
-				if (copy)
-					ck_assert(!memcmp(dst, src, n));
+				io_copy_hash128_blocks(copy ? dst : NULL, src, n, bs, tree, h,
+				                       keep ? got : NULL);
 				for (uint64_t j = 0; j < nb; j++) {
 					size_t from = (size_t)j * bs, k = n - from < bs ? n - from : bs;
-					io_hash128(src + from, k, want);
-					ck_assert_msg(!memcmp(got + j * CKPT_HASH_BYTES, want, sizeof want),
-					              "block %llu, n %zu block %u", (unsigned long long)j, n, bs);
+					io_hash128(src + from, k, row + j * CKPT_HASH_BYTES);
+					if (keep)
+						ck_assert_msg(!memcmp(got + j * CKPT_HASH_BYTES,
+						                      row + j * CKPT_HASH_BYTES, CKPT_HASH_BYTES),
+						              "block %llu, n %zu block %u tree %d",
+						              (unsigned long long)j, n, bs, tree);
 				}
-				/* Nothing written past the last block hash. */
-				for (unsigned k = 0; k < CKPT_HASH_BYTES; k++)
-					ck_assert_uint_eq(got[nb * CKPT_HASH_BYTES + k], 0xEE);
+				if (tree && nb)
+					io_hash128(row, (size_t)nb * CKPT_HASH_BYTES, want);
+				else
+					io_hash128(src, n, want);
+				ck_assert_msg(!memcmp(h, want, sizeof h), "chunk hash, n %zu block %u "
+				              "tree %d copy %d keep %d", n, bs, tree, copy, keep);
+				uint8_t alone[CKPT_HASH_BYTES];
+				io_chunk_hash(src, n, bs, tree, alone);
+				ck_assert(!memcmp(alone, want, sizeof want));
+				if (copy)
+					ck_assert(!memcmp(dst, src, n));
+				/* Nothing written past the last block hash, nor at all unasked. */
+				for (unsigned k = 0; k < (keep ? 1 : nb + 1) * CKPT_HASH_BYTES; k++)
+					ck_assert_uint_eq(got[(keep ? nb * CKPT_HASH_BYTES : 0) + k], 0xEE);
 				free(src);
 				free(dst);
 				free(got);
+				free(row);
 			}
 }
 END_TEST

@@ -76,10 +76,13 @@ struct fx {
 	struct io_engine *e;
 	uint64_t         seed;
 	uint32_t         block_bytes;     /* of the shards write_shard writes */
+	bool             tree;            /* ... of format 5 (tree hashes), with a save id */
+	unsigned         threads;         /* ... compressed by that many workers */
 };
 
 static void fx_init(struct fx *f, const char *tag)
 {
+	memset(f, 0, sizeof *f);
 	f->seed = tu_seed();
 	/* Smaller than the chunks: every round trip writes and checks a block table. */
 	f->block_bytes = 8192;
@@ -205,7 +208,11 @@ static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, i
 	struct io_shard_writer *w;
 	memset(res, 0xee, sizeof *res);    /* finish must zero it on failure */
 	unlink(f->path);                   /* the writer never replaces a file */
-	int rc = io_shard_writer_open(f->e, f->path, &(struct io_writer_opts){ .step = 9, .rank = 1, .world = 4, .size_hint = g_hint, .zstd_level = zstd, .block_bytes = f->block_bytes, .preallocate = g_prealloc }, &w);
+	int rc = io_shard_writer_open(f->e, f->path, &(struct io_writer_opts){
+		.step = 9, .rank = 1, .world = 4, .size_hint = g_hint, .zstd_level = zstd,
+		.block_bytes = f->block_bytes, .preallocate = g_prealloc,
+		.save_id = f->tree ? 77 : 0, .tree = f->tree,
+		.compress_threads = zstd ? f->threads : 0 }, &w);
 	if (rc)
 		return rc;
 	struct stat sb;
@@ -234,9 +241,10 @@ static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, i
 			if (g_ext) {
 				/* The caller's hashes, chunk and blocks, as the snapshot pipe gives
 				 * them (so the writer takes its block hashes from here). */
-				struct io_hashes h = { .block_bytes = f->block_bytes };
+				struct io_hashes h = { .block_bytes = f->block_bytes, .tree = f->tree };
 				uint8_t *blocks = malloc(io_nblocks(len, f->block_bytes) * CKPT_HASH_BYTES + 1);
-				io_copy_hash128_blocks(NULL, data + o, len, f->block_bytes, h.chunk, blocks);
+				io_copy_hash128_blocks(NULL, data + o, len, f->block_bytes, f->tree, h.chunk,
+				                       blocks);
 				h.blocks = blocks;
 				g_ext->src = data + o;
 				struct io_ext_write x = { .write = ext_write, .arg = g_ext };
@@ -258,6 +266,25 @@ static int write_shard(struct fx *f, const struct shard_spec *s, size_t chunk, i
 	return io_shard_writer_finish(w, res);
 }
 
+/* A chunk's hash as docs/format.md §5 defines it, from io_hash128 alone: a tree
+ * (format 5) of more than one block hashes its block hashes one after another. */
+static void want_chunk_hash(const uint8_t *p, size_t n, uint32_t bs, bool tree,
+                            uint8_t out[CKPT_HASH_BYTES])
+{
+	uint64_t nb = io_nblocks(n, bs);
+	if (!tree || !nb) {
+		io_hash128(p, n, out);
+		return;
+	}
+	uint8_t *row = malloc((size_t)nb * CKPT_HASH_BYTES);
+	for (uint64_t j = 0; j < nb; j++) {
+		size_t from = (size_t)j * bs;
+		io_hash128(p + from, n - from < bs ? n - from : bs, row + j * CKPT_HASH_BYTES);
+	}
+	io_hash128(row, (size_t)nb * CKPT_HASH_BYTES, out);
+	free(row);
+}
+
 struct verify_ctx {
 	const struct shard_spec *s;
 	uint8_t **data;
@@ -275,6 +302,11 @@ static int verify_cb(void *arg, const struct io_read_req *req, uint64_t off, con
 	ck_assert_uint_eq(off, 0);
 	ck_assert_uint_eq(len, c->raw_len);
 	ck_assert_mem_eq(raw, v->data[c->tensor] + c->raw_offset, len);
+	/* The stored hash is the format's, taken here from the bytes block by block. */
+	uint8_t want[CKPT_HASH_BYTES];
+	want_chunk_hash(v->data[c->tensor] + c->raw_offset, len, ix->block_bytes, ix->tree, want);
+	ck_assert_msg(!memcmp(c->hash, want, sizeof want), "chunk %u: not the hash of format %d",
+	              req->chunk, ix->tree ? 5 : 2);
 	v->seen[c->tensor] += len;
 	if (++v->calls == (unsigned)v->stop_after)
 		return 42;
@@ -348,6 +380,8 @@ static struct shard_spec make_spec(uint64_t seed, bool compressible)
 
 /* ------------------------------------------------------------------ round trips */
 
+/* Each chunk size, as format 2 (hashes of the bytes) and as format 5 (tree hashes),
+ * this one also with compression workers. */
 static void round_trip(int zstd, bool compressible)
 {
 	struct fx f;
@@ -355,10 +389,15 @@ static void round_trip(int zstd, bool compressible)
 	struct shard_spec s = make_spec(f.seed, compressible);
 	uint64_t st = f.seed;
 	const size_t chunks[] = { BUF_BYTES, 40000, 4097, 4096, 1 + tu_rand(&st) % BUF_BYTES };
-	for (unsigned c = 0; c < CKPT_ARRAY_SIZE(chunks); c++) {
+	for (unsigned c = 0; c < 3 * CKPT_ARRAY_SIZE(chunks); c++) {
+		f.tree = c >= CKPT_ARRAY_SIZE(chunks);
+		f.threads = c >= 2 * CKPT_ARRAY_SIZE(chunks) ? 2 : 0;
+		if (f.threads && !zstd)
+			break;
+		size_t chunk = chunks[c % CKPT_ARRAY_SIZE(chunks)];
 		struct io_shard_result res;
-		int rc = write_shard(&f, &s, chunks[c], zstd, &res);
-		ck_assert_msg(rc == 0, "chunk %zu: %s", chunks[c], ckpt_err_msg());
+		int rc = write_shard(&f, &s, chunk, zstd, &res);
+		ck_assert_msg(rc == 0, "chunk %zu: %s", chunk, ckpt_err_msg());
 		struct stat sb;
 		ck_assert_int_eq(stat(f.path, &sb), 0);
 		ck_assert_uint_eq((uint64_t)sb.st_size, res.file_size);
@@ -370,15 +409,15 @@ static void round_trip(int zstd, bool compressible)
 		unsigned nzstd = 0;
 		for (uint32_t k = 0; k < res.index->nchunks; k++)
 			nzstd += res.index->chunks[k].codec == IO_CODEC_ZSTD;
-		if (zstd && compressible && chunks[c] < 4096) {
+		if (zstd && compressible && chunk < 4096) {
 			/* Each append is a chunk of its own: a few hundred bytes may not
 			 * beat zstd's frame and table overhead, and then it is stored raw,
 			 * never larger. */
 			ck_assert_msg(res.stored_bytes <= logical, "chunk %zu: stored %" PRIu64 " of %" PRIu64,
-			              chunks[c], res.stored_bytes, logical);
+			              chunk, res.stored_bytes, logical);
 		} else if (zstd && compressible) {
 			ck_assert_msg(res.stored_bytes < logical / 2, "chunk %zu: stored %" PRIu64 " of %" PRIu64,
-			              chunks[c], res.stored_bytes, logical);
+			              chunk, res.stored_bytes, logical);
 			ck_assert_uint_gt(nzstd, 0);
 		} else {
 			/* Raw, or zstd that did not win: stored as is. */
@@ -388,6 +427,7 @@ static void round_trip(int zstd, bool compressible)
 		uint8_t h[CKPT_HASH_BYTES];
 		io_hash128(res.footer, res.footer_len, h);
 		ck_assert_mem_eq(h, res.footer_hash, CKPT_HASH_BYTES);
+		ck_assert(res.index->tree == f.tree);
 		ck_assert_msg(verify_shard(&f, &s, NULL) == 0, "%s", ckpt_err_msg());
 		/* As a reader given the manifest's copy of the index. */
 		ck_assert_msg(verify_shard(&f, &s, res.index) == 0, "%s", ckpt_err_msg());
@@ -537,6 +577,7 @@ START_TEST(external_writes)
 	const size_t chunks[] = { BUF_BYTES, 40000, 4096, 4097 };
 	for (unsigned c = 0; c < CKPT_ARRAY_SIZE(chunks); c++) {
 		struct ext_test x = { .fd = -1 };
+		f.tree = c % 2;       /* the caller's hashes: of formats 2 and 5 in turn */
 		g_ext = &x;
 		struct io_shard_result res;
 		int rc = write_shard(&f, &s, chunks[c], 3, &res);
@@ -727,9 +768,11 @@ static void expect_open_fails(struct fx *f, const struct io_shard_index *ix, int
 
 START_TEST(flipped_bit_in_chunk)
 {
-	for (int zstd = 0; zstd <= 3; zstd += 3) {
+	for (int v = 0; v < 4; v++) {
+		int zstd = v & 1 ? 3 : 0;
 		struct fx f;
 		fx_init(&f, "shard-flip");
+		f.tree = v & 2;
 		struct shard_spec s = make_spec(f.seed, zstd != 0);
 		struct io_shard_result res;
 		ck_assert_int_eq(write_shard(&f, &s, 20000, zstd, &res), 0);

@@ -65,8 +65,9 @@ START_TEST(pipe_owns_buffers_in_order)
 	struct io_pool *pool;
 	ck_assert_int_eq(io_pool_create(BUF, 8, snapshot_pool_alloc(sn), &pool), 0);
 	struct snapshot_pipe *p;
-	/* 16 KiB blocks: a 64 KiB chunk has 4 block hashes, a shorter one fewer. */
-	ck_assert_int_eq(snapshot_pipe_open(sn, pool, 5, 16384, &p), 0);
+	/* 16 KiB blocks: a 64 KiB chunk has 4 block hashes, a shorter one fewer; the
+	 * chunk's hash is over them (a tree, as format 5 has it). */
+	ck_assert_int_eq(snapshot_pipe_open(sn, pool, 5, 16384, true, &p), 0);
 	uint8_t *src = malloc(8 * (size_t)BUF);
 	tu_fill(src, 8 * (size_t)BUF, tu_seed(), 1);
 	/* Fill the window: 5 chunks of different lengths, then -EAGAIN (window full). */
@@ -90,16 +91,19 @@ START_TEST(pipe_owns_buffers_in_order)
 		ck_assert_uint_eq(tag, 100 + k);
 		ck_assert_uint_eq(len, BUF - k * 100);
 		ck_assert(!memcmp(io_pool_addr(pool, b), src + k * BUF, len));
-		io_hash128(src + k * BUF, len, want);
-		ck_assert(!memcmp(h.chunk, want, sizeof want));
-		/* And each block's, the last one short. */
+		/* Each block's hash, the last one short, and the chunk's over them. */
 		ck_assert_uint_eq(h.block_bytes, 16384);
+		ck_assert(h.tree);
 		ck_assert_uint_eq(io_nblocks(len, 16384), 4);
+		uint8_t row[4 * CKPT_HASH_BYTES];
 		for (unsigned j = 0; j < 4; j++) {
 			size_t from = j * 16384u, n = len - from < 16384 ? len - from : 16384;
-			io_hash128(src + k * BUF + from, n, want);
-			ck_assert(!memcmp(h.blocks + j * CKPT_HASH_BYTES, want, sizeof want));
+			io_hash128(src + k * BUF + from, n, row + j * CKPT_HASH_BYTES);
+			ck_assert(!memcmp(h.blocks + j * CKPT_HASH_BYTES, row + j * CKPT_HASH_BYTES,
+			                  CKPT_HASH_BYTES));
 		}
+		io_hash128(row, sizeof row, want);
+		ck_assert(!memcmp(h.chunk, want, sizeof want));
 		io_pool_put(pool, b);   /* ours after next(): the test plays the writer */
 	}
 	ck_assert_uint_eq(snapshot_pipe_pending(p), 2);
@@ -125,7 +129,7 @@ START_TEST(pipe_inplace_chunks_take_no_buffer)
 	struct io_pool *pool;
 	ck_assert_int_eq(io_pool_create(BUF, 4, snapshot_pool_alloc(sn), &pool), 0);
 	struct snapshot_pipe *p;
-	ck_assert_int_eq(snapshot_pipe_open(sn, pool, 2, 16384, &p), 0);
+	ck_assert_int_eq(snapshot_pipe_open(sn, pool, 2, 16384, false, &p), 0);
 	uint8_t *src = malloc(6 * (size_t)BUF);
 	tu_fill(src, 6 * (size_t)BUF, tu_seed(), 3);
 	ck_assert_int_eq(snapshot_pipe_issue(p, src, BUF, CKPT_MEM_HOST, 0), 0);
@@ -186,7 +190,7 @@ START_TEST(pipe_eagain_when_pool_empty)
 	int held[2] = { io_pool_get(pool, 0), io_pool_get(pool, 0) };
 	ck_assert(held[0] >= 0 && held[1] >= 0);
 	struct snapshot_pipe *p;
-	ck_assert_int_eq(snapshot_pipe_open(sn, pool, 4, IO_BLOCK_BYTES, &p), 0);
+	ck_assert_int_eq(snapshot_pipe_open(sn, pool, 4, IO_BLOCK_BYTES, false, &p), 0);
 	uint8_t src[100] = { 1, 2, 3 };
 	ck_assert_int_eq(snapshot_pipe_issue(p, src, sizeof src, CKPT_MEM_HOST, 0), 0);
 	ck_assert_int_eq(snapshot_pipe_issue(p, src, sizeof src, CKPT_MEM_HOST, 1), 0);
@@ -223,7 +227,7 @@ START_TEST(pipe_fits_chunks_in_halving_pool)
 	ck_assert_uint_eq(io_pool_nbufs(pool), 12);
 	ck_assert_uint_eq(io_pool_nslots(pool), 28);
 	struct snapshot_pipe *p;
-	ck_assert_int_eq(snapshot_pipe_open(sn, pool, io_pool_nslots(pool), 0, &p), 0);
+	ck_assert_int_eq(snapshot_pipe_open(sn, pool, io_pool_nslots(pool), 0, false, &p), 0);
 	size_t total = 16u << 20;
 	uint8_t *src = malloc(total);
 	tu_fill(src, total, tu_seed(), 1);
@@ -293,7 +297,7 @@ START_TEST(pipe_seal_and_device_refused)
 	struct io_pool *pool;
 	ck_assert_int_eq(io_pool_create(BUF, 2, NULL, &pool), 0);
 	struct snapshot_pipe *p;
-	ck_assert_int_eq(snapshot_pipe_open(sn, pool, 9, 0, &p), 0);   /* clamped to the pool */
+	ck_assert_int_eq(snapshot_pipe_open(sn, pool, 9, 0, false, &p), 0);   /* clamped to the pool */
 	uint8_t src[64] = { 0 };
 	ck_assert_int_eq(snapshot_pipe_issue(p, src, sizeof src, CKPT_MEM_DEVICE, 0), CKPT_ENODEV);
 	ck_assert_uint_eq(io_pool_nfree(pool), 2);
