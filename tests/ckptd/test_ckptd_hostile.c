@@ -730,6 +730,65 @@ START_TEST(truncated_messages)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ the format a stream asks for */
+
+/* A one-chunk stream of job A at step, its OPEN with flags; what OPEN_OK's flags say,
+ * and the format version in the header of the file ckptd wrote. */
+static uint32_t stream_with_flags(uint64_t step, uint32_t flags, uint32_t *version)
+{
+	struct net_conn *c = conn_a();
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_open_encode(&b, &(struct remote_open){ .step = step, .save_id = STREAM_SID,
+	                   .block_bytes = 1u << 20, .chunk_bytes = 65536, .flags = flags });
+	send_buf(c, REMOTE_MSG_OPEN, &b);
+	struct net_msg m;
+	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
+	uint64_t max;
+	uint32_t got;
+	ck_assert_int_eq(remote_open_ok_decode(m.payload, m.len, &max, &got), 0);
+	net_msg_free(&m);
+	tensor_msg(&b, "w", 8192);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+	send_chunk(c, 0, 8192);
+	send_data(c, 8192, 0x3c);
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	expect_answer(c, REMOTE_MSG_DURABLE, &m);
+	net_msg_free(&m);
+	net_close(c);
+	char root[4400], path[4400];
+	snprintf(root, sizeof root, "%s/jobs/joba", data_dir);
+	ck_assert_int_eq(tu_shard_path(root, step, 0, path, sizeof path), 0);
+	void *f;
+	size_t n;
+	ck_assert_int_eq(tu_read_file(path, &f, &n), 0);
+	ck_assert_uint_ge(n, 12);
+	*version = ckpt_get_le32((uint8_t *)f + 8);
+	free(f);
+	return got;
+}
+
+/* A rank of this build asks for format 5 (its chunk hashes are trees) and ckptd says
+ * so back and writes a file of that version; a rank from before asks for nothing and
+ * gets the file it expects (format 3); a flag ckptd does not know is refused. */
+START_TEST(open_flags_name_the_format)
+{
+	uint32_t v;
+	ck_assert_uint_eq(stream_with_flags(31, REMOTE_OPEN_TREE, &v), REMOTE_OPEN_TREE);
+	ck_assert_uint_eq(v, 5);
+	ck_assert_uint_eq(stream_with_flags(32, 0, &v), 0);
+	ck_assert_uint_eq(v, 3);
+	struct net_conn *c = conn_a();
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_open_encode(&b, &(struct remote_open){ .step = 33, .save_id = STREAM_SID,
+	                   .block_bytes = 1u << 20, .chunk_bytes = 65536, .flags = 4 });
+	send_buf(c, REMOTE_MSG_OPEN, &b);
+	expect_error(c, CKPT_EPROTO, "OPEN message");
+	after_attack();
+}
+END_TEST
+
 /* ------------------------------------------------------------------ one job, another's files */
 
 START_TEST(namespace)
@@ -1448,6 +1507,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, bad_coord);
 	tcase_add_test(tc, unexpected_types);
 	tcase_add_test(tc, truncated_messages);
+	tcase_add_test(tc, open_flags_name_the_format);
 	tcase_add_test(tc, namespace);
 	tcase_add_test(tc, given_up_attempt);
 	tcase_add_test(tc, removal_beside_an_open);
