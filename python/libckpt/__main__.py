@@ -35,7 +35,9 @@ def find_tool(exe: str) -> Optional[str]:
         pass
     for d in dirs:
         p = os.path.join(d, exe)
-        if os.access(p, os.X_OK):
+        # A directory of the tool's name (a build tree's tools/ckpt-inspect/, when
+        # LIBCKPT_TOOLS_DIR names tools/) is searchable, not runnable.
+        if os.path.isfile(p) and os.access(p, os.X_OK):
             return os.path.normpath(p)
     return shutil.which(exe)
 

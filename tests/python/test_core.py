@@ -656,6 +656,22 @@ def test_module_help_finds_the_tools():
     assert r.returncode == 2 and "nosuchtool" in r.stderr
 
 
+def test_module_skips_a_directory_named_as_the_tool(tmp_path):
+    """LIBCKPT_TOOLS_DIR naming a folder that holds a directory of a tool's name (a
+    build tree's tools/, whose tools/ckpt-inspect/ holds the binary): the directory
+    is passed over for the next place, never exec'd."""
+    for exe in ("ckpt-inspect", "ckpt-reshard", "ckpt-synth"):
+        (tmp_path / exe).mkdir()
+    env = dict(os.environ, LIBCKPT_TOOLS_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "libckpt", "--help"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert str(tmp_path) not in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-m", "libckpt", "inspect", "--help"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "diff" in r.stdout, r.stdout + r.stderr
+
+
 def test_module_runs_inspect(tmp_path, rng):
     root = tmp_path / "root"
     with libckpt.Checkpointer(root) as ck:
