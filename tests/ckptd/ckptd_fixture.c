@@ -483,6 +483,37 @@ void send_one_chunk_shard(struct net_conn *c, uint64_t step, uint64_t save_id, u
 	send_data(c, (size_t)bytes, fill);
 }
 
+uint32_t open_with_flags(struct net_conn *c, uint64_t step, uint32_t flags)
+{
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_open_encode(&b, &(struct remote_open){ .step = step, .save_id = STREAM_SID,
+	                   .block_bytes = 1u << 20, .chunk_bytes = 64u << 10, .flags = flags });
+	send_buf(c, REMOTE_MSG_OPEN, &b);
+	struct net_msg m;
+	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
+	uint64_t max;
+	uint32_t got;
+	ck_assert_int_eq(remote_open_ok_decode(m.payload, m.len, &max, &got), 0);
+	ck_assert_uint_eq(max, BUF_BYTES);
+	net_msg_free(&m);
+	return got;
+}
+
+void finish_small_shard(struct net_conn *c, uint8_t fill)
+{
+	struct ckpt_buf b;
+	tensor_msg(&b, "w", 8192);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+	send_chunk(c, 0, 8192);
+	send_data(c, 8192, fill);
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	struct net_msg m;
+	expect_answer(c, REMOTE_MSG_DURABLE, &m);
+	net_msg_free(&m);
+	net_close(c);
+}
+
 void start_stream_of(struct net_conn *c, uint64_t step, uint64_t save_id, uint64_t bytes)
 {
 	send_open(c, step, save_id, 1u << 20, 0);

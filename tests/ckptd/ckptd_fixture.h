@@ -95,6 +95,12 @@ void tensor_msg(struct ckpt_buf *b, const char *name, uint64_t bytes);
 void start_stream(struct net_conn *c, uint64_t step, uint64_t bytes);
 /* start_stream of attempt save_id (the save id of hand-made streams: STREAM_SID). */
 void start_stream_of(struct net_conn *c, uint64_t step, uint64_t save_id, uint64_t bytes);
+/* OPEN of attempt STREAM_SID at step with flags, answered OPEN_OK with the pool's
+ * buffer size: the flags OPEN_OK says back. */
+uint32_t open_with_flags(struct net_conn *c, uint64_t step, uint32_t flags);
+/* After OPEN_OK: TENSOR "w" of 8192 bytes, one chunk of them all fill, FINISH,
+ * DURABLE; then the connection is closed. */
+void finish_small_shard(struct net_conn *c, uint8_t fill);
 /* A shard of one tensor "w" of bytes, all fill, in one chunk: everything but FINISH. */
 void send_one_chunk_shard(struct net_conn *c, uint64_t step, uint64_t save_id, uint64_t bytes,
                           uint8_t fill);

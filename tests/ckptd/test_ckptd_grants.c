@@ -30,20 +30,10 @@
 static unsigned start_direct(struct net_conn *c, uint64_t step, uint64_t bytes,
                              struct remote_grant *g)
 {
-	struct ckpt_buf b;
-	ckpt_buf_init(&b);
-	remote_open_encode(&b, &(struct remote_open){ .step = step, .save_id = STREAM_SID,
-	                   .block_bytes = 1u << 20, .chunk_bytes = 64u << 10,
-	                   .flags = REMOTE_OPEN_DIRECT });
-	send_buf(c, REMOTE_MSG_OPEN, &b);
-	struct net_msg m;
-	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
-	uint64_t max;
-	uint32_t flags;
-	ck_assert_int_eq(remote_open_ok_decode(m.payload, m.len, &max, &flags), 0);
-	ck_assert_uint_eq(max, BUF_BYTES);
+	uint32_t flags = open_with_flags(c, step, REMOTE_OPEN_DIRECT);
 	ck_assert_msg(flags == REMOTE_OPEN_DIRECT, "ckptd over rdma did not grant the direct path");
-	net_msg_free(&m);
+	struct ckpt_buf b;
+	struct net_msg m;
 	tensor_msg(&b, "w", bytes);
 	send_buf(c, REMOTE_MSG_TENSOR, &b);
 	expect_answer(c, REMOTE_MSG_GRANT, &m);

@@ -737,25 +737,8 @@ END_TEST
 static uint32_t stream_with_flags(uint64_t step, uint32_t flags, uint32_t *version)
 {
 	struct net_conn *c = conn_a();
-	struct ckpt_buf b;
-	ckpt_buf_init(&b);
-	remote_open_encode(&b, &(struct remote_open){ .step = step, .save_id = STREAM_SID,
-	                   .block_bytes = 1u << 20, .chunk_bytes = 65536, .flags = flags });
-	send_buf(c, REMOTE_MSG_OPEN, &b);
-	struct net_msg m;
-	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
-	uint64_t max;
-	uint32_t got;
-	ck_assert_int_eq(remote_open_ok_decode(m.payload, m.len, &max, &got), 0);
-	net_msg_free(&m);
-	tensor_msg(&b, "w", 8192);
-	send_buf(c, REMOTE_MSG_TENSOR, &b);
-	send_chunk(c, 0, 8192);
-	send_data(c, 8192, 0x3c);
-	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
-	expect_answer(c, REMOTE_MSG_DURABLE, &m);
-	net_msg_free(&m);
-	net_close(c);
+	uint32_t got = open_with_flags(c, step, flags);
+	finish_small_shard(c, 0x3c);
 	char root[4400], path[4400];
 	snprintf(root, sizeof root, "%s/jobs/joba", data_dir);
 	ck_assert_int_eq(tu_shard_path(root, step, 0, path, sizeof path), 0);
@@ -940,15 +923,7 @@ START_TEST(removal_beside_an_open)
 	struct net_msg m;
 	expect_answer(c, REMOTE_MSG_OPEN_OK, &m);
 	net_msg_free(&m);
-	struct ckpt_buf b;
-	tensor_msg(&b, "w", 8192);
-	send_buf(c, REMOTE_MSG_TENSOR, &b);
-	send_chunk(c, 0, 8192);
-	send_data(c, 8192, 0x5a);
-	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
-	expect_answer(c, REMOTE_MSG_DURABLE, &m);
-	net_msg_free(&m);
-	net_close(c);
+	finish_small_shard(c, 0x5a);
 	ck_assert_uint_eq(attempt_files(10, 8), 1);
 	/* ... and the removal of the OPEN's own attempt refuses it as given up (not as a
 	 * directory that went missing), and no file of it stays. */
