@@ -1156,6 +1156,11 @@ START_TEST(writer_misuse)
 	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), bad));
 	/* A save id needs format 3, which has block hashes. */
 	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){ .step = 1, .world = 1, .save_id = 5 }, &w), -EINVAL);
+	/* Tree hashes are format 5's, which has a save id. */
+	ck_assert_int_eq(io_shard_writer_open(f.e, f.path, &(struct io_writer_opts){
+	                 .step = 1, .world = 1, .block_bytes = IO_BLOCK_BYTES, .tree = true }, &w),
+	                 -EINVAL);
+	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "tree hashes need format 5"));
 	/* Never over an existing file (another process's attempt, or a committed shard):
 	 * -EEXIST, and the file is left exactly as it was, open failures included. */
 	ck_assert_int_eq(tu_write_file(f.path, "not yours", 9), 0);
@@ -1219,6 +1224,14 @@ START_TEST(writer_misuse)
 	                 &(struct io_append){ .ext = &(struct io_ext_write){ .write = ext_write } }),
 	                 -EINVAL);
 	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "external chunk write without"));
+	ck_assert_uint_eq(io_pool_nfree(f.pool), NBUFS);
+	/* Hashes of the other kind than the file's (a tree for this version-2 file): the
+	 * index would claim one kind and hold the other. */
+	struct io_hashes th = { .tree = true };
+	b = io_pool_get(f.pool, 0);
+	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 200,
+	                 &(struct io_append){ .hashes = &th }), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(ckpt_err_msg(), "hashed as a tree for a file of version 2"));
 	ck_assert_uint_eq(io_pool_nfree(f.pool), NBUFS);
 	b = io_pool_get(f.pool, 0);
 	ck_assert_int_eq(io_shard_writer_append(w, 0, (unsigned)b, 200, NULL), 0);
