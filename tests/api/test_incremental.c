@@ -680,6 +680,23 @@ static void check_hash_blocks(ckpt_ctx *c, uint64_t step, uint32_t want)
 	ckpt_load_close(l);
 }
 
+/* Step of a blob "x" and a rank-bound tensor "r", each one chunk of two blocks. */
+static void save_blob_and_own(ckpt_ctx *c, uint64_t step, const uint8_t *x, uint8_t *r)
+{
+	ckpt_save *s;
+	ck_assert_int_eq(ckpt_save_begin(c, step, &s), 0);
+	uint64_t n = BIG_CHUNK;
+	struct ckpt_tensor t = { .name = "r", .kind = CKPT_KIND_OPTIMIZER, .dtype = CKPT_U8,
+		.policy = CKPT_RANK_BOUND, .ndim = 1, .global_shape = &n, .data = r };
+	ck_assert_int_eq(ckpt_save_add_tensor(s, &t), 0);
+	ck_assert_int_eq(ckpt_save_add_blob(s, "x", CKPT_KIND_EXTRA, CKPT_REPLICATED, x,
+	                                    BIG_CHUNK), 0);
+	ck_assert_int_eq(ckpt_save_submit(s), 0);
+	ck_assert_msg(ckpt_save_wait(s, -1) == 0, "step %llu: %s", (unsigned long long)step,
+	              ckpt_last_error());
+	ckpt_save_free(s);
+}
+
 /* `ckpt-inspect ROOT diff A B`: its last line, "N added, N removed, N changed, N
  * unchanged". */
 static void inspect_diff(uint64_t a, uint64_t b, char *out, size_t cap)
@@ -705,7 +722,8 @@ static void inspect_diff(uint64_t a, uint64_t b, char *out, size_t cap)
  * finds none of the older step's chunks of several blocks, whose hashes are of the
  * other kind, and saves them all again; the next references it. Every step loads and verifies, ckpt_load_chunks
  * says how each chunk's hash was taken, and ckpt-inspect diff finds the same bytes
- * unchanged across the two formats (it reads them) and a changed byte changed.
+ * unchanged across the two formats (it reads them: a tensor's box, a blob, a rank's
+ * own tensor) and a changed byte changed.
  */
 START_TEST(incr_upgrade_to_tree_hashes)
 {
@@ -753,6 +771,22 @@ START_TEST(incr_upgrade_to_tree_hashes)
 	ck_assert_str_eq(got, "0 added, 0 removed, 1 changed, 0 unchanged");
 	inspect_diff(3, 4, got, sizeof got);
 	ck_assert_str_eq(got, "0 added, 0 removed, 0 changed, 1 unchanged");
+	/* diff's other two ways of reading a box: a blob, and a rank's own tensor. */
+	static uint8_t x[BIG_CHUNK], r[BIG_CHUNK];
+	tu_fill(x, sizeof x, tu_seed(), 61);
+	tu_fill(r, sizeof r, tu_seed(), 62);
+	c = open_big(&k);
+	c->hash_whole = true;
+	save_blob_and_own(c, 5, x, r);
+	c->hash_whole = false;
+	save_blob_and_own(c, 6, x, r);
+	x[sizeof x - 1] ^= 1;
+	save_blob_and_own(c, 7, x, r);
+	ckpt_close(c);
+	inspect_diff(5, 6, got, sizeof got);
+	ck_assert_str_eq(got, "0 added, 0 removed, 0 changed, 2 unchanged");
+	inspect_diff(5, 7, got, sizeof got);
+	ck_assert_str_eq(got, "0 added, 0 removed, 1 changed, 1 unchanged");
 }
 END_TEST
 
