@@ -202,33 +202,14 @@ int net_recv_into(struct net_conn *c, struct net_msg *m, net_payload_fn into, vo
 	return net_msg_recv_into(c, m, c->max_msg, into, arg, timeout_ms);
 }
 
-int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t len,
-                 int timeout_ms)
+/* Write iov[0..cnt) whole (total bytes) within timeout_ms. what names them in
+ * errors ("a 48-byte message (type 69)"); inside: the message's frame is begun
+ * whatever this call sends, so that a timeout leaves a partial frame. */
+static int send_iov(struct net_conn *c, struct iovec *cur, int cnt, size_t total,
+                    int timeout_ms, bool inside, const char *what)
 {
-	if (atomic_load(&c->broken))
-		return fail_fast(c);
-	if (len > UINT32_MAX)
-		return ckpt_err(-EMSGSIZE, "%s: message of %zu bytes is larger than the 4 GiB "
-		                "the frame can carry", c->name, len);
-	uint8_t hdr[NET_HEADER_BYTES];
-	ckpt_put_le32(hdr, NET_MAGIC);
-	ckpt_put_le16(hdr + 4, NET_PROTO_VERSION);
-	ckpt_put_le16(hdr + 6, type);
-	ckpt_put_le16(hdr + 8, 0);        /* flags: none defined in version 1 */
-	ckpt_put_le16(hdr + 10, 0);       /* reserved */
-	ckpt_put_le32(hdr + 12, (uint32_t)len);
-
-	/* Header and payload in one gather write: one segment on the wire for a
-	 * small message (TCP_NODELAY is on), no copy for a large one. */
-	struct iovec iov[2] = {
-		{ .iov_base = hdr, .iov_len = sizeof hdr },
-		{ .iov_base = (void *)payload, .iov_len = len },
-	};
-	struct iovec *cur = iov;
-	int cnt = len ? 2 : 1;
-	size_t total = sizeof hdr + len, sent = 0;
+	size_t sent = 0;
 	uint64_t deadline = ckpt_deadline_ms(timeout_ms);
-
 	while (sent < total) {
 		ssize_t n = c->ops->send(c, cur, cnt);
 		if (n > 0) {
@@ -248,26 +229,128 @@ int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t 
 		if (n == -EINTR)
 			continue;
 		if (n != -EAGAIN && n != 0) {
-			char what[96];
-			snprintf(what, sizeof what, "send of a %zu-byte message (type %u) failed", len, type);
-			return transport_fail(c, (int)n, what);
+			char why[128];
+			snprintf(why, sizeof why, "send of %s failed", what);
+			return transport_fail(c, (int)n, why);
 		}
 		int left = ckpt_deadline_left_ms(deadline);
 		if (left == 0) {
-			if (sent == 0 && timeout_ms == 0)
+			if (sent == 0 && !inside && timeout_ms == 0)
 				return -EAGAIN;
 			/* Part of a frame went out: the peer would read the rest of it from
 			 * whatever we send next, so the stream is finished. */
-			if (sent > 0)
+			if (sent > 0 || inside)
 				net_conn_break(c, -ETIMEDOUT);
-			return ckpt_err(-ETIMEDOUT, "%s: send of a %zu-byte message (type %u) timed "
-			                "out after %zu bytes", c->name, len, type, sent);
+			return ckpt_err(-ETIMEDOUT, "%s: send of %s timed out after %zu bytes",
+			                c->name, what, sent);
 		}
 		int w = c->ops->wait(c, POLLOUT, left);
 		if (w < 0 && w != -EINTR)
 			return transport_fail(c, w, "waiting to send");
 	}
 	return 0;
+}
+
+static void put_header(uint8_t hdr[NET_HEADER_BYTES], uint16_t type, size_t len)
+{
+	ckpt_put_le32(hdr, NET_MAGIC);
+	ckpt_put_le16(hdr + 4, NET_PROTO_VERSION);
+	ckpt_put_le16(hdr + 6, type);
+	ckpt_put_le16(hdr + 8, 0);        /* flags: none defined in version 1 */
+	ckpt_put_le16(hdr + 10, 0);       /* reserved */
+	ckpt_put_le32(hdr + 12, (uint32_t)len);
+}
+
+/* Before a message's header: the last one sent in pieces must be whole. */
+static int send_check(struct net_conn *c, size_t len)
+{
+	if (atomic_load(&c->broken))
+		return fail_fast(c);
+	if (c->tx_left) {
+		net_conn_break(c, -EINVAL);
+		return ckpt_err(-EINVAL, "%s: a message sent while %zu bytes of the last one's "
+		                "payload were still to come", c->name, c->tx_left);
+	}
+	if (len > UINT32_MAX)
+		return ckpt_err(-EMSGSIZE, "%s: message of %zu bytes is larger than the 4 GiB "
+		                "the frame can carry", c->name, len);
+	return 0;
+}
+
+int net_msg_send(struct net_conn *c, uint16_t type, const void *payload, size_t len,
+                 int timeout_ms)
+{
+	int rc = send_check(c, len);
+	if (rc)
+		return rc;
+	uint8_t hdr[NET_HEADER_BYTES];
+	put_header(hdr, type, len);
+	/* Header and payload in one gather write: one segment on the wire for a
+	 * small message (TCP_NODELAY is on), no copy for a large one. */
+	struct iovec iov[2] = {
+		{ .iov_base = hdr, .iov_len = sizeof hdr },
+		{ .iov_base = (void *)payload, .iov_len = len },
+	};
+	char what[64];
+	snprintf(what, sizeof what, "a %zu-byte message (type %u)", len, type);
+	return send_iov(c, iov, len ? 2 : 1, sizeof hdr + len, timeout_ms, false, what);
+}
+
+int net_send_head(struct net_conn *c, uint16_t type, size_t len, const void *p, size_t n,
+                  int timeout_ms)
+{
+	int f = ckpt_fault(CKPT_FP_MSG_SEND);
+	if (f < 0)
+		return ckpt_err_prefix(f, "%s: send of message type %u", c->name, type);
+	int rc = send_check(c, len);
+	if (rc)
+		return rc;
+	if (n > len)
+		return ckpt_err(-EINVAL, "%s: a first piece of %zu bytes for a payload of %zu",
+		                c->name, n, len);
+	/* A lost message, as net_send's: its pieces are taken and go nowhere. */
+	c->tx_drop = f == CKPT_FA_DROP;
+	if (c->tx_drop) {
+		c->tx_left = len - n;
+		return 0;
+	}
+	uint8_t hdr[NET_HEADER_BYTES];
+	put_header(hdr, type, len);
+	struct iovec iov[2] = {
+		{ .iov_base = hdr, .iov_len = sizeof hdr },
+		{ .iov_base = (void *)p, .iov_len = n },
+	};
+	/* From the header on, the rest is owed: a failure breaks the connection. */
+	c->tx_left = len - n;
+	char what[80];
+	snprintf(what, sizeof what, "the head of a %zu-byte message (type %u)", len, type);
+	rc = send_iov(c, iov, n ? 2 : 1, sizeof hdr + n, timeout_ms, true, what);
+	if (rc && !atomic_load(&c->broken))
+		net_conn_break(c, rc);
+	return rc;
+}
+
+int net_send_more(struct net_conn *c, const void *p, size_t n, int timeout_ms)
+{
+	if (atomic_load(&c->broken))
+		return fail_fast(c);
+	if (n > c->tx_left) {
+		size_t left = c->tx_left;
+		net_conn_break(c, -EINVAL);
+		return ckpt_err(-EINVAL, "%s: a piece of %zu bytes where the payload has %zu left",
+		                c->name, n, left);
+	}
+	c->tx_left -= n;
+	if (!n || c->tx_drop)
+		return 0;
+	struct iovec iov = { .iov_base = (void *)p, .iov_len = n };
+	char what[80];
+	snprintf(what, sizeof what, "%zu bytes of a message's payload, %zu after them", n,
+	         c->tx_left);
+	int rc = send_iov(c, &iov, 1, n, timeout_ms, true, what);
+	if (rc && !atomic_load(&c->broken))
+		net_conn_break(c, rc);
+	return rc;
 }
 
 int net_send(struct net_conn *c, uint16_t type, const void *payload, size_t len,

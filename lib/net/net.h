@@ -103,6 +103,19 @@ void net_msg_free(struct net_msg *m);
 /* Send one whole message. Errors: -ETIMEDOUT, -EPIPE/-ECONNRESET (peer gone). */
 int net_send(struct net_conn *c, uint16_t type, const void *payload, size_t len,
              int timeout_ms);
+/* One message whose payload goes out in pieces, in order, each as soon as it is
+ * made (a sender that hashes each block of a chunk just before the kernel copies
+ * it, while it is in the CPU's cache): net_send_head sends the header of a
+ * len-byte payload together with its first piece (n bytes, 0 allowed),
+ * net_send_more each further piece. The pieces add up to len exactly: a piece past
+ * it is -EINVAL, and so is any other send on c before the last piece; both break
+ * the connection, whose peer would otherwise read the next message as payload.
+ * Errors otherwise as net_send's; one inside the payload breaks the connection.
+ * The msg_send fault point counts the message at its head (dropped: its pieces are
+ * taken and nothing is sent). */
+int net_send_head(struct net_conn *c, uint16_t type, size_t len, const void *p, size_t n,
+                  int timeout_ms);
+int net_send_more(struct net_conn *c, const void *p, size_t n, int timeout_ms);
 /* Receive one whole message. Keeps partial progress across calls, so timeout_ms 0
  * never blocks (-EAGAIN until a whole message has arrived) — a poll loop over many
  * connections is never stalled by one slow or hostile peer. Errors: -ETIMEDOUT,

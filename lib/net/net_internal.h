@@ -149,6 +149,9 @@ struct net_conn {
 	size_t      max_msg;                   /* payload limit for net_recv */
 	atomic_int  broken;                    /* 0, or the error that made the connection unusable */
 	struct net_rx rx;                      /* receiving thread only */
+	size_t      tx_left;                   /* sending thread only: payload bytes of a
+	                                        * message sent in pieces still to come */
+	bool        tx_drop;                   /* ... which the msg_send fault dropped */
 	struct net_rdma_opts rdma;             /* set before the transport's connect */
 };
 

@@ -272,6 +272,102 @@ static long mem_available_mib(void)
 	return kib < 0 ? -1 : kib / 1024;
 }
 
+/* A message sent in pieces (net_send_head, net_send_more) arrives as one message,
+ * its bytes in order, and the next message after it. */
+struct pieces_job {
+	struct net_conn *c;
+	const uint8_t *buf;
+	size_t len;
+	uint64_t seed;
+	int rc;
+	char msg[1100];
+};
+
+static void *pieces_thread(void *p)
+{
+	struct pieces_job *j = p;
+	uint64_t s = j->seed;
+	size_t first = (size_t)(tu_rand(&s) % 5000), off = first;
+	j->rc = net_send_head(j->c, NET_MSG_USER_FIRST, j->len, j->buf, first, 60000);
+	while (!j->rc && off < j->len) {
+		/* Pieces of 0 bytes to a few hundred KiB, the last one what is left. */
+		size_t k = (size_t)(tu_rand(&s) % (300u << 10));
+		if (tu_rand(&s) % 8 == 0)
+			k = 0;
+		k = k < j->len - off ? k : j->len - off;
+		j->rc = net_send_more(j->c, j->buf + off, k, 60000);
+		off += k;
+	}
+	if (!j->rc)
+		j->rc = net_send(j->c, NET_MSG_USER_FIRST + 1, "after", 5, 60000);
+	if (j->rc)
+		snprintf(j->msg, sizeof j->msg, "%s", ckpt_last_error());
+	return NULL;
+}
+
+START_TEST(sent_in_pieces)
+{
+	struct pair p;
+	pair_open(&p);
+	const size_t len = (3u << 20) + 5;
+	uint8_t *buf = malloc(len);
+	fill_msg(buf, len, tu_seed(), 9);
+	struct pieces_job j = { .c = p.cli, .buf = buf, .len = len, .seed = tu_seed() };
+	pthread_t th;
+	ck_assert_int_eq(pthread_create(&th, NULL, pieces_thread, &j), 0);
+	net_conn_set_max_msg(p.srv, 4u << 20);
+	struct net_msg m;
+	ck_assert_msg(net_recv(p.srv, &m, 60000) == 0, "%s", ckpt_last_error());
+	ck_assert_uint_eq(m.type, NET_MSG_USER_FIRST);
+	ck_assert_uint_eq(m.len, len);
+	ck_assert_mem_eq(m.payload, buf, len);
+	net_msg_free(&m);
+	ck_assert_msg(net_recv(p.srv, &m, 60000) == 0, "%s", ckpt_last_error());
+	ck_assert_uint_eq(m.type, NET_MSG_USER_FIRST + 1);
+	ck_assert_uint_eq(m.len, 5);
+	net_msg_free(&m);
+	pthread_join(th, NULL);
+	ck_assert_msg(j.rc == 0, "%s", j.msg);
+	/* A first piece longer than the payload: refused before anything is sent. */
+	ck_assert_int_eq(net_send_head(p.cli, NET_MSG_USER_FIRST, 10, buf, 11, TMO), -EINVAL);
+	ck_assert_int_eq(net_send(p.cli, NET_MSG_USER_FIRST, buf, 3, TMO), 0);
+	ck_assert_int_eq(net_recv(p.srv, &m, TMO), 0);
+	ck_assert_uint_eq(m.len, 3);
+	net_msg_free(&m);
+	pair_close(&p);
+	free(buf);
+}
+END_TEST
+
+/* What would leave the peer reading a frame that is not there breaks the
+ * connection: a piece past the payload's end, another message before its last
+ * piece. The peer sees the stream end inside the message. */
+START_TEST(pieces_out_of_order)
+{
+	uint8_t buf[200] = { 0 };
+	for (int k = 0; k < 2; k++) {
+		struct pair p;
+		pair_open(&p);
+		ck_assert_int_eq(net_send_head(p.cli, NET_MSG_USER_FIRST, 100, buf, 50, TMO), 0);
+		if (k == 0) {
+			ck_assert_int_eq(net_send_more(p.cli, buf, 60, TMO), -EINVAL);
+			ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "a piece of 60 bytes where the "
+			                             "payload has 50 left"));
+		} else {
+			ck_assert_int_eq(net_send(p.cli, NET_MSG_USER_FIRST, buf, 10, TMO), -EINVAL);
+			ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "while 50 bytes of the last "
+			                             "one's payload were still to come"));
+		}
+		/* Broken: the rest of the payload cannot follow either. */
+		ck_assert_int_eq(net_send_more(p.cli, buf, 50, TMO), -EINVAL);
+		struct net_msg m;
+		ck_assert_int_eq(net_recv(p.srv, &m, TMO), -ECONNRESET);
+		ck_assert_ptr_nonnull(strstr(ckpt_last_error(), "inside a message (66 of 116 bytes)"));
+		pair_close(&p);
+	}
+}
+END_TEST
+
 START_TEST(huge_with_raised_limit)
 {
 	const size_t big = 300u << 20;
@@ -1301,6 +1397,8 @@ int main(void)
 	TCase *tc = tcase_create(T->name);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, message_sizes);
+	tcase_add_test(tc, sent_in_pieces);
+	tcase_add_test(tc, pieces_out_of_order);
 	tcase_add_test(tc, huge_with_raised_limit);
 	tcase_add_test(tc, over_limit_via_api);
 	tcase_add_test(tc, many_in_a_row);
