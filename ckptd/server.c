@@ -144,7 +144,10 @@ struct dconn {
 	struct net_msg       chunk_msg;  /* the CHUNK whose DATA comes next */
 	struct remote_chunk  chunk;
 	bool                 want_data;
-	int                  data_buf;   /* the pool buffer DATA is read into, or -1 */
+	bool                 after;      /* hashes after the bytes (REMOTE_OPEN_AFTER) */
+	bool                 want_hashes;/* after: the chunk's bytes are in data_buf */
+	int                  data_buf;   /* the pool buffer DATA is read into (after: and
+	                                  * held in until HASHES), or -1 */
 	/* the direct path: pool buffers granted to the stream, each registered for the
 	 * rank's RDMA WRITE alone, until its CHUNK comes or the stream ends */
 	bool                 direct;
@@ -571,6 +574,13 @@ static void stream_end(struct dconn *d, bool abort)
 	if (d->want_data)
 		net_msg_free(&d->chunk_msg);
 	d->want_data = false;
+	/* A chunk whose bytes came and whose HASHES did not: never written. */
+	if (d->want_hashes && d->data_buf >= 0)
+		io_pool_put(d->s->pool, (unsigned)d->data_buf);
+	if (d->want_hashes)
+		d->data_buf = -1;
+	d->want_hashes = false;
+	d->after = false;
 	pthread_mutex_lock(&d->job->lock);
 	d->job->reserved -= d->reserve;
 	if (d->listed) {
@@ -640,6 +650,10 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 		return rc;
 	if (d->w)
 		return ckpt_err(CKPT_EPROTO, "OPEN inside a shard stream");
+	/* A granted chunk's CHUNK comes after its bytes already, with its hashes. */
+	if ((o.flags & REMOTE_OPEN_DIRECT) && (o.flags & REMOTE_OPEN_AFTER))
+		return ckpt_err(CKPT_EPROTO, "OPEN asks for the direct path and for hashes after "
+		                "the bytes: a stream has one or the other");
 	struct djob *j = d->job;
 	struct ckptd_job auth;
 	if ((rc = ckptd_jobs_get(d->s->o.jobs, j->id, strlen(j->id), &auth)))
@@ -728,13 +742,15 @@ static int on_open(struct dconn *d, const struct net_msg *m)
 	 * pool, so that one stream cannot take every buffer as grants it has not used. */
 	d->direct = (o.flags & REMOTE_OPEN_DIRECT) && net_conn_can_write(d->net);
 	d->tree = (o.flags & REMOTE_OPEN_TREE) != 0;
+	d->after = (o.flags & REMOTE_OPEN_AFTER) != 0;
 	unsigned nbufs = io_pool_nbufs(d->s->pool);
 	d->grant_target = nbufs / 2 < REMOTE_MAX_GRANTS ? (nbufs / 2 ? nbufs / 2 : 1)
 	                                                : REMOTE_MAX_GRANTS;
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
 	remote_open_ok_encode(&b, io_pool_buf_bytes(d->s->pool),
-	                      (d->direct ? REMOTE_OPEN_DIRECT : 0) | (o.flags & REMOTE_OPEN_TREE));
+	                      (d->direct ? REMOTE_OPEN_DIRECT : 0) |
+	                      (o.flags & (REMOTE_OPEN_TREE | REMOTE_OPEN_AFTER)));
 	rc = b.ok ? send_ok(d, REMOTE_MSG_OPEN_OK, b.p, b.len) : ckpt_err(-ENOMEM, "OPEN_OK");
 	ckpt_buf_free(&b);
 	if (!rc)
@@ -755,14 +771,28 @@ static int index_grow(struct dconn *d, size_t n, const char *what)
 	                (unsigned long long)d->step, what, d->s->o.max_index);
 }
 
+/* Why a message of the stream's cannot come now (NULL: it can): the last chunk's
+ * DATA, or after it its HASHES, are owed first. */
+static const char *stream_owed(const struct dconn *d)
+{
+	if (!d->w)
+		return "outside a shard stream";
+	if (d->want_data)
+		return "before the last chunk's DATA";
+	if (d->want_hashes)
+		return "before the last chunk's HASHES";
+	return NULL;
+}
+
 static int on_tensor(struct dconn *d, const struct net_msg *m)
 {
 	struct remote_tensor t;
 	int rc = remote_tensor_decode(m->payload, m->len, &t);
 	if (rc)
 		return rc;
-	if (!d->w)
-		return ckpt_err(CKPT_EPROTO, "TENSOR outside a shard stream");
+	const char *owed = stream_owed(d);
+	if (owed)
+		return ckpt_err(CKPT_EPROTO, "TENSOR %s", owed);
 	/* Checked here too, so that the message quotes the peer's bytes escaped. */
 	const char *why = ckpt_name_problem(t.name, strlen(t.name), true);
 	if (why) {
@@ -785,6 +815,8 @@ static int on_tensor(struct dconn *d, const struct net_msg *m)
 
 static int data_unexpected(const struct dconn *d, size_t len)
 {
+	if (d->want_hashes)
+		return ckpt_err(CKPT_EPROTO, "DATA of %zu bytes before the last chunk's HASHES", len);
 	if (!d->want_data)
 		return ckpt_err(CKPT_EPROTO, "DATA of %zu bytes where none was announced", len);
 	return ckpt_err(CKPT_EPROTO, "DATA of %zu bytes where the CHUNK said %llu", len,
@@ -889,10 +921,10 @@ static int chunk_granted(struct dconn *d)
 
 static int on_chunk(struct dconn *d, struct net_msg *m)
 {
-	if (!d->w || d->want_data)
-		return ckpt_err(CKPT_EPROTO, "CHUNK %s", d->w ? "before the last one's DATA" :
-		                "outside a shard stream");
-	int rc = remote_chunk_decode(m->payload, m->len, &d->chunk);
+	const char *owed = stream_owed(d);
+	if (owed)
+		return ckpt_err(CKPT_EPROTO, "CHUNK %s", owed);
+	int rc = remote_chunk_decode(m->payload, m->len, d->after, &d->chunk);
 	if (!rc)
 		rc = index_grow(d, sizeof(struct io_chunk_entry) +
 		                   (size_t)d->chunk.nblocks * CKPT_HASH_BYTES, "chunks");
@@ -914,22 +946,46 @@ static int on_chunk(struct dconn *d, struct net_msg *m)
 static int on_data(struct dconn *d, struct net_msg *m)
 {
 	/* An empty DATA asks data_into for no place, so it arrives here unchecked. */
-	if (d->data_buf < 0)
+	if (!d->want_data || d->data_buf < 0)
 		return data_unexpected(d, m->len);
-	unsigned b = (unsigned)d->data_buf;
-	d->data_buf = -1;
 	m->payload = NULL;
-	int rc = chunk_append(d, b, false);
 	net_msg_free(&d->chunk_msg);
 	d->want_data = false;
+	if (d->after) {   /* held in data_buf until its HASHES come */
+		d->want_hashes = true;
+		return 0;
+	}
+	unsigned b = (unsigned)d->data_buf;
+	d->data_buf = -1;
+	return chunk_append(d, b, false);
+}
+
+/* The hashes of the chunk whose bytes came last (a stream with REMOTE_OPEN_AFTER):
+ * now it goes to the writer. */
+static int on_hashes(struct dconn *d, const struct net_msg *m)
+{
+	if (!d->want_hashes)
+		return ckpt_err(CKPT_EPROTO, "HASHES %s", !d->w ? "outside a shard stream" :
+		                !d->after ? "on a stream that sends hashes in its CHUNKs" :
+		                d->want_data ? "before the chunk's DATA" :
+		                "where no chunk's bytes came before them");
+	int rc = remote_hashes_decode(m->payload, m->len, d->chunk.nblocks, d->chunk.hash,
+	                              &d->chunk.blocks);
+	if (rc)
+		return rc;
+	unsigned b = (unsigned)d->data_buf;
+	d->data_buf = -1;
+	d->want_hashes = false;
+	rc = chunk_append(d, b, false);   /* the writer copies the block hashes */
+	d->chunk.blocks = NULL;
 	return rc;
 }
 
 static int on_finish(struct dconn *d)
 {
-	if (!d->w || d->want_data)
-		return ckpt_err(CKPT_EPROTO, "FINISH %s", d->w ? "before the last chunk's DATA" :
-		                "outside a shard stream");
+	const char *owed = stream_owed(d);
+	if (owed)
+		return ckpt_err(CKPT_EPROTO, "FINISH %s", owed);
 	struct io_shard_result res;
 	uint64_t t_fin = ckpt_now_ns();
 	int rc = io_shard_writer_finish(d->w, &res);
@@ -1115,6 +1171,7 @@ static int dispatch(struct dconn *d, struct net_msg *m)
 	case REMOTE_MSG_TENSOR:   return on_tensor(d, m);
 	case REMOTE_MSG_CHUNK:    return on_chunk(d, m);
 	case REMOTE_MSG_DATA:     return on_data(d, m);
+	case REMOTE_MSG_HASHES:   return on_hashes(d, m);
 	case REMOTE_MSG_FINISH:   return on_finish(d);
 	case REMOTE_MSG_ABORT:    stream_end(d, true); return 0;
 	case REMOTE_MSG_READ:     return on_read(d, m);

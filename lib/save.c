@@ -597,8 +597,10 @@ struct save_cursor {
 	 * arena (arena NULL: no tail), each at the next multiple of SAVE_TAIL_ALIGN
 	 * (arena_in: where the next one issued goes; arena_out: where the next one
 	 * taken out lies); src_issued and src_drained count the former; src_sealed
-	 * once remote_writer_src_seal was called. */
-	bool     direct;
+	 * once remote_writer_src_seal was called. With sender_hashes the chunks sent
+	 * from where they lie are not hashed here: the stream's sender hashes each block
+	 * just before it sends it (remote_writer_append_src). */
+	bool     direct, sender_hashes;
 	size_t   tail_item;
 	uint64_t tail_off;
 	uint8_t *arena;
@@ -783,7 +785,8 @@ static int save_issue_direct(struct save_cursor *cur, const struct save_item *it
 	const uint8_t *src = (const uint8_t *)it->data + cur->off;
 	int rc;
 	if (!save_in_tail(cur)) {
-		if (!(rc = snapshot_pipe_issue_inplace(cur->pipe, src, n, cur->item)))
+		if (!(rc = snapshot_pipe_issue_inplace(cur->pipe, src, n, !cur->sender_hashes,
+		                                       cur->item)))
 			cur->src_issued++;
 		return rc;
 	}
@@ -1328,6 +1331,11 @@ static int save_direct_plan(ckpt_ctx *c, const ckpt_save *s, struct save_cursor 
 {
 	if (!save_direct_ok(c, s, cur))
 		return 0;
+	/* The stream asks ckptd for hashes after the bytes (it does not ask for the
+	 * direct path over this transport), so its sender can hash a tree's blocks as it
+	 * sends them: each block's bytes are read from memory once, by the hash, and
+	 * the kernel's copy into the socket finds them in the CPU's cache. */
+	cur->sender_hashes = !c->hash_whole;
 	size_t chunk = c->cfg.chunk_bytes, n = 0, item = s->nitems;
 	uint64_t room = io_pool_bytes(c->pool) / SAVE_TAIL_ALIGN * SAVE_TAIL_ALIGN, off = 0;
 	uint64_t tail_bytes = 0;
@@ -1448,7 +1456,7 @@ static int save_drain_one(ckpt_ctx *c, ckpt_save *s, struct save_cursor *cur,
 			return ckpt_err(-EINVAL, "tensor '%s': chunk at %llu hashed in place with no "
 			                "stream to send it", it->name, (unsigned long long)off);
 		rc = remote_writer_append_src(w->rw, (uint32_t)tag, (const uint8_t *)it->data + off, n,
-		                              &h);
+		                              hashes);
 		if (!rc)
 			cur->src_drained++;
 		save_direct_release(s, cur, w);

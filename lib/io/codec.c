@@ -110,6 +110,15 @@ static void copy_hash_tree(uint8_t *dst, const uint8_t *src, size_t n, uint32_t 
 	io_hash_row_digest(&row, out);
 }
 
+void io_tree_hash(const uint8_t *blocks, uint64_t nb, uint8_t out[CKPT_HASH_BYTES])
+{
+	struct io_hash_row row;
+	io_hash_row_reset(&row);
+	for (uint64_t b = 0; b < nb; b++)
+		io_hash_row_add(&row, blocks + b * CKPT_HASH_BYTES);
+	io_hash_row_digest(&row, out);
+}
+
 /*
  * One walk over the bytes in pieces that never cross a block boundary: each piece
  * is copied (when dst is given), then fed to the chunk's streaming hash and to its

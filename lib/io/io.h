@@ -165,6 +165,10 @@ void io_copy_hash128(void *dst, const void *src, size_t n, uint8_t out[CKPT_HASH
  */
 void io_copy_hash128_blocks(void *dst, const void *src, size_t n, uint32_t block_bytes,
                             bool tree, uint8_t out[CKPT_HASH_BYTES], uint8_t *blocks);
+/* The hash of a chunk of nb > 1 blocks hashed as a tree, from its block hashes
+ * (what io_copy_hash128_blocks gives with tree): for a caller that hashed the
+ * blocks one by one itself. */
+void io_tree_hash(const uint8_t *blocks, uint64_t nb, uint8_t out[CKPT_HASH_BYTES]);
 /* The chunk hash alone, of bytes where they lie. */
 void io_chunk_hash(const void *p, size_t n, uint32_t block_bytes, bool tree,
                    uint8_t out[CKPT_HASH_BYTES]);

@@ -282,6 +282,10 @@ struct rw_item {
 	                         * _held) */
 	bool     caller;        /* src is the caller's state: counts in src_pending */
 	size_t   stored;
+	/* A stream with hashes after the bytes: its HASHES, filled by the sender when
+	 * hash_here (each block hashed just before it is sent) */
+	struct ckpt_buf hashes;
+	bool     hash_here;
 };
 
 struct remote_writer {
@@ -289,6 +293,8 @@ struct remote_writer {
 	struct io_pool     *pool;
 	int                 zstd_level;
 	bool                tree;           /* chunk hashes over block hashes (format 5) */
+	bool                after;          /* hashes after the bytes (REMOTE_OPEN_AFTER) */
+	uint32_t            block_bytes;
 	uint8_t             codec;          /* IO_CODEC_ZSTD or IO_CODEC_BYTEGROUP */
 	uint8_t            *dtypes;         /* of the tensors declared, for bytegroup */
 	uint32_t            ntensors, tcap;
@@ -324,6 +330,7 @@ struct remote_writer {
 static void item_release(struct remote_writer *w, struct rw_item *it)
 {
 	ckpt_buf_free(&it->head);
+	ckpt_buf_free(&it->hashes);
 	if (it->buf >= 0)
 		io_pool_put(w->pool, (unsigned)it->buf);
 	it->buf = -1;
@@ -441,6 +448,30 @@ static int rw_send_direct(struct remote_writer *w, struct rw_item *it)
 	return rw_reap(w, false);
 }
 
+/* A chunk sent from where it lies, unhashed so far: each block is hashed just
+ * before it goes into the socket, so that the kernel's copy reads it from the
+ * CPU's cache and not from memory a second time. Its HASHES (it->hashes, sized
+ * for them) are filled on the way, and the chunk's hash at the end. */
+static int rw_send_hashing(struct remote_writer *w, struct rw_item *it)
+{
+	struct net_conn *net = w->c->net;
+	const uint8_t *p = it->src;
+	size_t n = it->stored;
+	uint8_t *hash = it->hashes.p, *blocks = hash + CKPT_HASH_BYTES;
+	uint64_t nb = io_nblocks(n, w->block_bytes);
+	size_t piece = nb ? w->block_bytes : n;
+	int rc = 0;
+	for (size_t off = 0, b = 0; !rc && off < n; off += piece, b++) {
+		size_t k = n - off < piece ? n - off : piece;
+		io_hash128(p + off, k, nb ? blocks + b * CKPT_HASH_BYTES : hash);
+		rc = off ? net_send_more(net, p + off, k, w->c->timeout_ms)
+		         : net_send_head(net, REMOTE_MSG_DATA, n, p, k, w->c->timeout_ms);
+	}
+	if (!rc && nb)
+		io_tree_hash(blocks, nb, hash);
+	return rc;
+}
+
 static void *rw_sender(void *arg)
 {
 	struct remote_writer *w = arg;
@@ -481,10 +512,15 @@ static void *rw_sender(void *arg)
 			rc = rw_send_direct(w, it);
 		} else if (!failed) {
 			rc = net_send(net, it->type, it->head.p, it->head.len, w->c->timeout_ms);
-			if (!rc && it->type == REMOTE_MSG_CHUNK)
+			if (!rc && it->type == REMOTE_MSG_CHUNK && it->hash_here)
+				rc = rw_send_hashing(w, it);
+			else if (!rc && it->type == REMOTE_MSG_CHUNK)
 				rc = net_send(net, REMOTE_MSG_DATA,
 				              it->src ? it->src : io_pool_addr(w->pool, (unsigned)it->buf),
 				              it->stored, w->c->timeout_ms);
+			if (!rc && it->type == REMOTE_MSG_CHUNK && w->after)
+				rc = net_send(net, REMOTE_MSG_HASHES, it->hashes.p, it->hashes.len,
+				              w->c->timeout_ms);
 		}
 		item_release(w, it);
 		pthread_mutex_lock(&w->lock);
@@ -564,7 +600,7 @@ static int rw_failed(struct remote_writer *w)
 static int rw_push(struct remote_writer *w, struct rw_item *it)
 {
 	int rc = rw_failed(w);
-	if (!rc && !it->head.ok)
+	if (!rc && (!it->head.ok || !it->hashes.ok))
 		rc = ckpt_err(-ENOMEM, "%s: message", w->c->name);
 	if (rc) {
 		item_release(w, it);
@@ -638,6 +674,7 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 	w->t_open = ckpt_now_ns();
 	w->zstd_level = o->zstd_level;
 	w->tree = o->tree;
+	w->block_bytes = o->block_bytes;
 	w->codec = o->codec == IO_CODEC_BYTEGROUP ? IO_CODEC_BYTEGROUP : IO_CODEC_ZSTD;
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
@@ -649,7 +686,8 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 	remote_open_encode(&b, &(struct remote_open){
 		.step = o->step, .save_id = o->save_id, .block_bytes = o->block_bytes,
 		.size_hint = o->size_hint, .chunk_bytes = chunk_bytes,
-		.flags = (ask ? REMOTE_OPEN_DIRECT : 0) | (o->tree ? REMOTE_OPEN_TREE : 0) });
+		.flags = (ask ? REMOTE_OPEN_DIRECT : REMOTE_OPEN_AFTER) |
+		         (o->tree ? REMOTE_OPEN_TREE : 0) });
 	int rc = request(c, REMOTE_MSG_OPEN, &b);
 	ckpt_buf_free(&b);
 	struct net_msg m = { 0 };
@@ -658,9 +696,10 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 	if (!rc) {
 		uint64_t max;
 		uint32_t flags;
+		/* ckptd says each flag back (the direct path only where it can). */
 		if (remote_open_ok_decode(m.payload, m.len, &max, &flags) ||
 		    ((flags & REMOTE_OPEN_DIRECT) && !ask) ||
-		    !(flags & REMOTE_OPEN_TREE) != !o->tree)
+		    !(flags & REMOTE_OPEN_TREE) != !o->tree || !(flags & REMOTE_OPEN_AFTER) != ask)
 			rc = ckpt_err(CKPT_EPROTO, "%s: malformed OPEN_OK", c->name);
 		else if (chunk_bytes > max)
 			rc = ckpt_err(-EINVAL, "%s takes chunks of at most %llu bytes; this job's are "
@@ -668,6 +707,7 @@ int remote_writer_open(struct remote_conn *c, struct io_pool *pool,
 			              chunk_bytes);
 		else
 			w->direct = flags & REMOTE_OPEN_DIRECT;
+		w->after = flags & REMOTE_OPEN_AFTER;
 		net_msg_free(&m);
 		if (rc)
 			send_abort(c);
@@ -700,6 +740,7 @@ int remote_writer_add_tensor(struct remote_writer *w, const struct io_tensor_des
 	w->dtypes[w->ntensors++] = t->dtype;
 	struct rw_item it = { .type = REMOTE_MSG_TENSOR, .buf = -1 };
 	ckpt_buf_init(&it.head);
+	ckpt_buf_init(&it.hashes);
 	remote_tensor_encode(&it.head, t);
 	return rw_push(w, &it);
 }
@@ -718,12 +759,28 @@ bool remote_writer_ready(struct remote_writer *w)
 	return room;
 }
 
+bool remote_writer_hashes_while_sending(const struct remote_writer *w)
+{
+	return w->after && w->tree;
+}
+
 /* A CHUNK of len raw bytes: from pool buffer buf (compressed here when the job
  * compresses), or, buf -1, sent from src where it lies (the caller's state when
- * caller: remote_writer_src_seal waits for it). */
+ * caller: remote_writer_src_seal waits for it). h NULL: src is not hashed yet, and
+ * the sender hashes it as it sends it (remote_writer_hashes_while_sending). */
 static int rw_append(struct remote_writer *w, uint32_t t, int buf, const void *src, bool caller,
                      size_t len, const struct io_hashes *h)
 {
+	bool hash_here = !h;
+	struct io_hashes none = { .block_bytes = w->block_bytes, .tree = w->tree };
+	if (hash_here && (!remote_writer_hashes_while_sending(w) || !src)) {
+		if (buf >= 0)
+			io_pool_put(w->pool, (unsigned)buf);
+		return ckpt_err(-EINVAL, "%s: a chunk without its hashes on a stream whose sender "
+		                "cannot hash it", w->c->name);
+	}
+	if (hash_here)
+		h = &none;
 	if (h->tree != w->tree) {
 		if (buf >= 0)
 			io_pool_put(w->pool, (unsigned)buf);
@@ -738,7 +795,7 @@ static int rw_append(struct remote_writer *w, uint32_t t, int buf, const void *s
 	};
 	memcpy(ch.hash, h->chunk, CKPT_HASH_BYTES);
 	struct rw_item it = { .type = REMOTE_MSG_CHUNK, .buf = buf, .src = src, .caller = caller,
-	                      .stored = len };
+	                      .stored = len, .hash_here = hash_here };
 	if (buf >= 0 && w->zstd_level > 0 && len > 1) {
 		/* Compressed here, before the wire: what pays on the disk pays twice. */
 		int ob = io_pool_get_fit(w->pool, len, 0);
@@ -763,7 +820,15 @@ static int rw_append(struct remote_writer *w, uint32_t t, int buf, const void *s
 		}
 	}
 	ckpt_buf_init(&it.head);
-	remote_chunk_encode(&it.head, &ch);
+	remote_chunk_encode(&it.head, &ch, w->after);
+	ckpt_buf_init(&it.hashes);
+	if (w->after && hash_here) {     /* room for the sender to fill */
+		static const uint8_t zero[CKPT_HASH_BYTES];
+		for (uint32_t i = 0; i <= ch.nblocks; i++)
+			ckpt_buf_put(&it.hashes, zero, sizeof zero);
+	} else if (w->after) {
+		remote_hashes_encode(&it.hashes, ch.hash, ch.blocks, ch.nblocks);
+	}
 	w->logical += len;
 	return rw_push(w, &it);
 }

@@ -220,34 +220,39 @@ int remote_tensor_decode(const void *p, size_t n, struct remote_tensor *t)
 	return c.ok && !c.left ? 0 : bad("TENSOR", "fields");
 }
 
-void remote_chunk_encode(struct ckpt_buf *b, const struct remote_chunk *c)
+void remote_chunk_encode(struct ckpt_buf *b, const struct remote_chunk *c, bool after)
 {
 	ckpt_buf_u32(b, c->tensor);
 	ckpt_buf_u8(b, c->codec);
 	ckpt_buf_u64(b, c->raw_len);
 	ckpt_buf_u64(b, c->stored_len);
-	ckpt_buf_put(b, c->hash, CKPT_HASH_BYTES);
+	if (!after)
+		ckpt_buf_put(b, c->hash, CKPT_HASH_BYTES);
 	ckpt_buf_u32(b, c->block_bytes);
 	ckpt_buf_u32(b, c->nblocks);
+	if (after)
+		return;
 	ckpt_buf_put(b, c->blocks, (size_t)c->nblocks * CKPT_HASH_BYTES);
 	if (c->grant)
 		ckpt_buf_u32(b, c->grant);
 }
 
-int remote_chunk_decode(const void *p, size_t n, struct remote_chunk *c)
+int remote_chunk_decode(const void *p, size_t n, bool after, struct remote_chunk *c)
 {
 	struct ckpt_cursor k;
 	ckpt_cursor_init(&k, p, n);
+	memset(c, 0, sizeof *c);
 	c->tensor = ckpt_cursor_u32(&k);
 	c->codec = ckpt_cursor_u8(&k);
 	c->raw_len = ckpt_cursor_u64(&k);
 	c->stored_len = ckpt_cursor_u64(&k);
-	const uint8_t *h = ckpt_cursor_take(&k, CKPT_HASH_BYTES);
+	const uint8_t *h = after ? NULL : ckpt_cursor_take(&k, CKPT_HASH_BYTES);
 	c->block_bytes = ckpt_cursor_u32(&k);
 	c->nblocks = ckpt_cursor_u32(&k);
-	if (!k.ok || !h)
+	if (!k.ok || (!after && !h))
 		return bad("CHUNK", "fields");
-	memcpy(c->hash, h, CKPT_HASH_BYTES);
+	if (h)
+		memcpy(c->hash, h, CKPT_HASH_BYTES);
 	if (c->codec != IO_CODEC_RAW && c->codec != IO_CODEC_ZSTD && c->codec != IO_CODEC_BYTEGROUP)
 		return bad("CHUNK", "codec");
 	if (c->raw_len == 0 || c->stored_len == 0 || c->raw_len > IO_MAX_CHUNK_BYTES ||
@@ -258,6 +263,8 @@ int remote_chunk_decode(const void *p, size_t n, struct remote_chunk *c)
 	if (c->nblocks != want || (c->block_bytes && (c->block_bytes < IO_MIN_BLOCK_BYTES ||
 	                                              (c->block_bytes & (c->block_bytes - 1)))))
 		return bad("CHUNK", "block hashes");
+	if (after)   /* the hashes come in HASHES, after the bytes; never a grant */
+		return k.left ? bad("CHUNK", "length") : 0;
 	c->blocks = ckpt_cursor_take(&k, (size_t)c->nblocks * CKPT_HASH_BYTES);
 	if (!k.ok)
 		return bad("CHUNK", "block hashes");
@@ -268,6 +275,26 @@ int remote_chunk_decode(const void *p, size_t n, struct remote_chunk *c)
 	if (k.left)
 		return bad("CHUNK", "block hashes");
 	return has_grant && !c->grant ? bad("CHUNK", "grant") : 0;
+}
+
+void remote_hashes_encode(struct ckpt_buf *b, const uint8_t hash[CKPT_HASH_BYTES],
+                          const uint8_t *blocks, uint32_t nblocks)
+{
+	ckpt_buf_put(b, hash, CKPT_HASH_BYTES);
+	ckpt_buf_put(b, blocks, (size_t)nblocks * CKPT_HASH_BYTES);
+}
+
+int remote_hashes_decode(const void *p, size_t n, uint32_t nblocks,
+                         uint8_t hash[CKPT_HASH_BYTES], const uint8_t **blocks)
+{
+	/* Exactly the chunk's hash and the block hashes its CHUNK announced. */
+	if (n != ((size_t)nblocks + 1) * CKPT_HASH_BYTES)
+		return ckpt_err(CKPT_EPROTO, "malformed HASHES message: %zu bytes where the CHUNK "
+		                "before it announced %u block hash%s (%zu bytes)", n, nblocks,
+		                nblocks == 1 ? "" : "es", ((size_t)nblocks + 1) * CKPT_HASH_BYTES);
+	memcpy(hash, p, CKPT_HASH_BYTES);
+	*blocks = nblocks ? (const uint8_t *)p + CKPT_HASH_BYTES : NULL;
+	return 0;
 }
 
 void remote_read_encode(struct ckpt_buf *b, const char *path, uint64_t off, uint64_t len)
@@ -319,7 +346,7 @@ const char *remote_msg_name(unsigned type)
 	static const char *const names[] = {
 		"COORD", "COORD_OK", "OPEN", "OPEN_OK", "TENSOR", "CHUNK", "DATA", "FINISH",
 		"DURABLE", "ABORT", "ERROR", "MANIFEST", "MANIFEST_OK", "READ", "CHECK", "CHECK_OK",
-		"REMOVE", "REMOVE_OK", "GRANT",
+		"REMOVE", "REMOVE_OK", "GRANT", "HASHES",
 	};
 	if (type < REMOTE_MSG_COORD || type - REMOTE_MSG_COORD >= sizeof names / sizeof names[0])
 		return "unknown";

@@ -21,7 +21,12 @@
  *     A rank that does not ask, or is not answered with the flag, sends DATA.
  *     REMOTE_OPEN_TREE: the chunks' hashes are trees, and the file is of format 5
  *     (docs/format.md §5); OPEN_OK says it back. A ckptd that does not know the
- *     flag refuses the OPEN, so that no file says one kind and holds the other.)
+ *     flag refuses the OPEN, so that no file says one kind and holds the other.
+ *     REMOTE_OPEN_AFTER, asked for by a rank that does not ask for the direct path:
+ *     each chunk's hashes come after its bytes, in HASHES, so that the rank can hash
+ *     each block of a chunk sent from where it lies just before the kernel copies
+ *     it (one read of the bytes from memory, not two); OPEN_OK says it back. A
+ *     ckptd refuses it together with REMOTE_OPEN_DIRECT.)
  *   GRANT{u16 n, n x (u32 id, u64 addr, u32 rkey, u32 len)}  (ckptd, during a direct
  *     stream, whenever it has taken pool buffers for it: each one the rank may
  *     RDMA WRITE one chunk into, once, then name in its CHUNK)
@@ -30,7 +35,11 @@
  *   CHUNK{u32 tensor, u8 codec, u64 raw_len, u64 stored_len, hash[16],
  *         u32 block_bytes, u32 nblocks, nblocks x hash[16] [, u32 grant]}
  *         then DATA{stored bytes}; or, with a grant, no DATA: the stored bytes were
- *         RDMA-written into the granted buffer before the CHUNK was sent
+ *         RDMA-written into the granted buffer before the CHUNK was sent.
+ *     With REMOTE_OPEN_AFTER: CHUNK{u32 tensor, u8 codec, u64 raw_len,
+ *         u64 stored_len, u32 block_bytes, u32 nblocks}, then DATA{stored bytes},
+ *         then HASHES{hash[16], nblocks x hash[16]}; ckptd appends the chunk to its
+ *         file once its HASHES came
  *   FINISH{}             -> DURABLE{u64 file_size, u64 logical, u64 stored,
  *                                   hash[16] of the footer, footer bytes}
  *   ABORT{}
@@ -61,11 +70,12 @@ enum remote_msg_type {
 	REMOTE_MSG_TENSOR, REMOTE_MSG_CHUNK, REMOTE_MSG_DATA, REMOTE_MSG_FINISH,
 	REMOTE_MSG_DURABLE, REMOTE_MSG_ABORT, REMOTE_MSG_ERROR, REMOTE_MSG_MANIFEST,
 	REMOTE_MSG_MANIFEST_OK, REMOTE_MSG_READ, REMOTE_MSG_CHECK, REMOTE_MSG_CHECK_OK,
-	REMOTE_MSG_REMOVE, REMOTE_MSG_REMOVE_OK, REMOTE_MSG_GRANT,
+	REMOTE_MSG_REMOVE, REMOTE_MSG_REMOVE_OK, REMOTE_MSG_GRANT, REMOTE_MSG_HASHES,
 };
 #define REMOTE_OPEN_DIRECT    1u               /* OPEN and OPEN_OK flags */
 #define REMOTE_OPEN_TREE      2u
-#define REMOTE_OPEN_FLAGS     (REMOTE_OPEN_DIRECT | REMOTE_OPEN_TREE)
+#define REMOTE_OPEN_AFTER     4u               /* each chunk's hashes after its bytes */
+#define REMOTE_OPEN_FLAGS     (REMOTE_OPEN_DIRECT | REMOTE_OPEN_TREE | REMOTE_OPEN_AFTER)
 #define REMOTE_MAX_GRANTS     8u               /* grants a stream holds at once */
 #define REMOTE_MAX_HOST       255u
 #define REMOTE_MAX_INSTANCES  256u
@@ -128,8 +138,16 @@ int  remote_open_ok_decode(const void *p, size_t n, uint64_t *max_chunk, uint32_
 void remote_grant_encode(struct ckpt_buf *b, const struct remote_grant *g, unsigned n);
 int  remote_grant_decode(const void *p, size_t n, struct remote_grant *g, unsigned cap,
                          unsigned *count);
-void remote_chunk_encode(struct ckpt_buf *b, const struct remote_chunk *c);
-int  remote_chunk_decode(const void *p, size_t n, struct remote_chunk *c);
+/* after: the form of a stream opened with REMOTE_OPEN_AFTER (no hashes, no grant;
+ * decoded, hash is zero and blocks NULL). */
+void remote_chunk_encode(struct ckpt_buf *b, const struct remote_chunk *c, bool after);
+int  remote_chunk_decode(const void *p, size_t n, bool after, struct remote_chunk *c);
+/* HASHES of a chunk of nblocks blocks (its CHUNK says how many); *blocks points
+ * into p (NULL for none). */
+void remote_hashes_encode(struct ckpt_buf *b, const uint8_t hash[CKPT_HASH_BYTES],
+                          const uint8_t *blocks, uint32_t nblocks);
+int  remote_hashes_decode(const void *p, size_t n, uint32_t nblocks,
+                          uint8_t hash[CKPT_HASH_BYTES], const uint8_t **blocks);
 void remote_read_encode(struct ckpt_buf *b, const char *path, uint64_t off, uint64_t len);
 int  remote_read_decode(const void *p, size_t n, char *path, size_t cap, uint64_t *off,
                         uint64_t *len);
@@ -210,7 +228,10 @@ int  remote_writer_append(struct remote_writer *w, uint32_t t, unsigned buf, siz
                           const struct io_hashes *h);
 /* A chunk of len raw bytes hashed where they lie, sent from src by the sender: src
  * must stay as hashed until the sender has sent it (remote_writer_src_seal says
- * when). Not on a stream that compresses or RDMA-writes its chunks (-EINVAL). */
+ * when). Not on a stream that compresses or RDMA-writes its chunks (-EINVAL).
+ * h NULL: not hashed yet; the sender hashes each block just before it sends it,
+ * and the hashes follow the bytes (only where remote_writer_hashes_while_sending;
+ * else -EINVAL). */
 int  remote_writer_append_src(struct remote_writer *w, uint32_t t, const void *src, size_t len,
                               const struct io_hashes *h);
 /* The same for a chunk in memory the caller holds until the writer is finished or
@@ -218,6 +239,10 @@ int  remote_writer_append_src(struct remote_writer *w, uint32_t t, const void *s
  * does not wait for it. */
 int  remote_writer_append_held(struct remote_writer *w, uint32_t t, const void *src,
                                size_t len, const struct io_hashes *h);
+/* Whether the stream's sender can hash chunks as it sends them (ckptd took
+ * REMOTE_OPEN_AFTER, and the hashes are trees): a rank opens every stream that
+ * sends DATA so. */
+bool remote_writer_hashes_while_sending(const struct remote_writer *w);
 /* No more chunks from the caller's memory: done(arg) runs once every one appended
  * has been sent (the kernel has its bytes) or given up by a failed stream — here if
  * none is pending, else on the sender's thread. Called at most once per stream. */

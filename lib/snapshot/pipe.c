@@ -48,6 +48,7 @@ struct pipe_slot {
 	uint8_t  hash[CKPT_HASH_BYTES];  /* host chunks: computed while copying */
 	uint8_t *blocks;                 /* its block hashes, computed with the chunk's */
 	bool     no_blocks;              /* a stored chunk given without block hashes */
+	bool     unhashed;               /* issued in place for its consumer to hash */
 	unsigned ev;                     /* a device copy's event (of window events) */
 	bool     hashed;                 /* helpers: done (under hlock) */
 	int      hrc;                    /* helpers: its failure, or 0 */
@@ -273,6 +274,7 @@ static struct pipe_slot *slot_new(struct snapshot_pipe *p, unsigned buf, size_t 
 	s->tag = tag;
 	s->device = false;
 	s->no_blocks = false;
+	s->unhashed = false;
 	return s;
 }
 
@@ -370,10 +372,10 @@ int snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct i
 	return 0;
 }
 
-/* A host chunk without a pool buffer of the pipe's: hashed where it lies (dst NULL)
- * or on its way into dst. */
+/* A host chunk without a pool buffer of the pipe's: hashed where it lies (dst NULL;
+ * or left to its consumer, hash false) or on its way into dst. */
 static int pipe_issue_unbuffered(struct snapshot_pipe *p, unsigned mark, void *dst,
-                                 const void *src, size_t n, uint64_t tag)
+                                 const void *src, size_t n, bool hash, uint64_t tag)
 {
 	if (p->sealed)
 		return ckpt_err(-EINVAL, "snapshot pipe: issue after seal");
@@ -385,15 +387,17 @@ static int pipe_issue_unbuffered(struct snapshot_pipe *p, unsigned mark, void *d
 	if (p->count == p->cap)
 		return -EAGAIN;
 	struct pipe_slot *s = slot_new(p, mark, n, tag);
-	io_copy_hash128_blocks(dst, src, n, p->block_bytes, p->tree, s->hash, s->blocks);
+	if (hash)
+		io_copy_hash128_blocks(dst, src, n, p->block_bytes, p->tree, s->hash, s->blocks);
+	s->unhashed = !hash;
 	p->count++;
 	return 0;
 }
 
-int snapshot_pipe_issue_inplace(struct snapshot_pipe *p, const void *src, size_t n,
+int snapshot_pipe_issue_inplace(struct snapshot_pipe *p, const void *src, size_t n, bool hash,
                                 uint64_t tag)
 {
-	return pipe_issue_unbuffered(p, SNAPSHOT_SRC_BUF, NULL, src, n, tag);
+	return pipe_issue_unbuffered(p, SNAPSHOT_SRC_BUF, NULL, src, n, hash, tag);
 }
 
 int snapshot_pipe_issue_into(struct snapshot_pipe *p, void *dst, const void *src, size_t n,
@@ -401,7 +405,7 @@ int snapshot_pipe_issue_into(struct snapshot_pipe *p, void *dst, const void *src
 {
 	if (!dst)
 		return ckpt_err(-EINVAL, "snapshot pipe: chunk of %zu bytes copied into nowhere", n);
-	return pipe_issue_unbuffered(p, SNAPSHOT_DST_BUF, dst, src, n, tag);
+	return pipe_issue_unbuffered(p, SNAPSHOT_DST_BUF, dst, src, n, true, tag);
 }
 
 /* A pending chunk that holds a pool buffer (not stored, not in place, not copied
@@ -423,7 +427,7 @@ int snapshot_pipe_next(struct snapshot_pipe *p, unsigned *buf, size_t *len,
 	if (!p->count)
 		return ckpt_err(-ENOENT, "snapshot pipe: nothing pending");
 	struct pipe_slot *s = &p->slots[p->head];
-	bool unhashed = false;
+	bool unhashed = s->unhashed;
 	if (s->device && p->nh) {
 		/* Its helper waited for the copy and hashed it. */
 		pthread_mutex_lock(&p->hlock);

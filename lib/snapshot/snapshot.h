@@ -126,15 +126,17 @@ int  snapshot_pipe_issue_fill(struct snapshot_pipe *p, snapshot_fill_fn fill, vo
 #define SNAPSHOT_NO_BUF UINT_MAX
 int  snapshot_pipe_issue_stored(struct snapshot_pipe *p, size_t n, const struct io_hashes *h,
                                 uint64_t tag);
-/* A chunk of host memory of n bytes that is not copied: it is hashed here, where it
- * lies (the chunk and its blocks), and its bytes are read from there again by its
+/* A chunk of host memory of n bytes that is not copied: with hash, it is hashed
+ * here, where it lies (the chunk and its blocks); without, its consumer hashes it
+ * (a stream to ckptd whose sender hashes each block just before it sends it) and
+ * next() gives it back unhashed. Its bytes are read from there again by its
  * consumer, which must be done with them before the caller's memory is released (a
  * stream to ckptd sends it from there: lib/save.c, save_direct). Like a stored chunk
  * it takes no pool buffer and does not count against the window; next() gives it
  * back with *buf SNAPSHOT_SRC_BUF. Returns 0, or -EAGAIN when the pipe is full.
  * Errors: -EINVAL. */
 #define SNAPSHOT_SRC_BUF (UINT_MAX - 1)
-int  snapshot_pipe_issue_inplace(struct snapshot_pipe *p, const void *src, size_t n,
+int  snapshot_pipe_issue_inplace(struct snapshot_pipe *p, const void *src, size_t n, bool hash,
                                  uint64_t tag);
 /* A chunk of host memory of n bytes copied into dst, memory the caller holds until
  * its consumer is done with it (a direct save's tail, carved out of the whole pool:
@@ -170,7 +172,8 @@ uint64_t snapshot_pipe_device_chunks(const struct snapshot_pipe *p);
  * its bytes and of its blocks (computed from the pool buffer for device chunks;
  * h->blocks points into the pipe and stays valid until the next issue or close)
  * and tag. Returns 0, or 1 for a device chunk left unhashed after
- * snapshot_pipe_leave_hashing (*h is then zero). Errors: -ENOENT (nothing pending),
+ * snapshot_pipe_leave_hashing or a chunk issued in place without hash (*h is then
+ * zero). Errors: -ENOENT (nothing pending),
  * CUDA failures converted (the buffer is then still the pipe's, and close()
  * returns it).
  */

@@ -535,7 +535,7 @@ void chunk_msg(struct ckpt_buf *b, uint32_t tensor, uint64_t len)
 	                           .nblocks = (uint32_t)io_nblocks(len, 1u << 20), .blocks = blocks };
 	memset(ch.hash, 0x5a, sizeof ch.hash);
 	ckpt_buf_init(b);
-	remote_chunk_encode(b, &ch);
+	remote_chunk_encode(b, &ch, false);
 }
 
 void send_chunk(struct net_conn *c, uint32_t tensor, uint64_t len)

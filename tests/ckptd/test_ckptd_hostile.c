@@ -246,7 +246,7 @@ START_TEST(chunks_out_of_place)
 	start_stream(c, 7, 8192);
 	send_chunk(c, 0, 4096);
 	send_chunk(c, 0, 4096);
-	expect_error(c, CKPT_EPROTO, "CHUNK before the last one's DATA");
+	expect_error(c, CKPT_EPROTO, "CHUNK before the last chunk's DATA");
 	/* A tensor that was never declared, and more bytes than the tensor has. */
 	c = conn_a();
 	start_stream(c, 7, 8192);
@@ -283,7 +283,7 @@ START_TEST(chunks_out_of_place)
 		struct remote_chunk ch = { .codec = IO_CODEC_BYTEGROUP, .raw_len = 4096,
 		                           .stored_len = bg[i].stored };
 		ckpt_buf_init(&b);
-		remote_chunk_encode(&b, &ch);
+		remote_chunk_encode(&b, &ch, false);
 		send_buf(c, REMOTE_MSG_CHUNK, &b);
 		send_data(c, (size_t)bg[i].stored, 1);
 		expect_error(c, -EINVAL, bg[i].msg);
@@ -753,7 +753,8 @@ static uint32_t stream_with_flags(uint64_t step, uint32_t flags, uint32_t *versi
 
 /* A rank of this build asks for format 5 (its chunk hashes are trees) and ckptd says
  * so back and writes a file of that version; a rank from before asks for nothing and
- * gets the file it expects (format 3); a flag ckptd does not know is refused. */
+ * gets the file it expects (format 3); a flag ckptd does not know is refused, and so
+ * are the direct path and hashes after the bytes together. */
 START_TEST(open_flags_name_the_format)
 {
 	uint32_t v;
@@ -765,9 +766,171 @@ START_TEST(open_flags_name_the_format)
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
 	remote_open_encode(&b, &(struct remote_open){ .step = 33, .save_id = STREAM_SID,
-	                   .block_bytes = 1u << 20, .chunk_bytes = 65536, .flags = 4 });
+	                   .block_bytes = 1u << 20, .chunk_bytes = 65536, .flags = 8 });
 	send_buf(c, REMOTE_MSG_OPEN, &b);
 	expect_error(c, CKPT_EPROTO, "OPEN message");
+	c = conn_a();
+	ckpt_buf_init(&b);
+	remote_open_encode(&b, &(struct remote_open){ .step = 33, .save_id = STREAM_SID,
+	                   .block_bytes = 1u << 20, .chunk_bytes = 65536,
+	                   .flags = REMOTE_OPEN_DIRECT | REMOTE_OPEN_AFTER });
+	send_buf(c, REMOTE_MSG_OPEN, &b);
+	expect_error(c, CKPT_EPROTO, "OPEN asks for the direct path and for hashes after the "
+	             "bytes");
+	after_attack();
+}
+END_TEST
+
+/* ------------------------------------------------------------------ hashes after the bytes */
+
+enum { AFTER_BLOCK = 1u << 20, AFTER_LEN = (1u << 20) + 4096 };   /* a chunk of 2 blocks */
+
+/* A stream of job A at step that asks for hashes after the bytes (and trees), its
+ * tensor "w" of AFTER_LEN bytes declared; data gets the chunk's bytes and h its
+ * hashes, as the test computes them. */
+static struct net_conn *after_stream(uint64_t step, uint8_t *data, uint8_t *h, uint8_t *blocks)
+{
+	struct net_conn *c = conn_a();
+	ck_assert_uint_eq(open_with_flags(c, step, REMOTE_OPEN_TREE | REMOTE_OPEN_AFTER),
+	                  REMOTE_OPEN_TREE | REMOTE_OPEN_AFTER);
+	struct ckpt_buf b;
+	tensor_msg(&b, "w", AFTER_LEN);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+	for (size_t i = 0; i < AFTER_LEN; i++)
+		data[i] = (uint8_t)(i * 7 + step);
+	io_copy_hash128_blocks(NULL, data, AFTER_LEN, AFTER_BLOCK, true, h, blocks);
+	return c;
+}
+
+static void send_after_chunk(struct net_conn *c, uint64_t len)
+{
+	struct remote_chunk ch = { .codec = IO_CODEC_RAW, .raw_len = len, .stored_len = len,
+	                           .block_bytes = AFTER_BLOCK,
+	                           .nblocks = (uint32_t)io_nblocks(len, AFTER_BLOCK) };
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_chunk_encode(&b, &ch, true);
+	send_buf(c, REMOTE_MSG_CHUNK, &b);
+}
+
+static void send_hashes(struct net_conn *c, const uint8_t *h, const uint8_t *blocks,
+                        uint32_t nblocks)
+{
+	struct ckpt_buf b;
+	ckpt_buf_init(&b);
+	remote_hashes_encode(&b, h, blocks, nblocks);
+	send_buf(c, REMOTE_MSG_HASHES, &b);
+}
+
+/* A stream whose CHUNKs carry no hashes sends each chunk's after its bytes, in
+ * HASHES: the file ckptd writes records them (format 5) beside the bytes sent. A
+ * HASHES out of its place, or of the wrong length, and any message of the stream
+ * while a chunk's HASHES are owed, are refused; a chunk whose HASHES never come is
+ * never written, and its pool buffer comes back (after_attack). */
+START_TEST(hashes_after_the_bytes)
+{
+	static uint8_t data[AFTER_LEN], blocks[2 * CKPT_HASH_BYTES];
+	uint8_t h[CKPT_HASH_BYTES];
+	struct net_conn *c = after_stream(41, data, h, blocks);
+	send_after_chunk(c, AFTER_LEN);
+	send_msg(c, REMOTE_MSG_DATA, data, AFTER_LEN);
+	send_hashes(c, h, blocks, 2);
+	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
+	struct net_msg m;
+	expect_answer(c, REMOTE_MSG_DURABLE, &m);
+	net_msg_free(&m);
+	net_close(c);
+	char root[4400], path[4400];
+	snprintf(root, sizeof root, "%s/jobs/joba", data_dir);
+	ck_assert_int_eq(tu_shard_path(root, 41, 0, path, sizeof path), 0);
+	struct io_engine *e;
+	ck_assert_int_eq(io_engine_create(NULL, 4, &e), 0);
+	struct io_shard_reader *r;
+	ck_assert_msg(io_shard_reader_open(e, path, NULL, &r) == 0, "%s", ckpt_err_msg());
+	const struct io_shard_index *ix = io_shard_reader_index(r);
+	ck_assert(ix->tree);
+	ck_assert_uint_eq(ix->nchunks, 1);
+	ck_assert_mem_eq(ix->chunks[0].hash, h, CKPT_HASH_BYTES);
+	const uint8_t *got;
+	ck_assert_int_eq(io_shard_reader_chunk_blocks(r, 0, &got), 0);
+	ck_assert_mem_eq(got, blocks, sizeof blocks);
+	uint64_t at = ix->chunks[0].file_offset;
+	io_shard_reader_close(r);
+	io_engine_destroy(e);
+	void *f;
+	size_t n;
+	ck_assert_int_eq(tu_read_file(path, &f, &n), 0);
+	ck_assert_uint_ge(n, at + AFTER_LEN);
+	ck_assert_mem_eq((uint8_t *)f + at, data, AFTER_LEN);
+	free(f);
+
+	/* Out of place: outside a stream, on a stream that did not ask, before DATA. */
+	c = conn_a();
+	send_hashes(c, h, blocks, 2);
+	expect_error(c, CKPT_EPROTO, "HASHES outside a shard stream");
+	c = conn_a();
+	start_stream(c, 42, 8192);
+	send_chunk(c, 0, 8192);
+	send_data(c, 8192, 1);
+	send_hashes(c, h, NULL, 0);
+	expect_error(c, CKPT_EPROTO, "HASHES on a stream that sends hashes in its CHUNKs");
+	c = after_stream(43, data, h, blocks);
+	send_after_chunk(c, AFTER_LEN);
+	send_hashes(c, h, blocks, 2);
+	expect_error(c, CKPT_EPROTO, "HASHES before the chunk's DATA");
+	c = after_stream(44, data, h, blocks);
+	send_hashes(c, h, blocks, 2);
+	expect_error(c, CKPT_EPROTO, "HASHES where no chunk's bytes came before them");
+	/* The wrong count of block hashes. */
+	c = after_stream(45, data, h, blocks);
+	send_after_chunk(c, AFTER_LEN);
+	send_msg(c, REMOTE_MSG_DATA, data, AFTER_LEN);
+	send_hashes(c, h, blocks, 1);
+	expect_error(c, CKPT_EPROTO, "malformed HASHES message: 32 bytes where the CHUNK before "
+	             "it announced 2 block hashes (48 bytes)");
+	/* A CHUNK in the other form (hashes and all) reads as a malformed one. */
+	c = after_stream(46, data, h, blocks);
+	send_chunk(c, 0, AFTER_LEN);
+	expect_error(c, CKPT_EPROTO, "CHUNK message");
+	/* Owed: each message of the stream but HASHES is refused until they come. */
+	static const struct { uint16_t type; const char *msg; } owed[] = {
+		{ REMOTE_MSG_CHUNK, "CHUNK before the last chunk's HASHES" },
+		{ REMOTE_MSG_DATA, "DATA of 0 bytes before the last chunk's HASHES" },
+		{ REMOTE_MSG_TENSOR, "TENSOR before the last chunk's HASHES" },
+		{ REMOTE_MSG_FINISH, "FINISH before the last chunk's HASHES" },
+	};
+	for (size_t i = 0; i < CKPT_ARRAY_SIZE(owed); i++) {
+		c = after_stream(47 + i, data, h, blocks);
+		send_after_chunk(c, AFTER_LEN);
+		send_msg(c, REMOTE_MSG_DATA, data, AFTER_LEN);
+		struct ckpt_buf b;
+		switch (owed[i].type) {
+		case REMOTE_MSG_CHUNK: send_after_chunk(c, 4096); break;
+		case REMOTE_MSG_DATA: send_data(c, 0, 2); break;
+		case REMOTE_MSG_TENSOR:
+			tensor_msg(&b, "v", 4096);
+			send_buf(c, REMOTE_MSG_TENSOR, &b);
+			break;
+		default: send_msg(c, owed[i].type, NULL, 0);
+		}
+		expect_error(c, CKPT_EPROTO, owed[i].msg);
+	}
+	/* A DATA with bytes is refused before they are read: the connection ends. */
+	c = after_stream(51, data, h, blocks);
+	send_after_chunk(c, AFTER_LEN);
+	send_msg(c, REMOTE_MSG_DATA, data, AFTER_LEN);
+	send_data(c, 4096, 2);
+	expect_closed(c, "DATA of 4096 bytes before the last chunk's HASHES");
+	/* Bytes whose HASHES never come: the stream aborted, or the rank gone. */
+	c = after_stream(52, data, h, blocks);
+	send_after_chunk(c, AFTER_LEN);
+	send_msg(c, REMOTE_MSG_DATA, data, AFTER_LEN);
+	send_msg(c, REMOTE_MSG_ABORT, NULL, 0);
+	net_close(c);
+	c = after_stream(53, data, h, blocks);
+	send_after_chunk(c, AFTER_LEN);
+	send_msg(c, REMOTE_MSG_DATA, data, AFTER_LEN);
+	net_close(c);
 	after_attack();
 }
 END_TEST
@@ -1483,6 +1646,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, unexpected_types);
 	tcase_add_test(tc, truncated_messages);
 	tcase_add_test(tc, open_flags_name_the_format);
+	tcase_add_test(tc, hashes_after_the_bytes);
 	tcase_add_test(tc, namespace);
 	tcase_add_test(tc, given_up_attempt);
 	tcase_add_test(tc, removal_beside_an_open);

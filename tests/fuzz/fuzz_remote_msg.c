@@ -168,10 +168,11 @@ static void check_tensor(const uint8_t *data, size_t size)
 	ckpt_buf_free(&b);
 }
 
-static void check_chunk(const uint8_t *data, size_t size)
+/* after: the form of a stream with hashes after the bytes (REMOTE_OPEN_AFTER). */
+static void check_chunk_as(const uint8_t *data, size_t size, bool after)
 {
 	struct remote_chunk c;
-	if (remote_chunk_decode(data, size, &c))
+	if (remote_chunk_decode(data, size, after, &c))
 		return;
 	if ((c.codec != IO_CODEC_RAW && c.codec != IO_CODEC_ZSTD && c.codec != IO_CODEC_BYTEGROUP) ||
 	    c.raw_len == 0 ||
@@ -181,15 +182,54 @@ static void check_chunk(const uint8_t *data, size_t size)
 	uint64_t want = c.codec == IO_CODEC_RAW ? io_nblocks(c.raw_len, c.block_bytes) : 0;
 	if (c.nblocks != want)
 		abort();
-	/* The block hashes end the message, or come before its grant. */
+	/* The block hashes end the message, or come before its grant; after: neither
+	 * is there. */
 	size_t hb = (size_t)c.nblocks * CKPT_HASH_BYTES, tail = c.grant ? 4 : 0;
-	if (c.nblocks && (!c.blocks || c.blocks < data || c.blocks + hb + tail != data + size))
+	if (after && (c.blocks || c.grant))
+		abort();
+	if (!after && c.nblocks &&
+	    (!c.blocks || c.blocks < data || c.blocks + hb + tail != data + size))
 		abort();
 	struct ckpt_buf b;
 	ckpt_buf_init(&b);
-	remote_chunk_encode(&b, &c);
+	remote_chunk_encode(&b, &c, after);
 	same(&b, data, size);
 	ckpt_buf_free(&b);
+	/* Its HASHES: the chunk's hash and the block hashes announced, exactly (here
+	 * taken from the front of data). */
+	uint8_t h[CKPT_HASH_BYTES];
+	const uint8_t *blocks;
+	size_t hlen = hb + CKPT_HASH_BYTES;
+	if (!after || size < hlen)
+		return;
+	if (remote_hashes_decode(data, hlen, c.nblocks, h, &blocks) ||
+	    !remote_hashes_decode(data, hlen - 1, c.nblocks, h, &blocks) ||
+	    !remote_hashes_decode(data, size > hlen ? hlen + 1 : hlen - 1, c.nblocks, h, &blocks))
+		abort();
+	remote_hashes_decode(data, hlen, c.nblocks, h, &blocks);
+	ckpt_buf_init(&b);
+	remote_hashes_encode(&b, h, blocks, c.nblocks);
+	same(&b, data, hlen);
+	ckpt_buf_free(&b);
+}
+
+static void check_chunk(const uint8_t *data, size_t size)
+{
+	check_chunk_as(data, size, false);
+	check_chunk_as(data, size, true);
+}
+
+/* HASHES for chunks of any count of blocks: only the exact length decodes. */
+static void check_hashes(const uint8_t *data, size_t size)
+{
+	uint8_t h[CKPT_HASH_BYTES];
+	const uint8_t *blocks;
+	uint32_t nb = size >= 4 ? ckpt_get_le32(data) % 4096 : 0;
+	if (remote_hashes_decode(data, size, nb, h, &blocks))
+		return;
+	if (size != ((size_t)nb + 1) * CKPT_HASH_BYTES || memcmp(h, data, CKPT_HASH_BYTES) ||
+	    (nb ? blocks != data + CKPT_HASH_BYTES : blocks != NULL))
+		abort();
 }
 
 static void check_read(const uint8_t *data, size_t size)
@@ -278,6 +318,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	check_grant(data, size);
 	check_tensor(data, size);
 	check_chunk(data, size);
+	check_hashes(data, size);
 	check_read(data, size);
 	check_check(data, size);
 	check_remove(data, size);
@@ -324,7 +365,7 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 	                                     "opt/\xc3\xa9tat", "rng" };
 	size_t n = 0;
 	uint64_t s = seed;
-	while (n + 11 <= max) {
+	while (n + 13 <= max) {   /* the messages one round keeps */
 		struct ckpt_buf b;
 		/* COORD: 1-3 instances. */
 		struct remote_instance in[3];
@@ -346,12 +387,12 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 		remote_open_encode(&b, &(struct remote_open){
 			.step = mix(&s) % 100000, .save_id = mix(&s) | 1, .block_bytes = 1u << 20,
 			.size_hint = mix(&s) % (1ull << 34), .chunk_bytes = 16u << 20,
-			.flags = (uint32_t)(mix(&s) % 4) });
+			.flags = (uint32_t)(mix(&s) % 8) });
 		n = keep(&b, bufs, lens, n);
 
 		/* OPEN_OK, with the direct path or without; GRANT of 1..8 buffers. */
 		ckpt_buf_init(&b);
-		remote_open_ok_encode(&b, 4u << 20, (uint32_t)(mix(&s) % 4));
+		remote_open_ok_encode(&b, 4u << 20, (uint32_t)(mix(&s) % 8));
 		n = keep(&b, bufs, lens, n);
 		struct remote_grant g[REMOTE_MAX_GRANTS];
 		unsigned ng = 1 + (unsigned)(mix(&s) % REMOTE_MAX_GRANTS);
@@ -404,7 +445,16 @@ size_t fuzz_replay_seeds(uint64_t seed, uint8_t **bufs, size_t *lens, size_t max
 			ch.hash[k] = (uint8_t)mix(&s);
 		ch.grant = mix(&s) % 2 ? 1 + (uint32_t)(mix(&s) % 100000) : 0;   /* direct or DATA */
 		ckpt_buf_init(&b);
-		remote_chunk_encode(&b, &ch);
+		remote_chunk_encode(&b, &ch, false);
+		n = keep(&b, bufs, lens, n);
+		/* The same in the form of a stream with hashes after the bytes, and its
+		 * HASHES. */
+		ch.grant = 0;
+		ckpt_buf_init(&b);
+		remote_chunk_encode(&b, &ch, true);
+		n = keep(&b, bufs, lens, n);
+		ckpt_buf_init(&b);
+		remote_hashes_encode(&b, ch.hash, blocks, ch.nblocks);
 		n = keep(&b, bufs, lens, n);
 
 		char path[256];

@@ -119,8 +119,9 @@ END_TEST
 
 /* Chunks hashed in place take no buffer and no place in the window: three of them
  * between two copies, with the window (2) full of copies, come out in issue order as
- * SNAPSHOT_SRC_BUF with the hashes of the caller's bytes, chunk and blocks; closing
- * with one pending gives back only the copies' buffers. */
+ * SNAPSHOT_SRC_BUF with the hashes of the caller's bytes, chunk and blocks (the one
+ * issued without hash unhashed, for its consumer to hash); closing with one pending
+ * gives back only the copies' buffers. */
 START_TEST(pipe_inplace_chunks_take_no_buffer)
 {
 	struct snapshot *sn = host_snapshot();
@@ -134,7 +135,8 @@ START_TEST(pipe_inplace_chunks_take_no_buffer)
 	tu_fill(src, 6 * (size_t)BUF, tu_seed(), 3);
 	ck_assert_int_eq(snapshot_pipe_issue(p, src, BUF, CKPT_MEM_HOST, 0), 0);
 	for (unsigned k = 1; k < 4; k++)
-		ck_assert_int_eq(snapshot_pipe_issue_inplace(p, src + k * BUF, BUF - k * 1000, k), 0);
+		ck_assert_int_eq(snapshot_pipe_issue_inplace(p, src + k * BUF, BUF - k * 1000, k != 2,
+		                                             k), 0);
 	ck_assert_int_eq(snapshot_pipe_issue(p, src + 4 * BUF, BUF, CKPT_MEM_HOST, 4), 0);
 	ck_assert_int_eq(snapshot_pipe_issue(p, src + 5 * BUF, BUF, CKPT_MEM_HOST, 5), -EAGAIN);
 	ck_assert_uint_eq(snapshot_pipe_pending(p), 5);
@@ -145,8 +147,16 @@ START_TEST(pipe_inplace_chunks_take_no_buffer)
 		size_t len;
 		uint64_t tag;
 		struct io_hashes h;
-		ck_assert_int_eq(snapshot_pipe_next(p, &b, &len, &h, &tag), 0);
+		memset(&h, 0xee, sizeof h);
+		ck_assert_int_eq(snapshot_pipe_next(p, &b, &len, &h, &tag), k == 2);
 		ck_assert_uint_eq(tag, k);
+		if (k == 2) {
+			static const uint8_t zero[CKPT_HASH_BYTES];
+			ck_assert_uint_eq(b, SNAPSHOT_SRC_BUF);
+			ck_assert_uint_eq(len, BUF - 2000);
+			ck_assert(!memcmp(h.chunk, zero, sizeof zero) && !h.blocks && !h.block_bytes);
+			continue;
+		}
 		if (k == 0) {
 			/* A copy out: room in the window for one more copy. */
 			ck_assert_uint_ne(b, SNAPSHOT_SRC_BUF);
@@ -169,7 +179,7 @@ START_TEST(pipe_inplace_chunks_take_no_buffer)
 		ck_assert_int_eq(snapshot_pipe_issue(p, src, BUF, CKPT_MEM_HOST, 6), -EAGAIN);
 	}
 	/* The copies of chunks 4 and 5 pending, the window full; one more in place. */
-	ck_assert_int_eq(snapshot_pipe_issue_inplace(p, src, BUF, 6), 0);
+	ck_assert_int_eq(snapshot_pipe_issue_inplace(p, src, BUF, true, 6), 0);
 	ck_assert_uint_eq(snapshot_pipe_pending(p), 3);
 	snapshot_pipe_close(p);
 	ck_assert_uint_eq(io_pool_nfree(pool), 4);
