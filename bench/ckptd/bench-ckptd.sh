@@ -29,7 +29,9 @@
 # as the ranks' tensors are, and each receiver keeping all it receives (--keep), as
 # ckptd's pool holds a save's bytes until its disk has them: the network's limit for
 # a save's bytes, which the snapshot point's target is on (the bare figure, whose
-# buffers the CPUs' caches hold, is printed beside it). Over rdma the
+# buffers the CPUs' caches hold, is printed beside it); measured before the
+# saves and again after them, the better of the two being the limit.
+# Over rdma the
 # network's limit is instead the rdma transport's own throughput: one SIZE-byte
 # message through lib/net (bench_rdma: its RDMA WRITE ring, which DATA messages
 # take), alone and beside a raw write. Measured:
@@ -193,6 +195,11 @@ pid=
 # is in their own lines with CKPT_LOG=debug.
 grep -h "durable, " "$dir/ckptd.log" | sed 's/^/bench-ckptd: ckptd: /' >&2 || true
 rm -rf "$dir/data"
+if [ "$transport" != rdma ]; then
+  log "loopback TCP of distinct bytes kept again, after the saves..."
+  tcp_keep2=$(python3 "$helper" tcp "$world" "$size_b" --keep "${in_cg[@]}" "$raw_io" \
+              "$dir/raw.dat" $((size_b >> 20)) write)
+fi
 log "raw write again..."
 raw2=$(raw_write)
 
@@ -203,7 +210,7 @@ cat > "$dir.json" <<JSON
  "bytes_received": ${rx_all:-0}, "bytes_received_rdma_write": ${rx_rdma:-0},
  "rank_pool": $rank_pool_b, "ckptd_pool_bytes": $pool_b,
  "raw_write_Bps": [$raw1, $raw2], "tcp": $tcp, "tcp_beside_raw_write": $tcp_busy,
- "tcp_keep_beside_raw_write": ${tcp_keep:-null},
+ "tcp_keep_beside_raw_write": ${tcp_keep:-null}, "tcp_keep_after": ${tcp_keep2:-null},
  "ckptd_vmhwm_bytes": $((hwm_kb * 1024)),
  "saves": [${saves[*]}]}
 JSON

@@ -317,6 +317,12 @@ def table(path):
     # network's limit for a save's bytes, which the target is on. The bare figure
     # (one buffer each side, which the CPUs' caches hold) is printed beside it.
     keep = r.get("tcp_keep_beside_raw_write")
+    # Measured before the saves and again after them: the better of the two is the
+    # bound. Loopback TCP on a shared host moves by a third between minutes (once
+    # from 18 to 11 GB/s across one bench's saves), and a low figure must not flatter
+    # the save; the higher is the stricter.
+    keeps = [k for k in (keep, r.get("tcp_keep_after")) if k]
+    keep_Bps = max(k["Bps"] for k in keeps) if keeps else None
     saves = r["saves"]
     best = max(saves, key=lambda s: s["watch"]["bytes_written"] / s["watch"]["seconds"])
     tp = best["watch"]["bytes_written"] / best["watch"]["seconds"]
@@ -329,7 +335,7 @@ def table(path):
     stall = snap["synth"]["stall_seconds"]
     must_leave = max(0, size - r["world"] * r["rank_pool"])
     net_t, disk_t = must_leave / net_busy, size / raw_mean
-    kept_t = must_leave / keep["Bps"] if keep else None
+    kept_t = must_leave / keep_Bps if keep else None
     feed = min(raw_mean, net_busy)
     hwm, pool = r["ckptd_vmhwm_bytes"], r["ckptd_pool_bytes"]
     rss_lim = pool + 64 * MiB
@@ -356,7 +362,8 @@ def table(path):
             row("... each sender sending its share of distinct bytes from memory allocated as "
                 "the ranks' tensors are, each receiver keeping every byte (as ckptd's pool "
                 f"holds a save's), while the disk takes a raw write (at "
-                f"{keep['beside']['write_Bps'] / G:.2f} GB/s)", f"{keep['Bps'] / G:.2f} GB/s")
+                f"{keep['beside']['write_Bps'] / G:.2f} GB/s), before / after the saves",
+                " / ".join(f"{k['Bps'] / G:.2f}" for k in keeps) + " GB/s")
     if "bytes_received" in r:
         rx, rd = r["bytes_received"], r["bytes_received_rdma_write"]
         row("chunk bytes ckptd received by RDMA WRITE into granted buffers (the direct path) / "
@@ -373,7 +380,8 @@ def table(path):
         row(f"snapshot point of the ranks (the slowest; rank pool {r['rank_pool'] >> 20} MiB), "
             "best save", f"{stall:.2f} s ({size / stall / G:.2f} GB/s)",
             f"{kept_t:.2f} s = (state - the ranks' pools) / TCP of distinct bytes, kept, "
-            "beside a raw write", f"{kept_t / stall:.2f}", ">= 0.90", yes(kept_t >= 0.9 * stall))
+            "beside a raw write (the better)", f"{kept_t / stall:.2f}", ">= 0.90",
+            yes(kept_t >= 0.9 * stall))
         row("... against bare TCP (one buffer each side, in the CPUs' caches)", f"{stall:.2f} s",
             f"{net_t:.2f} s", f"{net_t / stall:.2f}", "(printed)")
     else:
@@ -423,7 +431,8 @@ def table(path):
             if t:
                 print(f"| {i} | {t[0]:.2f} / {t[1]:.2f} CPU-s | {t[2]:.2f} / {t[3]:.2f} CPU-s |")
     nets = [(n, r.get(k)) for n, k in (("alone", "tcp"), ("beside a raw write", "tcp_beside_raw_write"),
-                                       ("bytes kept", "tcp_keep_beside_raw_write"))]
+                                       ("bytes kept", "tcp_keep_beside_raw_write"),
+                                       ("bytes kept, after the saves", "tcp_keep_after"))]
     busy = ", ".join(f"{n} {100 * x['cpu_busy']:.0f} %" for n, x in nets if x and "cpu_busy" in x)
     if busy:
         print()
