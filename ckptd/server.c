@@ -949,15 +949,18 @@ static int on_data(struct dconn *d, struct net_msg *m)
 	if (!d->want_data || d->data_buf < 0)
 		return data_unexpected(d, m->len);
 	m->payload = NULL;
-	net_msg_free(&d->chunk_msg);
 	d->want_data = false;
 	if (d->after) {   /* held in data_buf until its HASHES come */
+		net_msg_free(&d->chunk_msg);
 		d->want_hashes = true;
 		return 0;
 	}
 	unsigned b = (unsigned)d->data_buf;
 	d->data_buf = -1;
-	return chunk_append(d, b, false);
+	int rc = chunk_append(d, b, false);   /* the block hashes point into the CHUNK */
+	net_msg_free(&d->chunk_msg);
+	d->chunk.blocks = NULL;
+	return rc;
 }
 
 /* The hashes of the chunk whose bytes came last (a stream with REMOTE_OPEN_AFTER):

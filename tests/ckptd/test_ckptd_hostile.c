@@ -822,19 +822,11 @@ static void send_hashes(struct net_conn *c, const uint8_t *h, const uint8_t *blo
 	send_buf(c, REMOTE_MSG_HASHES, &b);
 }
 
-/* A stream whose CHUNKs carry no hashes sends each chunk's after its bytes, in
- * HASHES: the file ckptd writes records them (format 5) beside the bytes sent. A
- * HASHES out of its place, or of the wrong length, and any message of the stream
- * while a chunk's HASHES are owed, are refused; a chunk whose HASHES never come is
- * never written, and its pool buffer comes back (after_attack). */
-START_TEST(hashes_after_the_bytes)
+/* FINISH of a one-chunk stream of job A at step: the file ckptd wrote is of format 5
+ * and holds the chunk's hashes, h and blocks (2), beside its bytes, data. */
+static void finish_after_file(struct net_conn *c, uint64_t step, const uint8_t *data,
+                              const uint8_t *h, const uint8_t *blocks)
 {
-	static uint8_t data[AFTER_LEN], blocks[2 * CKPT_HASH_BYTES];
-	uint8_t h[CKPT_HASH_BYTES];
-	struct net_conn *c = after_stream(41, data, h, blocks);
-	send_after_chunk(c, AFTER_LEN);
-	send_msg(c, REMOTE_MSG_DATA, data, AFTER_LEN);
-	send_hashes(c, h, blocks, 2);
 	send_msg(c, REMOTE_MSG_FINISH, NULL, 0);
 	struct net_msg m;
 	expect_answer(c, REMOTE_MSG_DURABLE, &m);
@@ -842,7 +834,7 @@ START_TEST(hashes_after_the_bytes)
 	net_close(c);
 	char root[4400], path[4400];
 	snprintf(root, sizeof root, "%s/jobs/joba", data_dir);
-	ck_assert_int_eq(tu_shard_path(root, 41, 0, path, sizeof path), 0);
+	ck_assert_int_eq(tu_shard_path(root, step, 0, path, sizeof path), 0);
 	struct io_engine *e;
 	ck_assert_int_eq(io_engine_create(NULL, 4, &e), 0);
 	struct io_shard_reader *r;
@@ -853,7 +845,7 @@ START_TEST(hashes_after_the_bytes)
 	ck_assert_mem_eq(ix->chunks[0].hash, h, CKPT_HASH_BYTES);
 	const uint8_t *got;
 	ck_assert_int_eq(io_shard_reader_chunk_blocks(r, 0, &got), 0);
-	ck_assert_mem_eq(got, blocks, sizeof blocks);
+	ck_assert_mem_eq(got, blocks, 2 * CKPT_HASH_BYTES);
 	uint64_t at = ix->chunks[0].file_offset;
 	io_shard_reader_close(r);
 	io_engine_destroy(e);
@@ -863,6 +855,38 @@ START_TEST(hashes_after_the_bytes)
 	ck_assert_uint_ge(n, at + AFTER_LEN);
 	ck_assert_mem_eq((uint8_t *)f + at, data, AFTER_LEN);
 	free(f);
+}
+
+/* A stream whose CHUNKs carry no hashes sends each chunk's after its bytes, in
+ * HASHES: the file ckptd writes records them (format 5) beside the bytes sent. A
+ * HASHES out of its place, or of the wrong length, and any message of the stream
+ * while a chunk's HASHES are owed, are refused; a chunk whose HASHES never come is
+ * never written, and its pool buffer comes back (after_attack). A rank from before,
+ * whose CHUNKs carry the hashes, gets the same file. */
+START_TEST(hashes_after_the_bytes)
+{
+	static uint8_t data[AFTER_LEN], blocks[2 * CKPT_HASH_BYTES];
+	uint8_t h[CKPT_HASH_BYTES];
+	struct net_conn *c = after_stream(41, data, h, blocks);
+	send_after_chunk(c, AFTER_LEN);
+	send_msg(c, REMOTE_MSG_DATA, data, AFTER_LEN);
+	send_hashes(c, h, blocks, 2);
+	finish_after_file(c, 41, data, h, blocks);
+	/* The same chunk with its hashes in its CHUNK, as a rank from before sends it. */
+	c = conn_a();
+	ck_assert_uint_eq(open_with_flags(c, 40, REMOTE_OPEN_TREE), REMOTE_OPEN_TREE);
+	struct ckpt_buf b;
+	tensor_msg(&b, "w", AFTER_LEN);
+	send_buf(c, REMOTE_MSG_TENSOR, &b);
+	struct remote_chunk ch = { .codec = IO_CODEC_RAW, .raw_len = AFTER_LEN,
+	                           .stored_len = AFTER_LEN, .block_bytes = AFTER_BLOCK,
+	                           .nblocks = 2, .blocks = blocks };
+	memcpy(ch.hash, h, CKPT_HASH_BYTES);
+	ckpt_buf_init(&b);
+	remote_chunk_encode(&b, &ch, false);
+	send_buf(c, REMOTE_MSG_CHUNK, &b);
+	send_msg(c, REMOTE_MSG_DATA, data, AFTER_LEN);
+	finish_after_file(c, 40, data, h, blocks);
 
 	/* Out of place: outside a stream, on a stream that did not ask, before DATA. */
 	c = conn_a();
@@ -903,7 +927,6 @@ START_TEST(hashes_after_the_bytes)
 		c = after_stream(47 + i, data, h, blocks);
 		send_after_chunk(c, AFTER_LEN);
 		send_msg(c, REMOTE_MSG_DATA, data, AFTER_LEN);
-		struct ckpt_buf b;
 		switch (owed[i].type) {
 		case REMOTE_MSG_CHUNK: send_after_chunk(c, 4096); break;
 		case REMOTE_MSG_DATA: send_data(c, 0, 2); break;
