@@ -575,10 +575,10 @@ static void stream_end(struct dconn *d, bool abort)
 		net_msg_free(&d->chunk_msg);
 	d->want_data = false;
 	/* A chunk whose bytes came and whose HASHES did not: never written. */
-	if (d->want_hashes && d->data_buf >= 0)
+	if (d->want_hashes) {
 		io_pool_put(d->s->pool, (unsigned)d->data_buf);
-	if (d->want_hashes)
 		d->data_buf = -1;
+	}
 	d->want_hashes = false;
 	d->after = false;
 	pthread_mutex_lock(&d->job->lock);

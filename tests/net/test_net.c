@@ -617,6 +617,21 @@ START_TEST(fault_msg_send)
 	ck_assert_int_eq(net_recv(p.srv, &m, TMO), 0);
 	ck_assert_uint_eq(m.type, 64);
 	net_msg_free(&m);
+
+	/* A message sent in pieces is counted at its head: dropped, its pieces are taken
+	 * and nothing goes out; failed, nothing went out either. */
+	setenv("CKPT_FAULT", "msg_send:1:drop", 1);
+	ckpt_fault_reload();
+	ck_assert_int_eq(net_send_head(p.cli, 65, 4, "FG", 2, TMO), 0);
+	ck_assert_int_eq(net_send_more(p.cli, "HI", 2, TMO), 0);
+	setenv("CKPT_FAULT", "msg_send:1:eio", 1);
+	ckpt_fault_reload();
+	ck_assert_int_eq(net_send_head(p.cli, 66, 4, "JK", 2, TMO), -EIO);
+	ck_assert_int_eq(net_send(p.cli, 67, "L", 1, TMO), 0);
+	ck_assert_int_eq(net_recv(p.srv, &m, TMO), 0);
+	ck_assert_uint_eq(m.type, 67);
+	net_msg_free(&m);
+	ck_assert_int_eq(net_recv(p.srv, &m, 100), -ETIMEDOUT);
 	unsetenv("CKPT_FAULT");
 	ckpt_fault_reload();
 	pair_close(&p);
