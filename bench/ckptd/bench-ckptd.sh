@@ -14,6 +14,10 @@
 #            BENCH_SPLIT (1: the ranks, and the TCP limits' senders, on the first half
 #            of the CPUs; ckptd, the raw writes and the TCP limits' receivers on the
 #            other half, as where ckptd has a storage node's CPUs to itself),
+#            BENCH_NET_RATE (a tc rate, e.g. 40gbit: the whole bench runs in a network
+#            namespace of its own whose loopback a token bucket (tc tbf) holds to that
+#            rate, the limits and the saves alike: a network narrower than the CPUs,
+#            as between compute and storage nodes; needs root),
 #            BENCH_TRANSPORT (tcp; rdma: ckptd and the ranks on the rdma transport at
 #            BENCH_ADDR, e.g. 10.0.0.1 in the rdma guest, tests/rdma), and the ranks'
 #            CKPT_RDMA_DIRECT as it is set (unset: the direct path)
@@ -46,6 +50,7 @@
 # slower; VmHWM <= --pool + 64 MiB. Prints a table with PASS or MISS for each; the
 # figures go to $BENCH_DIR.json.
 set -euo pipefail
+self=$(readlink -f "$0")
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 world=${2:-4}
@@ -67,6 +72,21 @@ threads=
 for x in "$ckptd" "$synth" "$raw_io"; do
   [ -x "$x" ] || { echo "build first: $x missing" >&2; exit 1; }
 done
+net_rate=${BENCH_NET_RATE:-}
+if [ -n "$net_rate" ] && [ "${BENCH_NETNS:-}" != "$net_rate" ]; then
+  # Again, in a network namespace of its own: loopback at net_rate, nothing else on it.
+  [ "$transport" = tcp ] || { echo "BENCH_NET_RATE is for the tcp transport" >&2; exit 1; }
+  [ "$(id -u)" = 0 ] || { echo "BENCH_NET_RATE needs root (a network namespace, tc)" >&2; exit 1; }
+  for x in unshare ip tc; do
+    command -v "$x" > /dev/null || { echo "BENCH_NET_RATE needs $x: scripts/deps.sh installs" \
+      "it; on the GPU machine, scripts/unpack-debs.sh puts iproute2's on PATH" >&2; exit 1; }
+  done
+  # shellcheck disable=SC2016  # the inner shell's
+  exec unshare --net -- env BENCH_NETNS="$net_rate" bash -c 'set -e
+    ip link set lo up
+    tc qdisc add dev lo root tbf rate "$BENCH_NETNS" burst 1mb latency 20ms
+    exec "$0" "$@"' "$self" "$@"
+fi
 to_bytes() { numfmt --from=iec "${1%B}"; }
 size_b=$(to_bytes "$size") pool_b=$(to_bytes "$pool") rank_pool_b=$(to_bytes "$rank_pool")
 
@@ -206,6 +226,7 @@ raw2=$(raw_write)
 IFS=,
 cat > "$dir.json" <<JSON
 {"world": $world, "cpus": $(nproc), "cgroup": "$cgroup", "split": "$split", "chunk": $(to_bytes "$chunk"),
+ "net_rate": "$net_rate",
  "transport": "$transport", "addr": "$addr", "rdma_direct": "${CKPT_RDMA_DIRECT:-}",
  "bytes_received": ${rx_all:-0}, "bytes_received_rdma_write": ${rx_rdma:-0},
  "rank_pool": $rank_pool_b, "ckptd_pool_bytes": $pool_b,
