@@ -329,7 +329,9 @@ static int root_check_records(ckpt_ctx *c)
  * its lock file names too, so that a rank of the running job that finds a copy at
  * the same path on its own node (left there when rank 0 moved, or restored from a
  * backup) refuses it instead of loading older steps than the other ranks. (Its
- * ranks load only after they joined the coordinator, which recorded itself first.)
+ * ranks load only after they joined the coordinator, which recorded itself first;
+ * the coordinator they joined stands for the live one once it is gone, as when rank
+ * 0 closed before this rank loads.)
  */
 static int manifest_bind(ckpt_ctx *c, struct manifest *m)
 {
@@ -344,7 +346,11 @@ static int manifest_bind(ckpt_ctx *c, struct manifest *m)
 	if (glue_is_coordinator(c))
 		return manifest_coordinator_set(m, c->incarnation);
 	uint64_t live = 0, seen = 0;
-	if ((c->cfg.flags & CKPT_OPEN_READONLY) || !lock_probe(c->cfg.root, &live) || !live)
+	if (c->cfg.flags & CKPT_OPEN_READONLY)
+		return 0;
+	if (!lock_probe(c->cfg.root, &live) || !live)
+		live = c->joined_incarnation;
+	if (!live)
 		return 0;
 	rc = manifest_coordinator_get(m, &seen);
 	if (rc && rc != CKPT_ENOTFOUND)
@@ -754,6 +760,9 @@ int ckpt_open(const struct ckpt_opts *o, ckpt_ctx **out)
 	}
 	if (!ro && !glue_remote(c) && (rc = glue_commit_start(c)))
 		goto fail;
+	/* Joined: the root's lock names the coordinator (manifest_bind). */
+	if (!ro && !glue_remote(c) && c->cfg.manifest_dir && !glue_is_coordinator(c))
+		(void)lock_probe(c->cfg.root, &c->joined_incarnation);
 	/* A read-only context only loads: a few buffers are enough. */
 	size_t nbufs = c->cfg.pool_bytes / c->cfg.chunk_bytes;
 	if (ro && nbufs > 2u * c->cfg.queue_depth)

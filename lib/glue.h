@@ -144,6 +144,10 @@ struct ckpt_ctx {
 	 * this context's incarnation, a random id that the steps it begins carry */
 	int                lock_fd;       /* -1: not held */
 	uint64_t           incarnation;
+	/* another rank of a manifest kept apart: the incarnation of the coordinator that
+	 * held the root when this rank joined it (0: none seen), which a manifest copy on
+	 * this rank's node must name even once that coordinator is gone (manifest_bind) */
+	uint64_t           joined_incarnation;
 
 	/* one gc at a time (ckpt/catalog.h): the caller's ckpt_catalog_gc and the
 	 * retention the save worker runs after a commit */

@@ -392,6 +392,7 @@ struct job {
 	const char *mdir_of[8];
 	uint64_t    step;
 	const char *refusal[3];   /* what rank 1's refused load must say (rank_refused) */
+	const char *closed;       /* rank 0 makes this file once closed; rank 1 loads after */
 };
 
 static int open_rank(const struct job *j, int rank, int world, ckpt_ctx **c)
@@ -458,6 +459,17 @@ static int rank_refused(int rank, int world, void *arg)
 		ckpt_close(c);
 		return 2;
 	}
+	if (rank == 1 && j->closed) {
+		/* Rank 0, the coordinator, is gone when this rank loads. */
+		int waited = 0;
+		while (!exists(j->closed) && waited++ < 3000)
+			usleep(10000);
+		if (!exists(j->closed)) {
+			fprintf(stderr, "rank 1: rank 0 did not close within 30 s\n");
+			ckpt_close(c);
+			return 5;
+		}
+	}
 	rc = load_check(c, CKPT_LATEST, j->step);
 	const char *m = ckpt_last_error();
 	int bad = 0;
@@ -471,6 +483,8 @@ static int rank_refused(int rank, int world, void *arg)
 	if (bad)
 		fprintf(stderr, "rank %d: load returned %d: %s\n", rank, rc, m);
 	ckpt_close(c);
+	if (rank == 0 && j->closed && tu_write_file(j->closed, "x", 1))
+		bad = 6;
 	return bad;
 }
 
@@ -517,6 +531,24 @@ START_TEST(rank_with_a_stale_copy)
 }
 END_TEST
 
+/* The same, with rank 0 closed (its coordinator gone, the root's lock free) before
+ * rank 1 loads: the coordinator rank 1 joined still decides which copy is stale. */
+START_TEST(stale_copy_after_the_coordinator_closed)
+{
+	save_one(root, mdir, 8);
+	char copy[PATH_MAX + 16], closed[PATH_MAX + 16], cmd[3 * PATH_MAX];
+	snprintf(copy, sizeof copy, "%s/node1-local/manifest", base);
+	snprintf(closed, sizeof closed, "%s/rank0-closed", base);
+	snprintf(cmd, sizeof cmd, "mkdir -p '%s/node1-local' && cp -a '%s' '%s'", base, mdir, copy);
+	ck_assert_int_eq(system(cmd), 0);
+	struct job j = { .port = tu_free_port(), .mdir_of = { mdir, copy }, .step = 9,
+	                 .refusal = { "stale copy", "not the one the root's coordinator" },
+	                 .closed = closed };
+	run_ranks(2, rank_refused, &j);
+	check_one(root, mdir, 9);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("manifest_dir");
@@ -533,6 +565,7 @@ static Suite *suite(void)
 	tcase_add_test(t, three_ranks);
 	tcase_add_test(t, rank_without_the_manifest);
 	tcase_add_test(t, rank_with_a_stale_copy);
+	tcase_add_test(t, stale_copy_after_the_coordinator_closed);
 	suite_add_tcase(s, t);
 	return s;
 }
